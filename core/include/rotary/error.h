@@ -1,0 +1,40 @@
+// rotary/error.h: the one exception type of the library.
+//
+// Every rejection of bad input names the field, the value it had and what is allowed, so a user can fix
+// the call without reading our code: "rotary: rotary_dim = 7 is invalid; allowed: an even number in [2, 128]".
+#pragma once
+
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+
+namespace rotary {
+
+class Error : public std::invalid_argument {
+ public:
+  explicit Error(const std::string& what) : std::invalid_argument(what) {}
+};
+
+// Formats any streamable value for an error message.
+template <class T>
+std::string to_text(const T& value) {
+  std::ostringstream os;
+  os.precision(17);
+  os << value;
+  return os.str();
+}
+
+// Throws rotary::Error("rotary: <field> = <value> is invalid; allowed: <allowed>").
+[[noreturn]] inline void fail(std::string_view field, const std::string& value, std::string_view allowed) {
+  std::string msg = "rotary: ";
+  msg.append(field).append(" = ").append(value).append(" is invalid; allowed: ").append(allowed);
+  throw Error(msg);
+}
+
+template <class T>
+inline void check(bool ok, std::string_view field, const T& value, std::string_view allowed) {
+  if (!ok) fail(field, to_text(value), allowed);
+}
+
+}  // namespace rotary
