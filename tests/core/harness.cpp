@@ -14,7 +14,7 @@ GuardedBuffer::GuardedBuffer(DType dtype, int64_t elements)
       bytes_(size_t(2 * kGuardBytes + elements * int64_t(dtype_size(dtype))), kSentinel) {}
 
 std::vector<double> GuardedBuffer::to_double() const {
-  std::vector<double> out(size_t(elements_));
+  std::vector<double> out(static_cast<size_t>(elements_));
   for (int64_t i = 0; i < elements_; ++i) out[size_t(i)] = get(i);
   return out;
 }

@@ -6,8 +6,19 @@
 //   Rope         s_ij = (R(pos_i) q_i) . (R(pos_j) k_j)            (distance d)
 //   Rerope(w)    d < w: as Rope; d >= w: q_i . R(-w) k_j           (distance clipped at w)
 //   LeakyRerope  d < w: as Rope; d >= w: distance w + (d - w)/k
-// Each mode combines with log-n query scaling (q_i *= max(1, ln(pos_i + 1) / ln(L_train))) and, for Rope, with
-// RoPER (values rotated by R(pos_j) before the weighted sum, output by R(-pos_i) after it).
+// R(p) carries the RopeFreqs attention factor on the rotated features (so it scales the rotated part of every
+// score by factor^2, in all three modes); features past rotary_dim pass through unscaled.
+// Each mode combines with log-n query scaling (q_i *= max(1, ln(pos_i + 1) / ln(L_train)), before rotation)
+// and with RoPER: values are rotated by the same effective relative distance the score sees,
+//   o_i = sum_j a_ij R(-delta_ij) v_j,  delta_ij = d (Rope; Rerope/Leaky inside the window),
+//                                       w (Rerope beyond it), w + (d - w)/k (Leaky beyond it);
+// for Rope this is RoPER's R(-pos_i) sum_j a_ij R(pos_j) v_j. The value rotation is a pure rotation (no
+// attention factor). docs/attention.md gives the reasoning.
+//
+// Sequences: tokens of several sequences are packed (cu_seqlens, flash-attention varlen); causal masking is by
+// index inside the sequence, and then positions must increase strictly inside each sequence.
+// Non-finite inputs: a NaN or Inf in q, k or v makes exactly those outputs (o, lse) non-finite whose reference
+// value is non-finite (a NaN in q_i: row i; in k_j or v_j: the rows that see key j), never others.
 #pragma once
 
 #include <cstdint>
@@ -23,10 +34,10 @@ enum class PositionMode : uint8_t { None, Rope, Rerope, LeakyRerope };
 struct PositionParams {
   PositionMode mode = PositionMode::None;
   const RopeFreqs* freqs = nullptr;  // required unless mode == None; freqs->head_dim must equal head_dim
-  bool roper = false;                // RoPER value/output rotation (pure rotation: no attention factor)
+  bool roper = false;                // RoPER value/output rotation (pure rotation: no attention factor); needs mode != None
   int64_t window = 0;                // w > 0 for Rerope / LeakyRerope
   double leaky_k = 1.0;              // k > 0 for LeakyRerope (k = 1 is plain RoPE)
-  int64_t logn_train_len = 0;        // L_train > 1 enables log-n query scaling; 0 disables it
+  int64_t logn_train_len = 0;        // L_train > 1 enables log-n query scaling (then positions must be >= 0); 0 disables it
 };
 
 struct AttentionParams {
@@ -41,7 +52,7 @@ struct AttentionParams {
                                        // may be null in forward, required in backward
   int64_t batch = 1;                   // number of packed sequences
   const int64_t* cu_seqlens = nullptr; // [batch + 1] cumulative lengths (flash-attention varlen); null: one sequence
-  const int64_t* positions = nullptr;  // [tokens]; null: position = index inside its sequence
+  const int64_t* positions = nullptr;  // [tokens]; null: position = index inside its sequence; |pos| <= 2^53
   bool causal = true;                  // key j visible to query i iff j <= i (by index inside the sequence)
   double softmax_scale = 0;            // 0 means 1/sqrt(D)
   PositionParams pos;
@@ -57,10 +68,17 @@ struct AttentionGradParams {
 
 // Throws rotary::Error naming the field on any input that does not fit.
 void validate_attention_params(const AttentionParams& p);
+void validate_attention_grad_params(const AttentionGradParams& g);
 
 void attention_forward(const AttentionParams& p);            // fused, tiled, SIMD + OpenMP
 void attention_forward_reference(const AttentionParams& p);  // float64, materialised scores (ReRoPE: two matrices)
 void attention_backward(const AttentionGradParams& g);            // recomputation, no N x N storage
 void attention_backward_reference(const AttentionGradParams& g);  // float64, materialised
+
+// Bytes of scratch the fused kernels allocate for these parameters with `threads` OpenMP threads (0: the
+// current omp_get_max_threads()). The kernels size their one allocation with these functions, so the numbers
+// are exact; they grow as O(tokens * heads * head_dim), never as tokens^2.
+int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads = 0);
+int64_t attention_backward_scratch_bytes(const AttentionGradParams& g, int threads = 0);
 
 }  // namespace rotary

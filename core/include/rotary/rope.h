@@ -46,4 +46,7 @@ void validate_rope_params(const RopeFreqs& f, const RopeParams& p);
 void rope_apply(const RopeFreqs& f, const RopeParams& p);
 void rope_apply_reference(const RopeFreqs& f, const RopeParams& p);
 
+// The Highway target rope_apply dispatches to on this CPU ("AVX3", "AVX2", ...), for benchmark reports.
+const char* rope_simd_target();
+
 }  // namespace rotary

@@ -82,7 +82,7 @@ struct RopeSpec {
   std::vector<double> short_factor;           // longrope, r/2 entries
   std::vector<double> long_factor;            // longrope, r/2 entries
   std::vector<double> freq_factors;           // explicit, r/2 entries
-  std::optional<double> attention_factor;     // overrides the computed attention factor (yarn, longrope)
+  std::optional<double> attention_factor;     // overrides the computed attention factor (any type; HF configs give it for yarn, longrope)
 
   int rotary_dim_resolved() const { return rotary_dim == 0 ? head_dim : rotary_dim; }
 

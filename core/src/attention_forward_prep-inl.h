@@ -1,0 +1,182 @@
+// core/src/attention_forward_prep-inl.h (internal, per Highway target): the pre-rotation of q, k, v (and do)
+// into scratch (PrepJob, attention_forward_plan.h), vectorised: it is O(N) work but at N = 1024 a scalar
+// version took ~10% of a forward call.
+//
+// A row through a transform: y[a] = x[a] C[a] + x[partner(a)] S[a] for rotated features a < r, with C and S
+// the token's cos/sin expanded to feature order and pre-multiplied by the row's factor (sign folded into S);
+// y[a] = qs x[a] for pass-through features; y[D:Dp] = 0.
+#if defined(ROTARY_ATTENTION_PREP_INL_H_) == defined(HWY_TARGET_TOGGLE)
+#ifdef ROTARY_ATTENTION_PREP_INL_H_
+#undef ROTARY_ATTENTION_PREP_INL_H_
+#else
+#define ROTARY_ATTENTION_PREP_INL_H_
+#endif
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "attention_forward_kernels-inl.h"
+#include "attention_forward_plan.h"
+#include "hwy/highway.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rotary::attn {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// x[0:D] = the storage row converted to T (T = float for f32/f16/bf16 storage, double for f64).
+template <class T>
+HWY_INLINE void LoadRow(DType dt, const void* base, int64_t off, int D, T* HWY_RESTRICT x) {
+  if (dt == DType::F64 || dt == DType::F32) {
+    if ((dt == DType::F64) == (sizeof(T) == 8)) {
+      std::memcpy(x, static_cast<const char*>(base) + off * int64_t(sizeof(T)), sizeof(T) * size_t(D));
+      return;
+    }
+    for (int d = 0; d < D; ++d) x[d] = T(load_as_double(base, dt, off + d));
+    return;
+  }
+  if constexpr (sizeof(T) == 4) {
+    const Tag<float> df;
+    const int NL = int(hn::Lanes(df));
+    const uint16_t* p = static_cast<const uint16_t*>(base) + off;
+    int d = 0;
+    if (dt == DType::BF16) {
+      const hn::Rebind<uint16_t, Tag<float>> du16;
+      const hn::Rebind<uint32_t, Tag<float>> du32;
+      for (; d + NL <= D; d += NL)
+        hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p + d)))), df, x + d);
+      for (; d < D; ++d) x[d] = bf16_to_float(p[d]);
+    } else {
+      const hn::Rebind<hwy::float16_t, Tag<float>> dh;
+      for (; d + NL <= D; d += NL)
+        hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p) + d)), df, x + d);
+      for (; d < D; ++d) x[d] = f16_to_float(p[d]);
+    }
+  } else {
+    for (int d = 0; d < D; ++d) x[d] = T(load_as_double(base, dt, off + d));
+  }
+}
+
+// C, S [r] for one token and transform (see the file comment); returns the pass-through factor qs.
+template <class T>
+HWY_INLINE T ExpandAngles(const Plan& pl, const RowTransform& tr, int64_t t, const T* c, const T* s, T* C, T* S) {
+  const T qs = tr.query_scale ? T(pl.query_scale(t)) : T(1);
+  if (tr.angle == Angle::None || pl.pairs == 0) return qs;
+  const double af = pl.freqs->attention_factor;
+  const T mr = T(double(qs) * (tr.factor_power == 0 ? 1.0 : tr.factor_power == 1 ? af : af * af));
+  const T sg = tr.transpose ? T(-1) : T(1);
+  const int half = pl.pairs;
+  if (pl.freqs->layout == RopeLayout::Interleaved) {
+    for (int i = 0; i < half; ++i) {
+      C[2 * i] = C[2 * i + 1] = c[i] * mr;
+      S[2 * i] = -s[i] * mr * sg, S[2 * i + 1] = s[i] * mr * sg;
+    }
+  } else {
+    for (int i = 0; i < half; ++i) {
+      C[i] = C[i + half] = c[i] * mr;
+      S[i] = -s[i] * mr * sg, S[i + half] = s[i] * mr * sg;
+    }
+  }
+  return qs;
+}
+
+// y = transform(x) (one row; y has Dp elements, padding zeroed).
+template <class T>
+HWY_INLINE void RotateRow(const Plan& pl, bool rotate, const T* HWY_RESTRICT C, const T* HWY_RESTRICT S, T qs,
+                          const T* HWY_RESTRICT x, T* HWY_RESTRICT y) {
+  const Tag<T> d;
+  const int NL = int(hn::Lanes(d));
+  const int r = rotate ? pl.freqs->rotary_dim : 0, D = pl.D;
+  if (r > 0) {
+    if (pl.freqs->layout == RopeLayout::Interleaved) {
+      int a = 0;
+#if HWY_TARGET != HWY_SCALAR
+      for (; a + NL <= r; a += NL) {
+        const auto xv = hn::LoadU(d, x + a);
+        hn::StoreU(hn::MulAdd(xv, hn::LoadU(d, C + a), hn::Mul(hn::Reverse2(d, xv), hn::LoadU(d, S + a))), d, y + a);
+      }
+#endif
+      for (; a < r; ++a) y[a] = x[a] * C[a] + x[a ^ 1] * S[a];
+    } else {
+      const int half = r / 2;
+      int a = 0;
+      for (; a + NL <= half; a += NL) {
+        const auto x1 = hn::LoadU(d, x + a), x2 = hn::LoadU(d, x + a + half);
+        hn::StoreU(hn::MulAdd(x1, hn::LoadU(d, C + a), hn::Mul(x2, hn::LoadU(d, S + a))), d, y + a);
+        hn::StoreU(hn::MulAdd(x2, hn::LoadU(d, C + a + half), hn::Mul(x1, hn::LoadU(d, S + a + half))), d,
+                   y + a + half);
+      }
+      for (; a < half; ++a) {
+        const T x1 = x[a], x2 = x[a + half];
+        y[a] = x1 * C[a] + x2 * S[a];
+        y[a + half] = x2 * C[a + half] + x1 * S[a + half];
+      }
+    }
+  }
+  for (int a = r; a < D; ++a) y[a] = qs * x[a];
+  for (int a = D; a < pl.Dp; ++a) y[a] = T(0);
+}
+
+// True when some y[0:D] is NaN or Inf.
+template <class T>
+HWY_INLINE bool AnyNonFinite(const T* y, int D) {
+  T probe = 0;
+  for (int a = 0; a < D; ++a) probe += y[a] * T(0);
+  return probe != probe;
+}
+
+// All jobs in one parallel pass over tokens; a token's angles are computed once per angle kind.
+template <class T>
+void Prep(const Plan& pl, const std::vector<PrepJob>& jobs, int threads) {
+  const int64_t blk_elems = int64_t(pl.Dp) * kBlockKeys;
+  for (const PrepJob& j : jobs) {
+    // Packed columns past a sequence's end stay zero.
+    if (j.packed) std::memset(j.dst, 0, sizeof(T) * size_t(j.src.heads * pl.nblocks * blk_elems));
+    if (j.flags) std::memset(j.flags, 0, size_t(j.src.heads * pl.nblocks));
+  }
+  constexpr int kKinds = 5;  // Angle values
+#pragma omp parallel num_threads(threads)
+  {
+    alignas(64) T c[kKinds][kMaxPairs], s[kKinds][kMaxPairs];
+    alignas(64) T C[2 * kMaxPairs], S[2 * kMaxPairs];
+    alignas(64) T x[256 + 16], ybuf[256 + 16];
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < pl.tokens; ++t) {
+      bool have[kKinds] = {};
+      const int64_t seq = pl.tok_seq[size_t(t)], i = t - pl.seq_start[size_t(seq)];
+      const int64_t blk = pl.blk_first[size_t(seq)] + i / kBlockKeys, col = i % kBlockKeys;
+      for (const PrepJob& j : jobs) {
+        const int kind = int(j.tr.angle);
+        const bool rotate = j.tr.angle != Angle::None && pl.pairs > 0;
+        if (rotate && !have[kind]) {
+          angles_at(pl, j.tr.angle, t, c[kind], s[kind]);
+          have[kind] = true;
+        }
+        const T qs = ExpandAngles(pl, j.tr, t, c[kind], s[kind], C, S);
+        T* dst = static_cast<T*>(j.dst);
+        for (int64_t h = 0; h < j.src.heads; ++h) {
+          LoadRow(pl.dtype, j.src.data, t * j.src.token_stride + h * j.src.head_stride, pl.D, x);
+          T* y = j.packed ? ybuf : dst + (h * pl.tokens + t) * pl.Dp;
+          RotateRow(pl, rotate, C, S, qs, x, y);
+          if (j.packed) {
+            T* at = dst + (h * pl.nblocks + blk) * blk_elems + col;
+            for (int a = 0; a < pl.Dp; ++a) at[int64_t(a) * kBlockKeys] = y[a];
+          }
+          if (j.flags && AnyNonFinite(y, pl.D)) {
+#pragma omp atomic write
+            j.flags[h * pl.nblocks + blk] = uint8_t(1);
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace HWY_NAMESPACE
+}  // namespace rotary::attn
+HWY_AFTER_NAMESPACE();
+
+#endif  // ROTARY_ATTENTION_PREP_INL_H_

@@ -1,0 +1,296 @@
+// KvCache: validation, storage and append (what is stored per mode: see rotary/kv_cache.h).
+#include "rotary/kv_cache.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <new>
+#include <string>
+
+#include "rotary/angles.h"
+#include "rotary/error.h"
+
+namespace rotary {
+
+namespace {
+
+constexpr int64_t kMaxPosition = int64_t(1) << 53;  // positions are exact doubles; distances cannot overflow
+constexpr int64_t kMaxTableDistance = 8192;         // near table rows 0..min(w, this); farther distances computed
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+struct AlignedFree {
+  void operator()(uint8_t* p) const { ::operator delete[](p, std::align_val_t(64)); }
+};
+using AlignedBytes = std::unique_ptr<uint8_t[], AlignedFree>;
+AlignedBytes allocate(size_t bytes) {
+  return AlignedBytes(static_cast<uint8_t*>(::operator new[](std::max<size_t>(bytes, 64), std::align_val_t(64))));
+}
+
+// Features (a, b) of rotation pair i in the caller's layout.
+inline void pair_features(RopeLayout layout, int r, int i, int& a, int& b) {
+  a = layout == RopeLayout::Interleaved ? 2 * i : i;
+  b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
+}
+
+// Reads n elements of a row of any storage dtype into W (float or double); the switch sits outside the loop.
+template <class W>
+void load_row(const void* base, DType t, int64_t offset, int n, W* out) {
+  switch (t) {
+    case DType::F32:
+      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const float*>(base)[offset + i]);
+      break;
+    case DType::F64:
+      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const double*>(base)[offset + i]);
+      break;
+    case DType::BF16:
+      for (int i = 0; i < n; ++i) out[i] = W(bf16_to_float(static_cast<const uint16_t*>(base)[offset + i]));
+      break;
+    case DType::F16:
+      for (int i = 0; i < n; ++i) out[i] = W(f16_to_float(static_cast<const uint16_t*>(base)[offset + i]));
+      break;
+  }
+}
+template <class W>
+void store_row(void* base, DType t, int64_t offset, int64_t n, const W* in) {
+  switch (t) {
+    case DType::F32:
+      for (int64_t i = 0; i < n; ++i) static_cast<float*>(base)[offset + i] = float(in[i]);
+      break;
+    case DType::F64:
+      for (int64_t i = 0; i < n; ++i) static_cast<double*>(base)[offset + i] = double(in[i]);
+      break;
+    case DType::BF16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(base)[offset + i] = float_to_bf16(float(in[i]));
+      break;
+    case DType::F16:
+      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(base)[offset + i] = float_to_f16(float(in[i]));
+      break;
+  }
+}
+
+// cos/sin of pos * inv_freq[i] times scale, in W. Fractional positions (Leaky) in float64 for both.
+void cos_sin(const RopeFreqs& f, double pos, double scale, float* c, float* s) {
+  rope_cos_sin_at(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
+}
+void cos_sin(const RopeFreqs& f, double pos, double scale, double* c, double* s) {
+  for (int i = 0; i < f.pairs(); ++i) {
+    const double a = pos * f.inv_freq[i];
+    c[i] = std::cos(a) * scale;
+    s[i] = std::sin(a) * scale;
+  }
+}
+void cos_sin(const RopeFreqs& f, int64_t pos, double scale, float* c, float* s) {
+  rope_cos_sin(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
+}
+void cos_sin(const RopeFreqs& f, int64_t pos, double scale, double* c, double* s) {
+  rope_cos_sin_f64(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
+}
+
+void check_heads_view(const HeadsView& v, const std::string& name, int64_t tokens, int64_t heads, int head_dim) {
+  check(v.data != nullptr, name + ".data", "null", "a non-null pointer");
+  check(v.heads == heads, name + ".heads", v.heads, "the cache's kv_heads = " + std::to_string(heads));
+  if (v.heads > 1)
+    check(v.head_stride >= head_dim, name + ".head_stride", v.head_stride,
+          ">= head_dim = " + std::to_string(head_dim) + " (heads must not overlap)");
+  const int64_t extent = (v.heads - 1) * v.head_stride + head_dim;
+  if (tokens > 1)
+    check(v.token_stride >= extent, name + ".token_stride", v.token_stride,
+          ">= (heads-1)*head_stride + head_dim = " + std::to_string(extent) + " (tokens must not overlap)");
+}
+
+// The checks of PositionParams against a cache's head_dim.
+void validate_position_params(const PositionParams& pos, int head_dim) {
+  const int mode = int(pos.mode);
+  check(mode >= 0 && mode <= int(PositionMode::LeakyRerope), "pos.mode", mode, "None, Rope, Rerope, LeakyRerope");
+  if (pos.mode != PositionMode::None) {
+    check(pos.freqs != nullptr, "pos.freqs", "null", "a RopeFreqs for every mode but None");
+    pos.freqs->validate();
+    check(pos.freqs->head_dim == head_dim, "pos.freqs->head_dim", pos.freqs->head_dim,
+          "the cache's head_dim = " + std::to_string(head_dim));
+  }
+  if (pos.mode == PositionMode::Rerope || pos.mode == PositionMode::LeakyRerope)
+    check(pos.window > 0 && pos.window <= kMaxPosition, "pos.window", pos.window, "> 0 (and <= 2^53)");
+  if (pos.mode == PositionMode::LeakyRerope)
+    check(std::isfinite(pos.leaky_k) && pos.leaky_k > 0, "pos.leaky_k", pos.leaky_k, "a finite value > 0");
+  check(!pos.roper || pos.mode != PositionMode::None, "pos.roper", "true",
+        "false when pos.mode is None (RoPER rotates values by the positions a rotary mode uses)");
+  check(pos.logn_train_len == 0 || pos.logn_train_len > 1, "pos.logn_train_len", pos.logn_train_len,
+        "0 (off) or a training length > 1");
+}
+
+}  // namespace
+
+struct KvCache::Impl {
+  KvCacheConfig config;
+  RopeFreqs freqs;  // own copy; config.pos.freqs points here
+  KvCacheLayout layout;
+  int64_t size = 0;
+  std::vector<int64_t> positions;
+  AlignedBytes keys, keys_far, values, values_far, table;
+  int64_t table_rows = 0;
+
+  int pairs() const { return config.pos.mode == PositionMode::None ? 0 : freqs.pairs(); }
+  template <class W>
+  void build_table();
+  template <class W>
+  void write_token(const HeadsView& k, const HeadsView& v, int64_t t, int64_t slot, int64_t pos);
+};
+
+template <class W>
+void KvCache::Impl::build_table() {
+  const int half = layout.half;
+  table_rows = std::min(config.pos.window, kMaxTableDistance) + 1;
+  table = allocate(size_t(table_rows * 2 * half) * sizeof(W));
+  W* t = reinterpret_cast<W*>(table.get());
+  std::fill(t, t + table_rows * 2 * half, W(0));
+  for (int64_t d = 0; d < table_rows; ++d) cos_sin(freqs, d, 1.0, t + d * 2 * half, t + d * 2 * half + half);
+}
+
+// Writes token t of the views into cache slot `slot` for every kv head: rows permuted to the cache layout and
+// rotated as the mode stores them, every pad zeroed.
+template <class W>
+void KvCache::Impl::write_token(const HeadsView& k, const HeadsView& v, int64_t t, int64_t slot, int64_t pos) {
+  const PositionParams& pp = config.pos;
+  const int D = config.head_dim, n = pairs(), half = layout.half, r = 2 * n;
+  const int64_t rs = layout.row_stride, cap = config.capacity;
+  const DType dt = config.dtype;
+  const RopeLayout rl = freqs.layout;
+  const double a = freqs.attention_factor;
+  const size_t np = size_t(n) + 1;
+  std::vector<W> x(static_cast<size_t>(D)), row(static_cast<size_t>(rs)), c(np), s(np), cl(np), sl(np), c1(np), s1(np),
+      cl1(np), sl1(np);
+  const bool rope = pp.mode == PositionMode::Rope, leaky = pp.mode == PositionMode::LeakyRerope;
+  if (rope) cos_sin(freqs, pos, a, c.data(), s.data());
+  if (leaky) cos_sin(freqs, double(pos) / pp.leaky_k, a, cl.data(), sl.data());
+  if (rope && pp.roper) cos_sin(freqs, pos, 1.0, c1.data(), s1.data());
+  if (leaky && pp.roper) cos_sin(freqs, double(pos) / pp.leaky_k, 1.0, cl1.data(), sl1.data());
+
+  // Cache row from caller-order x: pair i -> (i, half + i), turned by (cc, ss) when given.
+  auto to_row = [&](const W* cc, const W* ss) {
+    std::fill(row.begin(), row.end(), W(0));
+    for (int i = 0; i < n; ++i) {
+      int fa, fb;
+      pair_features(rl, r, i, fa, fb);
+      const W x1 = x[size_t(fa)], x2 = x[size_t(fb)];
+      row[size_t(i)] = cc ? x1 * cc[i] - x2 * ss[i] : x1;
+      row[size_t(half + i)] = cc ? x1 * ss[i] + x2 * cc[i] : x2;
+    }
+    for (int f = r; f < D; ++f) row[size_t(2 * half + f - r)] = x[size_t(f)];
+  };
+  for (int64_t h = 0; h < config.kv_heads; ++h) {
+    const int64_t dst = (h * cap + slot) * rs;
+    load_row(k.data, dt, t * k.token_stride + h * k.head_stride, D, x.data());
+    to_row(rope ? c.data() : nullptr, s.data());
+    store_row(keys.get(), dt, dst, rs, row.data());
+    if (leaky) {
+      to_row(cl.data(), sl.data());
+      store_row(keys_far.get(), dt, dst, rs, row.data());
+    }
+    load_row(v.data, dt, t * v.token_stride + h * v.head_stride, D, x.data());
+    to_row(rope && pp.roper ? c1.data() : nullptr, s1.data());
+    store_row(values.get(), dt, dst, rs, row.data());
+    if (leaky && pp.roper) {
+      to_row(cl1.data(), sl1.data());
+      store_row(values_far.get(), dt, dst, rs, row.data());
+    }
+  }
+}
+
+KvCache::KvCache(const KvCacheConfig& config) : impl_(std::make_unique<Impl>()) {
+  check(config.capacity >= 1 && config.capacity <= (int64_t(1) << 34), "capacity", config.capacity, "1..2^34");
+  check(config.kv_heads >= 1 && config.kv_heads <= 65536, "kv_heads", config.kv_heads, "1..65536");
+  check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
+  const int dt = int(config.dtype);
+  check(dt >= 0 && dt <= int(DType::F64), "dtype", dt, "f32, f16, bf16, f64");
+  validate_position_params(config.pos, config.head_dim);
+
+  Impl& m = *impl_;
+  m.config = config;
+  if (config.pos.freqs) m.freqs = *config.pos.freqs;
+  m.config.pos.freqs = config.pos.mode == PositionMode::None ? nullptr : &m.freqs;
+  const int n = m.pairs(), D = config.head_dim;
+  constexpr int P = KvCacheLayout::kPad;
+  m.layout.half = int(round_up(n, P));
+  m.layout.pass = int(round_up(D - 2 * n, P));
+  m.layout.row_stride = 2 * m.layout.half + m.layout.pass;
+  const size_t elt = dtype_size(config.dtype);
+  const size_t rows = size_t(config.capacity * config.kv_heads);
+  const size_t bytes = rows * size_t(m.layout.row_stride) * elt;
+  const bool leaky = config.pos.mode == PositionMode::LeakyRerope;
+  m.keys = allocate(bytes);
+  m.values = allocate(bytes);
+  if (leaky) m.keys_far = allocate(bytes);
+  if (leaky && config.pos.roper) m.values_far = allocate(bytes);
+  m.positions.reserve(size_t(std::min<int64_t>(config.capacity, 1 << 20)));
+  if (config.pos.mode == PositionMode::Rerope || config.pos.mode == PositionMode::LeakyRerope) {
+    if (config.dtype == DType::F64)
+      m.build_table<double>();
+    else
+      m.build_table<float>();
+  }
+}
+
+KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache&&) noexcept = default;
+KvCache& KvCache::operator=(KvCache&&) noexcept = default;
+
+void KvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions) {
+  Impl& m = *impl_;
+  check(n >= 0, "kv_cache.append: n", n, ">= 0");
+  if (n == 0) return;
+  if (m.size + n > m.config.capacity)
+    throw Error("rotary: kv_cache.append: size " + std::to_string(m.size) + " + " + std::to_string(n) +
+                " exceeds capacity = " + std::to_string(m.config.capacity));
+  check(positions != nullptr, "kv_cache.append: positions", "null", "a pointer to n int64 positions");
+  check_heads_view(k, "kv_cache.append: k", n, m.config.kv_heads, m.config.head_dim);
+  check_heads_view(v, "kv_cache.append: v", n, m.config.kv_heads, m.config.head_dim);
+  int64_t prev = m.size > 0 ? m.positions.back() : std::numeric_limits<int64_t>::min();
+  for (int64_t t = 0; t < n; ++t) {
+    const std::string field = "kv_cache.append: positions[" + std::to_string(t) + "]";
+    check(positions[t] <= kMaxPosition && positions[t] >= -kMaxPosition, field, positions[t], "|position| <= 2^53");
+    if (m.config.pos.logn_train_len > 0)
+      check(positions[t] >= 0, field, positions[t], ">= 0 (log-n takes ln(pos + 1))");
+    if (positions[t] <= prev)
+      fail(field, to_text(positions[t]),
+           "> the previous position " + std::to_string(prev) + " (positions strictly increasing)");
+    prev = positions[t];
+  }
+  const int64_t base = m.size;
+  const bool f64 = m.config.dtype == DType::F64;
+#pragma omp parallel for schedule(static) if (n * m.config.kv_heads >= 64)
+  for (int64_t t = 0; t < n; ++t) {
+    if (f64)
+      m.write_token<double>(k, v, t, base + t, positions[t]);
+    else
+      m.write_token<float>(k, v, t, base + t, positions[t]);
+  }
+  m.positions.insert(m.positions.end(), positions, positions + n);
+  m.size += n;
+}
+
+void KvCache::clear() {
+  impl_->size = 0;
+  impl_->positions.clear();
+}
+
+int64_t KvCache::size() const { return impl_->size; }
+int64_t KvCache::capacity() const { return impl_->config.capacity; }
+int64_t KvCache::kv_heads() const { return impl_->config.kv_heads; }
+int KvCache::head_dim() const { return impl_->config.head_dim; }
+DType KvCache::dtype() const { return impl_->config.dtype; }
+const PositionParams& KvCache::pos() const { return impl_->config.pos; }
+const KvCacheLayout& KvCache::layout() const { return impl_->layout; }
+int64_t KvCache::last_position() const {
+  check(impl_->size > 0, "kv_cache.size", 0, ">= 1 (the cache is empty)");
+  return impl_->positions.back();
+}
+const int64_t* KvCache::positions() const { return impl_->positions.data(); }
+const void* KvCache::keys() const { return impl_->keys.get(); }
+const void* KvCache::keys_far() const { return impl_->keys_far.get(); }
+const void* KvCache::values() const { return impl_->values.get(); }
+const void* KvCache::values_far() const { return impl_->values_far.get(); }
+const void* KvCache::near_table() const { return impl_->table.get(); }
+int64_t KvCache::near_table_rows() const { return impl_->table_rows; }
+
+}  // namespace rotary

@@ -1,0 +1,379 @@
+// The fast rotation kernel (rotary/rope.h rope_apply): Highway SIMD with runtime dispatch, OpenMP over tokens.
+//
+// Per token: cos/sin of its r/2 pairs are computed once (angles-inl.h; attention factor folded in, sin negated
+// for Inverse/Transpose) and shared by every head of q and k. Then each head is one pass over memory:
+//   half-split (pairs (i, i + r/2)):  y1 = x1 c - x2 s,  y2 = x1 s + x2 c   on contiguous halves;
+//   interleaved (pairs (2i, 2i+1)):   y = x * [c0 c0 c1 c1 ..] + swap_adjacent(x) * [-s0 s0 -s1 s1 ..].
+// Features [r, D) are copied when out of place and untouched in place. Arithmetic is fp32 for f32/f16/bf16
+// storage and fp64 for f64; every output is rounded once to the storage type (bf16/f16 to nearest even).
+// bf16 skips widening shuffles: a 32-bit lane holds two bf16 values, and each is an fp32 by a shift or a mask
+// (see RotateBf16Lanes), which makes bf16 cost about what f32 does per byte.
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "rope_kernels_hwy.cpp"
+#include "hwy/foreach_target.h"  // IWYU pragma: keep
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <type_traits>
+
+#include "angles-inl.h"
+#include "hwy/aligned_allocator.h"
+#include "hwy/highway.h"
+#include "rotary/dtype.h"
+#include "rotary/rope.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rotary {
+namespace HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+
+// Highway 1.0.3 converts f32 -> f16 by truncation (and clamps overflow) where there is no F16C, so only x86
+// AVX2/AVX3 use vector f16 conversions; other targets convert lane by lane with rotary's round-to-nearest-even.
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+constexpr bool kVectorF16 = true;
+#else
+constexpr bool kVectorF16 = false;
+#endif
+constexpr size_t kMaxLanes = 64;  // >= lanes of an fp32 vector on any target (2048-bit SVE)
+
+template <class TS>
+using ComputeT = std::conditional_t<std::is_same_v<TS, double>, double, float>;
+
+// Loads Lanes(dc) storage elements as compute lanes.
+template <class DC, class TS>
+HWY_INLINE hn::Vec<DC> LoadStorage(DC dc, const TS* p) {
+  if constexpr (std::is_same_v<TS, hn::TFromD<DC>>) {
+    return hn::LoadU(dc, p);
+  } else if constexpr (std::is_same_v<TS, hwy::bfloat16_t>) {
+    const hn::Rebind<hwy::bfloat16_t, DC> dbf;
+    return hn::PromoteTo(dc, hn::LoadU(dbf, p));  // exact: bf16 is the upper half of an f32
+  } else if constexpr (kVectorF16) {
+    const hn::Rebind<hwy::float16_t, DC> dh;
+    return hn::PromoteTo(dc, hn::LoadU(dh, p));
+  } else {
+    HWY_ALIGN float lanes[kMaxLanes];
+    const uint16_t* bits = reinterpret_cast<const uint16_t*>(p);
+    for (size_t j = 0; j < hn::Lanes(dc); ++j) lanes[j] = f16_to_float(bits[j]);
+    return hn::Load(dc, lanes);
+  }
+}
+
+// Stores compute lanes as Lanes(dc) storage elements, rounding once to nearest even.
+template <class DC, class TS>
+HWY_INLINE void StoreStorage(DC dc, hn::Vec<DC> v, TS* p) {
+  if constexpr (std::is_same_v<TS, hn::TFromD<DC>>) {
+    hn::StoreU(v, dc, p);
+  } else if constexpr (std::is_same_v<TS, hwy::bfloat16_t>) {
+    // Highway 1.0.3 truncates f32 -> bf16; round to nearest even as rotary::float_to_bf16 does (NaN stays quiet NaN).
+    const hn::RebindToUnsigned<DC> du;
+    const hn::RebindToSigned<DC> di;
+    const hn::Rebind<uint16_t, DC> du16;
+    const auto u = hn::BitCast(du, v);
+    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
+    const auto rounded = hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb));
+    const auto quiet_nan = hn::Or(u, hn::Set(du, 0x00400000u));
+    const auto bits = hn::ShiftRight<16>(hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded));
+    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, bits)), du16, reinterpret_cast<uint16_t*>(p));  // fits, no saturation
+  } else if constexpr (kVectorF16) {
+    const hn::Rebind<hwy::float16_t, DC> dh;
+    hn::StoreU(hn::DemoteTo(dh, v), dh, p);  // vcvtps2ph, round to nearest even
+  } else {
+    HWY_ALIGN float lanes[kMaxLanes];
+    hn::Store(v, dc, lanes);
+    uint16_t* bits = reinterpret_cast<uint16_t*>(p);
+    for (size_t j = 0; j < hn::Lanes(dc); ++j) bits[j] = float_to_f16(lanes[j]);
+  }
+}
+
+// One vector of half-split pairs: (x1, x2) -> (x1 c - x2 s, x1 s + x2 c). x and y may alias (in place).
+template <class DC, class TS, class T = hn::TFromD<DC>>
+HWY_INLINE void RotatePairs(DC dc, const TS* x1p, const TS* x2p, TS* y1p, TS* y2p, const T* c, const T* s) {
+  const auto x1 = LoadStorage(dc, x1p);
+  const auto x2 = LoadStorage(dc, x2p);
+  const auto vc = hn::LoadU(dc, c);
+  const auto vs = hn::LoadU(dc, s);
+  StoreStorage(dc, hn::NegMulAdd(x2, vs, hn::Mul(x1, vc)), y1p);
+  StoreStorage(dc, hn::MulAdd(x1, vs, hn::Mul(x2, vc)), y2p);
+}
+
+// Features [0, 2*half) of one head, half-split layout. c, s: [round_up(half, N)] (zero padded).
+template <class DC, class TS, class T = hn::TFromD<DC>>
+HWY_INLINE void RotateHeadHalfSplit(DC dc, const TS* x, TS* y, size_t half, const T* c, const T* s) {
+  const size_t N = hn::Lanes(dc);
+  size_t i = 0;
+  for (; i + N <= half; i += N) RotatePairs(dc, x + i, x + half + i, y + i, y + half + i, c + i, s + i);
+  if (i < half) {  // odd pair count: the last partial vector goes through scratch (no access past the head)
+    HWY_ALIGN TS b1[kMaxLanes] = {}, b2[kMaxLanes] = {};
+    const size_t rem = half - i;
+    std::memcpy(b1, x + i, rem * sizeof(TS));
+    std::memcpy(b2, x + half + i, rem * sizeof(TS));
+    RotatePairs(dc, b1, b2, b1, b2, c + i, s + i);
+    std::memcpy(y + i, b1, rem * sizeof(TS));
+    std::memcpy(y + half + i, b2, rem * sizeof(TS));
+  }
+}
+
+#if HWY_TARGET != HWY_SCALAR
+// One vector of interleaved pairs: y = x * cd + swap_adjacent(x) * sd.
+template <class DC, class TS, class T = hn::TFromD<DC>>
+HWY_INLINE void RotateInterleavedVec(DC dc, const TS* xp, TS* yp, const T* cd, const T* sd) {
+  const auto v = LoadStorage(dc, xp);
+  StoreStorage(dc, hn::MulAdd(v, hn::LoadU(dc, cd), hn::Mul(hn::Reverse2(dc, v), hn::LoadU(dc, sd))), yp);
+}
+#endif
+
+// Features [0, r) of one head, interleaved layout. cd, sd: [round_up(r, N)]; c, s: the half tables.
+template <class DC, class TS, class T = hn::TFromD<DC>>
+HWY_INLINE void RotateHeadInterleaved(DC dc, const TS* x, TS* y, size_t r, const T* cd, const T* sd, const T* c,
+                                      const T* s) {
+#if HWY_TARGET == HWY_SCALAR
+  // One lane: a pair is two scalar loads, so reuse the pair rotation with (2i, 2i+1).
+  for (size_t i = 0; i < r / 2; ++i) RotatePairs(dc, x + 2 * i, x + 2 * i + 1, y + 2 * i, y + 2 * i + 1, c + i, s + i);
+#else
+  const size_t N = hn::Lanes(dc);  // even, so vectors hold whole pairs
+  size_t i = 0;
+  for (; i + N <= r; i += N) RotateInterleavedVec(dc, x + i, y + i, cd + i, sd + i);
+  if (i < r) {
+    HWY_ALIGN TS b[kMaxLanes] = {};
+    const size_t rem = r - i;
+    std::memcpy(b, x + i, rem * sizeof(TS));
+    RotateInterleavedVec(dc, b, b, cd + i, sd + i);
+    std::memcpy(y + i, b, rem * sizeof(TS));
+  }
+  (void)c;
+  (void)s;
+#endif
+}
+
+// ---- bf16 as pairs in 32-bit lanes (little endian: element 2j is the low half of lane j) ----------------------
+
+// Round fp32 lanes to bf16 bits (in the upper half of each lane), to nearest even like rotary::float_to_bf16.
+// No NaN case is needed here: every NaN that can reach this point has a zero low half (a bf16 input promoted, or
+// the default NaN of an invalid operation), so adding at most 0x8000 keeps it the same quiet NaN float_to_bf16 gives.
+template <class DU, class VF>
+HWY_INLINE hn::Vec<DU> RoundToBf16Bits(DU du, VF y) {
+  const auto u = hn::BitCast(du, y);
+  return hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u))));
+}
+
+// Rotates the pairs held by lanes of `a` and `b`: low halves form one set of pairs (x1 from a, x2 from b, with
+// c_lo, s_lo), high halves another (c_hi, s_hi); writes the rotated x1 values to `a`, x2 values to `b`.
+template <class DF, class DU, class VU = hn::Vec<DU>, class VF = hn::Vec<DF>>
+HWY_INLINE void RotateBf16Lanes(DF df, DU du, VU& a, VU& b, VF c_lo, VF s_lo, VF c_hi, VF s_hi) {
+  const auto hi_mask = hn::Set(du, 0xffff0000u);
+  const VF a_lo = hn::BitCast(df, hn::ShiftLeft<16>(a)), a_hi = hn::BitCast(df, hn::And(a, hi_mask));
+  const VF b_lo = hn::BitCast(df, hn::ShiftLeft<16>(b)), b_hi = hn::BitCast(df, hn::And(b, hi_mask));
+  const auto y1_lo = RoundToBf16Bits(du, hn::NegMulAdd(b_lo, s_lo, hn::Mul(a_lo, c_lo)));
+  const auto y2_lo = RoundToBf16Bits(du, hn::MulAdd(a_lo, s_lo, hn::Mul(b_lo, c_lo)));
+  const auto y1_hi = RoundToBf16Bits(du, hn::NegMulAdd(b_hi, s_hi, hn::Mul(a_hi, c_hi)));
+  const auto y2_hi = RoundToBf16Bits(du, hn::MulAdd(a_hi, s_hi, hn::Mul(b_hi, c_hi)));
+  a = hn::Or(hn::ShiftRight<16>(y1_lo), hn::And(y1_hi, hi_mask));
+  b = hn::Or(hn::ShiftRight<16>(y2_lo), hn::And(y2_hi, hi_mask));
+}
+
+// Interleaved bf16: lane j of a vector holds pair (2j, 2j+1), so x1 is the low half and x2 the high half and the
+// half tables c, s apply directly. Rotates features [0, r) of one head; c, s: [round_up(r/2, N)].
+template <class DF>
+HWY_INLINE void RotateHeadBf16Interleaved(DF df, const uint16_t* x, uint16_t* y, size_t r, const float* c,
+                                          const float* s) {
+  const hn::RebindToUnsigned<DF> du;
+  const size_t N = hn::Lanes(du);  // pairs per vector
+  auto one = [&](const uint16_t* xp, uint16_t* yp, size_t i) {
+    auto v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(xp));
+    const auto vc = hn::LoadU(df, c + i), vs = hn::LoadU(df, s + i);
+    // Rotating (low, high) of one lane as (x1, x2): y1 = x1 c - x2 s into the low half, y2 into the high half.
+    const auto x1 = hn::BitCast(df, hn::ShiftLeft<16>(v)), x2 = hn::BitCast(df, hn::And(v, hn::Set(du, 0xffff0000u)));
+    const auto y1 = RoundToBf16Bits(du, hn::NegMulAdd(x2, vs, hn::Mul(x1, vc)));
+    const auto y2 = RoundToBf16Bits(du, hn::MulAdd(x1, vs, hn::Mul(x2, vc)));
+    v = hn::Or(hn::ShiftRight<16>(y1), hn::And(y2, hn::Set(du, 0xffff0000u)));
+    hn::StoreU(v, du, reinterpret_cast<uint32_t*>(yp));
+  };
+  const size_t half = r / 2;
+  size_t i = 0;
+  for (; i + N <= half; i += N) one(x + 2 * i, y + 2 * i, i);
+  if (i < half) {
+    HWY_ALIGN uint16_t b[2 * kMaxLanes] = {};
+    const size_t rem = 2 * (half - i);
+    std::memcpy(b, x + 2 * i, rem * sizeof(uint16_t));
+    one(b, b, i);
+    std::memcpy(y + 2 * i, b, rem * sizeof(uint16_t));
+  }
+}
+
+// Half-split bf16: a vector from each half covers 2N consecutive pairs; even pairs sit in low halves, odd pairs
+// in high halves, so the tables are permuted per block of 2N: tc[blk + j] = c[blk + 2j], tc[blk + N + j] =
+// c[blk + 2j + 1] (same for ts). Rotates features [0, 2*half) of one head; tc, ts: [round_up(half, 2N)].
+template <class DF>
+HWY_INLINE void RotateHeadBf16HalfSplit(DF df, const uint16_t* x, uint16_t* y, size_t half, const float* tc,
+                                        const float* ts) {
+  const hn::RebindToUnsigned<DF> du;
+  const size_t N = hn::Lanes(du), B = 2 * N;  // B pairs per block
+  auto one = [&](const uint16_t* x1, const uint16_t* x2, uint16_t* y1, uint16_t* y2, size_t i) {
+    auto a = hn::LoadU(du, reinterpret_cast<const uint32_t*>(x1));
+    auto b = hn::LoadU(du, reinterpret_cast<const uint32_t*>(x2));
+    RotateBf16Lanes(df, du, a, b, hn::LoadU(df, tc + i), hn::LoadU(df, ts + i), hn::LoadU(df, tc + i + N),
+                    hn::LoadU(df, ts + i + N));
+    hn::StoreU(a, du, reinterpret_cast<uint32_t*>(y1));
+    hn::StoreU(b, du, reinterpret_cast<uint32_t*>(y2));
+  };
+  size_t i = 0;
+  for (; i + B <= half; i += B) one(x + i, x + half + i, y + i, y + half + i, i);
+  if (i < half) {
+    HWY_ALIGN uint16_t b1[2 * kMaxLanes] = {}, b2[2 * kMaxLanes] = {};
+    const size_t rem = half - i;
+    std::memcpy(b1, x + i, rem * sizeof(uint16_t));
+    std::memcpy(b2, x + half + i, rem * sizeof(uint16_t));
+    one(b1, b2, b1, b2, i);
+    std::memcpy(y + i, b1, rem * sizeof(uint16_t));
+    std::memcpy(y + half + i, b2, rem * sizeof(uint16_t));
+  }
+}
+
+inline size_t RoundUp(size_t n, size_t m) { return (n + m - 1) / m * m; }
+
+// Rotates tokens [t0, t1) of q (and k). Tables live on the stack unless rotary_dim is large.
+template <class TS>
+void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64_t t1) {
+  using T = ComputeT<TS>;
+  const hn::ScalableTag<T> dc;
+  const size_t N = hn::Lanes(dc);
+  const size_t r = size_t(f.rotary_dim), half = r / 2, D = size_t(f.head_dim);
+  const size_t hp = RoundUp(half, 2 * N), rp = RoundUp(r, N);  // 2N: a bf16 half-split block
+  const bool interleaved = f.layout == RopeLayout::Interleaved;
+  constexpr bool kBf16 = std::is_same_v<TS, hwy::bfloat16_t>;
+
+  constexpr size_t kStackElems = 2048;  // rotary_dim <= ~600 needs no allocation (decode stays allocation-free)
+  HWY_ALIGN T stack[kStackElems];
+  hwy::AlignedFreeUniquePtr<T[]> heap;
+  const size_t need = 2 * hp + 2 * std::max(rp, hp);
+  T* c = stack;
+  if (need > kStackElems) {
+    heap = hwy::AllocateAligned<T>(need);
+    c = heap.get();
+  }
+  T* s = c + hp;    // [hp]
+  // Second tables: interleaved f32/f16/f64: cd = c0 c0 c1 c1 ..., sd = -s0 s0 -s1 s1 ... [rp];
+  // half-split bf16: c and s permuted per block (RotateHeadBf16HalfSplit) [hp].
+  T* cd = s + hp;
+  T* sd = cd + std::max(rp, hp);
+  std::fill(c, c + need, T(0));  // the padding lanes are read (and their results discarded)
+
+  // Forward: a R(p); Inverse: R(-p) / a; Transpose: a R(-p). R(-p) has the same cos and negated sin.
+  const double a = f.attention_factor;
+  const double scale = p.direction == RopeDirection::Inverse ? 1.0 / a : a;
+  const double sin_sign = p.direction == RopeDirection::Forward ? 1.0 : -1.0;
+
+  auto rotate_view = [&](const HeadsView& in, const HeadsView& out, int64_t t) {
+    const TS* src0 = static_cast<const TS*>(in.data) + t * in.token_stride;
+    TS* dst0 = static_cast<TS*>(out.data) + t * out.token_stride;
+    for (int64_t h = 0; h < in.heads; ++h) {
+      const TS* x = src0 + h * in.head_stride;
+      TS* y = dst0 + h * out.head_stride;
+      if constexpr (kBf16) {
+        const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
+        uint16_t* yb = reinterpret_cast<uint16_t*>(y);
+        if (interleaved)
+          RotateHeadBf16Interleaved(dc, xb, yb, r, c, s);
+        else
+          RotateHeadBf16HalfSplit(dc, xb, yb, half, cd, sd);
+      } else if (interleaved) {
+        RotateHeadInterleaved(dc, x, y, r, cd, sd, c, s);
+      } else {
+        RotateHeadHalfSplit(dc, x, y, half, c, s);
+      }
+      if (y != x && D > r) std::memcpy(y + r, x + r, (D - r) * sizeof(TS));  // pass-through features
+    }
+  };
+
+  for (int64_t t = t0; t < t1; ++t) {
+    CosSinRow<T>(f.inv_freq.data(), half, double(p.positions[t]), scale, sin_sign, c, s);
+    if (kBf16 && !interleaved) {
+      for (size_t blk = 0; blk < half; blk += 2 * N)
+        for (size_t j = 0; j < N; ++j) {
+          cd[blk + j] = c[blk + 2 * j];
+          sd[blk + j] = s[blk + 2 * j];
+          cd[blk + N + j] = c[blk + 2 * j + 1];
+          sd[blk + N + j] = s[blk + 2 * j + 1];
+        }
+    } else if (!kBf16 && interleaved) {
+      for (size_t i = 0; i < half; ++i) {
+        cd[2 * i] = cd[2 * i + 1] = c[i];
+        sd[2 * i] = -s[i];
+        sd[2 * i + 1] = s[i];
+      }
+    }
+    rotate_view(p.q_in, p.q_out, t);
+    if (p.k_in.data != nullptr) rotate_view(p.k_in, p.k_out, t);
+  }
+}
+
+// Threads only pay off when each has enough to do: below this many elements per thread, fork/join (about a
+// microsecond here) costs more than it saves. Measured on the 2-core CI machine (32 heads x 128, f32): 2 threads
+// break even at 4 tokens (16K elements) and win from 8 tokens. The decode shape (1 token) never forks.
+constexpr double kMinElementsPerThread = 12288;
+
+template <class TS>
+void RopeApplyTyped(const RopeFreqs& f, const RopeParams& p) {
+  const int64_t heads = p.q_in.heads + (p.k_in.data != nullptr ? p.k_in.heads : 0);
+  const double elements = double(p.tokens) * double(heads) * double(f.head_dim);
+  int64_t threads = std::min<int64_t>(omp_get_max_threads(), p.tokens);
+  threads = std::min<int64_t>(threads, int64_t(elements / kMinElementsPerThread));
+  if (threads <= 1) {
+    RotateTokenRange<TS>(f, p, 0, p.tokens);
+    return;
+  }
+#pragma omp parallel num_threads(int(threads))
+  {
+    // Contiguous token blocks: each thread streams through its own part of memory.
+    const int64_t n = omp_get_num_threads(), id = omp_get_thread_num();
+    RotateTokenRange<TS>(f, p, p.tokens * id / n, p.tokens * (id + 1) / n);
+  }
+}
+
+void RopeApplyImpl(const RopeFreqs& f, const RopeParams& p) {
+  switch (p.dtype) {
+    case DType::F32: return RopeApplyTyped<float>(f, p);
+    case DType::F64: return RopeApplyTyped<double>(f, p);
+    case DType::BF16: return RopeApplyTyped<hwy::bfloat16_t>(f, p);
+    case DType::F16: return RopeApplyTyped<hwy::float16_t>(f, p);
+  }
+}
+
+const char* ChosenTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace HWY_NAMESPACE
+}  // namespace rotary
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+#include "simd_targets.h"
+
+namespace rotary {
+
+HWY_EXPORT(RopeApplyImpl);
+HWY_EXPORT(ChosenTargetName);
+
+void rope_apply(const RopeFreqs& f, const RopeParams& p) {
+  validate_rope_params(f, p);
+  if (p.tokens == 0) return;
+  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(f, p);
+}
+
+const char* rope_simd_target() { return HWY_DYNAMIC_DISPATCH(ChosenTargetName)(); }
+
+namespace detail {
+
+std::vector<int64_t> simd_targets() { return hwy::SupportedAndGeneratedTargets(); }
+
+void force_simd_target(int64_t target) {
+  hwy::SetSupportedTargetsForTest(target);  // 0 ends the override
+  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
+}
+
+const char* simd_target_name(int64_t target) { return hwy::TargetName(target); }
+
+}  // namespace detail
+}  // namespace rotary
+#endif  // HWY_ONCE

@@ -1,0 +1,204 @@
+// `rotary bench decode`: time of one decode step over a long KV cache (fp32), per position mode, beside the
+// seed's ReRoPE decode (re-rotate the whole cache every step) and a memcpy of the cache's bytes.
+//
+// Default shape: a Llama-3-8B-like layer, Hq = 32 query heads, Hkv = 8 kv heads (GQA 4:1), D = 128, one sequence
+// with a 32768-token cache; ReRoPE window w = 4096, Leaky k = 16. Methods:
+//   rope     attention_decode on a Rope cache (keys stored rotated)
+//   rerope   attention_decode on a Rerope cache (un-rotated keys; <= w near keys rotated from a table)
+//   leaky    attention_decode on a LeakyRerope cache (far keys from the R(pos/k) copy)
+//   rerotate attention_decode_rerotate_baseline: every key re-rotated into a buffer, then plain attention
+//   memcpy   a copy of the keys + values bytes of one cache (same threads): the bandwidth ceiling
+// The methods run round-robin, one step each per round, so drift on a shared machine hits them alike; the
+// median over rounds is reported. GB/s = the cache bytes a step must read (keys + values of every token and kv
+// head) / time - the same numerator for every method, so the column compares with memcpy.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cli/command.h"
+#include "rotary/error.h"
+#include "rotary/kv_cache.h"
+#include "rotary/rope_spec.h"
+
+namespace rotary::cli {
+namespace {
+
+struct BenchDecodeArgs {
+  int64_t context = 32768;
+  int64_t hq = 32, hkv = 8;
+  int dim = 128;
+  int64_t window = 4096;
+  double leaky_k = 16;
+  int rounds = 41;
+  int threads = 0;
+  int64_t split_keys = 0;
+  bool json = false;
+};
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t n = size_t(omp_get_num_threads()), id = size_t(omp_get_thread_num());
+    const size_t lo = bytes * id / n / 64 * 64, hi = id + 1 == n ? bytes : bytes * (id + 1) / n / 64 * 64;
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo);
+  }
+}
+
+struct Method {
+  std::string name;
+  std::function<void()> step;
+  std::vector<double> seconds;
+  double median() const {
+    std::vector<double> s = seconds;
+    std::sort(s.begin(), s.end());
+    return s[s.size() / 2];
+  }
+  double min() const { return *std::min_element(seconds.begin(), seconds.end()); }
+};
+
+void run_bench_decode(const BenchDecodeArgs& a) {
+  check(a.context >= 1, "--context", a.context, ">= 1");
+  check(a.hkv >= 1 && a.hq >= a.hkv && a.hq % a.hkv == 0, "--hq", a.hq, "a multiple of --hkv");
+  check(a.rounds >= 1, "--rounds", a.rounds, ">= 1");
+  check(a.threads >= 0, "--threads", a.threads, ">= 0 (0: OpenMP default)");
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  const int64_t N = a.context, Hq = a.hq, Hkv = a.hkv;
+  const int D = a.dim;
+
+  RopeSpec spec;
+  spec.head_dim = D;
+  spec.base = 10000.0;
+  const RopeFreqs freqs = spec.freqs();
+  std::vector<float> k(size_t(N * Hkv * D)), v(k.size()), q(size_t(Hq * D)), o(q.size());
+  {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (float& x : k) x = u(rng);
+    for (float& x : v) x = u(rng);
+    for (float& x : q) x = u(rng);
+  }
+  std::vector<int64_t> pos(static_cast<size_t>(N));
+  for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = t;
+
+  auto make_cache = [&](PositionMode mode) {
+    PositionParams pp;
+    pp.mode = mode;
+    pp.freqs = &freqs;
+    pp.window = a.window;
+    pp.leaky_k = a.leaky_k;
+    auto c = std::make_unique<KvCache>(KvCacheConfig{N, Hkv, D, DType::F32, pp});
+    c->append(N, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, pos.data());
+    return c;
+  };
+  auto rope = make_cache(PositionMode::Rope), rerope = make_cache(PositionMode::Rerope),
+       leaky = make_cache(PositionMode::LeakyRerope);
+  const size_t cache_bytes = size_t(2 * N * Hkv * rope->layout().row_stride) * sizeof(float);  // keys + values
+  std::vector<char> src(cache_bytes, 1), dst(cache_bytes, 2);
+
+  DecodeParams p;
+  p.q = {q.data(), Hq, Hq * D, D};
+  p.o = {o.data(), Hq, Hq * D, D};
+  p.threads = threads;
+  p.split_keys = a.split_keys;
+  std::vector<float> scratch;
+  std::vector<Method> methods;
+  methods.push_back({"rope", [&] { attention_decode(*rope, p); }, {}});
+  methods.push_back({"rerope", [&] { attention_decode(*rerope, p); }, {}});
+  methods.push_back({"leaky", [&] { attention_decode(*leaky, p); }, {}});
+  methods.push_back({"rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); }, {}});
+  methods.push_back({"memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); }, {}});
+
+  // The re-rotating baseline and the fast ReRoPE step compute the same thing: report how far apart they are.
+  std::vector<float> o_fast(o.size());
+  attention_decode(*rerope, p);
+  o_fast = o;
+  attention_decode_rerotate_baseline(*rerope, p, scratch);
+  double num = 0, den = 0;
+  for (size_t i = 0; i < o.size(); ++i) num += double(o[i] - o_fast[i]) * (o[i] - o_fast[i]), den += double(o[i]) * o[i];
+  const double rel_rms = std::sqrt(num / den);
+
+  using clock = std::chrono::steady_clock;
+  for (Method& m : methods) m.step();  // warm-up (scratch allocation, page faults)
+  for (int r = 0; r < a.rounds; ++r)
+    for (Method& m : methods) {
+      const auto t0 = clock::now();
+      m.step();
+      m.seconds.push_back(std::chrono::duration<double>(clock::now() - t0).count());
+    }
+  auto med = [&](const char* name) {
+    for (const Method& m : methods)
+      if (m.name == name) return m.median();
+    return 0.0;
+  };
+  const double gb = double(cache_bytes) * 1e-9;
+
+  if (a.json) {
+    nlohmann::json j;
+    j["cpu"] = cpu_model();
+    j["threads"] = threads;
+    j["context"] = N, j["hq"] = Hq, j["hkv"] = Hkv, j["head_dim"] = D, j["window"] = a.window;
+    j["leaky_k"] = a.leaky_k, j["rounds"] = a.rounds, j["dtype"] = "f32", j["cache_bytes"] = cache_bytes;
+    j["rerotate_vs_rerope_rel_rms"] = rel_rms;
+    for (const Method& m : methods)
+      j["methods"].push_back({{"name", m.name}, {"median_ms", m.median() * 1e3}, {"min_ms", m.min() * 1e3},
+                              {"gbps", gb / m.median()}});
+    j["ratio_rerope_over_rope"] = med("rerope") / med("rope");
+    j["ratio_leaky_over_rope"] = med("leaky") / med("rope");
+    j["ratio_rerotate_over_rerope"] = med("rerotate") / med("rerope");
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("decode step, f32, one sequence: context %lld, Hq %lld, Hkv %lld, D %d, w %lld, leaky k %g\n",
+              (long long)N, (long long)Hq, (long long)Hkv, D, (long long)a.window, a.leaky_k);
+  std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", cpu_model().c_str(), threads, a.rounds,
+              double(cache_bytes) / 1e6);
+  std::printf("%-10s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
+  for (const Method& m : methods)
+    std::printf("%-10s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gb / m.median());
+  std::printf("rerope / rope     %.3f  (goal <= 1.1)\n", med("rerope") / med("rope"));
+  std::printf("leaky / rope      %.3f\n", med("leaky") / med("rope"));
+  std::printf("rerotate / rerope %.3f  (goal >= 3)\n", med("rerotate") / med("rerope"));
+  std::printf("rope / memcpy     %.3f\n", med("rope") / med("memcpy"));
+  std::printf("rerotate vs rerope output: relative rms difference %.2e\n", rel_rms);
+}
+
+const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
+  auto args = std::make_shared<BenchDecodeArgs>();
+  CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
+  CLI::App* cmd = bench.add_subcommand(
+      "decode", "time of one decode step over a long f32 KV cache: RoPE, ReRoPE, Leaky ReRoPE, the seed's "
+                "re-rotate-the-cache ReRoPE step, and a memcpy of the cache bytes");
+  cmd->add_option("--context", args->context, "cached tokens (default 32768)");
+  cmd->add_option("--hq", args->hq, "query heads (default 32)");
+  cmd->add_option("--hkv", args->hkv, "kv heads (default 8)");
+  cmd->add_option("--dim", args->dim, "head dim (default 128)");
+  cmd->add_option("--window", args->window, "ReRoPE / Leaky window w (default 4096)");
+  cmd->add_option("--leaky-k", args->leaky_k, "Leaky ReRoPE k (default 16)");
+  cmd->add_option("--rounds", args->rounds, "timed rounds, one step of every method each (default 41)");
+  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
+  cmd->add_option("--split-keys", args->split_keys, "keys per split-K chunk (0: automatic)");
+  cmd->add_flag("--json", args->json, "print machine-readable results");
+  cmd->callback([args] { run_bench_decode(*args); });
+});
+
+}  // namespace
+}  // namespace rotary::cli

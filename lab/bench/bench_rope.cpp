@@ -1,0 +1,324 @@
+// `rotary bench rope`: bandwidth of the fast rotation kernel beside its ceiling and the usual alternatives.
+//
+// For a prefill shape (4096 tokens x 32 heads x 128) and a decode shape (1 x 32 x 128), f32 and bf16, both pair
+// layouts, q only, in place:
+//   rope_apply - the fast kernel (Highway SIMD, OpenMP over tokens);
+//   memcpy     - a copy of the same bytes (same threads): the bandwidth ceiling;
+//   inplace_rw - every 32-bit word read and written back in place (x ^= 0, same threads): the ceiling of the
+//                in-place access pattern itself, which on some machines beats memcpy (no second buffer);
+//   naive      - a scalar loop computing an fp32 angle and cosf/sinf for every element (same threads);
+//   torch      - q * cos + rotate_half(q) * sin with precomputed tables (when built with libtorch; same threads).
+// Bytes count what the rotation must move: the tensor read once and written once (2 x its size), for every method.
+// Each method is warmed up, then timed in `--trials` trials of `--reps` calls; the trials of the methods of one
+// case take turns (round robin), so a slow stretch of a shared machine hits all of them alike. The median
+// per-call time (--stat median) or the fastest trial (--stat min) drives GB/s and the ratios; --json has both.
+// On a shared machine the wall clock includes time the threads were descheduled, so the header prints the load
+// average, and --stat min with short trials (--min-trial-ms) is the less disturbed number.
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "bench/rope_torch_baseline.h"
+#include "cli/command.h"
+#include "rotary/dtype.h"
+#include "rotary/error.h"
+#include "rotary/rope.h"
+#include "rotary/rope_spec.h"
+
+namespace rotary::cli {
+namespace {
+
+struct BenchRopeArgs {
+  int threads = 0;         // 0: OpenMP's default
+  int reps = 0;            // calls per trial; 0: enough for ~min_trial_ms
+  int trials = 7;
+  double min_trial_ms = 50;
+  std::string stat = "median";
+  bool json = false;
+  bool no_torch = false;
+};
+
+struct Shape {
+  const char* name;
+  int64_t tokens, heads, dim;
+};
+
+struct Timing {
+  double median_s = 0, min_s = 0;
+  int reps = 0;
+};
+
+struct Method {
+  std::string name;
+  std::function<void()> fn;
+  Timing t;
+};
+
+// Warms up each method and picks its reps, then times the trials round robin; per-call seconds.
+void time_methods(std::vector<Method>& methods, const BenchRopeArgs& a) {
+  using clock = std::chrono::steady_clock;
+  auto seconds = [](clock::duration d) { return std::chrono::duration<double>(d).count(); };
+  for (Method& m : methods) {
+    const auto t0 = clock::now();
+    int warm = 0;
+    while (warm < 3 || seconds(clock::now() - t0) < 0.02) {
+      m.fn();
+      ++warm;
+    }
+    const double per_call = seconds(clock::now() - t0) / warm;
+    m.t.reps = a.reps > 0 ? a.reps : std::max(1, int(a.min_trial_ms * 1e-3 / per_call));
+  }
+  std::vector<std::vector<double>> trials(methods.size());
+  for (int k = 0; k < a.trials; ++k) {
+    for (size_t i = 0; i < methods.size(); ++i) {
+      const auto s = clock::now();
+      for (int r = 0; r < methods[i].t.reps; ++r) methods[i].fn();
+      trials[i].push_back(seconds(clock::now() - s) / methods[i].t.reps);
+    }
+  }
+  for (size_t i = 0; i < methods.size(); ++i) {
+    std::sort(trials[i].begin(), trials[i].end());
+    methods[i].t.median_s = trials[i][trials[i].size() / 2];
+    methods[i].t.min_s = trials[i].front();
+  }
+}
+
+// The naive kernel: per element an fp32 angle and cosf/sinf, in place, half-split or interleaved pairs.
+template <class Load, class Store>
+void naive_rotate(void* data, const Shape& s, const int64_t* pos, const std::vector<float>& inv, bool interleaved,
+                  int threads, Load load, Store store) {
+  const int64_t half = s.dim / 2;
+#pragma omp parallel for num_threads(threads) schedule(static) if (s.tokens > 1)
+  for (int64_t t = 0; t < s.tokens; ++t) {
+    for (int64_t h = 0; h < s.heads; ++h) {
+      const int64_t base = (t * s.heads + h) * s.dim;
+      for (int64_t i = 0; i < half; ++i) {
+        const float angle = float(pos[t]) * inv[size_t(i)];
+        const float c = std::cos(angle), sn = std::sin(angle);
+        const int64_t ia = base + (interleaved ? 2 * i : i), ib = base + (interleaved ? 2 * i + 1 : i + half);
+        const float x1 = load(data, ia), x2 = load(data, ib);
+        store(data, ia, x1 * c - x2 * sn);
+        store(data, ib, x1 * sn + x2 * c);
+      }
+    }
+  }
+}
+
+// Reads and writes back every 32-bit word of x (xor with a zero the compiler cannot see), split across threads.
+volatile uint32_t g_zero = 0;
+void inplace_rw(void* x, size_t bytes, int threads) {
+  uint32_t* w = static_cast<uint32_t*>(x);
+  const int64_t n = int64_t(bytes / 4);
+  const uint32_t z = g_zero;
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && bytes >= (size_t(1) << 20))
+  for (int64_t i = 0; i < n; ++i) w[i] ^= z;
+}
+
+// memcpy of `bytes` split across threads (one call when the copy is small, as the kernel does for one token).
+void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
+  if (threads <= 1 || bytes < (size_t(1) << 20)) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const size_t n = size_t(omp_get_num_threads()), id = size_t(omp_get_thread_num());
+    const size_t lo = bytes * id / n / 64 * 64, hi = id + 1 == n ? bytes : bytes * (id + 1) / n / 64 * 64;
+    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo);
+  }
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line))
+    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
+  return "unknown";
+}
+
+struct Row {
+  std::string shape, dtype, layout, method;
+  int64_t tokens, heads, dim;
+  double bytes;  // read + written
+  Timing t;
+  bool use_min = false;
+  double seconds() const { return use_min ? t.min_s : t.median_s; }
+  double gbps() const { return bytes / seconds() * 1e-9; }
+};
+
+void run_bench_rope(const BenchRopeArgs& a) {
+  check(a.threads >= 0, "--threads", a.threads, ">= 0 (0: OpenMP default)");
+  check(a.reps >= 0, "--reps", a.reps, ">= 0 (0: automatic)");
+  check(a.trials >= 1, "--trials", a.trials, ">= 1");
+  check(a.stat == "median" || a.stat == "min", "--stat", a.stat, "median, min");
+  check(a.min_trial_ms > 0, "--min-trial-ms", a.min_trial_ms, "> 0");
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  omp_set_num_threads(threads);  // rope_apply uses omp_get_max_threads()
+#ifdef ROTARY_HAVE_TORCH
+  const bool torch = !a.no_torch;
+#else
+  const bool torch = false;
+#endif
+
+  const Shape shapes[] = {{"prefill", 4096, 32, 128}, {"decode", 1, 32, 128}};
+  std::vector<Row> rows;
+  for (const Shape& s : shapes) {
+    std::vector<int64_t> pos(size_t(s.tokens));
+    for (int64_t t = 0; t < s.tokens; ++t) pos[size_t(t)] = s.tokens == 1 ? 4096 : t;  // decode: token 4097
+    for (DType dtype : {DType::F32, DType::BF16}) {
+      for (RopeLayout layout : {RopeLayout::HalfSplit, RopeLayout::Interleaved}) {
+        RopeSpec spec;
+        spec.head_dim = int(s.dim);
+        spec.layout = layout;
+        const RopeFreqs f = spec.freqs();
+        const int64_t n = s.tokens * s.heads * s.dim;
+        const size_t bytes = size_t(n) * dtype_size(dtype);
+        // 64-byte aligned buffers, touched before timing (first-touch page faults are not part of any method).
+        auto alloc = [&] {
+          std::unique_ptr<char, decltype(&std::free)> b(
+              static_cast<char*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64)), &std::free);
+          std::mt19937 rng(1);
+          std::uniform_real_distribution<float> u(-1, 1);
+          for (int64_t i = 0; i < n; ++i) store_from_double(b.get(), dtype, i, u(rng));
+          return b;
+        };
+        auto x = alloc(), src = alloc(), dst = alloc();
+        std::vector<Method> methods;
+        auto add = [&](const char* method, std::function<void()> fn) { methods.push_back({method, std::move(fn), {}}); };
+
+        RopeParams p;
+        p.tokens = s.tokens;
+        p.positions = pos.data();
+        p.dtype = dtype;
+        p.q_in = {x.get(), s.heads, s.heads * s.dim, s.dim};
+        p.q_out = p.q_in;
+        add("rope_apply", [&] { rope_apply(f, p); });
+        add("memcpy", [&] { parallel_memcpy(dst.get(), src.get(), bytes, s.tokens > 1 ? threads : 1); });
+        add("inplace_rw", [&] { inplace_rw(dst.get(), bytes, s.tokens > 1 ? threads : 1); });
+        std::vector<float> inv_f(f.inv_freq.begin(), f.inv_freq.end());
+        const bool il = layout == RopeLayout::Interleaved;
+        if (dtype == DType::F32) {
+          add("naive", [&] {
+            naive_rotate(
+                x.get(), s, pos.data(), inv_f, il, threads,
+                [](void* d, int64_t i) { return static_cast<float*>(d)[i]; },
+                [](void* d, int64_t i, float v) { static_cast<float*>(d)[i] = v; });
+          });
+        } else {
+          add("naive", [&] {
+            naive_rotate(
+                x.get(), s, pos.data(), inv_f, il, threads,
+                [](void* d, int64_t i) { return bf16_to_float(static_cast<uint16_t*>(d)[i]); },
+                [](void* d, int64_t i, float v) { static_cast<uint16_t*>(d)[i] = float_to_bf16(v); });
+          });
+        }
+        if (torch) {
+          bench::TorchRopeCase tc;
+          tc.tokens = s.tokens;
+          tc.heads = s.heads;
+          tc.dim = s.dim;
+          tc.positions = pos.data();
+          tc.bf16 = dtype == DType::BF16;
+          tc.interleaved = il;
+          tc.threads = threads;
+          add("torch", bench::make_torch_rope(tc));
+        }
+        time_methods(methods, a);
+        for (const Method& m : methods)
+          rows.push_back({s.name, dtype_name(dtype), std::string(layout_name(layout)), m.name, s.tokens, s.heads,
+                          s.dim, 2.0 * double(bytes), m.t, a.stat == "min"});
+      }
+    }
+  }
+
+  // Ratios of each rope_apply row against the baselines measured next to it.
+  auto find = [&](const Row& r, const char* method) -> const Row* {
+    for (const Row& o : rows)
+      if (o.shape == r.shape && o.dtype == r.dtype && o.layout == r.layout && o.method == method) return &o;
+    return nullptr;
+  };
+  const std::string target = rope_simd_target(), cpu = cpu_model();
+  const unsigned nproc = std::thread::hardware_concurrency();
+
+  if (a.json) {
+    nlohmann::json j;
+    j["machine"] = {{"cpu", cpu},       {"nproc", nproc}, {"threads", threads}, {"simd_target", target},
+                    {"torch", torch},   {"load_average", load_average()}};
+    j["stat"] = a.stat;
+    j["bytes"] = "read + written (2 x tensor size), q only, in place";
+    for (const Row& r : rows) {
+      nlohmann::json e = {{"shape", r.shape}, {"tokens", r.tokens}, {"heads", r.heads},   {"dim", r.dim},
+                          {"dtype", r.dtype}, {"layout", r.layout}, {"method", r.method}, {"bytes", r.bytes},
+                          {"median_s", r.t.median_s}, {"min_s", r.t.min_s}, {"reps", r.t.reps},
+                          {"gb_per_s", r.gbps()}};
+      if (r.method == "rope_apply") {
+        for (const char* m : {"memcpy", "inplace_rw", "naive", "torch"})
+          if (const Row* o = find(r, m)) e["speedup_vs_" + std::string(m)] = o->seconds() / r.seconds();
+      }
+      j["results"].push_back(e);
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+
+  std::printf("rotary bench rope: q only, in place; bytes = read + written; %s of %d trials\n", a.stat.c_str(),
+              a.trials);
+  std::printf("cpu: %s | nproc %u | threads %d | highway target %s | torch %s | load average %s\n\n", cpu.c_str(),
+              nproc, threads, target.c_str(), torch ? "yes" : "no (not built or --no-torch)", load_average().c_str());
+  std::printf("%-8s %-5s %-12s %-11s %11s %9s %9s   %s\n", "shape", "dtype", "layout", "method", "time_us", "GB/s",
+              "%memcpy", "rope_apply speedup");
+  for (const Row& r : rows) {
+    const Row* mc = find(r, "memcpy");
+    std::string speedup;
+    if (r.method == "rope_apply") {
+      for (const char* m : {"naive", "torch"})
+        if (const Row* o = find(r, m)) {
+          char buf[64];
+          std::snprintf(buf, sizeof buf, "%.1fx vs %s  ", o->seconds() / r.seconds(), m);
+          speedup += buf;
+        }
+    }
+    std::printf("%-8s %-5s %-12s %-11s %11.2f %9.2f %8.0f%%   %s\n", r.shape.c_str(), r.dtype.c_str(),
+                r.layout.c_str(), r.method.c_str(), r.seconds() * 1e6, r.gbps(),
+                mc ? 100.0 * mc->seconds() / r.seconds() : 0.0, speedup.c_str());
+  }
+}
+
+const CommandRegistrar kRegisterBenchRope([](CLI::App& root) {
+  auto args = std::make_shared<BenchRopeArgs>();
+  CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
+  CLI::App* cmd = bench.add_subcommand(
+      "rope", "GB/s of rope_apply (f32, bf16; both layouts; prefill 4096x32x128 and decode 1x32x128) beside memcpy, "
+              "a naive scalar kernel and the torch composition");
+  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
+  cmd->add_option("--reps", args->reps, "calls per trial (0: enough for --min-trial-ms)");
+  cmd->add_option("--trials", args->trials, "timed trials per method; the median is reported");
+  cmd->add_option("--min-trial-ms", args->min_trial_ms, "target length of one trial when --reps is 0");
+  cmd->add_option("--stat", args->stat, "median or min of the trials for GB/s and ratios");
+  cmd->add_flag("--json", args->json, "print machine-readable results");
+  cmd->add_flag("--no-torch", args->no_torch, "skip the torch baseline");
+  cmd->callback([args] { run_bench_rope(*args); });
+});
+
+}  // namespace
+}  // namespace rotary::cli

@@ -1,0 +1,54 @@
+// The PyTorch composition baseline of `rotary bench rope` (see lab/bench/rope_torch_baseline.h).
+#include "bench/rope_torch_baseline.h"
+
+#include <torch/torch.h>
+
+#include <memory>
+
+namespace rotary::bench {
+
+namespace {
+
+using torch::indexing::Slice;
+
+torch::Tensor rotate_half(const torch::Tensor& x) {
+  const int64_t h = x.size(-1) / 2;
+  return torch::cat({-x.index({"...", Slice(h, torch::indexing::None)}), x.index({"...", Slice(0, h)})}, -1);
+}
+
+torch::Tensor rotate_every_two(const torch::Tensor& x) {
+  const auto x1 = x.index({"...", Slice(0, torch::indexing::None, 2)});
+  const auto x2 = x.index({"...", Slice(1, torch::indexing::None, 2)});
+  return torch::stack({-x2, x1}, -1).flatten(-2);
+}
+
+struct State {
+  torch::Tensor q, cos, sin;
+  bool interleaved = false;
+};
+
+}  // namespace
+
+std::function<void()> make_torch_rope(const TorchRopeCase& c) {
+  torch::set_num_threads(c.threads);
+  torch::NoGradGuard no_grad;
+  const auto dtype = c.bf16 ? torch::kBFloat16 : torch::kFloat32;
+  auto st = std::make_shared<State>();
+  st->interleaved = c.interleaved;
+  // freqs [tokens, dim/2] in float64 as HF does in float32 (the baseline's accuracy is not what is measured).
+  const auto inv = torch::pow(c.base, -torch::arange(0, c.dim, 2, torch::kFloat64) / double(c.dim));
+  const auto pos = torch::from_blob(const_cast<int64_t*>(c.positions), {c.tokens}, torch::kInt64).to(torch::kFloat64);
+  const auto angles = torch::outer(pos, inv);
+  const auto emb = c.interleaved ? angles.repeat_interleave(2, -1) : torch::cat({angles, angles}, -1);  // [T, dim]
+  st->cos = emb.cos().to(dtype).view({1, c.tokens, 1, c.dim});
+  st->sin = emb.sin().to(dtype).view({1, c.tokens, 1, c.dim});
+  st->q = torch::rand({1, c.tokens, c.heads, c.dim}, torch::kFloat32).to(dtype);
+  return [st] {
+    torch::NoGradGuard guard;
+    const auto& q = st->q;
+    const auto out = q * st->cos + (st->interleaved ? rotate_every_two(q) : rotate_half(q)) * st->sin;
+    (void)out;
+  };
+}
+
+}  // namespace rotary::bench

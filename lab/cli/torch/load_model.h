@@ -1,0 +1,92 @@
+// lab/cli/torch/load_model.h: what `rotary eval` and `rotary generate` share - a checkpoint (file or run
+// directory) loaded into a model, and the inference-time encoding overrides (--kind, --scaling, --window, ...).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "rotary/error.h"
+#include "rotary_nn/model.h"
+#include "tasks/task.h"
+#include "train/checkpoint.h"
+#include "train/config.h"
+#include "train/files.h"
+#include "train/trainer.h"
+
+namespace rotary::cli {
+
+struct LoadedRun {
+  std::string checkpoint;  // the file
+  std::string run_dir;     // its directory
+  train::TrainConfig config;
+  int64_t step = 0;
+  std::unique_ptr<lab::Task> task;
+  nn::Transformer model{nullptr};
+};
+
+// `where` is a checkpoint file or a run directory holding checkpoint.pt.
+inline LoadedRun load_run(const std::string& where) {
+  LoadedRun run;
+  run.checkpoint = train::file_exists(where) ? where : train::checkpoint_path(where);
+  if (!train::file_exists(run.checkpoint))
+    throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
+  const auto slash = run.checkpoint.find_last_of('/');
+  run.run_dir = slash == std::string::npos ? "." : run.checkpoint.substr(0, slash);
+  train::CheckpointMeta meta = train::read_checkpoint_meta(run.checkpoint);
+  train::from_json(meta.config, run.config);
+  run.task = lab::make_task(run.config.task, run.config.task_options);
+  run.model = nn::Transformer(run.config.model);
+  train::load_checkpoint(run.checkpoint, *run.model, nullptr, /*restore_torch_rng=*/false);
+  run.model->eval();
+  run.step = meta.step;
+  return run;
+}
+
+// Inference-time encoding overrides; each flag given changes one field of the trained encoding.
+struct OverrideFlags {
+  std::string kind, scaling;
+  double factor = 0, base = 0, leaky_k = 0;
+  int64_t original_max = 0, window = 0, logn = -1;
+  CLI::Option *kind_opt, *scaling_opt, *factor_opt, *base_opt, *original_opt, *window_opt, *leaky_opt, *logn_opt;
+
+  void add_to(CLI::App& app) {
+    kind_opt = app.add_option("--kind", kind, "run as another rope-family kind (rope -> rerope, leaky_rerope)");
+    scaling_opt = app.add_option("--scaling", scaling, "rope scaling: none, linear, ntk, ntk_mixed, dynamic, yarn, llama3");
+    factor_opt = app.add_option("--factor", factor, "rope scaling factor");
+    base_opt = app.add_option("--base", base, "rope base");
+    original_opt = app.add_option("--original-max", original_max, "pre-extension context (yarn, llama3, dynamic)");
+    window_opt = app.add_option("--window", window, "rerope / leaky_rerope window");
+    leaky_opt = app.add_option("--leaky-k", leaky_k, "leaky_rerope k");
+    logn_opt = app.add_option("--logn", logn, "log-n query scaling training length (0 = off)");
+  }
+
+  bool any() const {
+    for (CLI::Option* o : {kind_opt, scaling_opt, factor_opt, base_opt, original_opt, window_opt, leaky_opt, logn_opt})
+      if (o->count() > 0) return true;
+    return false;
+  }
+
+  // Applies the override to the model (rotary::Error from the model if it does not fit what was trained).
+  void apply(LoadedRun& run) const {
+    if (!any()) return;
+    nn::EncodingOverride o;
+    if (kind_opt->count()) o.kind = kind;
+    if (scaling_opt->count() || factor_opt->count() || base_opt->count() || original_opt->count()) {
+      RopeSpec s = run.config.model.resolved_encoding().rope;
+      if (scaling_opt->count()) s.scaling = parse_scaling(scaling);
+      if (factor_opt->count()) s.factor = factor;
+      if (base_opt->count()) s.base = base;
+      if (original_opt->count()) s.original_max_position_embeddings = original_max;
+      o.rope = s;
+    }
+    if (window_opt->count()) o.window = window;
+    if (leaky_opt->count()) o.leaky_k = leaky_k;
+    if (logn_opt->count()) o.logn_train_len = logn;
+    run.model->set_override(o);
+  }
+};
+
+}  // namespace rotary::cli

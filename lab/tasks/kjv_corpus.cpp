@@ -1,0 +1,62 @@
+// lab/tasks/kjv_corpus.cpp: reading the KJV from the `bible` program and splitting it by chapter.
+#include "tasks/kjv_corpus.h"
+
+#include <cctype>
+#include <cstdio>
+#include <sstream>
+
+#include "rotary/error.h"
+
+namespace rotary::lab {
+
+KjvSplit parse_kjv(const std::string& bible_output) {
+  std::vector<std::string> lines;
+  std::istringstream in(bible_output);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+
+  KjvSplit split;
+  int next_verse = 0;  // 0 = before the first heading
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const std::string& line = lines[i];
+    if (line.empty()) continue;
+    const auto where = [&] { return "line " + std::to_string(i + 1) + " \"" + line.substr(0, 60) + "\""; };
+    // A heading stands alone between blank lines; a verse never does (verses follow each other directly).
+    const bool alone = (i == 0 || lines[i - 1].empty()) && (i + 1 == lines.size() || lines[i + 1].empty());
+    if (alone && !std::isspace(static_cast<unsigned char>(line[0]))) {
+      ++split.chapters;
+      next_verse = 1;
+      continue;
+    }
+    if (next_verse == 0) fail("bible output", where(), "a chapter heading (\"Genesis 1\") before the verses");
+    size_t pos = line.find_first_not_of(' ');
+    size_t digits_end = pos;
+    while (digits_end < line.size() && std::isdigit(static_cast<unsigned char>(line[digits_end]))) ++digits_end;
+    if (digits_end == pos || digits_end >= line.size() || line[digits_end] != ' ' ||
+        std::stoi(line.substr(pos, digits_end - pos)) != next_verse)
+      fail("bible output", where(), "verse " + std::to_string(next_verse) + " as \"  " +
+                                        std::to_string(next_verse) + " text\"");
+    ++next_verse;
+    std::string text = line.substr(digits_end + 1);
+    const bool heldout = (split.chapters - 1) % kHeldoutChapterEvery == kHeldoutChapterEvery - 1;
+    (heldout ? split.heldout : split.train).push_back(std::move(text));
+  }
+  check(!split.train.empty() && !split.heldout.empty(), "bible output chapters", split.chapters,
+        "at least " + std::to_string(kHeldoutChapterEvery) + " chapters with verses");
+  return split;
+}
+
+std::string run_bible() {
+  const char* command = "bible -l0 \"gen1:1-rev22:21\" 2>/dev/null";
+  FILE* pipe = popen(command, "r");
+  if (pipe == nullptr) fail("text corpus", "popen(bible) failed", "the `bible` program (apt-get install bible-kjv)");
+  std::string out;
+  char buf[1 << 16];
+  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
+  const int status = pclose(pipe);
+  if (status != 0 || out.empty())
+    fail("text corpus", "`bible -l0 \"gen1:1-rev22:21\"` exited with status " + std::to_string(status),
+         "the `bible` program from Debian's bible-kjv (apt-get install bible-kjv)");
+  return out;
+}
+
+}  // namespace rotary::lab

@@ -1,0 +1,110 @@
+// lab/train/compare.cpp
+#include "train/compare.h"
+
+#include <fmt/format.h>
+
+#include "rotary/error.h"
+#include "train/files.h"
+#include "train/trainer.h"
+
+namespace rotary::train {
+
+CompareSpec default_compare_spec() {
+  CompareSpec s;
+  s.encodings = {"rope", "roper"};
+  s.seeds = 3;
+  s.out_dir = "runs/compare";
+  TrainConfig& c = s.base;
+  c.task = "addition";
+  c.task_options.max_digits = 3;
+  c.model.d_model = 64;
+  c.model.n_layers = 2;
+  c.model.n_heads = 4;
+  c.seq_len = 128;
+  c.batch_size = 16;
+  c.steps = 600;
+  c.optim.lr = 3e-3;
+  c.optim.warmup_steps = 50;
+  c.optim.weight_decay = 0.1;
+  c.eval_interval = 100;
+  c.eval_batches = 2;
+  c.eval_problems = 32;
+  return s;
+}
+
+CompareResult run_compare(const CompareSpec& spec, bool progress) {
+  check(!spec.encodings.empty(), "encodings", "\"\"", "a comma-separated list such as rope,roper");
+  check(spec.seeds >= 1, "seeds", spec.seeds, "an integer >= 1");
+  // Every encoding is checked before the first run starts, so a typo does not surface an hour in.
+  for (const std::string& enc : spec.encodings) {
+    TrainConfig c = spec.base;
+    c.model.encoding.kind = enc;
+    c.validate();
+  }
+
+  CompareResult result;
+  const int total = static_cast<int>(spec.encodings.size()) * spec.seeds;
+  int index = 0;
+  for (const std::string& enc : spec.encodings) {
+    for (int k = 0; k < spec.seeds; ++k) {
+      ++index;
+      CompareRun run;
+      run.encoding = enc;
+      run.seed = spec.base.seed + static_cast<uint64_t>(k);
+      run.dir = join_path(join_path(spec.out_dir, enc), fmt::format("seed{}", run.seed));
+      TrainConfig c = spec.base;
+      c.model.encoding.kind = enc;
+      c.seed = run.seed;
+      c.out_dir = run.dir;
+      const std::string label = fmt::format("[{}/{}] {} seed {}", index, total, enc, run.seed);
+
+      if (std::optional<RunSummary> done = read_summary(run.dir)) {
+        // The stored config has the vocabulary size filled in; compare with ours filled the same way.
+        nlohmann::json want = c;
+        if (want["model"].value("vocab_size", 0) == 0 && done->config.contains("model"))
+          want["model"]["vocab_size"] = done->config["model"].value("vocab_size", 0);
+        const std::string field = first_difference(done->config, want);
+        if (!field.empty())
+          throw Error("rotary: " + run.dir + " holds a finished run with different settings: " + field + " = " +
+                      value_at(done->config, field) + " there, " + value_at(want, field) +
+                      " here; use another --out (or delete that directory)");
+        run.summary = *done;
+        run.reused = true;
+        if (progress) std::fprintf(stderr, "%s: finished earlier, skipped\n", label.c_str());
+        result.runs.push_back(run);
+        continue;
+      }
+      if (progress) std::fprintf(stderr, "%s: %s\n", label.c_str(), run.dir.c_str());
+      TrainOptions opts;
+      opts.resume = ResumeMode::IfPresent;
+      opts.progress = progress;
+      opts.label = label;
+      TrainResult r = train(c, opts);
+      if (r.status == TrainStatus::Interrupted) {
+        result.interrupted = true;
+        result.signal = r.signal;
+        result.message = r.message + "; rerun the same compare to continue";
+        return result;
+      }
+      if (r.status == TrainStatus::NonFinite) {
+        if (progress) std::fprintf(stderr, "%s: %s\n", label.c_str(), r.message.c_str());
+        run.summary = *read_summary(run.dir);
+      } else {
+        run.summary = *r.summary;
+      }
+      result.runs.push_back(run);
+    }
+  }
+
+  ReportInputs in;
+  in.out_dir = spec.out_dir;
+  in.task = spec.base.task;
+  in.encodings = spec.encodings;
+  in.runs = result.runs;
+  in.base_config = spec.base;
+  in.command_line = spec.command_line;
+  result.report = write_report(in);
+  return result;
+}
+
+}  // namespace rotary::train

@@ -1,0 +1,40 @@
+// lab/train/compare.h: `rotary compare` - several encodings x several seeds of one run description, run one
+// after the other, then the report (report.h).
+//
+// Runs live in <out>/<encoding>/seed<k>/. Rerunning the same compare skips runs that finished (summary.json
+// present, same config), continues runs that were interrupted (checkpoint present) and starts the rest.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "train/config.h"
+#include "train/report.h"
+
+namespace rotary::train {
+
+struct CompareSpec {
+  TrainConfig base;                    // encoding kind, seed and out_dir are set per run
+  std::vector<std::string> encodings;  // model.encoding.kind values
+  int seeds = 3;                       // seeds base.seed, base.seed + 1, ...
+  std::string out_dir = "runs/compare";
+  std::string command_line;            // recorded in the report
+};
+
+// The built-in default (no flags): RoPE vs RoPER on addition with a tiny model, 3 seeds, sized to take about
+// five minutes on a 2-core machine (docs/lab.md gives the measured time and accuracy).
+CompareSpec default_compare_spec();
+
+struct CompareResult {
+  std::vector<CompareRun> runs;
+  ReportFiles report;          // empty when interrupted
+  bool interrupted = false;
+  std::string message;
+  int signal = 0;
+};
+
+// rotary::Error for an unknown encoding (before anything runs), or a run directory that holds a different run.
+CompareResult run_compare(const CompareSpec& spec, bool progress);
+
+}  // namespace rotary::train

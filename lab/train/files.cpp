@@ -1,0 +1,89 @@
+// lab/train/files.cpp: atomic writes (see files.h).
+#include "train/files.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <fmt/format.h>
+
+#include "rotary/error.h"
+
+namespace rotary::train {
+namespace {
+
+[[noreturn]] void fail_io(const std::string& what, const std::string& path) {
+  throw Error("rotary: cannot " + what + " " + path + ": " + std::strerror(errno));
+}
+
+}  // namespace
+
+std::string join_path(const std::string& dir, const std::string& name) {
+  if (dir.empty()) return name;
+  return (std::filesystem::path(dir) / name).string();
+}
+
+bool file_exists(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+void make_dirs(const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  std::filesystem::create_directories(path, ec);
+  if (ec) throw Error("rotary: cannot create directory " + path + ": " + ec.message());
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail_io("read", path);
+  std::ostringstream os;
+  os << in.rdbuf();
+  return os.str();
+}
+
+void write_file_atomic(const std::string& path, std::string_view bytes) {
+  // The temp file lives in the target's directory so that rename() is atomic (same file system); the pid keeps
+  // concurrent writers (data-parallel ranks, two compares) from sharing a temp file.
+  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) fail_io("create", tmp);
+  size_t done = 0;
+  while (done < bytes.size()) {
+    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;  // Ctrl-C arrives as a flag, the write goes on
+      ::close(fd);
+      ::unlink(tmp.c_str());
+      fail_io("write", tmp);
+    }
+    done += static_cast<size_t>(n);
+  }
+  if (::fsync(fd) != 0) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    fail_io("fsync", tmp);
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    ::unlink(tmp.c_str());
+    fail_io("rename onto", path);
+  }
+  // The rename itself is durable only once the directory entry is on disk.
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  const std::string dir = parent.empty() ? std::string(".") : parent.string();
+  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+}
+
+}  // namespace rotary::train

@@ -1,0 +1,22 @@
+// lab/train/files.h: small file helpers of the trainer (torch-free).
+//
+// Checkpoints, summaries and reports are written atomically: the bytes go to a temporary file in the same
+// directory, which is fsync'ed and renamed over the target, then the directory is fsync'ed. A crash or a Ctrl-C
+// at any point leaves either the old file or the new one, never a torn one.
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace rotary::train {
+
+// Writes `bytes` to `path` atomically (temp + fsync + rename + fsync of the directory). Throws rotary::Error.
+void write_file_atomic(const std::string& path, std::string_view bytes);
+// The whole file; throws rotary::Error naming the path if it cannot be read.
+std::string read_file(const std::string& path);
+bool file_exists(const std::string& path);
+// mkdir -p; throws rotary::Error naming the path.
+void make_dirs(const std::string& path);
+std::string join_path(const std::string& dir, const std::string& name);
+
+}  // namespace rotary::train

@@ -1,0 +1,79 @@
+// rotary_nn/attention.h: the attention of the model for every encoding kind, fused (rotary torch ops) and plain
+// (ordinary torch ops: the benchmark baseline and the independent check of the fused path).
+//
+// Shapes: q [B, Sq, Hq, D], k and v [B, Sk, Hkv, D] (Hq % Hkv == 0; query head h reads kv head h / (Hq / Hkv)),
+// positions int64 [B, S]. Keys and values come in UN-rotated; each function applies the encoding itself.
+#pragma once
+
+#include <torch/torch.h>
+
+#include "rotary_nn/config.h"
+
+namespace rotary::nn {
+
+// What attention needs about positions for one forward, computed once and shared by every layer.
+struct PositionContext {
+  EncodingConfig enc;              // the active encoding, resolved (rope.head_dim / rotary_dim filled)
+  torch::Tensor inv_freq;          // [rotary_dim / 2] float64 (rotary kinds and linear+rope); undefined otherwise
+  double attention_factor = 1.0;   // multiplies cos and sin (RopeFreqs::attention_factor)
+  torch::Tensor alibi_slopes;      // [Hq] float64 (alibi); undefined otherwise
+  double softmax_scale = 1.0;      // 1 / sqrt(head_dim)
+};
+
+// Dynamic NTK and longrope frequencies depend on the current length (HF: max position + 1); the others do not.
+bool length_dependent(const EncodingConfig& e);
+
+// seq_len: the length the frequencies are for (dynamic NTK and longrope depend on it; max position + 1).
+PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len);
+
+// ALiBi head slopes [n_heads] float64 (Press et al.: 2^(-8 (h + 1) / n) for n a power of two, interleaved with the
+// next power's slopes otherwise).
+torch::Tensor alibi_slopes(int n_heads);
+
+// Sinusoidal absolute encoding (Vaswani et al.) [B, S, d_model] in `dtype`: feature 2i = sin(p / 10000^(2i/d)),
+// 2i+1 = cos(...); angles in float64.
+torch::Tensor sinusoidal_encoding(const torch::Tensor& positions, int d_model, torch::ScalarType dtype);
+
+// Log-n query factor [B, S, 1, 1] in `dtype`: max(1, ln(pos + 1) / ln(L)); all ones when L == 0.
+torch::Tensor logn_factor(const torch::Tensor& positions, int64_t train_len, torch::ScalarType dtype);
+
+// Plain rotation: x [B, S, H, D] turned by factor * R(angle) on the first rotary_dim features (layout as the
+// encoding's), angle [B, S] float64 (fractional for Leaky ReRoPE); the rest passes through. cos/sin tables are built
+// in float64 and cast to x's dtype; half-split uses the usual rotate_half form x cos + rotate_half(x) sin.
+torch::Tensor rotate_plain(const torch::Tensor& x, const torch::Tensor& angle, const PositionContext& pc,
+                           double factor);
+
+// Softmax attention from plain ops, materialised [B, Hq, Sq, Sk] scores, causal by index with the queries aligned
+// to the END of the keys (query i sees keys j <= Sk - Sq + i), so the same function runs a full forward
+// (Sq == Sk) and one decode step against a cache of un-rotated keys (Sq == 1). ReRoPE / Leaky ReRoPE: two score
+// matrices selected by pos_i - pos_j < window (the seed's way); RoPER: values turned by R(pos_j), outputs by
+// R(-pos_i) (and the far part by the clipped / leaky distance). ALiBi adds -slope_h (pos_i - pos_j).
+torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
+                                      const PositionContext& pc);
+
+// The same attention through rotary::torch_ops::attention (the fused kernels; forward and backward). Every kind
+// but alibi (the fused op has no bias input): none/learned/sinusoidal run mode "none" (log-n still applies).
+torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& positions, const PositionContext& pc);
+
+// RoFormer linear attention (eq. 19), phi = elu + 1, RoPE on phi(q), phi(k) in the numerator only (kind rope;
+// no rotation otherwise), causal. Plain: the materialised [Sq, Sk] numerator and denominator (queries aligned to
+// the end of the keys as above). Scan: running sums (cumsum over the sequence), O(S D^2) memory per head; no core
+// torch op exists for linear attention, so both are plain torch.
+torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& q_positions, const torch::Tensor& k_positions,
+                                     const PositionContext& pc);
+torch::Tensor linear_attention_scan(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const torch::Tensor& positions, const PositionContext& pc);
+
+// The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "linear" or
+// "softmax"; fused -> the rotary op / the running-sum scan, else the plain forms. ALiBi always runs plain.
+torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
+                              bool fused);
+
+// Repeats kv heads for grouped-query attention: [B, S, Hkv, D] -> [B, S, Hkv * group, D] (head h -> h / group).
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t group);
+
+}  // namespace rotary::nn

@@ -1,0 +1,85 @@
+// rotary_nn/config.h: the configuration of the transformer (torch-free, so configs can be read and checked without
+// libtorch): position encoding, model shape, JSON, validation, and inference-time overrides.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rotary/rope_spec.h"
+
+namespace rotary::nn {
+
+// Every accepted EncodingConfig::kind, in the order error messages list them.
+inline constexpr std::string_view kEncodingKinds[] = {"none", "learned", "sinusoidal", "alibi",
+                                                      "rope",  "roper",   "rerope",     "leaky_rerope"};
+inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear"};
+
+// How positions enter the model. kind: none | learned | sinusoidal | alibi | rope | roper | rerope | leaky_rerope.
+// rope, roper, rerope and leaky_rerope use `rope` (layout, rotary fraction via rotary_dim, base, scaling);
+// rerope/leaky_rerope also `window` (and `leaky_k`); every kind may add log-n query scaling (logn_train_len > 1).
+struct EncodingConfig {
+  std::string kind = "rope";
+  RopeSpec rope;                 // head_dim is filled from the model; rotary_dim 0 = from rotary_fraction
+  double rotary_fraction = 1.0;  // convenience: rotary_dim = head_dim * fraction (rounded down to even)
+  int64_t window = 0;            // rerope / leaky_rerope: distances >= window are clipped (ReRoPE) or compressed
+  double leaky_k = 1.0;          // leaky_rerope: beyond the window the distance grows by 1/k per token
+  int64_t logn_train_len = 0;    // > 1: q *= max(1, ln(pos + 1) / ln(logn_train_len)); 0: off
+};
+
+// True for the kinds whose scores come from rotated queries and keys (they use EncodingConfig::rope).
+bool is_rotary_kind(std::string_view kind);
+
+struct ModelConfig {
+  int vocab_size = 0;
+  int d_model = 128;
+  int n_layers = 2;
+  int n_heads = 4;
+  int n_kv_heads = 0;      // 0 = n_heads
+  int d_ff = 0;            // 0 = 4 * d_model
+  bool pre_norm = true;
+  double dropout = 0.0;
+  bool tie_embeddings = true;
+  int max_seq_len = 1024;  // learned absolute positions only
+  std::string attention = "softmax";  // softmax | linear (linear: RoPE as in RoFormer eq. 19)
+  bool fused = true;       // true: rotary torch ops (fused kernels); false: plain torch ops (the baseline)
+  EncodingConfig encoding;
+
+  void validate() const;  // rotary::Error naming the field
+  int head_dim() const { return d_model / n_heads; }
+  int kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }
+  int ff_dim() const { return d_ff == 0 ? 4 * d_model : d_ff; }
+  // The encoding with rope.head_dim and rope.rotary_dim filled in from the model (call after validate()).
+  EncodingConfig resolved_encoding() const;
+};
+
+void to_json(nlohmann::json& j, const ModelConfig& c);
+void from_json(const nlohmann::json& j, ModelConfig& c);  // rotary::Error on unknown or ill-typed fields
+void to_json(nlohmann::json& j, const EncodingConfig& e);
+void from_json(const nlohmann::json& j, EncodingConfig& e);
+// RopeSpec as JSON: {"base": 10000, "layout": "half_split", "scaling": "yarn", "factor": 4, ...}; names as
+// rotary::parse_layout / parse_scaling accept them.
+nlohmann::json rope_spec_to_json(const RopeSpec& s);
+RopeSpec rope_spec_from_json(const nlohmann::json& j, const std::string& field);
+
+// Inference-time overrides without retraining: a new rope scaling, ReRoPE window, leaky k, log-n, or even a
+// different rope-family kind (rope -> rerope). Each set_override starts again from the trained encoding.
+struct EncodingOverride {
+  std::optional<std::string> kind;
+  std::optional<RopeSpec> rope;
+  std::optional<int64_t> window;
+  std::optional<double> leaky_k;
+  std::optional<int64_t> logn_train_len;
+};
+
+// {"kind": "rerope", "window": 256, "rope": {...}, "leaky_k": 16, "logn_train_len": 512}, every field optional.
+void to_json(nlohmann::json& j, const EncodingOverride& o);
+void from_json(const nlohmann::json& j, EncodingOverride& o);  // rotary::Error naming the field ("override.window")
+
+// The trained (resolved) encoding with the override applied and checked: rotary::Error naming the override field
+// when it does not fit the trained model (e.g. a different rotary_dim or layout than the weights were trained with).
+EncodingConfig apply_override(const ModelConfig& trained, const EncodingOverride& o);
+
+}  // namespace rotary::nn

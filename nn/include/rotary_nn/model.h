@@ -1,0 +1,71 @@
+// rotary_nn/model.h: a decoder-only transformer (libtorch C++ frontend) with pluggable position encodings.
+//
+// tokens -> embedding (+ learned / sinusoidal positions) -> n_layers blocks -> final LayerNorm -> LM head.
+// A block: attention (n_heads query heads, n_kv_heads key/value heads) and an MLP (d_ff, GELU), each a residual
+// branch with dropout, pre- or post-LayerNorm. Where each encoding enters and which kinds run fused: docs/model.md.
+#pragma once
+
+#include <torch/torch.h>
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rotary_nn/config.h"
+
+namespace rotary::nn {
+
+// One transformer block. The attention itself is passed in (attend: q, k, v [B, S, H, D] -> [B, S, Hq, D]), so
+// the same weights serve the full forward (fused or plain) and the cached decoder of generate().
+class BlockImpl : public torch::nn::Module {
+ public:
+  using Attend = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
+  explicit BlockImpl(const ModelConfig& config);
+  torch::Tensor forward(const torch::Tensor& x, const Attend& attend);  // x [B, S, d_model] -> [B, S, d_model]
+
+ private:
+  int n_heads_, n_kv_heads_, head_dim_;
+  bool pre_norm_;
+  torch::nn::LayerNorm ln_attn_{nullptr}, ln_mlp_{nullptr};
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr}, fc_in_{nullptr}, fc_out_{nullptr};
+  torch::nn::Dropout drop_{nullptr};
+};
+TORCH_MODULE(Block);
+
+class TransformerImpl : public torch::nn::Module {
+ public:
+  explicit TransformerImpl(const ModelConfig& config);  // validates config (rotary::Error)
+  // tokens [B, S] int64 -> logits [B, S, V]. positions [B, S] int64 (default 0..S-1 in every row); with a causal
+  // rotary kind and fused = true they must increase strictly along each row.
+  torch::Tensor forward(const torch::Tensor& tokens, const std::optional<torch::Tensor>& positions = std::nullopt);
+  const ModelConfig& config() const { return config_; }
+  // Replaces the encoding used from now on by the trained one with `o` applied (each call starts again from the
+  // trained encoding; an empty override restores it). rotary::Error naming the field if it does not fit.
+  void set_override(const EncodingOverride& o);
+  const EncodingConfig& active_encoding() const { return active_; }
+  // Autoregressive sampling through the KV-cache decoder: prompt [S] -> generated ids (excluding the prompt).
+  // temperature 0 = greedy. Stops after max_new tokens or when `stop_id` is produced (not included).
+  std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int max_new, double temperature,
+                                int64_t stop_id, uint64_t seed);
+  // Teacher-forced decoding through the same caches: prefill tokens[0, prefill_len), then feed the rest one token
+  // at a time. Returns logits [S, V] for every position, which equal forward(tokens)[0] up to rounding (for tests
+  // and decode benchmarks).
+  torch::Tensor decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len);
+
+ private:
+  friend struct Decoder;  // generate.cpp
+  torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& positions);  // -> [B, S, d_model]
+  torch::Tensor head(const torch::Tensor& x);                                         // -> [B, S, V]
+
+  ModelConfig config_;
+  EncodingConfig active_;  // the trained encoding resolved (rope.head_dim, rope.rotary_dim filled) + override
+  torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
+  std::vector<Block> blocks_;
+  torch::nn::LayerNorm ln_final_{nullptr};
+  torch::nn::Linear lm_head_{nullptr};
+  torch::nn::Dropout drop_{nullptr};
+};
+TORCH_MODULE(Transformer);
+
+}  // namespace rotary::nn

@@ -1,0 +1,220 @@
+// The model's attention for every encoding: plain torch ops (the baseline / independent check) and the fused
+// rotary op. Conventions in rotary_nn/attention.h; formulas in ../shared/reference/position-encodings.md and
+// core/include/rotary/attention.h (which the plain path follows term by term, including where the attention factor
+// sits: ReRoPE's far scores are (a^2 R(w) q) . k on the rotated features).
+#include "rotary_nn/attention.h"
+
+#include <cmath>
+
+#include "rotary/error.h"
+#include "rotary_torch/ops.h"
+
+namespace rotary::nn {
+namespace {
+
+using torch::indexing::Slice;
+
+torch::Tensor phi(const torch::Tensor& x) { return torch::elu(x) + 1; }  // > 0, RoFormer's feature map
+
+// [B, S, H, D] -> [B, H, S, D]
+torch::Tensor heads_first(const torch::Tensor& x) { return x.transpose(1, 2); }
+
+// Causal by index with queries aligned to the end of the keys: true where key j is hidden from query i. [Sq, Sk]
+torch::Tensor future_mask(int64_t sq, int64_t sk, const torch::Device& device) {
+  auto opts = torch::TensorOptions().dtype(torch::kLong).device(device);
+  const torch::Tensor qi = torch::arange(sk - sq, sk, opts).unsqueeze(1);
+  return torch::arange(sk, opts).unsqueeze(0) > qi;
+}
+
+bool windowed(const EncodingConfig& e) { return e.kind == "rerope" || e.kind == "leaky_rerope"; }
+
+}  // namespace
+
+torch::Tensor repeat_kv(const torch::Tensor& x, int64_t group) {
+  return group == 1 ? x : x.repeat_interleave(group, /*dim=*/2);
+}
+
+torch::Tensor alibi_slopes(int n_heads) {
+  // Press et al.'s recipe: a geometric sequence starting at 2^(-8/n) for n a power of two; otherwise the slopes of
+  // the largest power of two below n, then every other slope of twice that power.
+  auto pow2_slopes = [](int n) {
+    std::vector<double> s(static_cast<size_t>(n));
+    for (int h = 0; h < n; ++h) s[size_t(h)] = std::pow(2.0, -8.0 * (h + 1) / n);
+    return s;
+  };
+  int closest = 1;
+  while (closest * 2 <= n_heads) closest *= 2;
+  std::vector<double> slopes = pow2_slopes(closest);
+  const std::vector<double> extra = pow2_slopes(2 * closest);
+  for (int i = 0; int(slopes.size()) < n_heads; i += 2) slopes.push_back(extra[size_t(i)]);
+  return torch::tensor(slopes, torch::kDouble);
+}
+
+torch::Tensor sinusoidal_encoding(const torch::Tensor& positions, int d_model, torch::ScalarType dtype) {
+  const int64_t pairs = (d_model + 1) / 2;
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble).device(positions.device());
+  const torch::Tensor inv = torch::pow(10000.0, -torch::arange(pairs, f64) * 2.0 / double(d_model));  // [pairs]
+  const torch::Tensor angle = positions.to(torch::kDouble).unsqueeze(-1) * inv;                     // [B, S, pairs]
+  const torch::Tensor pe = torch::stack({angle.sin(), angle.cos()}, -1).flatten(-2);                 // [B, S, 2 pairs]
+  return pe.narrow(-1, 0, d_model).to(dtype);
+}
+
+torch::Tensor logn_factor(const torch::Tensor& positions, int64_t train_len, torch::ScalarType dtype) {
+  const torch::Tensor p = positions.to(torch::kDouble);
+  if (train_len == 0) return torch::ones_like(p).to(dtype).unsqueeze(-1).unsqueeze(-1);
+  const torch::Tensor f = torch::clamp_min(torch::log(p + 1.0) / std::log(double(train_len)), 1.0);
+  return f.to(dtype).unsqueeze(-1).unsqueeze(-1);  // [B, S, 1, 1]
+}
+
+bool length_dependent(const EncodingConfig& e) {
+  return is_rotary_kind(e.kind) && (e.rope.scaling == RopeScaling::Dynamic || e.rope.scaling == RopeScaling::LongRope);
+}
+
+PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len) {
+  PositionContext pc;
+  pc.enc = enc;
+  pc.softmax_scale = 1.0 / std::sqrt(double(head_dim));
+  if (is_rotary_kind(enc.kind)) {
+    const RopeFreqs f = enc.rope.freqs(seq_len);
+    pc.inv_freq = torch::tensor(f.inv_freq, torch::kDouble);
+    pc.attention_factor = f.attention_factor;
+  }
+  if (enc.kind == "alibi") pc.alibi_slopes = alibi_slopes(n_heads);
+  return pc;
+}
+
+torch::Tensor rotate_plain(const torch::Tensor& x, const torch::Tensor& angle, const PositionContext& pc,
+                           double factor) {
+  const int64_t D = x.size(-1), r = pc.enc.rope.rotary_dim, half = r / 2;
+  const torch::Tensor theta = angle.to(torch::kDouble).unsqueeze(-1) * pc.inv_freq.to(x.device());  // [B, S, r/2]
+  const torch::Tensor cos = (theta.cos() * factor).to(x.scalar_type()).unsqueeze(2);               // [B, S, 1, r/2]
+  const torch::Tensor sin = (theta.sin() * factor).to(x.scalar_type()).unsqueeze(2);
+  const torch::Tensor xr = x.narrow(-1, 0, r);
+  torch::Tensor yr;
+  if (pc.enc.rope.layout == RopeLayout::HalfSplit) {
+    // rotate_half: (x1, x2) -> (-x2, x1) with x1, x2 the two halves; cos/sin repeated over both halves.
+    const torch::Tensor x1 = xr.narrow(-1, 0, half), x2 = xr.narrow(-1, half, half);
+    const torch::Tensor rotated_half = torch::cat({-x2, x1}, -1);
+    yr = xr * torch::cat({cos, cos}, -1) + rotated_half * torch::cat({sin, sin}, -1);
+  } else {
+    const torch::Tensor x1 = xr.index({"...", Slice(0, r, 2)}), x2 = xr.index({"...", Slice(1, r, 2)});
+    yr = torch::stack({x1 * cos - x2 * sin, x1 * sin + x2 * cos}, -1).flatten(-2);
+  }
+  return r == D ? yr : torch::cat({yr, x.narrow(-1, r, D - r)}, -1);
+}
+
+torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
+                                      const PositionContext& pc) {
+  const EncodingConfig& e = pc.enc;
+  const int64_t Sq = q.size(1), Sk = k.size(1), group = q.size(2) / k.size(2);
+  const bool rotary = is_rotary_kind(e.kind), far = windowed(e), roper = e.kind == "roper";
+  const double A = pc.attention_factor, w = double(e.window), lk = e.leaky_k;
+  const torch::Tensor qp = q_positions.to(torch::kDouble), kp = k_positions.to(torch::kDouble);  // [B, S]
+  const torch::Tensor qs = q * logn_factor(q_positions, e.logn_train_len, q.scalar_type());
+
+  auto scores = [&](const torch::Tensor& qq, const torch::Tensor& kk) {  // [B, Hq, Sq, Sk]
+    return torch::matmul(heads_first(qq), heads_first(repeat_kv(kk, group)).transpose(-1, -2)) * pc.softmax_scale;
+  };
+  const torch::Tensor qn = rotary ? rotate_plain(qs, qp, pc, A) : qs;
+  const torch::Tensor kn = rotary ? rotate_plain(k, kp, pc, A) : k;
+  torch::Tensor s = scores(qn, kn);
+  const torch::Tensor dist = qp.unsqueeze(2) - kp.unsqueeze(1);  // [B, Sq, Sk] pos_i - pos_j
+  torch::Tensor near;                                             // [B, 1, Sq, Sk]
+  if (far) {
+    // The seed's second matrix: ReRoPE scores far keys as (R(w) q) . k (a^2 on the rotated part, as in the core),
+    // Leaky ReRoPE as (R((pos_i - w)/k + w) q) . (R(pos_j / k) k).
+    torch::Tensor s2;
+    if (e.kind == "rerope") {
+      s2 = scores(rotate_plain(qs, torch::full_like(qp, w), pc, A * A), k);
+    } else {
+      s2 = scores(rotate_plain(qs, (qp - w) / lk + w, pc, A), rotate_plain(k, kp / lk, pc, A));
+    }
+    near = (dist < w).unsqueeze(1);
+    s = torch::where(near, s, s2);
+  }
+  if (e.kind == "alibi")
+    s = s - (pc.alibi_slopes.view({1, -1, 1, 1}) * dist.unsqueeze(1)).to(s.scalar_type());
+  s = s.masked_fill(future_mask(Sq, Sk, q.device()), -std::numeric_limits<double>::infinity());
+  const torch::Tensor p = torch::softmax(s, -1);
+
+  auto weighted = [&](const torch::Tensor& probs, const torch::Tensor& values) {  // -> [B, Sq, Hq, D]
+    return torch::matmul(probs, heads_first(repeat_kv(values, group))).transpose(1, 2);
+  };
+  if (!roper) return weighted(p, v);
+  // RoPER: o_i = sum_j p_ij R(-delta_ij) v_j. Inside the window delta = pos_i - pos_j, so R(-pos_i) sum p R(pos_j) v.
+  const torch::Tensor o_near = rotate_plain(weighted(far ? p * near : p, rotate_plain(v, kp, pc, 1.0)), -qp, pc, 1.0);
+  if (!far) return o_near;
+  torch::Tensor o_far;
+  if (e.kind == "rerope") {  // delta = w for every far key
+    o_far = rotate_plain(weighted(p * near.logical_not(), v), torch::full_like(qp, -w), pc, 1.0);
+  } else {  // delta = w + (pos_i - w)/k - pos_j/k
+    o_far = rotate_plain(weighted(p * near.logical_not(), rotate_plain(v, kp / lk, pc, 1.0)), -((qp - w) / lk + w),
+                         pc, 1.0);
+  }
+  return o_near + o_far;
+}
+
+torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                      const torch::Tensor& positions, const PositionContext& pc) {
+  const EncodingConfig& e = pc.enc;
+  check(e.kind != "alibi", "encoding.kind", e.kind, "not alibi in the fused op (it has no bias input)");
+  torch_ops::AttentionPosition ap;
+  if (is_rotary_kind(e.kind)) {
+    ap.mode = e.kind == "roper" ? "rope" : e.kind;
+    ap.inv_freq = pc.inv_freq;
+    ap.attention_factor = pc.attention_factor;
+    ap.layout = std::string(layout_name(e.rope.layout));
+    ap.roper = e.kind == "roper";
+    ap.window = e.window;
+    ap.leaky_k = e.leaky_k;
+  }
+  ap.logn_train_len = e.logn_train_len;
+  return std::get<0>(torch_ops::attention(q, k, v, positions, std::nullopt, /*causal=*/true, pc.softmax_scale, ap));
+}
+
+torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& q_positions, const torch::Tensor& k_positions,
+                                     const PositionContext& pc) {
+  const int64_t group = q.size(2) / k.size(2);
+  const bool rope = pc.enc.kind == "rope";
+  const torch::Tensor pq = phi(q), pk = phi(k);
+  const torch::Tensor qr = rope ? rotate_plain(pq, q_positions, pc, pc.attention_factor) : pq;
+  const torch::Tensor kr = rope ? rotate_plain(pk, k_positions, pc, pc.attention_factor) : pk;
+  const torch::Tensor hidden = future_mask(q.size(1), k.size(1), q.device());
+  auto matrix = [&](const torch::Tensor& a, const torch::Tensor& b) {  // [B, Hq, Sq, Sk], future entries 0
+    const torch::Tensor m = torch::matmul(heads_first(a), heads_first(repeat_kv(b, group)).transpose(-1, -2));
+    return m.masked_fill(hidden, 0.0);
+  };
+  const torch::Tensor num = torch::matmul(matrix(qr, kr), heads_first(repeat_kv(v, group)));  // [B, Hq, Sq, Dv]
+  const torch::Tensor den = matrix(pq, pk).sum(-1, /*keepdim=*/true);                         // [B, Hq, Sq, 1]
+  return (num / den).transpose(1, 2);
+}
+
+torch::Tensor linear_attention_scan(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                    const torch::Tensor& positions, const PositionContext& pc) {
+  const int64_t B = q.size(0), S = q.size(1), Hkv = k.size(2), group = q.size(2) / Hkv, D = q.size(3);
+  const bool rope = pc.enc.kind == "rope";
+  const torch::Tensor pq = phi(q).view({B, S, Hkv, group, D}), pk = phi(k);  // query heads grouped by kv head
+  const torch::Tensor qr = rope ? rotate_plain(phi(q), positions, pc, pc.attention_factor).view({B, S, Hkv, group, D})
+                                : pq;
+  const torch::Tensor kr = rope ? rotate_plain(pk, positions, pc, pc.attention_factor) : pk;
+  const torch::Tensor state = torch::einsum("bshd,bshe->bshde", {kr, v}).cumsum(1);  // [B, S, Hkv, D, Dv]
+  const torch::Tensor z = pk.cumsum(1);                                               // [B, S, Hkv, D]
+  const torch::Tensor num = torch::einsum("bshgd,bshde->bshge", {qr, state});        // [B, S, Hkv, g, Dv]
+  const torch::Tensor den = torch::einsum("bshgd,bshd->bshg", {pq, z}).unsqueeze(-1);
+  return (num / den).reshape({B, S, Hkv * group, v.size(3)});
+}
+
+torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                              const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
+                              bool fused) {
+  fused = fused && pc.enc.kind != "alibi";
+  if (attention == "linear")
+    return fused ? linear_attention_scan(q, k, v, positions, pc)
+                 : linear_attention_plain(q, k, v, positions, positions, pc);
+  return fused ? softmax_attention_fused(q, k, v, positions, pc)
+               : softmax_attention_plain(q, k, v, positions, positions, pc);
+}
+
+}  // namespace rotary::nn

@@ -1,0 +1,223 @@
+// generate(): prefill the prompt with the full attention, then one token at a time against per-layer caches.
+//
+// Which cache a layer gets:
+//   fused softmax, every kind but alibi -> the core decoder (torch.classes.rotary.KvCache): rope/roper keep
+//     rotated keys; rerope/leaky keep UN-rotated keys and per step rotate only the keys inside the window, scoring
+//     the far ones against R(w) q (core/include/rotary/kv_cache.h).
+//   plain softmax, and alibi always -> un-rotated keys and values in torch tensors; each step runs the plain
+//     attention of the one new query over all of them (for rerope: the seed's re-rotation of the whole cache).
+//   fused linear -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (O(1) per step);
+//   plain linear -> keys and values in torch, the materialised form per step.
+// Dynamic NTK / longrope frequencies change with the length: when they do, the caches are rebuilt from the
+// un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "rotary/error.h"
+#include "rotary_nn/attention.h"
+#include "rotary_nn/model.h"
+#include "rotary_torch/decode.h"
+
+namespace rotary::nn {
+namespace {
+
+// One layer's cache of one sequence. k, v [1, n, Hkv, D] un-rotated at positions [1, n]; q [1, 1, Hq, D].
+class LayerCache {
+ public:
+  virtual ~LayerCache() = default;
+  virtual void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) = 0;
+  // The new token's k, v are already appended; q_position [1, 1]. -> [1, 1, Hq, D]
+  virtual torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) = 0;
+};
+
+class CoreCache final : public LayerCache {
+ public:
+  CoreCache(int64_t capacity, int64_t kv_heads, int64_t head_dim, torch::ScalarType dtype, const PositionContext& pc)
+      : scale_(pc.softmax_scale) {
+    const EncodingConfig& e = pc.enc;
+    torch_ops::AttentionPosition ap;
+    if (is_rotary_kind(e.kind)) {
+      ap.mode = e.kind == "roper" ? "rope" : e.kind;
+      ap.inv_freq = pc.inv_freq;
+      ap.attention_factor = pc.attention_factor;
+      ap.layout = std::string(layout_name(e.rope.layout));
+      ap.roper = e.kind == "roper";
+      ap.window = e.window;
+      ap.leaky_k = e.leaky_k;
+    }
+    ap.logn_train_len = e.logn_train_len;
+    const std::string name = dtype == torch::kDouble ? "float64" : dtype == torch::kFloat ? "float32"
+                             : dtype == torch::kHalf ? "float16" : "bfloat16";
+    cache_ = c10::make_intrusive<torch_ops::KvCacheHolder>(capacity, kv_heads, head_dim, name, ap);
+  }
+  void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
+    cache_->append(k[0], v[0], positions[0]);
+  }
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
+    return cache_->decode(q[0][0], q_position.item<int64_t>(), scale_).view(q.sizes());
+  }
+
+ private:
+  c10::intrusive_ptr<torch_ops::KvCacheHolder> cache_;
+  double scale_;
+};
+
+class PlainCache final : public LayerCache {
+ public:
+  PlainCache(const PositionContext& pc, bool linear) : pc_(pc), linear_(linear) {}
+  void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
+    k_ = k_.defined() ? torch::cat({k_, k}, 1) : k;
+    v_ = v_.defined() ? torch::cat({v_, v}, 1) : v;
+    pos_ = pos_.defined() ? torch::cat({pos_, positions}, 1) : positions;
+  }
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
+    return linear_ ? linear_attention_plain(q, k_, v_, q_position, pos_, pc_)
+                   : softmax_attention_plain(q, k_, v_, q_position, pos_, pc_);
+  }
+
+ private:
+  PositionContext pc_;
+  bool linear_;
+  torch::Tensor k_, v_, pos_;  // [1, L, Hkv, D], [1, L, Hkv, D], [1, L]
+};
+
+class LinearStateCache final : public LayerCache {
+ public:
+  explicit LinearStateCache(const PositionContext& pc) : pc_(pc) {}
+  void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
+    const torch::Tensor pk = torch::elu(k[0]) + 1;  // [n, Hkv, D]
+    const torch::Tensor kr = pc_.enc.kind == "rope" ? rotate_plain(pk.unsqueeze(0), positions, pc_, pc_.attention_factor)[0] : pk;
+    const torch::Tensor s = torch::einsum("nhd,nhe->hde", {kr, v[0]}), z = pk.sum(0);
+    state_ = state_.defined() ? state_ + s : s;  // [Hkv, D, Dv]
+    z_ = z_.defined() ? z_ + z : z;              // [Hkv, D]
+  }
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
+    const int64_t Hq = q.size(2), Hkv = z_.size(0), D = q.size(3);
+    const torch::Tensor pq = torch::elu(q) + 1;  // [1, 1, Hq, D]
+    const torch::Tensor qr = pc_.enc.kind == "rope" ? rotate_plain(pq, q_position, pc_, pc_.attention_factor) : pq;
+    const torch::Tensor num = torch::einsum("hgd,hde->hge", {qr.view({Hkv, Hq / Hkv, D}), state_});
+    const torch::Tensor den = torch::einsum("hgd,hd->hg", {pq.view({Hkv, Hq / Hkv, D}), z_}).unsqueeze(-1);
+    return (num / den).reshape({1, 1, Hq, -1});
+  }
+
+ private:
+  PositionContext pc_;
+  torch::Tensor state_, z_;
+};
+
+// Puts the module in eval mode (no dropout) for the duration of generate() and restores it afterwards.
+struct EvalGuard {
+  torch::nn::Module& m;
+  bool was;
+  explicit EvalGuard(torch::nn::Module& module) : m(module), was(module.is_training()) { m.eval(); }
+  ~EvalGuard() { m.train(was); }
+};
+
+}  // namespace
+
+struct Decoder {
+  TransformerImpl& model;
+  int64_t capacity;
+  torch::ScalarType dtype;
+  PositionContext pc;
+  std::vector<std::unique_ptr<LayerCache>> caches;
+  std::vector<torch::Tensor> hist_k, hist_v;  // un-rotated [1, L, Hkv, D], only for length-dependent frequencies
+  torch::Tensor hist_pos;                     // [1, L]
+
+  Decoder(TransformerImpl& m, int64_t cap) : model(m), capacity(cap), dtype(m.tok_emb_->weight.scalar_type()) {}
+
+  const ModelConfig& config() const { return model.config_; }
+  bool core_cache() const {
+    return config().fused && config().attention == "softmax" && model.active_.kind != "alibi";
+  }
+  std::unique_ptr<LayerCache> new_cache() const {
+    if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
+    if (config().fused && config().attention == "linear") return std::make_unique<LinearStateCache>(pc);
+    return std::make_unique<PlainCache>(pc, config().attention == "linear");
+  }
+  // Fresh caches for `pc`, refilled from the kept history (empty at the start).
+  void rebuild() {
+    caches.clear();
+    for (size_t i = 0; i < model.blocks_.size(); ++i) {
+      caches.push_back(new_cache());
+      if (hist_pos.defined()) caches.back()->append(hist_k[i], hist_v[i], hist_pos);
+    }
+  }
+
+  // tokens, positions [1, n] -> logits [1, n, V]. The first call (the prompt) runs the full attention; later
+  // calls take one token each and attend through the caches.
+  torch::Tensor run(const torch::Tensor& tokens, const torch::Tensor& positions) {
+    const bool prefill = caches.empty();
+    const bool dynamic = length_dependent(model.active_);
+    const int64_t seq_len = dynamic ? positions.max().item<int64_t>() + 1 : 0;
+    PositionContext next = make_position_context(model.active_, config().n_heads, config().head_dim(), seq_len);
+    const bool changed = prefill || (dynamic && (!torch::equal(next.inv_freq, pc.inv_freq) ||
+                                                 next.attention_factor != pc.attention_factor));
+    pc = std::move(next);
+    if (changed) rebuild();
+    torch::Tensor x = model.embed(tokens, positions);
+    for (size_t i = 0; i < model.blocks_.size(); ++i) {
+      x = model.blocks_[i]->forward(x, [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        caches[i]->append(k, v, positions);
+        if (dynamic) {
+          hist_k.resize(caches.size()), hist_v.resize(caches.size());
+          hist_k[i] = hist_k[i].defined() ? torch::cat({hist_k[i], k}, 1) : k;
+          hist_v[i] = hist_v[i].defined() ? torch::cat({hist_v[i], v}, 1) : v;
+        }
+        if (prefill) return model_attention(q, k, v, positions, pc, config().attention, config().fused);
+        return caches[i]->attend(q, positions);
+      });
+    }
+    if (dynamic) hist_pos = hist_pos.defined() ? torch::cat({hist_pos, positions}, 1) : positions;
+    return model.head(x);
+  }
+};
+
+std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& prompt, int max_new, double temperature,
+                                               int64_t stop_id, uint64_t seed) {
+  check(!prompt.empty(), "prompt.size()", 0, ">= 1 token");
+  check(max_new >= 0, "max_new", max_new, ">= 0");
+  check(std::isfinite(temperature) && temperature >= 0, "temperature", temperature, "a finite value >= 0 (0: greedy)");
+  const int64_t S = int64_t(prompt.size());
+  if (config_.encoding.kind == "learned")
+    check(S + max_new - 1 <= config_.max_seq_len, "prompt.size() + max_new", S + max_new,
+          "<= max_seq_len + 1 = " + std::to_string(config_.max_seq_len + 1) + " with learned absolute positions");
+  std::vector<int64_t> out;
+  if (max_new == 0) return out;
+  torch::NoGradGuard no_grad;
+  EvalGuard eval(*this);
+  const auto device = tok_emb_->weight.device();
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(device);
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+
+  Decoder dec(*this, S + max_new);
+  torch::Tensor logits = dec.run(torch::tensor(prompt, i64).view({1, S}), torch::arange(S, i64).view({1, S}));
+  for (int64_t p = S;; ++p) {
+    const torch::Tensor last = logits[0][-1].to(torch::kDouble);  // [V]
+    int64_t next;
+    if (temperature == 0) {
+      next = last.argmax().item<int64_t>();
+    } else {
+      next = torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+    }
+    if (next == stop_id) break;
+    out.push_back(next);
+    if (int64_t(out.size()) == max_new) break;
+    logits = dec.run(torch::full({1, 1}, next, i64), torch::full({1, 1}, p, i64));
+  }
+  return out;
+}
+
+torch::Tensor TransformerImpl::decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len) {
+  const int64_t S = int64_t(tokens.size());
+  check(prefill_len >= 1 && prefill_len <= S, "prefill_len", prefill_len, "1..tokens.size() = " + std::to_string(S));
+  torch::NoGradGuard no_grad;
+  EvalGuard eval(*this);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(tok_emb_->weight.device());
+  const torch::Tensor all = torch::tensor(tokens, i64).view({1, S}), pos = torch::arange(S, i64).view({1, S});
+  Decoder dec(*this, S);
+  std::vector<torch::Tensor> parts = {dec.run(all.narrow(1, 0, prefill_len), pos.narrow(1, 0, prefill_len))};
+  for (int64_t t = prefill_len; t < S; ++t) parts.push_back(dec.run(all.narrow(1, t, 1), pos.narrow(1, t, 1)));
+  return torch::cat(parts, 1)[0];
+}
+
+}  // namespace rotary::nn

@@ -1,0 +1,13 @@
+"""rotary: rotary position embeddings (RoPE, RoPER, ReRoPE) as PyTorch ops backed by the rotary C++ core.
+
+Loads librotary_torch.so (built by `bash scripts/build.sh`) with torch.ops.load_library. Set ROTARY_TORCH_LIB to
+its path to use another build.
+"""
+
+import torch as _torch
+
+from ._load import library_path as _library_path
+
+_torch.ops.load_library(_library_path())
+
+from .ops import attention, rope, rope_inverse  # noqa: E402,F401

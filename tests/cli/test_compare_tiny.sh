@@ -1,0 +1,52 @@
+#!/bin/bash
+# `rotary compare` with 2 encodings x 2 seeds of a tiny run: the table, report.md and its PNG plots; a rerun skips
+# the finished runs; a changed setting into the same directory and an unknown encoding are refused.
+#
+# usage: bash test_compare_tiny.sh <rotary binary> <source dir>
+set -u
+ROTARY=${1:?usage: test_compare_tiny.sh <rotary binary> <source dir>}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+[ -x "$ROTARY" ] || { echo "FAIL: no rotary binary at $ROTARY"; exit 1; }
+if ! "$ROTARY" compare --help > /dev/null 2>&1; then
+  echo "SKIP: this rotary has no compare command (built without libtorch)"
+  exit 0
+fi
+
+TINY=(--task addition --max-digits 2 --d-model 16 --n-layers 1 --n-heads 1 --seq-len 32 --batch-size 4 --steps 20
+      --eval-interval 10 --eval-batches 1 --eval-problems 2 --threads 1 --encodings rope,roper --seeds 2)
+if "$ROTARY" compare "${TINY[@]}" --out "$W/cmp" > "$W/out" 2> "$W/err"; then
+  for enc in rope roper; do
+    grep -q "^| $enc | 2 |" "$W/out" || fail "no table row for $enc: $(cat "$W/out")"
+    for s in 0 1; do [ -s "$W/cmp/$enc/seed$s/summary.json" ] || fail "no summary for $enc seed $s"; done
+  done
+  grep -q "report: $W/cmp/report.md" "$W/out" || fail "report path not printed"
+  [ -s "$W/cmp/report.md" ] || fail "no report.md"
+  if command -v gnuplot > /dev/null; then
+    for p in loss eval_loss accuracy; do
+      [ "$(head -c 4 "$W/cmp/$p.png" 2> /dev/null | tail -c 3)" = PNG ] || fail "$p.png missing or not a PNG"
+      grep -q "($p.png)" "$W/cmp/report.md" || fail "report.md does not show $p.png"
+    done
+  fi
+  echo "ok: compare 2 x 2"
+else
+  fail "compare exited $?: $(tail -5 "$W/err")"
+fi
+
+# Rerun: every run is skipped.
+"$ROTARY" compare "${TINY[@]}" --out "$W/cmp" > "$W/out2" 2> "$W/err2" || fail "rerun exited $?"
+[ "$(grep -c "finished earlier, skipped" "$W/err2")" = 4 ] && echo "ok: rerun skips finished runs" ||
+  fail "rerun did not skip: $(cat "$W/err2")"
+cmp -s <(grep '^| rope' "$W/out") <(grep '^| rope' "$W/out2") || fail "rerun table differs"
+
+"$ROTARY" compare "${TINY[@]}" --steps 21 --out "$W/cmp" > /dev/null 2> "$W/err3"
+[ $? = 2 ] && grep -q "steps" "$W/err3" && echo "ok: changed settings refused" || fail "changed steps: $(cat "$W/err3")"
+"$ROTARY" compare "${TINY[@]}" --encodings rope,rot --out "$W/cmp2" > /dev/null 2> "$W/err4"
+[ $? = 2 ] && grep -q "rot" "$W/err4" && [ ! -d "$W/cmp2/rope" ] && echo "ok: unknown encoding refused before any run" ||
+  fail "unknown encoding: $(cat "$W/err4")"
+
+echo "$fails failed"
+[ "$fails" = 0 ]

@@ -1,0 +1,136 @@
+// generate(): decoding through the KV cache gives the same tokens as re-running the full forward at every step,
+// for every encoding kind, fused (core decoder) and plain (torch cache), greedy and sampled.
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "model_cases.h"
+#include "rotary/error.h"
+
+namespace rotary::nn {
+namespace {
+
+using testing::all_cases;
+using testing::Case;
+using testing::small_config;
+
+const std::vector<int64_t> kPrompt = {3, 17, 5, 9, 1, 12};
+constexpr int kNew = 14;  // prompt + new = 20 > window 5, > log-n length 6, > dynamic max_position_embeddings 8
+
+Transformer make(ModelConfig c, bool fused) {
+  c.fused = fused;
+  c.tie_embeddings = false;  // tied N(0, 1) embeddings make "repeat the last token" win every step
+  torch::manual_seed(1234);
+  Transformer m(c);
+  m->to(torch::kDouble);
+  // Weights of N(0, 1/fan_in) and embeddings of N(0, 1) instead of GPT-2's N(0, 0.02): the blocks then move the
+  // residual stream as much as the embedding does, so the generated sequences are varied (checked below) and the
+  // logits sharp (no near-ties).
+  torch::NoGradGuard no_grad;
+  for (auto& p : m->named_parameters()) {
+    if (p.value().dim() != 2) continue;
+    const bool embedding = p.key().find("emb") != std::string::npos;
+    p.value().normal_(0.0, embedding ? 1.0 : 1.0 / std::sqrt(double(p.value().size(1))));
+  }
+  // float32-representable weights, so the float64 model is the exact truth for the float32 one.
+  for (auto& p : m->parameters()) p.copy_(p.to(torch::kFloat));
+  return m;
+}
+
+// The reference: the full forward over everything so far, at every step; same sampling rule as generate().
+std::vector<int64_t> generate_without_cache(Transformer& m, int max_new, double temperature, uint64_t seed) {
+  torch::NoGradGuard no_grad;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::vector<int64_t> seq = kPrompt, out;
+  for (int i = 0; i < max_new; ++i) {
+    const torch::Tensor tokens = torch::tensor(seq, torch::kLong).view({1, -1});
+    const torch::Tensor last = m->forward(tokens)[0][-1].to(torch::kDouble);
+    const int64_t next = temperature == 0
+                             ? last.argmax().item<int64_t>()
+                             : torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+    out.push_back(next);
+    seq.push_back(next);
+  }
+  return out;
+}
+
+class EveryKind : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EveryKind, GreedyCacheEqualsNoCache) {
+  for (bool fused : {true, false}) {
+    Transformer m = make(GetParam().config, fused);
+    const std::vector<int64_t> cached = m->generate(kPrompt, kNew, 0.0, /*stop_id=*/-1, /*seed=*/0);
+    EXPECT_EQ(cached, generate_without_cache(m, kNew, 0.0, 0)) << (fused ? "fused" : "plain");
+  }
+}
+
+// Stronger than equal tokens: teacher-forced decoding through the caches gives the full forward's logits at
+// every position. float64: the same function in another order, ~1e-13 relative; 1e-10 is far below any formula
+// error. float32 (the fused decoder accumulates in fp32 like the fused prefill): 3x what the plain float32 full
+// forward gets wrong against the float64 one, plus a floor of 8 fp32 ulps.
+TEST_P(EveryKind, CachedLogitsEqualFullForward) {
+  std::vector<int64_t> seq = kPrompt;
+  for (int i = 0; i < kNew; ++i) seq.push_back((seq[size_t(i)] * 7 + 3) % 23);
+  const torch::Tensor tokens = torch::tensor(seq, torch::kLong).view({1, -1});
+  for (bool fused : {true, false}) {
+    Transformer m = make(GetParam().config, fused);
+    const torch::Tensor full = m->forward(tokens)[0].detach(), cached = m->decode_logits(seq, int64_t(kPrompt.size()));
+    EXPECT_LE((cached - full).abs().max().item<double>(), 1e-10 * full.abs().max().item<double>())
+        << (fused ? "fused" : "plain");
+    m->to(torch::kFloat);
+    Transformer plain = make(GetParam().config, false);
+    plain->to(torch::kFloat);
+    const torch::Tensor c32 = m->decode_logits(seq, int64_t(kPrompt.size())).to(torch::kDouble);
+    const torch::Tensor p32 = plain->forward(tokens)[0].detach().to(torch::kDouble);
+    const double bound = 3.0 * (p32 - full).abs().max().item<double>() + 8.0 * 1.1920929e-07 * full.abs().max().item<double>();
+    EXPECT_LE((c32 - full).abs().max().item<double>(), bound) << (fused ? "fused f32" : "plain f32");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(nn, EveryKind, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// Dynamic NTK under an override: the frequencies change once the length passes max_position_embeddings, and the
+// cached decoder rebuilds its caches so each step still equals the full forward at that length.
+TEST(generate, DynamicNtkOverride) {
+  for (const char* kind : {"rope", "rerope", "roper"}) {
+    for (bool fused : {true, false}) {
+      Transformer m = make(small_config(kind), fused);
+      EncodingOverride o;
+      o.rope = RopeSpec{};
+      o.rope->scaling = RopeScaling::Dynamic;
+      o.rope->factor = 4;
+      o.rope->max_position_embeddings = 8;
+      m->set_override(o);
+      EXPECT_EQ(m->generate(kPrompt, kNew, 0.0, -1, 0), generate_without_cache(m, kNew, 0.0, 0))
+          << kind << (fused ? " fused" : " plain");
+    }
+  }
+}
+
+TEST(generate, SamplingIsSeededAndMatchesNoCache) {
+  Transformer m = make(small_config("rerope"), true);
+  const std::vector<int64_t> a = m->generate(kPrompt, kNew, 4.0, -1, 42);
+  EXPECT_EQ(a, m->generate(kPrompt, kNew, 4.0, -1, 42));
+  EXPECT_EQ(a, generate_without_cache(m, kNew, 4.0, 42));
+  EXPECT_NE(a, m->generate(kPrompt, kNew, 4.0, -1, 43));
+}
+
+TEST(generate, StopsAtStopIdAndRestoresTrainingMode) {
+  Transformer m = make(small_config("rope"), true);
+  m->train();
+  const std::vector<int64_t> all = m->generate(kPrompt, kNew, 0.0, -1, 0);
+  EXPECT_TRUE(m->is_training());
+  ASSERT_EQ(all.size(), size_t(kNew));
+  const int64_t stop = all[3];
+  const auto first = std::find(all.begin(), all.end(), stop);
+  EXPECT_EQ(m->generate(kPrompt, kNew, 0.0, stop, 0), std::vector<int64_t>(all.begin(), first));
+  EXPECT_TRUE(m->generate(kPrompt, 0, 0.0, -1, 0).empty());
+  EXPECT_THROW(m->generate({}, 3, 0.0, -1, 0), rotary::Error);
+  EXPECT_THROW(m->generate(kPrompt, 3, -1.0, -1, 0), rotary::Error);
+  EXPECT_THROW(m->generate({99}, 3, 0.0, -1, 0), rotary::Error);
+}
+
+}  // namespace
+}  // namespace rotary::nn

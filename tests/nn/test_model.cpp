@@ -1,0 +1,241 @@
+// The transformer: shapes, fused == plain (logits and parameter gradients, float64 and float32) for every encoding,
+// the relative-position property of the RoPE family, causality, learned-position limits and overrides.
+#include <gtest/gtest.h>
+
+#include <cfloat>
+#include <limits>
+
+#include "model_cases.h"
+#include "rotary/error.h"
+
+namespace rotary::nn {
+namespace {
+
+using testing::all_cases;
+using testing::Case;
+using testing::small_config;
+
+constexpr int64_t kBatch = 2, kSeq = 16;
+
+Transformer make(ModelConfig c, bool fused, torch::ScalarType dtype) {
+  c.fused = fused;
+  torch::manual_seed(1234);  // same seed -> same weights whatever the encoding and path
+  Transformer m(c);
+  m->to(dtype);
+  return m;
+}
+
+torch::Tensor tokens_for(const ModelConfig& c, int64_t seq = kSeq, uint64_t seed = 7) {
+  torch::manual_seed(seed);
+  return torch::randint(0, c.vocab_size, {kBatch, seq}, torch::kLong);
+}
+
+double max_abs(const torch::Tensor& t) { return t.abs().max().item<double>(); }
+double max_diff(const torch::Tensor& a, const torch::Tensor& b) { return max_abs(a.to(torch::kDouble) - b.to(torch::kDouble)); }
+
+// Logits and every parameter gradient of loss = sum(logits * W), W fixed.
+struct Result {
+  torch::Tensor logits;
+  std::vector<std::pair<std::string, torch::Tensor>> grads;
+};
+
+Result run(Transformer& m, const torch::Tensor& tokens) {
+  m->zero_grad();
+  const torch::Tensor logits = m->forward(tokens);
+  torch::manual_seed(99);
+  const torch::Tensor w = torch::randn(logits.sizes(), torch::kDouble).to(logits.scalar_type());
+  (logits * w).sum().backward();
+  Result r{logits.detach(), {}};
+  for (const auto& p : m->named_parameters()) {
+    EXPECT_TRUE(p.value().grad().defined()) << p.key() << " got no gradient";
+    r.grads.emplace_back(p.key(), p.value().grad().detach().clone());
+  }
+  return r;
+}
+
+class EveryKind : public ::testing::TestWithParam<Case> {};
+
+TEST_P(EveryKind, ShapesAndFiniteLogits) {
+  const ModelConfig c = GetParam().config;
+  Transformer m = make(c, true, torch::kFloat);
+  const torch::Tensor logits = m->forward(tokens_for(c));
+  EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeq, c.vocab_size}));
+  EXPECT_TRUE(torch::isfinite(logits).all().item<bool>());
+  auto params = m->named_parameters();
+  EXPECT_EQ(params["block0.wk.weight"].sizes(), (std::vector<int64_t>{c.kv_heads() * c.head_dim(), c.d_model}));
+  EXPECT_EQ(params.contains("lm_head.weight"), !c.tie_embeddings);
+  EXPECT_EQ(params.contains("pos_emb.weight"), c.encoding.kind == "learned");
+  EXPECT_EQ(params.contains("ln_final.weight"), c.pre_norm);
+}
+
+// float64: both paths compute the same function with rounding ~1e-16 per operation and sums of at most a few
+// hundred terms (measured: <= 2e-15 relative); 1e-10 leaves margin yet is far below any formula error (a wrong
+// attention factor on ReRoPE's far scores shows up at ~1e-2). The 1e-14 floor is for gradients that are zero in
+// exact arithmetic (the key bias without position encoding: softmax ignores a constant shift), where both paths
+// return rounding noise of ~1e-17.
+TEST_P(EveryKind, FusedEqualsPlainFloat64) {
+  const ModelConfig c = GetParam().config;
+  Transformer fused = make(c, true, torch::kDouble), plain = make(c, false, torch::kDouble);
+  const torch::Tensor tokens = tokens_for(c);
+  const Result f = run(fused, tokens), p = run(plain, tokens);
+  EXPECT_LE(max_diff(f.logits, p.logits), 1e-10 * max_abs(p.logits));
+  ASSERT_EQ(f.grads.size(), p.grads.size());
+  for (size_t i = 0; i < f.grads.size(); ++i) {
+    ASSERT_EQ(f.grads[i].first, p.grads[i].first);
+    EXPECT_LE(max_diff(f.grads[i].second, p.grads[i].second), 1e-10 * max_abs(p.grads[i].second) + 1e-14)
+        << f.grads[i].first;
+  }
+}
+
+// float32, the flash-attention way: the fused float32 model may differ from the float64 truth (the plain model in
+// float64, same weights) by at most 3x what the plain float32 model itself gets wrong, plus a floor of 8 float32
+// ulps of the largest value (for quantities plain float32 happens to get almost exact). Measured: <= 2.2x.
+TEST_P(EveryKind, FusedMatchesPlainFloat32) {
+  const ModelConfig c = GetParam().config;
+  Transformer fused = make(c, true, torch::kFloat), plain = make(c, false, torch::kFloat);
+  Transformer truth = make(c, false, torch::kDouble);
+  const torch::Tensor tokens = tokens_for(c);
+  const Result f = run(fused, tokens), p = run(plain, tokens), t = run(truth, tokens);
+  auto bound = [](const torch::Tensor& plain32, const torch::Tensor& ref) {
+    return 3.0 * max_diff(plain32, ref) + 8.0 * FLT_EPSILON * max_abs(ref);
+  };
+  EXPECT_LE(max_diff(f.logits, t.logits), bound(p.logits, t.logits));
+  for (size_t i = 0; i < f.grads.size(); ++i)
+    EXPECT_LE(max_diff(f.grads[i].second, t.grads[i].second), bound(p.grads[i].second, t.grads[i].second))
+        << f.grads[i].first;
+}
+
+// Changing token t changes no logit before t (and does change logits from t on: the test can fail).
+TEST_P(EveryKind, Causal) {
+  const ModelConfig c = GetParam().config;
+  for (bool fused_path : {true, false}) {
+    Transformer m = make(c, fused_path, torch::kDouble);
+    torch::Tensor tokens = tokens_for(c);
+    const torch::Tensor before = m->forward(tokens).detach();
+    const int64_t t = 10;
+    tokens.index_put_({torch::indexing::Slice(), t}, (tokens.index({torch::indexing::Slice(), t}) + 1) % c.vocab_size);
+    const torch::Tensor after = m->forward(tokens).detach();
+    using torch::indexing::Slice;
+    EXPECT_LE(max_diff(before.index({Slice(), Slice(0, t)}), after.index({Slice(), Slice(0, t)})),
+              1e-12 * max_abs(before));
+    EXPECT_GT(max_diff(before.index({Slice(), Slice(t)}), after.index({Slice(), Slice(t)})), 1e-6);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(nn, EveryKind, ::testing::ValuesIn(all_cases()),
+                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+
+// RoPE-family scores depend on pos_i - pos_j only (ReRoPE/Leaky ReRoPE clip or compress that same difference), so
+// shifting every position leaves the logits unchanged; absolute encodings and log-n do change.
+TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
+  for (const Case& cs : all_cases()) {
+    const ModelConfig& c = cs.config;
+    const bool relative = is_rotary_kind(c.encoding.kind) && c.encoding.logn_train_len == 0;
+    const bool absolute = c.encoding.kind == "learned" || c.encoding.kind == "sinusoidal" || c.encoding.logn_train_len > 0;
+    if (!relative && !absolute) continue;
+    for (bool fused_path : {true, false}) {
+      Transformer m = make(c, fused_path, torch::kDouble);
+      const torch::Tensor tokens = tokens_for(c);
+      const torch::Tensor pos = torch::arange(kSeq, torch::kLong).expand({kBatch, kSeq});
+      const torch::Tensor a = m->forward(tokens, pos).detach(), b = m->forward(tokens, pos + 9).detach();
+      if (relative) EXPECT_LE(max_diff(a, b), 1e-9 * max_abs(a)) << cs.name << (fused_path ? " fused" : " plain");
+      else EXPECT_GT(max_diff(a, b), 1e-6) << cs.name << (fused_path ? " fused" : " plain");
+    }
+  }
+}
+
+TEST(model, LearnedPositionsBeyondMaxSeqLenThrow) {
+  const ModelConfig c = small_config("learned");
+  Transformer m = make(c, true, torch::kFloat);
+  const torch::Tensor tokens = tokens_for(c);
+  const torch::Tensor pos = torch::arange(kSeq, torch::kLong).expand({kBatch, kSeq});
+  EXPECT_NO_THROW(m->forward(tokens, pos + (c.max_seq_len - kSeq)));
+  try {
+    m->forward(tokens, pos + (c.max_seq_len - kSeq + 1));
+    ADD_FAILURE() << "no error";
+  } catch (const rotary::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("max_seq_len = 40"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(m->generate(std::vector<int64_t>(30, 1), 12, 0.0, -1, 0), rotary::Error);
+  EXPECT_THROW(m->forward(tokens.to(torch::kInt)), rotary::Error);
+  EXPECT_THROW(m->forward(tokens + c.vocab_size), rotary::Error);
+}
+
+// Overrides change results where they should and not where they should not.
+class Overrides : public ::testing::TestWithParam<bool> {
+ protected:
+  torch::Tensor logits(Transformer& m, int64_t seq = kSeq) { return m->forward(tokens_for(m->config(), seq)).detach(); }
+  void expect_same(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+    EXPECT_LE(max_diff(a, b), 1e-9 * max_abs(a)) << what;
+  }
+  void expect_differ(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+    EXPECT_GT(max_diff(a, b), 1e-6) << what;
+  }
+};
+
+TEST_P(Overrides, RopeToRerope) {
+  Transformer m = make(small_config("rope"), GetParam(), torch::kDouble);
+  const torch::Tensor rope = logits(m);
+  EncodingOverride o;
+  o.kind = "rerope";
+  o.window = kSeq;  // every distance < window: plain RoPE
+  m->set_override(o);
+  expect_same(rope, logits(m), "rerope, window >= length");
+  o.window = 5;
+  m->set_override(o);
+  const torch::Tensor rerope5 = logits(m);
+  expect_differ(rope, rerope5, "rerope, window 5");
+  // The same weights trained with rerope(5) give the same logits: the override is the trained encoding.
+  Transformer trained = make(small_config("rerope"), GetParam(), torch::kDouble);
+  expect_same(rerope5, logits(trained), "override == trained rerope");
+  o.kind = "leaky_rerope";
+  o.leaky_k = 1.0;  // k = 1: distances beyond the window grow by 1 per token again, i.e. RoPE
+  m->set_override(o);
+  expect_same(rope, logits(m), "leaky_rerope k = 1");
+  o.leaky_k = 4.0;
+  m->set_override(o);
+  expect_differ(rope, logits(m), "leaky_rerope k = 4");
+  m->set_override({});
+  expect_same(rope, logits(m), "empty override restores");
+}
+
+TEST_P(Overrides, RopeScaling) {
+  Transformer m = make(small_config("rope"), GetParam(), torch::kDouble);
+  const torch::Tensor rope = logits(m), rope24 = logits(m, 24);
+  EncodingOverride o;
+  o.rope = RopeSpec{};  // the trained spec again
+  m->set_override(o);
+  expect_same(rope, logits(m), "default spec");
+  o.rope->scaling = RopeScaling::Linear;
+  o.rope->factor = 2;
+  m->set_override(o);
+  expect_differ(rope, logits(m), "linear x2");
+  // Dynamic NTK: no change up to max_position_embeddings, new frequencies beyond (computed per forward length).
+  o.rope->scaling = RopeScaling::Dynamic;
+  o.rope->max_position_embeddings = kSeq;
+  m->set_override(o);
+  expect_same(rope, logits(m), "dynamic, length == max_position_embeddings");
+  expect_differ(rope24, logits(m, 24), "dynamic, length > max_position_embeddings");
+}
+
+TEST_P(Overrides, LognOnlyChangesPositionsPastTheTrainingLength) {
+  Transformer m = make(small_config("rerope"), GetParam(), torch::kDouble);
+  const torch::Tensor base = logits(m);
+  EncodingOverride o;
+  o.logn_train_len = 8;  // factor max(1, ln(pos + 1) / ln 8) = 1 for pos <= 7
+  m->set_override(o);
+  const torch::Tensor scaled = logits(m);
+  using torch::indexing::Slice;
+  expect_same(base.index({Slice(), Slice(0, 8)}), scaled.index({Slice(), Slice(0, 8)}), "pos < 8");
+  expect_differ(base.index({Slice(), Slice(8)}), scaled.index({Slice(), Slice(8)}), "pos >= 8");
+  o = {};
+  o.kind = "alibi";
+  EXPECT_THROW(m->set_override(o), rotary::Error);
+  EXPECT_EQ(m->active_encoding().logn_train_len, 8);  // a rejected override changes nothing
+}
+
+INSTANTIATE_TEST_SUITE_P(nn, Overrides, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "fused" : "plain"; });
+
+}  // namespace
+}  // namespace rotary::nn

@@ -1,0 +1,149 @@
+"""torch.ops.rotary.attention against a plain-torch float64 materialised reference, and gradcheck in float64."""
+import math
+import unittest
+
+import torch
+
+import rotary
+from test_rope_op import inv_freq_default, rope_plain
+
+
+def attention_plain(q, k, v, pos, mode, inv, a=1.0, layout="half_split", roper=False, window=0, leaky_k=1.0,
+                    logn=0, causal=True, scale=None):
+    """q [S, Hq, D], k/v [S, Hkv, D], one sequence, float64. ReRoPE the seed's two-matrix way."""
+    S, Hq, D = q.shape
+    Hkv = k.shape[1]
+    scale = 1 / math.sqrt(D) if scale is None else scale
+    q, k, v = q.double(), k.double(), v.double()
+    if logn:
+        q = q * torch.clamp(torch.log(pos.double() + 1) / math.log(logn), min=1.0)[:, None, None]
+    k = k.repeat_interleave(Hq // Hkv, dim=1)
+    v = v.repeat_interleave(Hq // Hkv, dim=1)
+    rope = lambda x, p: rope_plain(x, p, inv, a, layout)  # noqa: E731
+    d = pos[:, None] - pos[None, :]  # [S, S] distance i - j
+    if mode == "none":
+        s = torch.einsum("ihd,jhd->hij", q, k)
+    else:
+        s1 = torch.einsum("ihd,jhd->hij", rope(q, pos), rope(k, pos))
+        if mode == "rope":
+            s = s1
+        else:
+            if mode == "rerope":
+                qf = rope(q, torch.full_like(pos, window))
+                s2 = torch.einsum("ihd,jhd->hij", qf, k)
+            else:
+                s2 = torch.empty_like(s1)
+                for i in range(S):
+                    for j in range(S):
+                        dist = window + (pos[i] - pos[j] - window) / leaky_k
+                        # q . R(-dist) k = (R(dist) q) . k
+                        s2[:, i, j] = (rope_frac(q[i], float(dist), inv, a, layout) * k[j]).sum(-1)
+            s = torch.where(d < window, s1, s2)
+    s = s * scale
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    p = torch.softmax(s, dim=-1)
+    if not roper:
+        return torch.einsum("hij,jhd->ihd", p, v)
+    # RoPER: o_i = sum_j a_ij R(-delta_ij) v_j (pure rotation); for rope delta = pos_i - pos_j
+    out = torch.zeros_like(q)
+    for i in range(S):
+        for j in range(S):
+            delta = float(pos[i] - pos[j])
+            if mode == "rerope" and delta >= window:
+                delta = float(window)
+            if mode == "leaky_rerope" and delta >= window:
+                delta = window + (delta - window) / leaky_k
+            out[i] += p[:, i, j, None] * rope_frac(v[j], -delta, inv, 1.0, layout)
+    return out
+
+
+def rope_frac(x, p, inv, a, layout):
+    """Rotate x [H, D] by a real-valued position p (angle p * inv_freq), factor a."""
+    r = 2 * inv.numel()
+    ang = p * inv
+    cos, sin = torch.cos(ang) * a, torch.sin(ang) * a
+    rot, rest = x[..., :r], x[..., r:]
+    if layout == "half_split":
+        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
+        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
+    else:
+        x1, x2 = rot[..., 0::2], rot[..., 1::2]
+        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
+    return torch.cat([out, rest], dim=-1)
+
+
+def call(q, k, v, pos, mode, inv, a=1.0, layout="half_split", roper=False, window=0, leaky_k=1.0, logn=0,
+         causal=True):
+    out, lse = torch.ops.rotary.attention(q, k, v, pos, None, causal, 0.0, mode, inv, a, layout, roper, window,
+                                          leaky_k, logn)
+    return out
+
+
+CASES = [
+    dict(mode="none"),
+    dict(mode="rope"),
+    dict(mode="rope", layout="interleaved", a=1.2),
+    dict(mode="rope", roper=True),
+    dict(mode="rope", logn=8),
+    dict(mode="rerope", window=4),
+    dict(mode="rerope", window=3, logn=6),
+    dict(mode="leaky_rerope", window=4, leaky_k=4.0),
+]
+
+
+class AttentionOpTest(unittest.TestCase):
+    def test_forward_matches_plain(self):
+        g = torch.Generator().manual_seed(1)
+        S, Hq, Hkv, D = 11, 4, 2, 16
+        for case in CASES:
+            for dtype, tol in ((torch.float64, 1e-10), (torch.float32, 2e-5)):
+                q = torch.randn(S, Hq, D, generator=g, dtype=torch.float64)
+                k = torch.randn(S, Hkv, D, generator=g, dtype=torch.float64)
+                v = torch.randn(S, Hkv, D, generator=g, dtype=torch.float64)
+                pos = torch.arange(S) * 3 + 5
+                inv = inv_freq_default(12)
+                got = call(q.to(dtype), k.to(dtype), v.to(dtype), pos, inv=inv, **case)
+                want = attention_plain(q, k, v, pos, inv=inv, **case)
+                err = (got.double() - want).abs().max().item()
+                self.assertLess(err, tol, f"{case} {dtype}: {err}")
+
+    def test_gradcheck_float64(self):
+        S, Hq, Hkv, D = 6, 2, 1, 16
+        inv = inv_freq_default(16)
+        pos = torch.arange(S) * 2
+        for case in CASES:
+            q = torch.randn(S, Hq, D, dtype=torch.float64, requires_grad=True)
+            k = torch.randn(S, Hkv, D, dtype=torch.float64, requires_grad=True)
+            v = torch.randn(S, Hkv, D, dtype=torch.float64, requires_grad=True)
+            fn = lambda q, k, v: call(q, k, v, pos, inv=inv, **case)  # noqa: E731
+            self.assertTrue(torch.autograd.gradcheck(fn, (q, k, v), atol=1e-7), str(case))
+
+    def test_batched_4d_equals_packed(self):
+        B, S, H, D = 3, 5, 2, 16
+        q, k, v = (torch.randn(B, S, H, D, dtype=torch.float64) for _ in range(3))
+        inv = inv_freq_default(16)
+        out4, _ = torch.ops.rotary.attention(q, k, v, None, None, True, 0.0, "rope", inv, 1.0, "half_split", False,
+                                             0, 1.0, 0)
+        cu = torch.tensor([0, S, 2 * S, 3 * S])
+        out3, _ = torch.ops.rotary.attention(q.reshape(B * S, H, D), k.reshape(B * S, H, D), v.reshape(B * S, H, D),
+                                             None, cu, True, 0.0, "rope", inv, 1.0, "half_split", False, 0, 1.0, 0)
+        self.assertLess((out4.reshape(B * S, H, D) - out3).abs().max().item(), 1e-12)
+
+    def test_bad_input_names_the_field(self):
+        q = torch.randn(4, 4, 16)
+        k = torch.randn(4, 3, 16)
+        inv = inv_freq_default(16)
+        with self.assertRaises(ValueError) as cm:
+            call(q, k, k, None, "rope", inv)
+        self.assertIn("heads", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            call(q, q, q, None, "sideways", inv)
+        self.assertIn("mode", str(cm.exception))
+        with self.assertRaises(ValueError) as cm:
+            call(q, q, q, None, "rerope", inv, window=0)
+        self.assertIn("window", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,188 @@
+// Run settings: TOML files, flags over files, JSON round trip, bad values named, config differences.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "cli/torch/train_flags.h"
+#include "rotary/error.h"
+#include "train/config.h"
+#include "train/files.h"
+
+namespace rotary::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string temp_file(const std::string& name, const std::string& text) {
+  const fs::path p = fs::temp_directory_path() / ("rotary_cfg_" + std::to_string(::getpid()) + "_" + name);
+  write_file_atomic(p.string(), text);
+  return p.string();
+}
+
+// The message of the rotary::Error that f throws ("" if none).
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+constexpr const char* kToml = R"(
+task = "substring_index"
+seq_len = 64
+batch_size = 8
+steps = 300
+seed = 7
+out_dir = "runs/x"
+
+[task_options]
+min_string = 3
+max_string = 9
+
+[model]
+d_model = 32
+n_layers = 3
+n_heads = 2
+fused = false
+
+[model.encoding]
+kind = "roper"
+rotary_fraction = 0.5
+
+[model.encoding.rope]
+base = 500.0
+layout = "interleaved"
+
+[optim]
+lr = 0.002
+warmup_steps = 20
+grad_clip = 0.5
+)";
+
+TEST(Config, TomlSetsTheGivenFieldsAndKeepsDefaultsForTheRest) {
+  const TrainConfig c = load_config_file(temp_file("ok.toml", kToml));
+  const TrainConfig d;
+  EXPECT_EQ(c.task, "substring_index");
+  EXPECT_EQ(c.seq_len, 64);
+  EXPECT_EQ(c.steps, 300);
+  EXPECT_EQ(c.seed, 7u);
+  EXPECT_EQ(c.task_options.min_string, 3);
+  EXPECT_EQ(c.task_options.max_digits, d.task_options.max_digits);
+  EXPECT_EQ(c.model.d_model, 32);
+  EXPECT_FALSE(c.model.fused);
+  EXPECT_EQ(c.model.n_kv_heads, d.model.n_kv_heads);
+  EXPECT_EQ(c.model.encoding.kind, "roper");
+  EXPECT_EQ(c.model.encoding.rotary_fraction, 0.5);
+  EXPECT_EQ(c.model.encoding.rope.base, 500.0);
+  EXPECT_EQ(c.model.encoding.rope.layout, RopeLayout::Interleaved);
+  EXPECT_EQ(c.optim.lr, 0.002);
+  EXPECT_EQ(c.optim.beta2, d.optim.beta2);
+  EXPECT_EQ(c.optim.grad_clip, 0.5);
+  EXPECT_NO_THROW(c.validate());
+}
+
+TEST(Config, JsonRoundTripIsExact) {
+  const TrainConfig c = load_config_file(temp_file("rt.toml", kToml));
+  const nlohmann::json j = c;
+  TrainConfig back;
+  from_json(j, back);
+  EXPECT_EQ(nlohmann::json(back), j);
+  EXPECT_EQ(first_difference(nlohmann::json(back), j), "");
+}
+
+TEST(Config, UnknownAndIllTypedFieldsAreNamed) {
+  EXPECT_NE(error_of([] { load_config_file(temp_file("u.toml", "[optim]\nlrr = 1\n")); }).find("optim.lrr"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { load_config_file(temp_file("u2.toml", "stepz = 1\n")); }).find("stepz"), std::string::npos);
+  const std::string typed = error_of([] { load_config_file(temp_file("t.toml", "steps = \"many\"\n")); });
+  EXPECT_NE(typed.find("steps"), std::string::npos) << typed;
+  EXPECT_NE(typed.find("integer"), std::string::npos) << typed;
+  EXPECT_NE(error_of([] { load_config_file(temp_file("t2.toml", "seed = -3\n")); }).find("seed"), std::string::npos);
+  EXPECT_NE(error_of([] { load_config_file(temp_file("m.toml", "[model]\nd_modle = 3\n")); }).find("d_modle"),
+            std::string::npos);
+}
+
+TEST(Config, TomlSyntaxErrorNamesFileAndLine) {
+  const std::string path = temp_file("syntax.toml", "steps = 10\nlr = = 3\n");
+  const std::string e = error_of([&] { load_config_file(path); });
+  EXPECT_NE(e.find(path + ":2:"), std::string::npos) << e;
+}
+
+TEST(Config, ValidateNamesTheBadField) {
+  auto bad = [](auto mutate) {
+    TrainConfig c;
+    mutate(c);
+    return error_of([&] { c.validate(); });
+  };
+  EXPECT_NE(bad([](TrainConfig& c) { c.seq_len = 1; }).find("seq_len = 1"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.batch_size = 0; }).find("batch_size = 0"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.optim.beta1 = 1.0; }).find("optim.beta1 = 1"), std::string::npos);
+  EXPECT_NE(bad([](TrainConfig& c) { c.optim.lr = -1; }).find("optim.lr"), std::string::npos);
+  const std::string task = bad([](TrainConfig& c) { c.task = "multiplication"; });
+  EXPECT_NE(task.find("task = multiplication"), std::string::npos) << task;
+  EXPECT_NE(task.find("addition"), std::string::npos) << task;  // lists the choices
+  const std::string enc = bad([](TrainConfig& c) { c.model.encoding.kind = "ropex"; });
+  EXPECT_NE(enc.find("ropex"), std::string::npos) << enc;
+  EXPECT_NE(enc.find("roper"), std::string::npos) << enc;
+  EXPECT_EQ(bad([](TrainConfig&) {}), "");
+}
+
+TEST(Config, FirstDifferenceFindsNestedFieldsAndIgnoresBookkeeping) {
+  TrainConfig a, b;
+  b.out_dir = "elsewhere";
+  b.threads = 3;
+  b.checkpoint_interval = 17;
+  EXPECT_EQ(first_difference(nlohmann::json(a), nlohmann::json(b)), "");
+  b.model.encoding.rope.base = 20000;
+  EXPECT_EQ(first_difference(nlohmann::json(a), nlohmann::json(b)), "model.encoding.rope.base");
+  EXPECT_EQ(value_at(nlohmann::json(b), "model.encoding.rope.base"), "20000.0");
+  // 1 and 1.0 are the same setting.
+  EXPECT_EQ(first_difference(nlohmann::json{{"x", 1}}, nlohmann::json{{"x", 1.0}}), "");
+  EXPECT_EQ(first_difference(nlohmann::json{{"x", 1}}, nlohmann::json::object()), "x");
+}
+
+// Flags override the file; flags that are not given leave the file's values alone.
+TEST(Config, FlagsOverrideTheFile) {
+  CLI::App app;
+  cli::TrainFlags flags;
+  flags.add_to(app);
+  const std::string path = temp_file("flags.toml", kToml);
+  std::vector<std::string> args = {"--lr", "0.01", "--encoding", "rope", "--config", path, "--rope-scaling", "linear",
+                                   "--rope-factor", "2", "--norm", "post"};
+  std::reverse(args.begin(), args.end());  // CLI11 takes the vector in reverse order
+  app.parse(args);
+  const TrainConfig c = flags.resolve(TrainConfig{});
+  EXPECT_EQ(c.optim.lr, 0.01);                      // flag
+  EXPECT_EQ(c.optim.warmup_steps, 20);              // file
+  EXPECT_EQ(c.model.encoding.kind, "rope");         // flag over file's roper
+  EXPECT_EQ(c.model.encoding.rotary_fraction, 0.5); // file
+  EXPECT_EQ(c.model.encoding.rope.scaling, RopeScaling::Linear);
+  EXPECT_EQ(c.model.encoding.rope.factor, 2.0);
+  EXPECT_FALSE(c.model.pre_norm);
+  EXPECT_EQ(c.steps, 300);
+  EXPECT_TRUE(flags.any_given());
+}
+
+TEST(Config, BadFlagValuesAreNamed) {
+  auto resolve_with = [](std::vector<std::string> args) {
+    CLI::App app;
+    cli::TrainFlags flags;
+    flags.add_to(app);
+    std::reverse(args.begin(), args.end());
+    app.parse(args);
+    return error_of([&] { flags.resolve(TrainConfig{}).validate(); });
+  };
+  EXPECT_NE(resolve_with({"--rope-scaling", "squash"}).find("squash"), std::string::npos);
+  EXPECT_NE(resolve_with({"--norm", "middle"}).find("--norm = middle"), std::string::npos);
+  EXPECT_NE(resolve_with({"--steps", "0"}).find("steps = 0"), std::string::npos);
+  CLI::App app;
+  cli::TrainFlags flags;
+  flags.add_to(app);
+  EXPECT_THROW(app.parse(std::vector<std::string>{"abc", "--lr"}), CLI::ParseError);  // not a number
+}
+
+}  // namespace
+}  // namespace rotary::train

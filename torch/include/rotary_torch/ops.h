@@ -1,0 +1,37 @@
+// rotary_torch/ops.h: C++ entry points of the torch ops. They call through the dispatcher, so autograd (registered
+// at the Autograd key) works from C++ exactly as from Python (torch.ops.rotary.*).
+#pragma once
+
+#include <torch/torch.h>
+
+#include <optional>
+#include <string>
+#include <tuple>
+
+namespace rotary::torch_ops {
+
+// x [..., H, D] rotated by positions [...] (int64): direction "forward" | "inverse" | "transpose".
+at::Tensor rope(const at::Tensor& x, const at::Tensor& positions, const at::Tensor& inv_freq,
+                double attention_factor, const std::string& layout, const std::string& direction = "forward");
+
+// The position arguments of attention (see rotary/attention.h). mode: "none" | "rope" | "rerope" | "leaky_rerope".
+struct AttentionPosition {
+  std::string mode = "none";
+  std::optional<at::Tensor> inv_freq;  // [r/2] float64, required unless mode == "none"
+  double attention_factor = 1.0;
+  std::string layout = "half_split";
+  bool roper = false;
+  int64_t window = 0;
+  double leaky_k = 1.0;
+  int64_t logn_train_len = 0;
+};
+
+// q [B, S, Hq, D] or [T, Hq, D]; k, v [.., Hkv, D]. With 4-d inputs the batch rows are the sequences; with 3-d
+// inputs cu_seqlens [batch+1] (int64) packs them (none: one sequence). positions: int64 [B, S] / [T], or none
+// (index inside the sequence). Returns (out like q, lse [tokens, Hq] float32 or float64 for float64 inputs).
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const std::optional<at::Tensor>& positions,
+                                             const std::optional<at::Tensor>& cu_seqlens, bool causal,
+                                             double softmax_scale, const AttentionPosition& pos);
+
+}  // namespace rotary::torch_ops

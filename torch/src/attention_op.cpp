@@ -1,0 +1,227 @@
+// rotary::attention / rotary::attention_backward - the fused attention of the core, every position mode.
+//
+//   torch.ops.rotary.attention(q, k, v, positions?, cu_seqlens?, causal, softmax_scale, mode, inv_freq?,
+//                              attention_factor, layout, roper, window, leaky_k, logn_train_len) -> (out, lse)
+// The binding only validates shapes, builds rotary::AttentionParams and forwards; the autograd function saves
+// q, k, v, out and lse and calls attention_backward (recomputation, no N x N storage).
+#include <torch/torch.h>
+
+#include "rotary/attention.h"
+#include "rotary/error.h"
+#include "rotary_torch/convert.h"
+#include "rotary_torch/ops.h"
+
+namespace rotary::torch_ops {
+namespace {
+
+using OptTensor = c10::optional<at::Tensor>;
+
+PositionMode parse_mode(const std::string& m) {
+  if (m == "none") return PositionMode::None;
+  if (m == "rope") return PositionMode::Rope;
+  if (m == "rerope") return PositionMode::Rerope;
+  if (m == "leaky_rerope") return PositionMode::LeakyRerope;
+  fail("mode", m, "none, rope, rerope, leaky_rerope");
+}
+
+// Everything the core needs besides data pointers; keeps the tensors it points into alive.
+struct Prepared {
+  AttentionParams p;
+  RopeFreqs freqs;
+  at::Tensor q3, k3, v3, positions, cu;
+};
+
+void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& positions,
+             const OptTensor& cu_seqlens, bool causal, double scale, c10::string_view mode, const OptTensor& inv_freq,
+             double attention_factor, c10::string_view layout, bool roper, int64_t window, double leaky_k,
+             int64_t logn_train_len) {
+  check(q.dim() == 3 || q.dim() == 4, "q.dim()", q.dim(), "3 ([tokens, Hq, D]) or 4 ([B, S, Hq, D])");
+  check(k.dim() == q.dim() && v.dim() == q.dim(), "k.dim()", k.dim(), "the same as q.dim() = " + std::to_string(q.dim()));
+  check(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "k.dtype",
+        c10::toString(k.scalar_type()), std::string("q.dtype = ") + c10::toString(q.scalar_type()));
+  for (int d = 0; d + 2 < q.dim(); ++d) {
+    check(k.size(d) == q.size(d), "k.shape[" + std::to_string(d) + "]", k.size(d), "q.shape = " + std::to_string(q.size(d)));
+    check(v.size(d) == q.size(d), "v.shape[" + std::to_string(d) + "]", v.size(d), "q.shape = " + std::to_string(q.size(d)));
+  }
+  check(v.size(-2) == k.size(-2), "v.shape[-2]", v.size(-2), "k heads = " + std::to_string(k.size(-2)));
+  check(k.size(-1) == q.size(-1) && v.size(-1) == q.size(-1), "k.shape[-1]", k.size(-1),
+        "head_dim of q = " + std::to_string(q.size(-1)));
+  s.q3 = as_tokens_heads_dim(q, "q");
+  s.k3 = as_tokens_heads_dim(k, "k");
+  s.v3 = as_tokens_heads_dim(v, "v");
+  AttentionParams& p = s.p;
+  p.tokens = s.q3.size(0);
+  p.head_dim = int(q.size(-1));
+  p.dtype = core_dtype(q, "q");
+  p.q = heads_view(s.q3);
+  p.k = heads_view(s.k3);
+  p.v = heads_view(s.v3);
+  p.causal = causal;
+  p.softmax_scale = scale;
+  if (q.dim() == 4) {
+    check(!cu_seqlens.has_value(), "cu_seqlens", "given", "none with 4-d [B, S, H, D] inputs (rows are the sequences)");
+    const int64_t B = q.size(0), S = q.size(1);
+    s.cu = at::arange(0, (B + 1) * S, S, at::kLong);
+    p.batch = B;
+    p.cu_seqlens = s.cu.data_ptr<int64_t>();
+  } else if (cu_seqlens.has_value()) {
+    check(cu_seqlens->scalar_type() == at::kLong && cu_seqlens->dim() == 1, "cu_seqlens",
+          c10::toString(cu_seqlens->scalar_type()), "a 1-d int64 tensor [batch + 1]");
+    s.cu = cu_seqlens->contiguous();
+    p.batch = s.cu.numel() - 1;
+    p.cu_seqlens = s.cu.data_ptr<int64_t>();
+  }
+  if (positions.has_value()) {
+    check(positions->scalar_type() == at::kLong, "positions.dtype", c10::toString(positions->scalar_type()), "int64");
+    check(positions->numel() == p.tokens, "positions.numel()", positions->numel(),
+          "the number of tokens = " + std::to_string(p.tokens));
+    s.positions = positions->contiguous();
+    p.positions = s.positions.data_ptr<int64_t>();
+  }
+  p.pos.mode = parse_mode(std::string(mode));
+  if (p.pos.mode != PositionMode::None) {
+    check(inv_freq.has_value(), "inv_freq", "none", "a [rotary_dim/2] tensor when mode is not none");
+    s.freqs = freqs_from(*inv_freq, attention_factor, std::string(layout), p.head_dim);
+    p.pos.freqs = &s.freqs;
+  }
+  p.pos.roper = roper;
+  p.pos.window = window;
+  p.pos.leaky_k = leaky_k;
+  p.pos.logn_train_len = logn_train_len;
+}
+
+at::ScalarType lse_type(const at::Tensor& q) { return q.scalar_type() == at::kDouble ? at::kDouble : at::kFloat; }
+
+std::tuple<at::Tensor, at::Tensor> attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                 const OptTensor& positions, const OptTensor& cu_seqlens, bool causal,
+                                                 double scale, c10::string_view mode, const OptTensor& inv_freq,
+                                                 double attention_factor, c10::string_view layout, bool roper,
+                                                 int64_t window, double leaky_k, int64_t logn_train_len) {
+  Prepared s;
+  prepare(s, q, k, v, positions, cu_seqlens, causal, scale, mode, inv_freq, attention_factor, layout, roper, window,
+          leaky_k, logn_train_len);
+  at::Tensor out = at::empty_like(s.q3, at::MemoryFormat::Contiguous);
+  at::Tensor lse = at::empty({s.p.tokens, s.q3.size(1)}, q.options().dtype(lse_type(q)));
+  s.p.o = heads_view(out);
+  s.p.lse = lse.data_ptr();
+  attention_forward(s.p);
+  return {out.view(q.sizes()), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
+    const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out,
+    const at::Tensor& lse, const OptTensor& positions, const OptTensor& cu_seqlens, bool causal, double scale,
+    c10::string_view mode, const OptTensor& inv_freq, double attention_factor, c10::string_view layout, bool roper,
+    int64_t window, double leaky_k, int64_t logn_train_len) {
+  Prepared s;
+  prepare(s, q, k, v, positions, cu_seqlens, causal, scale, mode, inv_freq, attention_factor, layout, roper, window,
+          leaky_k, logn_train_len);
+  check(out.sizes() == q.sizes(), "out.shape", out.sizes(), "q.shape");
+  check(dout.sizes() == q.sizes(), "dout.shape", dout.sizes(), "q.shape");
+  check(lse.scalar_type() == lse_type(q) && lse.numel() == s.p.tokens * s.q3.size(1), "lse", lse.sizes(),
+        "[tokens, Hq] from the forward");
+  const at::Tensor o3 = as_tokens_heads_dim(out.to(q.scalar_type()), "out");
+  const at::Tensor do3 = as_tokens_heads_dim(dout.to(q.scalar_type()), "dout");
+  const at::Tensor lse_c = lse.contiguous();
+  at::Tensor dq = at::empty_like(s.q3, at::MemoryFormat::Contiguous);
+  at::Tensor dk = at::empty_like(s.k3, at::MemoryFormat::Contiguous);
+  at::Tensor dv = at::empty_like(s.v3, at::MemoryFormat::Contiguous);
+  AttentionGradParams g;
+  g.fwd = s.p;
+  g.fwd.o = heads_view(o3);
+  g.fwd.lse = lse_c.data_ptr();
+  g.dout = heads_view(do3);
+  g.dq = heads_view(dq);
+  g.dk = heads_view(dk);
+  g.dv = heads_view(dv);
+  attention_backward(g);
+  return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes())};
+}
+
+template <class Fn>
+auto typed_op(const char* name) {
+  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
+}
+
+class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
+ public:
+  static torch::autograd::variable_list forward(
+      torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+      const OptTensor& positions, const OptTensor& cu_seqlens, bool causal, double scale, c10::string_view mode,
+      const OptTensor& inv_freq, double attention_factor, c10::string_view layout, bool roper, int64_t window,
+      double leaky_k, int64_t logn_train_len) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    static auto op = typed_op<decltype(attention_cpu)>("rotary::attention");
+    auto [out, lse] = op.call(q, k, v, positions, cu_seqlens, causal, scale, mode, inv_freq, attention_factor, layout,
+                              roper, window, leaky_k, logn_train_len);
+    ctx->save_for_backward({q, k, v, out, lse, positions.value_or(at::Tensor()), cu_seqlens.value_or(at::Tensor()),
+                            inv_freq.value_or(at::Tensor())});
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["mode"] = std::string(mode);
+    ctx->saved_data["attention_factor"] = attention_factor;
+    ctx->saved_data["layout"] = std::string(layout);
+    ctx->saved_data["roper"] = roper;
+    ctx->saved_data["window"] = window;
+    ctx->saved_data["leaky_k"] = leaky_k;
+    ctx->saved_data["logn_train_len"] = logn_train_len;
+    ctx->mark_non_differentiable({lse});
+    return {out, lse};
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    auto sv = ctx->get_saved_variables();
+    auto opt = [](const at::Tensor& t) { return t.defined() ? OptTensor(t) : OptTensor(); };
+    at::Tensor dout = grads[0].defined() ? grads[0] : at::zeros_like(sv[3]);
+    static auto op = typed_op<decltype(attention_backward_cpu)>("rotary::attention_backward");
+    auto& d = ctx->saved_data;
+    auto [dq, dk, dv] = op.call(dout, sv[0], sv[1], sv[2], sv[3], sv[4], opt(sv[5]), opt(sv[6]), d["causal"].toBool(),
+                                d["scale"].toDouble(), d["mode"].toStringRef(), opt(sv[7]),
+                                d["attention_factor"].toDouble(), d["layout"].toStringRef(), d["roper"].toBool(),
+                                d["window"].toInt(), d["leaky_k"].toDouble(), d["logn_train_len"].toInt());
+    torch::autograd::variable_list g(15);
+    g[0] = dq, g[1] = dk, g[2] = dv;
+    return g;
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                      const OptTensor& positions, const OptTensor& cu_seqlens,
+                                                      bool causal, double scale, c10::string_view mode,
+                                                      const OptTensor& inv_freq, double attention_factor,
+                                                      c10::string_view layout, bool roper, int64_t window,
+                                                      double leaky_k, int64_t logn_train_len) {
+  auto r = AttentionFunction::apply(q, k, v, positions, cu_seqlens, causal, scale, mode, inv_freq, attention_factor,
+                                    layout, roper, window, leaky_k, logn_train_len);
+  return {r[0], r[1]};
+}
+
+}  // namespace
+
+std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                             const std::optional<at::Tensor>& positions,
+                                             const std::optional<at::Tensor>& cu_seqlens, bool causal,
+                                             double softmax_scale, const AttentionPosition& pos) {
+  static auto op = typed_op<decltype(attention_cpu)>("rotary::attention");
+  auto o = [](const std::optional<at::Tensor>& t) { return t ? OptTensor(*t) : OptTensor(); };
+  return op.call(q, k, v, o(positions), o(cu_seqlens), causal, softmax_scale, pos.mode, o(pos.inv_freq),
+                 pos.attention_factor, pos.layout, pos.roper, pos.window, pos.leaky_k, pos.logn_train_len);
+}
+
+}  // namespace rotary::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(rotary, m) {
+  m.def(
+      "attention(Tensor q, Tensor k, Tensor v, Tensor? positions, Tensor? cu_seqlens, bool causal, "
+      "float softmax_scale, str mode, Tensor? inv_freq, float attention_factor, str layout, bool roper, int window, "
+      "float leaky_k, int logn_train_len) -> (Tensor, Tensor)");
+  m.def(
+      "attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor out, Tensor lse, Tensor? positions, "
+      "Tensor? cu_seqlens, bool causal, float softmax_scale, str mode, Tensor? inv_freq, float attention_factor, "
+      "str layout, bool roper, int window, float leaky_k, int logn_train_len) -> (Tensor, Tensor, Tensor)");
+}
+TORCH_LIBRARY_IMPL(rotary, CPU, m) {
+  m.impl("attention", rotary::torch_ops::attention_cpu);
+  m.impl("attention_backward", rotary::torch_ops::attention_backward_cpu);
+}
+TORCH_LIBRARY_IMPL(rotary, Autograd, m) { m.impl("attention", rotary::torch_ops::attention_autograd); }
