@@ -90,7 +90,7 @@ HWY_INLINE void ProbsAndDs(T* HWY_RESTRICT S, T* HWY_RESTRICT dP, int64_t limit,
   const int64_t NL = int64_t(hn::Lanes(d));
   const auto vl = hn::Set(d, lse), vD = hn::Set(d, Dr);
   for (int64_t j = 0; j < kBlockKeys; j += NL) {
-    auto p = hn::Exp(d, hn::Sub(hn::LoadU(d, S + j), vl));
+    auto p = ExpKeepNaN(d, hn::Sub(hn::LoadU(d, S + j), vl));
     const auto idx = hn::Add(hn::Iota(d, T(0)), hn::Set(d, T(j)));
     p = hn::IfThenElseZero(hn::Lt(idx, hn::Set(d, T(limit))), p);
     hn::StoreU(p, d, S + j);
@@ -235,9 +235,9 @@ void BackwardTyped(const AttentionGradParams& g, const Plan& pl, Arena& arena, i
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < pl.tokens; ++t) {
       for (int64_t h = 0; h < pl.Hq; ++h) {
-        transform_row(pl, adjoint(q_near(pl)), t, b.dQn + (h * pl.tokens + t) * Dp, y, false);
-        if (pl.far) transform_row(pl, adjoint(q_far(pl)), t, b.dQf + (h * pl.tokens + t) * Dp, y, true);
-        store_row(pl, y, g.dq, t, h);
+        TransformRow(pl, adjoint(q_near(pl)), t, b.dQn + (h * pl.tokens + t) * Dp, y, false);
+        if (pl.far) TransformRow(pl, adjoint(q_far(pl)), t, b.dQf + (h * pl.tokens + t) * Dp, y, true);
+        StoreRow(pl, y, g.dq, t, h);
       }
       for (int64_t hk = 0; hk < pl.Hkv; ++hk) {
         auto group_sum = [&](const T* acc, T* out) {
@@ -248,19 +248,19 @@ void BackwardTyped(const AttentionGradParams& g, const Plan& pl, Arena& arena, i
           }
         };
         group_sum(b.dKn, sum_n);
-        transform_row(pl, adjoint(k_near(pl)), t, sum_n, y, false);
+        TransformRow(pl, adjoint(k_near(pl)), t, sum_n, y, false);
         if (pl.far) {
           group_sum(b.dKf, sum_f);
-          transform_row(pl, adjoint(k_far(pl)), t, sum_f, y, true);
+          TransformRow(pl, adjoint(k_far(pl)), t, sum_f, y, true);
         }
-        store_row(pl, y, g.dk, t, hk);
+        StoreRow(pl, y, g.dk, t, hk);
         group_sum(b.dVn, sum_n);
-        transform_row(pl, adjoint(v_near(pl)), t, sum_n, y, false);
+        TransformRow(pl, adjoint(v_near(pl)), t, sum_n, y, false);
         if (two_acc) {
           group_sum(b.dVf, sum_f);
-          transform_row(pl, adjoint(v_far(pl)), t, sum_f, y, true);
+          TransformRow(pl, adjoint(v_far(pl)), t, sum_f, y, true);
         }
-        store_row(pl, y, g.dv, t, hk);
+        StoreRow(pl, y, g.dv, t, hk);
       }
     }
   }

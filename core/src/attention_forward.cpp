@@ -175,14 +175,14 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
     ScaleRow(acc + r * Dp, Dp, inv_l);
     const T* out = acc + r * Dp;
     if (pl.roper) {
-      transform_row(pl, o_near(pl), t, acc + r * Dp, row, false);
+      TransformRow(pl, o_near(pl), t, acc + r * Dp, row, false);
       if (two_acc) {
         ScaleRow(acc2 + r * Dp, Dp, inv_l);
-        transform_row(pl, o_far(pl), t, acc2 + r * Dp, row, true);
+        TransformRow(pl, o_far(pl), t, acc2 + r * Dp, row, true);
       }
       out = row;
     }
-    store_row(pl, out, p.o, t, h);
+    StoreRow(pl, out, p.o, t, h);
     if (p.lse) {
       const T lse = m[r] + std::log(l[r]);
       if (pl.dtype == DType::F64) static_cast<double*>(p.lse)[t * pl.Hq + h] = double(lse);

@@ -107,10 +107,32 @@ void TileGemm(int64_t M, int64_t ncols, int64_t K, const T* A, int64_t ars, int6
   }
 }
 
-// p = exp(x), except that NaN stays NaN (Highway's Exp maps NaN to 0, which would hide a NaN input).
+// p = exp(x) for the softmax (x = s - m <= 0 up to rounding): exact 0 below the normal range (masked -inf
+// included) and NaN stays NaN (Highway's Exp maps NaN to 0, which would hide a NaN input).
+// fp32: 2^t with t = x log2(e), split t = n + f (n = round(t), |f| <= 1/2), 2^f by Cephes' exp2f polynomial
+// (relative error ~1e-7, as hwy::Exp's) and 2^n added to the exponent bits: ~15 operations to hwy::Exp's ~25,
+// which is ~5% of a forward tile. fp64 keeps hwy::Exp.
 template <class D, class V>
 HWY_INLINE V ExpKeepNaN(D d, V x) {
-  return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+  using T = hn::TFromD<D>;
+  if constexpr (sizeof(T) == 8) {
+    return hn::IfThenElse(hn::IsNaN(x), x, hn::Exp(d, x));
+  } else {
+    const hn::RebindToSigned<D> di;
+    const V t = hn::Mul(x, hn::Set(d, T(1.44269504088896341)));
+    const V n = hn::Round(t);
+    const V f = hn::Sub(t, n);
+    V p = hn::Set(d, T(1.535336188319500e-4));
+    p = hn::MulAdd(p, f, hn::Set(d, T(1.339887440266574e-3)));
+    p = hn::MulAdd(p, f, hn::Set(d, T(9.618437357674640e-3)));
+    p = hn::MulAdd(p, f, hn::Set(d, T(5.550332471162809e-2)));
+    p = hn::MulAdd(p, f, hn::Set(d, T(2.402264791363012e-1)));
+    p = hn::MulAdd(p, f, hn::Set(d, T(6.931472028550421e-1)));
+    p = hn::MulAdd(p, f, hn::Set(d, T(1)));
+    const V scaled = hn::BitCast(d, hn::Add(hn::BitCast(di, p), hn::ShiftLeft<23>(hn::ConvertTo(di, n))));
+    const V y = hn::IfThenZeroElse(hn::Lt(t, hn::Set(d, T(-125))), scaled);
+    return hn::IfThenElse(hn::IsNaN(x), x, y);
+  }
 }
 
 // Sets s[j] = -inf for j in [from, n) (n a multiple of Lanes).

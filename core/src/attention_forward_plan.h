@@ -169,12 +169,4 @@ struct PrepJob {
 template <class T>
 void angles_at(const Plan& pl, Angle a, int64_t t, T* c, T* s);
 
-// One row through a transform at token t: y[0:D] (=|+=) transform(x[0:D]).
-template <class T>
-void transform_row(const Plan& pl, const RowTransform& tr, int64_t t, const T* x, T* y, bool accumulate);
-
-// Writes rows [heads][tokens][Dp] of T into a storage view, rounding once.
-template <class T>
-void store_row(const Plan& pl, const T* row, const HeadsView& dst, int64_t t, int64_t h);
-
 }  // namespace rotary::attn

@@ -120,6 +120,46 @@ HWY_INLINE void RotateRow(const Plan& pl, bool rotate, const T* HWY_RESTRICT C, 
   for (int a = D; a < pl.Dp; ++a) y[a] = T(0);
 }
 
+// One row through a transform at token t: y[0:D] (=|+=) transform(x[0:D]) (the output side of the kernels).
+template <class T>
+HWY_INLINE void TransformRow(const Plan& pl, const RowTransform& tr, int64_t t, const T* x, T* y, bool accumulate) {
+  alignas(64) T c[kMaxPairs], s[kMaxPairs], C[2 * kMaxPairs], S[2 * kMaxPairs], tmp[256 + 16];
+  const bool rotate = tr.angle != Angle::None && pl.pairs > 0;
+  if (rotate) angles_at(pl, tr.angle, t, c, s);
+  const T qs = ExpandAngles(pl, tr, t, c, s, C, S);
+  RotateRow(pl, rotate, C, S, qs, x, accumulate ? tmp : y);
+  if (accumulate)
+    for (int a = 0; a < pl.D; ++a) y[a] += tmp[a];
+}
+
+// Writes row[0:D] into a storage view at (token t, head h), rounding once.
+template <class T>
+HWY_INLINE void StoreRow(const Plan& pl, const T* HWY_RESTRICT row, const HeadsView& dst, int64_t t, int64_t h) {
+  const int64_t off = t * dst.token_stride + h * dst.head_stride;
+  switch (pl.dtype) {
+    case DType::F32: {
+      float* p = static_cast<float*>(dst.data) + off;
+      for (int d = 0; d < pl.D; ++d) p[d] = float(row[d]);
+      break;
+    }
+    case DType::F64: {
+      double* p = static_cast<double*>(dst.data) + off;
+      for (int d = 0; d < pl.D; ++d) p[d] = double(row[d]);
+      break;
+    }
+    case DType::BF16: {
+      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
+      for (int d = 0; d < pl.D; ++d) p[d] = float_to_bf16(float(row[d]));
+      break;
+    }
+    case DType::F16: {
+      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
+      for (int d = 0; d < pl.D; ++d) p[d] = float_to_f16(float(row[d]));
+      break;
+    }
+  }
+}
+
 // True when some y[0:D] is NaN or Inf.
 template <class T>
 HWY_INLINE bool AnyNonFinite(const T* y, int D) {

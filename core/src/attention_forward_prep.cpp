@@ -170,75 +170,8 @@ void angles_at(const Plan& pl, Angle a, int64_t t, T* c, T* s) {
   }
 }
 
-namespace {
-
-// y = (x: one row of D elements) through the transform; c/s hold the token's angles.
-template <class T>
-void apply(const Plan& pl, const RowTransform& tr, int64_t t, const T* c, const T* s, const T* x, T* y,
-           bool accumulate) {
-  const int D = pl.D;
-  const T qs = tr.query_scale ? T(pl.query_scale(t)) : T(1);
-  if (tr.angle == Angle::None || pl.pairs == 0) {
-    for (int d = 0; d < D; ++d) y[d] = accumulate ? y[d] + qs * x[d] : qs * x[d];
-    return;
-  }
-  const int r = pl.freqs->rotary_dim, half = r / 2;
-  const bool inter = pl.freqs->layout == RopeLayout::Interleaved;
-  const double af = pl.freqs->attention_factor;
-  const T mr = T(qs * (tr.factor_power == 0 ? 1.0 : tr.factor_power == 1 ? af : af * af));
-  const T sg = tr.transpose ? T(-1) : T(1);
-  for (int i = 0; i < half; ++i) {
-    const int a = inter ? 2 * i : i, b = inter ? 2 * i + 1 : i + half;
-    const T ci = c[i] * mr, si = s[i] * mr * sg;
-    const T x1 = x[a], x2 = x[b];
-    const T y1 = x1 * ci - x2 * si, y2 = x1 * si + x2 * ci;
-    if (accumulate) y[a] += y1, y[b] += y2;
-    else y[a] = y1, y[b] = y2;
-  }
-  for (int d = r; d < D; ++d) y[d] = accumulate ? y[d] + qs * x[d] : qs * x[d];
-}
-
-}  // namespace
-
-template <class T>
-void transform_row(const Plan& pl, const RowTransform& tr, int64_t t, const T* x, T* y, bool accumulate) {
-  alignas(64) T c[kMaxPairs], s[kMaxPairs];
-  if (tr.angle != Angle::None && pl.pairs > 0) angles_at(pl, tr.angle, t, c, s);
-  apply(pl, tr, t, c, s, x, y, accumulate);
-}
-
-template <class T>
-void store_row(const Plan& pl, const T* row, const HeadsView& dst, int64_t t, int64_t h) {
-  const int64_t off = t * dst.token_stride + h * dst.head_stride;
-  switch (pl.dtype) {
-    case DType::F32: {
-      float* p = static_cast<float*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float(row[d]);
-      break;
-    }
-    case DType::F64: {
-      double* p = static_cast<double*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = double(row[d]);
-      break;
-    }
-    case DType::BF16: {
-      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float_to_bf16(float(row[d]));
-      break;
-    }
-    case DType::F16: {
-      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float_to_f16(float(row[d]));
-      break;
-    }
-  }
-}
-
-
 #define ROTARY_ATTN_INSTANTIATE(T)                                                                  \
-  template void angles_at<T>(const Plan&, Angle, int64_t, T*, T*);                                \
-  template void transform_row<T>(const Plan&, const RowTransform&, int64_t, const T*, T*, bool);    \
-  template void store_row<T>(const Plan&, const T*, const HeadsView&, int64_t, int64_t);
+  template void angles_at<T>(const Plan&, Angle, int64_t, T*, T*);
 ROTARY_ATTN_INSTANTIATE(float)
 ROTARY_ATTN_INSTANTIATE(double)
 #undef ROTARY_ATTN_INSTANTIATE

@@ -200,10 +200,10 @@ void Chunk(const ChunkArgs& a) {
   const bool two_acc = acc_near != acc;
   const C kNegInf = -std::numeric_limits<C>::infinity();
 
-  auto s = hwy::AllocateAligned<C>(size_t(G * kBlock));       // [G, kBlock] scores, then probabilities
+  auto s = hwy::AllocateAligned<C>(size_t(G * kBlock));        // [G, kBlock] scores, then probabilities
   auto turned = hwy::AllocateAligned<C>(size_t(kBlock * rs));  // the block's near keys (values) turned by R(-d)
   auto far_cs = hwy::AllocateAligned<C>(size_t(kBlock * 2 * half + 1));  // cos/sin rows past the table
-  std::vector<const C*> cs_of(static_cast<size_t>(kBlock));               // cos/sin row of each near key
+  std::vector<const C*> cs_of(static_cast<size_t>(kBlock));              // cos/sin row of each near key
   std::fill(far_cs.get(), far_cs.get() + kBlock * 2 * half + 1, C(0));
   for (int h = 0; h < G; ++h) m[h] = kNegInf, l[h] = 0;
   std::fill(acc, acc + G * rs, C(0));

@@ -258,7 +258,11 @@ void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64
   // half-split bf16: c and s permuted per block (RotateHeadBf16HalfSplit) [hp].
   T* cd = s + hp;
   T* sd = cd + std::max(rp, hp);
-  std::fill(c, c + need, T(0));  // the padding lanes are read (and their results discarded)
+  // Padding lanes are read (their results discarded), so they must hold numbers; the rest is written per token.
+  std::fill(c + half, c + hp, T(0));
+  std::fill(s + half, s + hp, T(0));
+  std::fill(cd + r, sd, T(0));  // interleaved tables fill [0, r); bf16 half-split tables fill all of [0, hp)
+  std::fill(sd + r, c + need, T(0));
 
   // Forward: a R(p); Inverse: R(-p) / a; Transpose: a R(-p). R(-p) has the same cos and negated sin.
   const double a = f.attention_factor;

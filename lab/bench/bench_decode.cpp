@@ -133,7 +133,8 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   o_fast = o;
   attention_decode_rerotate_baseline(*rerope, p, scratch);
   double num = 0, den = 0;
-  for (size_t i = 0; i < o.size(); ++i) num += double(o[i] - o_fast[i]) * (o[i] - o_fast[i]), den += double(o[i]) * o[i];
+  for (size_t i = 0; i < o.size(); ++i)
+    num += double(o[i] - o_fast[i]) * (o[i] - o_fast[i]), den += double(o[i]) * o[i];
   const double rel_rms = std::sqrt(num / den);
 
   using clock = std::chrono::steady_clock;
@@ -159,8 +160,8 @@ void run_bench_decode(const BenchDecodeArgs& a) {
     j["leaky_k"] = a.leaky_k, j["rounds"] = a.rounds, j["dtype"] = "f32", j["cache_bytes"] = cache_bytes;
     j["rerotate_vs_rerope_rel_rms"] = rel_rms;
     for (const Method& m : methods)
-      j["methods"].push_back({{"name", m.name}, {"median_ms", m.median() * 1e3}, {"min_ms", m.min() * 1e3},
-                              {"gbps", gb / m.median()}});
+      j["methods"].push_back(
+          {{"name", m.name}, {"median_ms", m.median() * 1e3}, {"min_ms", m.min() * 1e3}, {"gbps", gb / m.median()}});
     j["ratio_rerope_over_rope"] = med("rerope") / med("rope");
     j["ratio_leaky_over_rope"] = med("leaky") / med("rope");
     j["ratio_rerotate_over_rerope"] = med("rerotate") / med("rerope");
@@ -184,9 +185,10 @@ void run_bench_decode(const BenchDecodeArgs& a) {
 const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
   auto args = std::make_shared<BenchDecodeArgs>();
   CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
-  CLI::App* cmd = bench.add_subcommand(
-      "decode", "time of one decode step over a long f32 KV cache: RoPE, ReRoPE, Leaky ReRoPE, the seed's "
-                "re-rotate-the-cache ReRoPE step, and a memcpy of the cache bytes");
+  CLI::App* cmd =
+      bench.add_subcommand("decode",
+                           "time of one decode step over a long f32 KV cache: RoPE, ReRoPE, Leaky ReRoPE, the seed's "
+                           "re-rotate-the-cache ReRoPE step, and a memcpy of the cache bytes");
   cmd->add_option("--context", args->context, "cached tokens (default 32768)");
   cmd->add_option("--hq", args->hq, "query heads (default 32)");
   cmd->add_option("--hkv", args->hkv, "kv heads (default 8)");

@@ -44,8 +44,8 @@ namespace {
 struct BenchRopeArgs {
   int threads = 0;         // 0: OpenMP's default
   int reps = 0;            // calls per trial; 0: enough for ~min_trial_ms
-  int trials = 7;
-  double min_trial_ms = 50;
+  int trials = 11;
+  double min_trial_ms = 20;
   std::string stat = "median";
   bool json = false;
   bool no_torch = false;
@@ -97,48 +97,60 @@ void time_methods(std::vector<Method>& methods, const BenchRopeArgs& a) {
 }
 
 // The naive kernel: per element an fp32 angle and cosf/sinf, in place, half-split or interleaved pairs.
+// Runs body(lo, hi) over [0, n) on `threads` threads in contiguous blocks, or directly when threads <= 1 (an
+// OpenMP region costs even with if(false), which would tax the decode shape of every baseline).
+template <class Body>
+void split_range(int64_t n, int threads, Body body) {
+  if (threads <= 1) {
+    body(int64_t(0), n);
+    return;
+  }
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t k = omp_get_num_threads(), id = omp_get_thread_num();
+    body(n * id / k, n * (id + 1) / k);
+  }
+}
+
 template <class Load, class Store>
 void naive_rotate(void* data, const Shape& s, const int64_t* pos, const std::vector<float>& inv, bool interleaved,
                   int threads, Load load, Store store) {
   const int64_t half = s.dim / 2;
-#pragma omp parallel for num_threads(threads) schedule(static) if (s.tokens > 1)
-  for (int64_t t = 0; t < s.tokens; ++t) {
-    for (int64_t h = 0; h < s.heads; ++h) {
-      const int64_t base = (t * s.heads + h) * s.dim;
-      for (int64_t i = 0; i < half; ++i) {
-        const float angle = float(pos[t]) * inv[size_t(i)];
-        const float c = std::cos(angle), sn = std::sin(angle);
-        const int64_t ia = base + (interleaved ? 2 * i : i), ib = base + (interleaved ? 2 * i + 1 : i + half);
-        const float x1 = load(data, ia), x2 = load(data, ib);
-        store(data, ia, x1 * c - x2 * sn);
-        store(data, ib, x1 * sn + x2 * c);
+  split_range(s.tokens, s.tokens > 1 ? threads : 1, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t h = 0; h < s.heads; ++h) {
+        const int64_t base = (t * s.heads + h) * s.dim;
+        for (int64_t i = 0; i < half; ++i) {
+          const float angle = float(pos[t]) * inv[size_t(i)];
+          const float c = std::cos(angle), sn = std::sin(angle);
+          const int64_t ia = base + (interleaved ? 2 * i : i), ib = base + (interleaved ? 2 * i + 1 : i + half);
+          const float x1 = load(data, ia), x2 = load(data, ib);
+          store(data, ia, x1 * c - x2 * sn);
+          store(data, ib, x1 * sn + x2 * c);
+        }
       }
     }
-  }
+  });
 }
 
 // Reads and writes back every 32-bit word of x (xor with a zero the compiler cannot see), split across threads.
 volatile uint32_t g_zero = 0;
 void inplace_rw(void* x, size_t bytes, int threads) {
   uint32_t* w = static_cast<uint32_t*>(x);
-  const int64_t n = int64_t(bytes / 4);
   const uint32_t z = g_zero;
-#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && bytes >= (size_t(1) << 20))
-  for (int64_t i = 0; i < n; ++i) w[i] ^= z;
+  // By value: a uint32_t captured by reference could alias w[i], which would stop vectorization.
+  split_range(int64_t(bytes / 4), bytes >= (size_t(1) << 20) ? threads : 1, [w, z](int64_t lo, int64_t hi) {
+    for (int64_t i = lo; i < hi; ++i) w[i] ^= z;
+  });
 }
 
 // memcpy of `bytes` split across threads (one call when the copy is small, as the kernel does for one token).
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
-  if (threads <= 1 || bytes < (size_t(1) << 20)) {
-    std::memcpy(dst, src, bytes);
-    return;
-  }
-#pragma omp parallel num_threads(threads)
-  {
-    const size_t n = size_t(omp_get_num_threads()), id = size_t(omp_get_thread_num());
-    const size_t lo = bytes * id / n / 64 * 64, hi = id + 1 == n ? bytes : bytes * (id + 1) / n / 64 * 64;
-    std::memcpy(static_cast<char*>(dst) + lo, static_cast<const char*>(src) + lo, hi - lo);
-  }
+  const int64_t lines = int64_t((bytes + 63) / 64);  // split on cache lines
+  split_range(lines, bytes >= (size_t(1) << 20) ? threads : 1, [&](int64_t lo, int64_t hi) {
+    const size_t b0 = size_t(lo) * 64, b1 = std::min(bytes, size_t(hi) * 64);
+    std::memcpy(static_cast<char*>(dst) + b0, static_cast<const char*>(src) + b0, b1 - b0);
+  });
 }
 
 std::string load_average() {
@@ -285,10 +297,11 @@ void run_bench_rope(const BenchRopeArgs& a) {
               a.trials);
   std::printf("cpu: %s | nproc %u | threads %d | highway target %s | torch %s | load average %s\n\n", cpu.c_str(),
               nproc, threads, target.c_str(), torch ? "yes" : "no (not built or --no-torch)", load_average().c_str());
-  std::printf("%-8s %-5s %-12s %-11s %11s %9s %9s   %s\n", "shape", "dtype", "layout", "method", "time_us", "GB/s",
-              "%memcpy", "rope_apply speedup");
+  std::printf("%-8s %-5s %-12s %-11s %11s %9s %8s %8s   %s\n", "shape", "dtype", "layout", "method", "time_us",
+              "GB/s", "%memcpy", "%rw", "rope_apply speedup");
   for (const Row& r : rows) {
     const Row* mc = find(r, "memcpy");
+    const Row* rw = find(r, "inplace_rw");
     std::string speedup;
     if (r.method == "rope_apply") {
       for (const char* m : {"naive", "torch"})
@@ -298,9 +311,10 @@ void run_bench_rope(const BenchRopeArgs& a) {
           speedup += buf;
         }
     }
-    std::printf("%-8s %-5s %-12s %-11s %11.2f %9.2f %8.0f%%   %s\n", r.shape.c_str(), r.dtype.c_str(),
+    std::printf("%-8s %-5s %-12s %-11s %11.2f %9.2f %7.0f%% %7.0f%%   %s\n", r.shape.c_str(), r.dtype.c_str(),
                 r.layout.c_str(), r.method.c_str(), r.seconds() * 1e6, r.gbps(),
-                mc ? 100.0 * mc->seconds() / r.seconds() : 0.0, speedup.c_str());
+                mc ? 100.0 * mc->seconds() / r.seconds() : 0.0, rw ? 100.0 * rw->seconds() / r.seconds() : 0.0,
+                speedup.c_str());
   }
 }
 
@@ -312,7 +326,7 @@ const CommandRegistrar kRegisterBenchRope([](CLI::App& root) {
               "a naive scalar kernel and the torch composition");
   cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
   cmd->add_option("--reps", args->reps, "calls per trial (0: enough for --min-trial-ms)");
-  cmd->add_option("--trials", args->trials, "timed trials per method; the median is reported");
+  cmd->add_option("--trials", args->trials, "timed trials per method (taking turns)");
   cmd->add_option("--min-trial-ms", args->min_trial_ms, "target length of one trial when --reps is 0");
   cmd->add_option("--stat", args->stat, "median or min of the trials for GB/s and ratios");
   cmd->add_flag("--json", args->json, "print machine-readable results");

@@ -177,9 +177,9 @@ std::string param_name(const testing::TestParamInfo<AttnCase>& info) { return in
 
 // ------------------------------------------------------------------------------------------ forward vs reference
 
-class AttentionForward : public testing::TestWithParam<AttnCase> {};
+class fused_attention_forward : public testing::TestWithParam<AttnCase> {};
 
-TEST_P(AttentionForward, MatchesReference) {
+TEST_P(fused_attention_forward, MatchesReference) {
   const AttnCase& c = GetParam();
   SCOPED_TRACE(describe(c));
   AttnProblem pr(c);
@@ -191,10 +191,10 @@ TEST_P(AttentionForward, MatchesReference) {
   EXPECT_LE(nmse(got.lse, ref.lse), tol_lse(c.dtype, max_position(c)));
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, AttentionForward, testing::ValuesIn(forward_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Table, fused_attention_forward, testing::ValuesIn(forward_cases()), param_name);
 
 // Every SIMD target compiled into the library and supported here (AVX-512, AVX2, scalar ...), on a few cases.
-TEST(AttentionForwardTargets, EveryTargetMatchesReference) {
+TEST(attention_targets, EveryTargetMatchesReference) {
   const std::vector<AttnCase> all = forward_cases();
   for (int64_t target : detail::simd_targets()) {
     detail::force_simd_target(target);
@@ -212,9 +212,9 @@ TEST(AttentionForwardTargets, EveryTargetMatchesReference) {
 
 // ----------------------------------------------------------------------------------------- backward vs reference
 
-class AttentionBackward : public testing::TestWithParam<AttnCase> {};
+class fused_attention_backward : public testing::TestWithParam<AttnCase> {};
 
-TEST_P(AttentionBackward, MatchesReference) {
+TEST_P(fused_attention_backward, MatchesReference) {
   const AttnCase& c = GetParam();
   SCOPED_TRACE(describe(c));
   AttnProblem pr(c);
@@ -228,16 +228,16 @@ TEST_P(AttentionBackward, MatchesReference) {
   EXPECT_LE(nmse(got.dv, ref.dv), tol) << "dv";
 }
 
-INSTANTIATE_TEST_SUITE_P(Table, AttentionBackward, testing::ValuesIn(backward_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Table, fused_attention_backward, testing::ValuesIn(backward_cases()), param_name);
 
 // ------------------------------------------------------------------- gradients against finite differences (f64)
 
 // L = sum dout . o; dL/dx by central differences of the reference forward, for every element of q, k, v.
 // Truncation error ~ h^2 |L'''| ~ 1e-10 and rounding ~ eps64 |L| / h ~ 1e-10 at h = 1e-5: we allow 1e-7
 // relative to the largest gradient.
-class AttentionGradcheck : public testing::TestWithParam<AttnCase> {};
+class attention_gradcheck : public testing::TestWithParam<AttnCase> {};
 
-TEST_P(AttentionGradcheck, KernelAndReferenceMatchFiniteDifferences) {
+TEST_P(attention_gradcheck, KernelAndReferenceMatchFiniteDifferences) {
   const AttnCase& c = GetParam();
   ASSERT_EQ(c.dtype, DType::F64);
   SCOPED_TRACE(describe(c));
@@ -304,7 +304,7 @@ std::vector<AttnCase> gradcheck_cases() {
   return cases;
 }
 
-INSTANTIATE_TEST_SUITE_P(Small, AttentionGradcheck, testing::ValuesIn(gradcheck_cases()), param_name);
+INSTANTIATE_TEST_SUITE_P(Small, attention_gradcheck, testing::ValuesIn(gradcheck_cases()), param_name);
 
 // ------------------------------------------------------------------------------------------------- identities
 
@@ -322,7 +322,7 @@ std::vector<double> fused_o(const AttnCase& c, int64_t position_offset = -1) {
   return run_forward(pr, true).o;
 }
 
-TEST(AttentionIdentities, ReropeWithWindowPastTheSequenceIsRope) {
+TEST(attention_identities, ReropeWithWindowPastTheSequenceIsRope) {
   const std::vector<double> rope = fused_o(identity_case(PositionMode::Rope, 0, 1, false));
   EXPECT_LE(nmse(fused_o(identity_case(PositionMode::Rerope, 130, 1, false)), rope), tol_forward(DType::F32));
   EXPECT_LE(nmse(fused_o(identity_case(PositionMode::Rerope, 1000, 1, true)),
@@ -332,7 +332,7 @@ TEST(AttentionIdentities, ReropeWithWindowPastTheSequenceIsRope) {
   EXPECT_GT(nmse(fused_o(identity_case(PositionMode::Rerope, 12, 1, false)), rope), 1e-4);
 }
 
-TEST(AttentionIdentities, LeakyWithKOneIsRope) {
+TEST(attention_identities, LeakyWithKOneIsRope) {
   const std::vector<double> rope = fused_o(identity_case(PositionMode::Rope, 0, 1, false));
   EXPECT_LE(nmse(fused_o(identity_case(PositionMode::LeakyRerope, 12, 1.0, false)), rope), tol_forward(DType::F32));
   EXPECT_LE(nmse(fused_o(identity_case(PositionMode::LeakyRerope, 12, 1.0, true)),
@@ -343,7 +343,7 @@ TEST(AttentionIdentities, LeakyWithKOneIsRope) {
 
 // RoPER's output depends on relative positions only: shifting every position by 1000 changes nothing
 // (a value rotation by R(2j - n), a published mistake, would). Also under ReRoPE / Leaky.
-TEST(AttentionIdentities, RoperDependsOnlyOnRelativePositions) {
+TEST(attention_identities, RoperDependsOnlyOnRelativePositions) {
   for (const AttnCase& c : {identity_case(PositionMode::Rope, 0, 1, true),
                             identity_case(PositionMode::Rerope, 12, 1, true),
                             identity_case(PositionMode::LeakyRerope, 12, 3, true)}) {
@@ -357,7 +357,7 @@ TEST(AttentionIdentities, RoperDependsOnlyOnRelativePositions) {
   }
 }
 
-TEST(AttentionIdentities, LognBelowTrainingLengthIsOff) {
+TEST(attention_identities, LognBelowTrainingLengthIsOff) {
   for (PositionMode mode : {PositionMode::Rope, PositionMode::Rerope, PositionMode::LeakyRerope}) {
     AttnCase c = identity_case(mode, 12, 2, false);
     const std::vector<double> off = fused_o(c);
@@ -368,7 +368,7 @@ TEST(AttentionIdentities, LognBelowTrainingLengthIsOff) {
   }
 }
 
-TEST(AttentionIdentities, SingleKeyReturnsItsValue) {
+TEST(attention_identities, SingleKeyReturnsItsValue) {
   // A sequence of one token attends to itself only: o = v (RoPER: R(-p) R(p) v = v), lse = its own score.
   AttnCase c = identity_case(PositionMode::LeakyRerope, 1, 2, true);
   c.seqlens = {1, 1, 1};
@@ -445,7 +445,7 @@ void expect_nan_parity(const AttnCase& c, const NanSite& site) {
   EXPECT_LE(nmse(a, b), tol_forward(c.dtype));
 }
 
-TEST(AttentionNonFinite, NanReachesExactlyTheRowsThatSeeIt) {
+TEST(attention_nonfinite, NanReachesExactlyTheRowsThatSeeIt) {
   for (const AttnCase& base : {identity_case(PositionMode::Rope, 0, 1, false),
                                identity_case(PositionMode::Rerope, 12, 1, true),
                                identity_case(PositionMode::LeakyRerope, 12, 3, false)})
@@ -461,7 +461,7 @@ TEST(AttentionNonFinite, NanReachesExactlyTheRowsThatSeeIt) {
   expect_nan_parity(roper, {'v', 5, 0, 7});
 }
 
-TEST(AttentionNonFinite, InfGivesNonFiniteWhereTheReferenceDoes) {
+TEST(attention_nonfinite, InfGivesNonFiniteWhereTheReferenceDoes) {
   // Without RoPER: under RoPER an Inf value meets R(-pos_i) R(pos_j) = I as inf - inf, so the fused kernel
   // also turns the rotation partner of an Inf feature non-finite in row j itself (docs/attention.md).
   for (const AttnCase& c : {identity_case(PositionMode::Rope, 0, 1, false),
@@ -485,7 +485,7 @@ TEST(AttentionNonFinite, InfGivesNonFiniteWhereTheReferenceDoes) {
 
 // ------------------------------------------------------------------------------------------------- memory
 
-TEST(AttentionScratch, GrowsLinearlyWithTokens) {
+TEST(attention_scratch, GrowsLinearlyWithTokens) {
   auto bytes = [](int64_t n, bool backward) {
     AttnCase c = identity_case(PositionMode::Rerope, 64, 1, true);
     c.seqlens = {n};
@@ -514,7 +514,7 @@ void expect_rejected(const std::function<void()>& call, const std::string& field
   }
 }
 
-TEST(AttentionBadInput, RejectedWithFieldValueAndAllowed) {
+TEST(attention_bad_input, RejectedWithFieldValueAndAllowed) {
   AttnCase base = identity_case(PositionMode::Rope, 0, 1, false);
   base.seqlens = {5, 6};
   base.position_offset = 0;

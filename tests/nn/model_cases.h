@@ -12,7 +12,6 @@ struct Case {
   std::string name;
   ModelConfig config;
 };
-inline void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
 // vocab 23, d_model 64, 4 query heads of dim 16 (the fused kernel's smallest), 2 kv heads (GQA), 2 layers.
 inline ModelConfig small_config(const std::string& kind) {

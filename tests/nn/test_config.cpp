@@ -69,6 +69,13 @@ TEST(config, JsonRoundTripKeepsEveryField) {
   EXPECT_FALSE(back.fused);
 }
 
+TEST(config, ReadingLeavesValuesToValidate) {
+  // The lab reads vocab_size 0 ("from the task") and fills it in before validate().
+  const auto c = nlohmann::json::parse(R"({"vocab_size": 0, "n_heads": 3})").get<ModelConfig>();
+  EXPECT_EQ(c.n_heads, 3);
+  EXPECT_THROW(c.validate(), rotary::Error);
+}
+
 TEST(config, MissingFieldsKeepDefaults) {
   const auto c = nlohmann::json::parse(R"({"vocab_size": 9, "encoding": {"kind": "alibi"}})").get<ModelConfig>();
   EXPECT_EQ(c.vocab_size, 9);

@@ -55,11 +55,17 @@ std::vector<int64_t> generate_without_cache(Transformer& m, int max_new, double 
   return out;
 }
 
-class EveryKind : public ::testing::TestWithParam<Case> {};
+// One test per property, looping over every case: a test process pays ~1 s to load libtorch.
+void for_every_case(void (*check)(const ModelConfig&)) {
+  for (const Case& cs : all_cases()) {
+    SCOPED_TRACE(cs.name);
+    check(cs.config);
+  }
+}
 
-TEST_P(EveryKind, GreedyCacheEqualsNoCache) {
+void greedy_cache_equals_no_cache(const ModelConfig& c) {
   for (bool fused : {true, false}) {
-    Transformer m = make(GetParam().config, fused);
+    Transformer m = make(c, fused);
     const std::vector<int64_t> cached = m->generate(kPrompt, kNew, 0.0, /*stop_id=*/-1, /*seed=*/0);
     EXPECT_EQ(cached, generate_without_cache(m, kNew, 0.0, 0)) << (fused ? "fused" : "plain");
   }
@@ -69,17 +75,17 @@ TEST_P(EveryKind, GreedyCacheEqualsNoCache) {
 // every position. float64: the same function in another order, ~1e-13 relative; 1e-10 is far below any formula
 // error. float32 (the fused decoder accumulates in fp32 like the fused prefill): 3x what the plain float32 full
 // forward gets wrong against the float64 one, plus a floor of 8 fp32 ulps.
-TEST_P(EveryKind, CachedLogitsEqualFullForward) {
+void cached_logits_equal_full_forward(const ModelConfig& c) {
   std::vector<int64_t> seq = kPrompt;
   for (int i = 0; i < kNew; ++i) seq.push_back((seq[size_t(i)] * 7 + 3) % 23);
   const torch::Tensor tokens = torch::tensor(seq, torch::kLong).view({1, -1});
   for (bool fused : {true, false}) {
-    Transformer m = make(GetParam().config, fused);
+    Transformer m = make(c, fused);
     const torch::Tensor full = m->forward(tokens)[0].detach(), cached = m->decode_logits(seq, int64_t(kPrompt.size()));
     EXPECT_LE((cached - full).abs().max().item<double>(), 1e-10 * full.abs().max().item<double>())
         << (fused ? "fused" : "plain");
     m->to(torch::kFloat);
-    Transformer plain = make(GetParam().config, false);
+    Transformer plain = make(c, false);
     plain->to(torch::kFloat);
     const torch::Tensor c32 = m->decode_logits(seq, int64_t(kPrompt.size())).to(torch::kDouble);
     const torch::Tensor p32 = plain->forward(tokens)[0].detach().to(torch::kDouble);
@@ -88,8 +94,8 @@ TEST_P(EveryKind, CachedLogitsEqualFullForward) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(nn, EveryKind, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+TEST(every_kind, GreedyCacheEqualsNoCache) { for_every_case(greedy_cache_equals_no_cache); }
+TEST(every_kind, CachedLogitsEqualFullForward) { for_every_case(cached_logits_equal_full_forward); }
 
 // Dynamic NTK under an override: the frequencies change once the length passes max_position_embeddings, and the
 // cached decoder rebuilds its caches so each step still equals the full forward at that length.

@@ -53,10 +53,7 @@ Result run(Transformer& m, const torch::Tensor& tokens) {
   return r;
 }
 
-class EveryKind : public ::testing::TestWithParam<Case> {};
-
-TEST_P(EveryKind, ShapesAndFiniteLogits) {
-  const ModelConfig c = GetParam().config;
+void shapes_and_finite_logits(const ModelConfig& c) {
   Transformer m = make(c, true, torch::kFloat);
   const torch::Tensor logits = m->forward(tokens_for(c));
   EXPECT_EQ(logits.sizes(), (std::vector<int64_t>{kBatch, kSeq, c.vocab_size}));
@@ -73,8 +70,7 @@ TEST_P(EveryKind, ShapesAndFiniteLogits) {
 // attention factor on ReRoPE's far scores shows up at ~1e-2). The 1e-14 floor is for gradients that are zero in
 // exact arithmetic (the key bias without position encoding: softmax ignores a constant shift), where both paths
 // return rounding noise of ~1e-17.
-TEST_P(EveryKind, FusedEqualsPlainFloat64) {
-  const ModelConfig c = GetParam().config;
+void fused_equals_plain_float64(const ModelConfig& c) {
   Transformer fused = make(c, true, torch::kDouble), plain = make(c, false, torch::kDouble);
   const torch::Tensor tokens = tokens_for(c);
   const Result f = run(fused, tokens), p = run(plain, tokens);
@@ -90,8 +86,7 @@ TEST_P(EveryKind, FusedEqualsPlainFloat64) {
 // float32, the flash-attention way: the fused float32 model may differ from the float64 truth (the plain model in
 // float64, same weights) by at most 3x what the plain float32 model itself gets wrong, plus a floor of 8 float32
 // ulps of the largest value (for quantities plain float32 happens to get almost exact). Measured: <= 2.2x.
-TEST_P(EveryKind, FusedMatchesPlainFloat32) {
-  const ModelConfig c = GetParam().config;
+void fused_matches_plain_float32(const ModelConfig& c) {
   Transformer fused = make(c, true, torch::kFloat), plain = make(c, false, torch::kFloat);
   Transformer truth = make(c, false, torch::kDouble);
   const torch::Tensor tokens = tokens_for(c);
@@ -106,24 +101,35 @@ TEST_P(EveryKind, FusedMatchesPlainFloat32) {
 }
 
 // Changing token t changes no logit before t (and does change logits from t on: the test can fail).
-TEST_P(EveryKind, Causal) {
-  const ModelConfig c = GetParam().config;
+void causal(const ModelConfig& c) {
+  using torch::indexing::Slice;
   for (bool fused_path : {true, false}) {
+    SCOPED_TRACE(fused_path ? "fused" : "plain");
     Transformer m = make(c, fused_path, torch::kDouble);
     torch::Tensor tokens = tokens_for(c);
     const torch::Tensor before = m->forward(tokens).detach();
     const int64_t t = 10;
-    tokens.index_put_({torch::indexing::Slice(), t}, (tokens.index({torch::indexing::Slice(), t}) + 1) % c.vocab_size);
+    tokens.index_put_({Slice(), t}, (tokens.index({Slice(), t}) + 1) % c.vocab_size);
     const torch::Tensor after = m->forward(tokens).detach();
-    using torch::indexing::Slice;
     EXPECT_LE(max_diff(before.index({Slice(), Slice(0, t)}), after.index({Slice(), Slice(0, t)})),
               1e-12 * max_abs(before));
     EXPECT_GT(max_diff(before.index({Slice(), Slice(t)}), after.index({Slice(), Slice(t)})), 1e-6);
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(nn, EveryKind, ::testing::ValuesIn(all_cases()),
-                         [](const ::testing::TestParamInfo<Case>& i) { return i.param.name; });
+// One test per property, looping over every case in one process: a test process pays ~1 s to load libtorch, so
+// one ctest per (property, case) pair would take minutes.
+void for_every_case(void (*check)(const ModelConfig&)) {
+  for (const Case& cs : all_cases()) {
+    SCOPED_TRACE(cs.name);
+    check(cs.config);
+  }
+}
+
+TEST(every_kind, ShapesAndFiniteLogits) { for_every_case(shapes_and_finite_logits); }
+TEST(every_kind, FusedEqualsPlainFloat64) { for_every_case(fused_equals_plain_float64); }
+TEST(every_kind, FusedMatchesPlainFloat32) { for_every_case(fused_matches_plain_float32); }
+TEST(every_kind, Causal) { for_every_case(causal); }
 
 // RoPE-family scores depend on pos_i - pos_j only (ReRoPE/Leaky ReRoPE clip or compress that same difference), so
 // shifting every position leaves the logits unchanged; absolute encodings and log-n do change.
@@ -161,71 +167,68 @@ TEST(model, LearnedPositionsBeyondMaxSeqLenThrow) {
   EXPECT_THROW(m->forward(tokens + c.vocab_size), rotary::Error);
 }
 
-// Overrides change results where they should and not where they should not.
-class Overrides : public ::testing::TestWithParam<bool> {
- protected:
-  torch::Tensor logits(Transformer& m, int64_t seq = kSeq) { return m->forward(tokens_for(m->config(), seq)).detach(); }
-  void expect_same(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-    EXPECT_LE(max_diff(a, b), 1e-9 * max_abs(a)) << what;
-  }
-  void expect_differ(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
-    EXPECT_GT(max_diff(a, b), 1e-6) << what;
-  }
-};
+// Overrides change results where they should and not where they should not (each on both paths).
+torch::Tensor logits_of(Transformer& m, int64_t seq = kSeq) { return m->forward(tokens_for(m->config(), seq)).detach(); }
+void expect_same(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+  EXPECT_LE(max_diff(a, b), 1e-9 * max_abs(a)) << what;
+}
+void expect_differ(const torch::Tensor& a, const torch::Tensor& b, const std::string& what) {
+  EXPECT_GT(max_diff(a, b), 1e-6) << what;
+}
 
-TEST_P(Overrides, RopeToRerope) {
-  Transformer m = make(small_config("rope"), GetParam(), torch::kDouble);
-  const torch::Tensor rope = logits(m);
+void rope_to_rerope(bool fused) {
+  Transformer m = make(small_config("rope"), fused, torch::kDouble);
+  const torch::Tensor rope = logits_of(m);
   EncodingOverride o;
   o.kind = "rerope";
   o.window = kSeq;  // every distance < window: plain RoPE
   m->set_override(o);
-  expect_same(rope, logits(m), "rerope, window >= length");
+  expect_same(rope, logits_of(m), "rerope, window >= length");
   o.window = 5;
   m->set_override(o);
-  const torch::Tensor rerope5 = logits(m);
+  const torch::Tensor rerope5 = logits_of(m);
   expect_differ(rope, rerope5, "rerope, window 5");
   // The same weights trained with rerope(5) give the same logits: the override is the trained encoding.
-  Transformer trained = make(small_config("rerope"), GetParam(), torch::kDouble);
-  expect_same(rerope5, logits(trained), "override == trained rerope");
+  Transformer trained = make(small_config("rerope"), fused, torch::kDouble);
+  expect_same(rerope5, logits_of(trained), "override == trained rerope");
   o.kind = "leaky_rerope";
   o.leaky_k = 1.0;  // k = 1: distances beyond the window grow by 1 per token again, i.e. RoPE
   m->set_override(o);
-  expect_same(rope, logits(m), "leaky_rerope k = 1");
+  expect_same(rope, logits_of(m), "leaky_rerope k = 1");
   o.leaky_k = 4.0;
   m->set_override(o);
-  expect_differ(rope, logits(m), "leaky_rerope k = 4");
+  expect_differ(rope, logits_of(m), "leaky_rerope k = 4");
   m->set_override({});
-  expect_same(rope, logits(m), "empty override restores");
+  expect_same(rope, logits_of(m), "empty override restores");
 }
 
-TEST_P(Overrides, RopeScaling) {
-  Transformer m = make(small_config("rope"), GetParam(), torch::kDouble);
-  const torch::Tensor rope = logits(m), rope24 = logits(m, 24);
+void rope_scaling(bool fused) {
+  Transformer m = make(small_config("rope"), fused, torch::kDouble);
+  const torch::Tensor rope = logits_of(m), rope24 = logits_of(m, 24);
   EncodingOverride o;
   o.rope = RopeSpec{};  // the trained spec again
   m->set_override(o);
-  expect_same(rope, logits(m), "default spec");
+  expect_same(rope, logits_of(m), "default spec");
   o.rope->scaling = RopeScaling::Linear;
   o.rope->factor = 2;
   m->set_override(o);
-  expect_differ(rope, logits(m), "linear x2");
+  expect_differ(rope, logits_of(m), "linear x2");
   // Dynamic NTK: no change up to max_position_embeddings, new frequencies beyond (computed per forward length).
   o.rope->scaling = RopeScaling::Dynamic;
   o.rope->max_position_embeddings = kSeq;
   m->set_override(o);
-  expect_same(rope, logits(m), "dynamic, length == max_position_embeddings");
-  expect_differ(rope24, logits(m, 24), "dynamic, length > max_position_embeddings");
+  expect_same(rope, logits_of(m), "dynamic, length == max_position_embeddings");
+  expect_differ(rope24, logits_of(m, 24), "dynamic, length > max_position_embeddings");
 }
 
-TEST_P(Overrides, LognOnlyChangesPositionsPastTheTrainingLength) {
-  Transformer m = make(small_config("rerope"), GetParam(), torch::kDouble);
-  const torch::Tensor base = logits(m);
+void logn_only_changes_positions_past_the_training_length(bool fused) {
+  using torch::indexing::Slice;
+  Transformer m = make(small_config("rerope"), fused, torch::kDouble);
+  const torch::Tensor base = logits_of(m);
   EncodingOverride o;
   o.logn_train_len = 8;  // factor max(1, ln(pos + 1) / ln 8) = 1 for pos <= 7
   m->set_override(o);
-  const torch::Tensor scaled = logits(m);
-  using torch::indexing::Slice;
+  const torch::Tensor scaled = logits_of(m);
   expect_same(base.index({Slice(), Slice(0, 8)}), scaled.index({Slice(), Slice(0, 8)}), "pos < 8");
   expect_differ(base.index({Slice(), Slice(8)}), scaled.index({Slice(), Slice(8)}), "pos >= 8");
   o = {};
@@ -234,8 +237,18 @@ TEST_P(Overrides, LognOnlyChangesPositionsPastTheTrainingLength) {
   EXPECT_EQ(m->active_encoding().logn_train_len, 8);  // a rejected override changes nothing
 }
 
-INSTANTIATE_TEST_SUITE_P(nn, Overrides, ::testing::Bool(),
-                         [](const ::testing::TestParamInfo<bool>& i) { return i.param ? "fused" : "plain"; });
+void on_both_paths(void (*check)(bool)) {
+  for (bool fused : {true, false}) {
+    SCOPED_TRACE(fused ? "fused" : "plain");
+    check(fused);
+  }
+}
+
+TEST(overrides, RopeToRerope) { on_both_paths(rope_to_rerope); }
+TEST(overrides, RopeScaling) { on_both_paths(rope_scaling); }
+TEST(overrides, LognOnlyChangesPositionsPastTheTrainingLength) {
+  on_both_paths(logn_only_changes_positions_past_the_training_length);
+}
 
 }  // namespace
 }  // namespace rotary::nn

@@ -93,7 +93,10 @@ TEST_F(Fixture, SavingAgainReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   }
   EXPECT_EQ(read_checkpoint_meta(path).step, 10);
   int files = 0;
-  for (const auto& e : fs::directory_iterator(dir)) ++files, EXPECT_EQ(e.path().filename(), "checkpoint.pt");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++files;
+    EXPECT_EQ(e.path().filename(), "checkpoint.pt");
+  }
   EXPECT_EQ(files, 1);
   // An inference export has no optimizer state: resuming from it is refused with a reason.
   torch::optim::AdamW opt(m->parameters());

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <filesystem>
 
+#include "rotary/error.h"
 #include "train/files.h"
 #include "train/metrics.h"
 #include "train/report.h"
@@ -83,7 +84,10 @@ TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
   write_file_atomic(path, std::string("second\0binary", 13));
   EXPECT_EQ(read_file(path), std::string("second\0binary", 13));
   int entries = 0;
-  for (const auto& e : fs::directory_iterator(dir)) ++entries, EXPECT_EQ(e.path().filename(), "x.txt");
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++entries;
+    EXPECT_EQ(e.path().filename(), "x.txt");
+  }
   EXPECT_EQ(entries, 1);
   EXPECT_THROW(write_file_atomic(join_path(dir, "no/such/dir/x"), "y"), Error);
   fs::remove_all(dir);

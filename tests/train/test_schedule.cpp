@@ -2,6 +2,8 @@
 // the schedule's definition (endpoints, midpoint of the cosine, monotonicity), not numbers copied from a run.
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include "train/schedule.h"
 
 namespace rotary::train {

@@ -56,7 +56,9 @@ struct ModelConfig {
 };
 
 void to_json(nlohmann::json& j, const ModelConfig& c);
-void from_json(const nlohmann::json& j, ModelConfig& c);  // rotary::Error on unknown or ill-typed fields
+// from_json: rotary::Error on unknown or ill-typed fields and unknown names (kind, layout, scaling); the values
+// themselves are checked by validate(), so a config to be completed later (vocab_size 0) still reads.
+void from_json(const nlohmann::json& j, ModelConfig& c);
 void to_json(nlohmann::json& j, const EncodingConfig& e);
 void from_json(const nlohmann::json& j, EncodingConfig& e);
 // RopeSpec as JSON: {"base": 10000, "layout": "half_split", "scaling": "yarn", "factor": 4, ...}; names as
