@@ -14,9 +14,9 @@
 // Lanes with |angle| > kMaxFastAngle (where |k| could reach 2^27; e.g. pos > 2e8 with inv_freq = 1) take the
 // scalar libm path, which reduces exactly - so every int64 position is handled and matches the float64 reference.
 //
-// Why not Highway's Sin/Cos (contrib/math): each repeats its own reduction and a 9-term polynomial; one shared
-// reduction and two 6-term polynomials halve the time of the per-token cos/sin, which is a visible part of a
-// decode step (32 heads x 128 features rotate in well under a microsecond).
+// Why not Highway's Sin/Cos (contrib/math): each repeats its own reduction and a 9-term polynomial, while here
+// one reduction feeds two 6-term polynomials; the per-token cos/sin is a visible part of a decode step, where
+// 32 heads x 128 features take well under a microsecond (docs/bench-rope.md).
 
 #if defined(ROTARY_CORE_ANGLES_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ROTARY_CORE_ANGLES_INL_H_

@@ -1,4 +1,5 @@
-// Scalar float64 cos/sin of rotation angles (the reference path and F64 storage).
+// Scalar float64 cos/sin of rotation angles with libm (exact argument reduction): the oracle side. The fast
+// kernels, F64 storage included, use the SIMD path of angles-inl.h, whose tests compare against this.
 #include <cmath>
 
 #include "rotary/angles.h"

@@ -116,10 +116,10 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
     const int64_t j0 = kt * Bc, kcount = std::min(Bc, L - j0);
     const int64_t blk = pl.blk_first[size_t(it.seq)] + kt;
     const TileKind kind = classify(pl, qpmin, qpmax, blk);
-    if (kind != TileKind::Far) TileGemm(rows, Bc, Dp, Qn, Dp, 1, b.KnT + (hk * pl.nblocks + blk) * blk_elems, Bc, S, Bc, false);
+    const int64_t kblk = (hk * pl.nblocks + blk) * blk_elems;
+    if (kind != TileKind::Far) TileGemm(rows, Bc, Dp, Qn, Dp, 1, b.KnT + kblk, Bc, S, Bc, false);
     if (kind != TileKind::Near)
-      TileGemm(rows, Bc, Dp, Qf, Dp, 1, b.KfT + (hk * pl.nblocks + blk) * blk_elems, Bc,
-               kind == TileKind::Far ? S : S2, Bc, false);
+      TileGemm(rows, Bc, Dp, Qf, Dp, 1, b.KfT + kblk, Bc, kind == TileKind::Far ? S : S2, Bc, false);
     const bool increasing = pl.blk_increasing[size_t(blk)];
     if (kind == TileKind::Straddle)
       for (int64_t r = 0; r < rows; ++r)

@@ -22,8 +22,10 @@ namespace rotary::attn {
 #ifndef ROTARY_ATTN_BR
 #define ROTARY_ATTN_BR 64
 #endif
-inline constexpr int kBlockKeys = ROTARY_ATTN_BC;  // keys per key tile (and packed block); a multiple of any vector width
-inline constexpr int kBlockRows = ROTARY_ATTN_BR;  // queries per query tile
+// Keys per key tile and packed block (a multiple of any vector width) and queries per query tile. Overridable
+// for tuning experiments; 64 x 64 measured as good as 48, 72 x 64 and 72 x 128 (docs/bench-attention.md).
+inline constexpr int kBlockKeys = ROTARY_ATTN_BC;
+inline constexpr int kBlockRows = ROTARY_ATTN_BR;
 inline constexpr int kMaxPairs = 128;   // head_dim <= 256
 
 // How a row is rotated and scaled on its way into (or out of) scratch.

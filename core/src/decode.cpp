@@ -232,7 +232,12 @@ void Chunk(const ChunkArgs& a) {
       C* sh = s.get() + h * kBlock;
       for (int64_t c = nb; c < nbv; ++c) sh[c] = kNegInf;
       auto vmax = hn::Set(d, kNegInf);
-      for (int64_t c = 0; c < nbv; c += L) vmax = hn::Max(vmax, hn::LoadU(d, sh + c));
+      bool nan = false;  // Highway's Exp maps NaN to 0: a NaN score must poison the row explicitly
+      for (int64_t c = 0; c < nbv; c += L) {
+        const auto x = hn::LoadU(d, sh + c);
+        nan |= !hn::AllFalse(d, hn::IsNaN(x));
+        vmax = hn::Max(vmax, x);
+      }
       const C m_new = std::max(m[h], hn::GetLane(hn::MaxOfLanes(d, vmax)));
       const C alpha = std::exp(m[h] - m_new);  // 0 on the first block (m = -inf)
       const auto vm = hn::Set(d, m_new);
@@ -242,7 +247,7 @@ void Chunk(const ChunkArgs& a) {
         hn::StoreU(p, d, sh + c);
         vsum = hn::Add(vsum, p);
       }
-      l[h] = l[h] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
+      l[h] = nan ? std::numeric_limits<C>::quiet_NaN() : l[h] * alpha + hn::GetLane(hn::SumOfLanes(d, vsum));
       m[h] = m_new;
       if (alpha != C(1)) {
         const auto va = hn::Set(d, alpha);
@@ -314,18 +319,30 @@ struct SeqPlan {
   int64_t chunks = 1, first_task = 0;
 };
 
+// cos and sin (times `scale`) of angle pos * inv_freq[i] for every rotary pair of the cache, in float64.
+struct Turn {
+  std::vector<double> c, s;
+  Turn(const KvCache& cache, double pos, double scale) {
+    const int n = pairs_of(cache);
+    for (int i = 0; i < n; ++i) {
+      const double ang = pos * cache.pos().freqs->inv_freq[size_t(i)];
+      c.push_back(std::cos(ang) * scale);
+      s.push_back(std::sin(ang) * scale);
+    }
+  }
+};
+
 // Writes x (caller's feature order, length D) as a cache-layout row y (row_stride, pads zero), the rotary pairs
-// turned by angle pos * inv_freq with factor `scale`.
+// turned by t.
 template <class C>
-void to_row(const KvCache& cache, const double* x, double pos, double scale, C* y) {
+void to_row(const KvCache& cache, const double* x, const Turn& t, C* y) {
   const KvCacheLayout& lay = cache.layout();
   const int D = cache.head_dim(), n = pairs_of(cache), r = 2 * n;
   std::fill(y, y + lay.row_stride, C(0));
   for (int i = 0; i < n; ++i) {
     int fa, fb;
     pair_features(cache.pos().freqs->layout, r, i, fa, fb);
-    const double ang = pos * cache.pos().freqs->inv_freq[size_t(i)];
-    const double c = std::cos(ang) * scale, s = std::sin(ang) * scale;
+    const double c = t.c[size_t(i)], s = t.s[size_t(i)];
     y[i] = C(x[fa] * c - x[fb] * s);
     y[lay.half + i] = C(x[fa] * s + x[fb] * c);
   }
@@ -344,25 +361,21 @@ void prepare_queries(const KvCache& cache, const DecodeParams& p, int64_t b, int
   double c = scale;
   if (pp.logn_train_len > 1) c *= std::max(1.0, std::log(double(q_pos) + 1) / std::log(double(pp.logn_train_len)));
   const double a = pp.freqs ? pp.freqs->attention_factor : 1.0, w = double(pp.window);
+  const bool clipped = pp.mode == PositionMode::Rerope || pp.mode == PositionMode::LeakyRerope;
+  // The plain keys' query turn: Rope R(pos_i) (factor a, keys carry the other a); Rerope R(w) (a^2, keys bare);
+  // Leaky R((pos_i - w)/k + w) (a, the far copy carries the other a); the baseline's keys are turned already.
+  double angle = 0, factor = 1;
+  if (pp.mode == PositionMode::Rope) angle = double(q_pos), factor = a;
+  if (pp.mode == PositionMode::Rerope) angle = baseline ? 0.0 : w, factor = a * a;
+  if (pp.mode == PositionMode::LeakyRerope)
+    angle = baseline ? 0.0 : double(q_pos - pp.window) / pp.leaky_k + w, factor = baseline ? a * a : a;
+  const Turn plain_turn(cache, angle, factor), near_turn(cache, 0.0, a * a);
   std::vector<double> x(static_cast<size_t>(D));
   for (int64_t h = 0; h < Hq; ++h) {
     const int64_t off = b * p.q.token_stride + h * p.q.head_stride;
     for (int f = 0; f < D; ++f) x[size_t(f)] = c * load_as_double(p.q.data, cache.dtype(), off + f);
-    C* yp = plain + h * rs;
-    C* yn = near + h * rs;
-    switch (pp.mode) {
-      case PositionMode::None: to_row(cache, x.data(), 0.0, 1.0, yp); break;
-      case PositionMode::Rope: to_row(cache, x.data(), double(q_pos), a, yp); break;
-      case PositionMode::Rerope: to_row(cache, x.data(), baseline ? 0.0 : w, a * a, yp); break;
-      case PositionMode::LeakyRerope:
-        if (baseline)
-          to_row(cache, x.data(), 0.0, a * a, yp);
-        else
-          to_row(cache, x.data(), double(q_pos - pp.window) / pp.leaky_k + w, a, yp);
-        break;
-    }
-    if (pp.mode == PositionMode::Rerope || pp.mode == PositionMode::LeakyRerope)
-      to_row(cache, x.data(), 0.0, a * a, yn);
+    to_row(cache, x.data(), plain_turn, plain + h * rs);
+    if (clipped) to_row(cache, x.data(), near_turn, near + h * rs);
   }
 }
 
@@ -442,6 +455,12 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
     run_chunk(key_type, a);
   }
 
+  std::vector<Turn> roper_turns;  // per sequence: RoPER's turn of the plain-key sum
+  for (int64_t b = 0; b < B; ++b) {
+    const double angle = roper_plain_angle(*caches[size_t(b)], plans[size_t(b)].q_pos);
+    roper_turns.emplace_back(*caches[size_t(b)], std::isnan(angle) ? 0.0 : angle, 1.0);
+  }
+
   // Combine the chunks of each (sequence, query head): rescale to the common max, sum, turn (RoPER), normalise.
 #pragma omp parallel for schedule(static) num_threads(threads)
   for (int64_t bh = 0; bh < B * Hq; ++bh) {
@@ -463,11 +482,11 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
         for (int64_t i = 0; i < rs; ++i) near[size_t(i)] += w * double(an[i]);
       }
     }
-    const double turn = roper_plain_angle(cache, sp.q_pos);
     const int n = pairs_of(cache), half = lay.half, r = 2 * n;
-    if (!std::isnan(turn))
+    if (cache.pos().roper)
       for (int i = 0; i < n; ++i) {
-        const double ang = turn * cache.pos().freqs->inv_freq[size_t(i)], c = std::cos(ang), s = std::sin(ang);
+        const Turn& t = roper_turns[size_t(b)];
+        const double c = t.c[size_t(i)], s = t.s[size_t(i)];
         const double x1 = plain[size_t(i)], x2 = plain[size_t(half + i)];
         plain[size_t(i)] = x1 * c - x2 * s;
         plain[size_t(half + i)] = x1 * s + x2 * c;

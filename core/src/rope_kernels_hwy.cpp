@@ -6,8 +6,8 @@
 //   interleaved (pairs (2i, 2i+1)):   y = x * [c0 c0 c1 c1 ..] + swap_adjacent(x) * [-s0 s0 -s1 s1 ..].
 // Features [r, D) are copied when out of place and untouched in place. Arithmetic is fp32 for f32/f16/bf16
 // storage and fp64 for f64; every output is rounded once to the storage type (bf16/f16 to nearest even).
-// bf16 skips widening shuffles: a 32-bit lane holds two bf16 values, and each is an fp32 by a shift or a mask
-// (see RotateBf16Lanes), which makes bf16 cost about what f32 does per byte.
+// bf16 skips widening and narrowing shuffles: a 32-bit lane holds two bf16 values, each becomes an fp32 by a
+// shift or a mask and goes back by an integer rounding (see RotateBf16Lanes).
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "rope_kernels_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep

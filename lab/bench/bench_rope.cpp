@@ -138,9 +138,11 @@ volatile uint32_t g_zero = 0;
 void inplace_rw(void* x, size_t bytes, int threads) {
   uint32_t* w = static_cast<uint32_t*>(x);
   const uint32_t z = g_zero;
-  // By value: a uint32_t captured by reference could alias w[i], which would stop vectorization.
   split_range(int64_t(bytes / 4), bytes >= (size_t(1) << 20) ? threads : 1, [w, z](int64_t lo, int64_t hi) {
-    for (int64_t i = lo; i < hi; ++i) w[i] ^= z;
+    // Local copies: stores to p[i] could alias a captured uint32_t, which would stop vectorization.
+    uint32_t* const p = w;
+    const uint32_t zero = z;
+    for (int64_t i = lo; i < hi; ++i) p[i] ^= zero;
   });
 }
 

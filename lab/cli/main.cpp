@@ -30,8 +30,12 @@ int main(int argc, char** argv) {
   for (auto& fn : rotary::cli::command_registry()) fn(app);
   try {
     app.parse(argc, argv);
+  } catch (const CLI::RuntimeError& e) {
+    return e.get_exit_code();  // a command's own exit status (3: non-finite loss, 128 + signal: interrupted)
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help and friends exit 0; every usage error (unknown flag, a value that does not parse, a missing
+    // subcommand) exits 2 like our own input errors, whatever CLI11's internal code for it is.
+    return app.exit(e) == 0 ? 0 : 2;
   } catch (const rotary::Error& e) {
     std::fprintf(stderr, "error: %s\n", e.what());
     return 2;

@@ -5,6 +5,7 @@
 #include "rotary_nn/attention.h"
 
 #include <cmath>
+#include <limits>
 
 #include "rotary/error.h"
 #include "rotary_torch/ops.h"

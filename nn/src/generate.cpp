@@ -12,6 +12,8 @@
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cmath>
+
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
 #include "rotary_nn/model.h"

@@ -19,8 +19,9 @@ if ! "$ROTARY" train --help > /dev/null 2>&1; then
   exit 0
 fi
 
-TINY=(--task addition --max-digits 2 --d-model 16 --n-layers 1 --n-heads 1 --seq-len 32 --batch-size 4
-      --eval-batches 1 --eval-problems 2 --threads 1 --no-progress)
+TINY_SHOWN=(--task addition --max-digits 2 --d-model 16 --n-layers 1 --n-heads 1 --seq-len 32 --batch-size 4
+            --eval-batches 1 --eval-problems 2 --threads 1)
+TINY=("${TINY_SHOWN[@]}" --no-progress)
 
 # expect_error <what> <exit code> <text the message must hold> -- command...
 expect_error() {
@@ -38,7 +39,7 @@ expect_error() {
 }
 
 # --- 1. a run and its files ------------------------------------------------------------------------------------
-if "$ROTARY" train "${TINY[@]}" --steps 10 --eval-interval 5 --out "$W/run" > "$W/train.out" 2> "$W/train.err"; then
+if "$ROTARY" train "${TINY_SHOWN[@]}" --steps 10 --eval-interval 5 --out "$W/run" > "$W/train.out" 2> "$W/train.err"; then
   for f in config.json metrics.csv metrics.jsonl checkpoint.pt summary.json; do
     [ -s "$W/run/$f" ] || fail "train left no $f"
   done
@@ -86,8 +87,8 @@ expect_error "eval: no checkpoint" 2 "no checkpoint" -- "$ROTARY" eval "$W/nothi
 # --- 3. bad settings -------------------------------------------------------------------------------------------
 expect_error "unknown encoding lists the kinds" 2 "roper" -- "$ROTARY" train "${TINY[@]}" --encoding ropex --out "$W/x"
 expect_error "unknown task lists the tasks" 2 "substring_index" -- "$ROTARY" train "${TINY[@]}" --task multiply --out "$W/x"
-expect_error "bad number" 105 "--lr" -- "$ROTARY" train "${TINY[@]}" --lr fast --out "$W/x"
-expect_error "unknown flag" 109 "--bogus" -- "$ROTARY" train "${TINY[@]}" --bogus --out "$W/x"
+expect_error "bad number" 2 "--lr" -- "$ROTARY" train "${TINY[@]}" --lr fast --out "$W/x"
+expect_error "unknown flag" 2 "--bogus" -- "$ROTARY" train "${TINY[@]}" --bogus --out "$W/x"
 expect_error "out-of-range value" 2 "optim.beta2" -- "$ROTARY" train "${TINY[@]}" --beta2 1.5 --out "$W/x"
 printf '[optim]\nlearning_rate = 0.1\n' > "$W/bad.toml"
 expect_error "unknown field in the TOML file" 2 "optim.learning_rate" -- "$ROTARY" train --config "$W/bad.toml" --out "$W/x"

@@ -147,7 +147,8 @@ class AttnProblem {
     x.reserve(size_t(tokens * v.heads * D));
     for (int64_t tok = 0; tok < tokens; ++tok)
       for (int64_t h = 0; h < v.heads; ++h)
-        for (int d = 0; d < D; ++d) x.push_back(load_as_double(v.data, t, tok * v.token_stride + h * v.head_stride + d));
+        for (int d = 0; d < D; ++d)
+          x.push_back(load_as_double(v.data, t, tok * v.token_stride + h * v.head_stride + d));
     return x;
   }
   std::vector<double> gather(const HeadsView& v) const { return gather(v, c_.dtype, tokens_, c_.D); }

@@ -511,6 +511,48 @@ TEST(Decode, StridedOutputTouchesOnlyItsView) {
   EXPECT_TRUE(o.guards_intact());
 }
 
+// A NaN in one cached key reaches exactly the query heads of its kv group (no silent drop by the exp), through
+// every chunk of a split; a NaN in one query head reaches only that head.
+TEST(Decode, NanReachesExactlyTheHeadsThatSeeIt) {
+  for (PositionMode mode : {PositionMode::Rope, PositionMode::Rerope}) {
+    Case c;
+    c.mode = mode, c.n = 200, c.window = 20;
+    const RopeFreqs f = make_freqs(c);
+    Rows rows(c.dtype, c.Hq, c.Hkv, c.n, c.D);
+    test::fill_uniform(rows.q, 1), test::fill_uniform(rows.k, 2), test::fill_uniform(rows.v, 3);
+    for (int64_t j : {int64_t(5), c.n - 2}) {  // a far key and a near key of kv head 1
+      SCOPED_TRACE("key " + std::to_string(j));
+      Rows bad = rows;
+      bad.k.set((j * c.Hkv + 1) * c.D + 3, std::nan(""));
+      const std::vector<int64_t> pos = make_positions(c.n, 4);
+      KvCache cache({c.n, c.Hkv, c.D, c.dtype, make_pos(c, &f)});
+      cache.append(c.n, view(bad.k, c.Hkv, c.D), view(bad.v, c.Hkv, c.D), pos.data());
+      for (int64_t split : {int64_t(0), int64_t(64)}) {
+        GuardedBuffer o(c.dtype, c.Hq * c.D), lse(DType::F32, c.Hq);
+        DecodeParams p;
+        p.q = view(bad.q, c.Hq, c.D), p.o = view(o, c.Hq, c.D), p.lse = lse.data(), p.split_keys = split;
+        attention_decode(cache, p);
+        const int64_t G = c.Hq / c.Hkv;
+        for (int64_t h = 0; h < c.Hq; ++h) {
+          const bool sees = h / G == 1;
+          for (int d = 0; d < c.D; ++d) EXPECT_EQ(std::isnan(o.get(h * c.D + d)), sees) << "head " << h;
+          EXPECT_EQ(std::isnan(lse.get(h)), sees) << "head " << h;
+        }
+      }
+    }
+    Rows bad = rows;  // NaN in query head 2 only
+    bad.q.set(2 * c.D + 7, std::nan(""));
+    const std::vector<int64_t> pos = make_positions(c.n, 4);
+    KvCache cache({c.n, c.Hkv, c.D, c.dtype, make_pos(c, &f)});
+    cache.append(c.n, view(bad.k, c.Hkv, c.D), view(bad.v, c.Hkv, c.D), pos.data());
+    GuardedBuffer o(c.dtype, c.Hq * c.D);
+    DecodeParams p;
+    p.q = view(bad.q, c.Hq, c.D), p.o = view(o, c.Hq, c.D);
+    attention_decode(cache, p);
+    for (int64_t h = 0; h < c.Hq; ++h) EXPECT_EQ(std::isnan(o.get(h * c.D)), h == 2) << "head " << h;
+  }
+}
+
 template <class F>
 void expect_error(F&& f, const std::string& needle) {
   try {

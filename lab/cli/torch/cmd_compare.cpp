@@ -50,7 +50,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   CLI::App* sub = root.add_subcommand(
       "compare",
       "train several encodings x seeds on one task and write a report (default: RoPE vs RoPER on addition, ~5 min)");
-  cmd->encodings_opt = sub->add_option("--encodings", cmd->encodings, "comma-separated encodings (default rope,roper)");
+  cmd->encodings_opt = sub->add_option("--encodings", cmd->encodings, "comma-separated encodings (default rope,roper)")
+                           ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->seeds_opt = sub->add_option("--seeds", cmd->seeds, "runs per encoding, seeds seed..seed+n-1 (default 3)")
                        ->check(CLI::Range(1, 1000));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");

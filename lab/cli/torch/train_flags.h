@@ -128,7 +128,8 @@ class TrainFlags {
   template <class T, class F>
   void add(CLI::App& app, const std::string& name, const std::string& help, F set) {
     auto value = std::make_shared<T>();
-    CLI::Option* opt = app.add_option(name, *value, help);
+    // A flag given twice takes its last value, so a script can append an override to a shared flag list.
+    CLI::Option* opt = app.add_option(name, *value, help)->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     setters_.push_back({opt, [value, set](train::TrainConfig& c) { set(c, *value); }});
   }
 
