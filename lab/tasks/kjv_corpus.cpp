@@ -2,10 +2,10 @@
 #include "tasks/kjv_corpus.h"
 
 #include <cctype>
-#include <cstdio>
 #include <sstream>
 
 #include "rotary/error.h"
+#include "tasks/subprocess.h"
 
 namespace rotary::lab {
 
@@ -46,16 +46,9 @@ KjvSplit parse_kjv(const std::string& bible_output) {
 }
 
 std::string run_bible() {
-  const char* command = "bible -l0 \"gen1:1-rev22:21\" 2>/dev/null";
-  FILE* pipe = popen(command, "r");
-  if (pipe == nullptr) fail("text corpus", "popen(bible) failed", "the `bible` program (apt-get install bible-kjv)");
-  std::string out;
-  char buf[1 << 16];
-  for (size_t n; (n = std::fread(buf, 1, sizeof(buf), pipe)) > 0;) out.append(buf, n);
-  const int status = pclose(pipe);
-  if (status != 0 || out.empty())
-    fail("text corpus", "`bible -l0 \"gen1:1-rev22:21\"` exited with status " + std::to_string(status),
-         "the `bible` program from Debian's bible-kjv (apt-get install bible-kjv)");
+  std::string out = run_command_or_fail("text corpus", {"bible", "-l0", "gen1:1-rev22:21"},
+                                        "the `bible` program from Debian's bible-kjv (apt-get install bible-kjv)");
+  check(!out.empty(), "text corpus", "`bible -l0 gen1:1-rev22:21` printed nothing", "the whole KJV (4.3 MB)");
   return out;
 }
 

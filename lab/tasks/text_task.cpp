@@ -3,17 +3,21 @@
 // Cache (<cache_dir>/kjv/, every file written under a temporary name and renamed, so a crash or a concurrent
 // process never leaves a half-written file behind):
 //   corpus_train.txt, corpus_heldout.txt   one verse per line (from `bible`, see kjv_corpus.h)
-//   bpe<V>.model                           sentencepiece BPE trained on the training verses only
+//   bpe<V>.model, bpe<V>.vocab             sentencepiece BPE trained on the training verses only (`spm_train`)
 //   bpe<V>.{train,heldout}.ids             the token ids of each split, tagged with a hash of the model they
 //                                          came from (a retrained model invalidates them)
 // Training rows are random windows of seq_len + 1 tokens of the training split (loss on every token); held-out
 // rows are consecutive windows of the held-out split.
-#include <sentencepiece_processor.h>
-#include <sentencepiece_trainer.h>
+//
+// sentencepiece runs as the `spm_train` / `spm_encode` programs, never in this process (subprocess.h says why);
+// decoding needs only the piece table of bpe<V>.vocab and happens here.
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <filesystem>
 #include <random>
+#include <sstream>
 #include <thread>
 #include <unordered_map>
 
@@ -21,6 +25,7 @@
 #include "tasks/char_task.h"
 #include "tasks/kjv_corpus.h"
 #include "tasks/random.h"
+#include "tasks/subprocess.h"
 #include "tasks/text_cache.h"
 
 namespace rotary::lab {
@@ -28,77 +33,118 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class BpeVocab final : public Vocab {
- public:
-  explicit BpeVocab(const std::string& serialized_model) {
-    const auto status = processor_.LoadFromSerializedProto(serialized_model);
-    if (!status.ok()) fail("text tokenizer", status.ToString(), "a sentencepiece model (delete the cached one)");
+constexpr const char* kSpmHint = "the sentencepiece programs spm_train and spm_encode (apt-get install sentencepiece)";
+constexpr const char* kWordMark = "\xe2\x96\x81";  // U+2581, sentencepiece's space
+
+// `spm_encode --output_format=id` of a file: one line of ids per input line, concatenated.
+std::vector<int32_t> spm_encode_file(const fs::path& model, const fs::path& input, int vocab_size) {
+  const std::string out = run_command_or_fail(
+      "text tokenizer", {"spm_encode", "--model=" + model.string(), "--output_format=id", "--minloglevel=2"}, kSpmHint,
+      input.string());
+  std::vector<int32_t> ids;
+  std::istringstream in(out);
+  for (long long id; in >> id;) {
+    check(id >= 0 && id < vocab_size, "spm_encode output id", id, "[0, " + std::to_string(vocab_size) + ")");
+    ids.push_back(int32_t(id));
   }
-  int size() const override { return processor_.GetPieceSize(); }
-  std::vector<int32_t> encode(const std::string& text) const override {
-    const std::vector<int> ids = processor_.EncodeAsIds(text);
-    return {ids.begin(), ids.end()};
-  }
-  std::string decode(const std::vector<int32_t>& ids) const override {
-    std::vector<int> kept;
-    kept.reserve(ids.size());
-    for (const int32_t id : ids) {
-      check(id >= 0 && id < size(), "token id", id, "[0, " + std::to_string(size()) + ")");
-      if (id != pad_id()) kept.push_back(id);
-    }
-    return processor_.DecodeIds(kept);
-  }
-  int32_t pad_id() const override { return processor_.pad_id(); }
-
- private:
-  sentencepiece::SentencePieceProcessor processor_;
-};
-
-// Feeds the training verses to the trainer from memory.
-class VerseIterator final : public sentencepiece::SentenceIterator {
- public:
-  explicit VerseIterator(const std::vector<std::string>& verses) : verses_(verses) {}
-  bool done() const override { return i_ >= verses_.size(); }
-  void Next() override { ++i_; }
-  const std::string& value() const override { return verses_[i_]; }
-  sentencepiece::util::Status status() const override { return {}; }
-
- private:
-  const std::vector<std::string>& verses_;
-  size_t i_ = 0;
-};
-
-std::string train_bpe(const std::vector<std::string>& verses, int vocab_size) {
-  const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
-  // unk 0, bos 1, eos 2, pad 3; all verses are used (31k lines train in seconds), so no sampling and the model
-  // is the same on every run.
-  const std::unordered_map<std::string, std::string> args = {
-      {"model_type", "bpe"},          {"vocab_size", std::to_string(vocab_size)},
-      {"character_coverage", "1.0"},  {"pad_id", "3"},
-      {"num_threads", std::to_string(threads)}, {"minloglevel", "2"},
-      {"input_sentence_size", "0"},   {"max_sentence_length", "8192"}};
-  VerseIterator it(verses);
-  std::string model;
-  const auto status = sentencepiece::SentencePieceTrainer::Train(args, &it, &model);
-  if (!status.ok())
-    fail("text_vocab", std::to_string(vocab_size), "a size sentencepiece can train on the KJV (" +
-                                                       status.ToString() + ")");
-  return model;
+  check(in.eof(), "spm_encode output", "a non-numeric token", "space-separated token ids");
+  return ids;
 }
 
-std::vector<int32_t> tokenize(const Vocab& vocab, const std::vector<std::string>& verses) {
-  std::vector<int32_t> ids;
-  for (const std::string& verse : verses) {
-    const std::vector<int32_t> v = vocab.encode(verse);  // each verse starts a word ("▁" prefix)
-    ids.insert(ids.end(), v.begin(), v.end());
+class BpeVocab final : public Vocab {
+ public:
+  // model: the .model file (for encoding); vocab_text: the .vocab file ("piece<TAB>score" per id, in id order).
+  BpeVocab(fs::path model, const std::string& vocab_text) : model_(std::move(model)) {
+    std::istringstream in(vocab_text);
+    for (std::string line; std::getline(in, line);) {
+      const size_t tab = line.find('\t');
+      if (tab == std::string::npos) fail("text tokenizer vocabulary", line.substr(0, 40), "\"piece<TAB>score\" lines");
+      pieces_.push_back(line.substr(0, tab));
+    }
+    check(pieces_.size() > 4 && pieces_[0] == "<unk>" && pieces_[3] == "<pad>", "text tokenizer vocabulary",
+          std::to_string(pieces_.size()) + " pieces", "<unk> <s> </s> <pad> first (delete the cached bpe files)");
   }
-  return ids;
+  int size() const override { return int(pieces_.size()); }
+  // Each line is encoded on its own (as the corpus verses are) and the ids are concatenated.
+  std::vector<int32_t> encode(const std::string& text) const override {
+    static std::atomic<unsigned> counter{0};
+    const fs::path tmp = fs::temp_directory_path() /
+                         ("rotary-encode." + std::to_string(getpid()) + "." + std::to_string(counter++) + ".txt");
+    write_atomically(tmp, text + "\n");
+    std::vector<int32_t> ids;
+    try {
+      ids = spm_encode_file(model_, tmp, size());
+    } catch (...) {
+      std::error_code ignored;
+      fs::remove(tmp, ignored);
+      throw;
+    }
+    std::error_code ignored;
+    fs::remove(tmp, ignored);
+    return ids;
+  }
+  // As sentencepiece decodes: pieces joined, U+2581 -> ' ', <0xNN> byte pieces -> that byte, <unk> -> " \u2047 ",
+  // control pieces (<s>, </s>, <pad>) dropped, and the space sentencepiece put before the first word removed.
+  std::string decode(const std::vector<int32_t>& ids) const override {
+    std::string text;
+    for (const int32_t id : ids) {
+      check(id >= 0 && id < size(), "token id", id, "[0, " + std::to_string(size()) + ")");
+      const std::string& piece = pieces_[size_t(id)];
+      if (id == 1 || id == 2 || id == pad_id()) continue;
+      if (id == 0) {
+        text += " \xe2\x81\x87 ";
+      } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece.back() == '>') {
+        text.push_back(char(std::stoi(piece.substr(3, 2), nullptr, 16)));
+      } else {
+        for (size_t at = 0; at < piece.size();) {
+          if (piece.compare(at, 3, kWordMark) == 0) {
+            text.push_back(' ');
+            at += 3;
+          } else {
+            text.push_back(piece[at++]);
+          }
+        }
+      }
+    }
+    if (!ids.empty() && !text.empty() && text[0] == ' ' && ids[0] > 3 &&
+        pieces_[size_t(ids[0])].rfind(kWordMark, 0) == 0)
+      text.erase(0, 1);
+    return text;
+  }
+  int32_t pad_id() const override { return 3; }
+
+ private:
+  fs::path model_;
+  std::vector<std::string> pieces_;
+};
+
+// Trains BPE on the training verses with `spm_train` into <dir>/<stem>.{model,vocab}. All verses are used
+// (31k lines train in seconds), so no sampling and the model is the same on every run. The two files are
+// renamed into place vocab first, model last: the model's presence means both are complete.
+void train_bpe(const fs::path& train_txt, const fs::path& dir, const std::string& stem, int vocab_size) {
+  const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
+  const std::string tmp = (dir / (stem + ".tmp." + std::to_string(getpid()))).string();
+  // unk 0, bos 1, eos 2, pad 3.
+  run_command_or_fail("text_vocab",
+                      {"spm_train", "--input=" + train_txt.string(), "--model_prefix=" + tmp, "--model_type=bpe",
+                       "--vocab_size=" + std::to_string(vocab_size), "--character_coverage=1.0", "--pad_id=3",
+                       "--num_threads=" + std::to_string(threads), "--input_sentence_size=0",
+                       "--max_sentence_length=8192", "--minloglevel=2"},
+                      "a vocabulary size sentencepiece can train on the KJV, and " + std::string(kSpmHint));
+  std::error_code ec;
+  fs::rename(tmp + ".vocab", dir / (stem + ".vocab"), ec);
+  if (!ec) fs::rename(tmp + ".model", dir / (stem + ".model"), ec);
+  if (ec) {
+    fs::remove(tmp + ".vocab", ec);
+    fs::remove(tmp + ".model", ec);
+    fail("cache_dir", dir.string(), "a directory we can rename files in");
+  }
 }
 
 class TextTask final : public Task {
  public:
-  TextTask(const std::string& model, std::vector<int32_t> train, std::vector<int32_t> heldout)
-      : vocab_(model), train_(std::move(train)), heldout_(std::move(heldout)) {}
+  TextTask(BpeVocab vocab, std::vector<int32_t> train, std::vector<int32_t> heldout)
+      : vocab_(std::move(vocab)), train_(std::move(train)), heldout_(std::move(heldout)) {}
   std::string name() const override { return "text"; }
   const Vocab& vocab() const override { return vocab_; }
   std::string stop() const override { return ""; }
@@ -147,40 +193,32 @@ std::unique_ptr<Task> make_text_task(const TaskOptions& o) {
   fs::create_directories(dir, ec);
   if (ec) fail("cache_dir", dir.string(), "a directory we can create and write (" + ec.message() + ")");
 
-  KjvSplit corpus;
   const fs::path train_txt = dir / "corpus_train.txt", heldout_txt = dir / "corpus_heldout.txt";
-  if (fs::exists(train_txt) && fs::exists(heldout_txt)) {
-    corpus.train = read_lines(train_txt);
-    corpus.heldout = read_lines(heldout_txt);
-  } else {
-    corpus = parse_kjv(run_bible());
+  if (!fs::exists(train_txt) || !fs::exists(heldout_txt)) {
+    const KjvSplit corpus = parse_kjv(run_bible());
     write_atomically(train_txt, join_lines(corpus.train));
     write_atomically(heldout_txt, join_lines(corpus.heldout));
   }
 
   const std::string stem = "bpe" + std::to_string(o.text_vocab);
-  const fs::path model_path = dir / (stem + ".model");
-  std::string model;
-  if (fs::exists(model_path)) {
-    model = read_file(model_path);
-  } else {
-    model = train_bpe(corpus.train, o.text_vocab);
-    write_atomically(model_path, model);
-  }
-  const uint64_t model_hash = fnv1a64(model);
+  const fs::path model_path = dir / (stem + ".model"), vocab_path = dir / (stem + ".vocab");
+  if (!fs::exists(model_path) || !fs::exists(vocab_path)) train_bpe(train_txt, dir, stem, o.text_vocab);
+  const uint64_t model_hash = fnv1a64(read_file(model_path));
+  BpeVocab vocab(model_path, read_file(vocab_path));
+  check(vocab.size() == o.text_vocab, "cached tokenizer " + vocab_path.string(), vocab.size(),
+        std::to_string(o.text_vocab) + " pieces (delete the cached bpe files)");
 
-  BpeVocab vocab(model);
-  auto ids_for = [&](const char* split, const std::vector<std::string>& verses) {
+  auto ids_for = [&](const char* split, const fs::path& verses) {
     const fs::path path = dir / (stem + "." + split + ".ids");
     std::vector<int32_t> ids;
     if (fs::exists(path) && read_ids(path, model_hash, ids)) return ids;
-    ids = tokenize(vocab, verses);
+    ids = spm_encode_file(model_path, verses, vocab.size());  // each verse starts a word ("\u2581" prefix)
     write_ids(path, model_hash, ids);
     return ids;
   };
-  std::vector<int32_t> train = ids_for("train", corpus.train);
-  std::vector<int32_t> heldout = ids_for("heldout", corpus.heldout);
-  return std::make_unique<TextTask>(model, std::move(train), std::move(heldout));
+  std::vector<int32_t> train = ids_for("train", train_txt);
+  std::vector<int32_t> heldout = ids_for("heldout", heldout_txt);
+  return std::make_unique<TextTask>(std::move(vocab), std::move(train), std::move(heldout));
 }
 
 }  // namespace rotary::lab

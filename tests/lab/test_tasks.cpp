@@ -503,6 +503,16 @@ TEST(tasks, TextTaskTrainsCachesAndSplits) {
   }
   EXPECT_EQ(task->heldout_sequence(0, int(rows), 64).tokens, task->heldout_sequence(0, 0, 64).tokens);
 
+  // encode (spm_encode, another process) and decode (the piece table, here) are inverse on plain text, and
+  // encode gives the ids the cached corpus holds for the same verse.
+  const std::string verse = "In the beginning God created the heaven and the earth.";
+  const std::vector<int32_t> ids = task->vocab().encode(verse);
+  EXPECT_GT(ids.size(), 5u);
+  EXPECT_EQ(task->vocab().decode(ids), verse);
+  const std::vector<int32_t> two_lines = task->vocab().encode(verse + "\n" + verse);
+  EXPECT_EQ(two_lines.size(), 2 * ids.size());
+  EXPECT_THROW(task->vocab().decode({300}), Error);
+
   // A second task reuses the cache (the model file is not rewritten) and gives the same rows; a corrupt ids
   // file is rebuilt.
   const auto written = fs::last_write_time(model);
