@@ -17,7 +17,7 @@ namespace {
 
 struct TrainCommand {
   TrainFlags flags;
-  bool resume = false, overwrite = false, no_progress = false;
+  bool resume = false, overwrite = false, no_progress = false, print_config = false;
   int nproc = 1, nnodes = 1, node_rank = 0;
 
   // defaults <- file <- flags; with --resume the checkpoint's config takes the place of the defaults, so
@@ -39,6 +39,12 @@ struct TrainCommand {
     std::optional<train::WorkerEnv> worker = train::worker_env_from_environment();
     train::TrainConfig config = resolve_config();
     config.validate();
+    if (print_config) {  // what would run, resolved and validated; nothing is written
+      nlohmann::json j;
+      train::to_json(j, config);
+      std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
 
     if (!worker && (nproc > 1 || nnodes > 1)) {
       // The launcher: check what can be checked once, then start the ranks (each re-runs this command line).
@@ -96,6 +102,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_flag("--resume", cmd->resume, "continue the run in --out from its checkpoint (same data order and curve)");
   sub->add_flag("--overwrite", cmd->overwrite, "start afresh even if --out holds a run");
   sub->add_flag("--no-progress", cmd->no_progress, "no progress bar / lines on stderr");
+  sub->add_flag("--print-config", cmd->print_config,
+                "print the resolved settings (defaults <- --config <- flags) as JSON, validated, and exit");
   sub->add_option("--nproc", cmd->nproc, "data-parallel processes on this machine (torch c10d, Gloo)")
       ->check(CLI::Range(1, 256));
   sub->add_option("--nnodes", cmd->nnodes, "machines taking part (needs MASTER_ADDR, MASTER_PORT)")->check(CLI::Range(1, 4096));
