@@ -15,6 +15,7 @@ CompareSpec default_compare_spec() {
   s.seeds = 3;
   s.out_dir = "runs/compare";
   TrainConfig& c = s.base;
+  c.out_dir = s.out_dir;  // `--out` overrides both
   c.task = "addition";
   c.task_options.max_digits = 3;
   c.model.d_model = 64;

@@ -7,6 +7,7 @@
 #include <filesystem>
 
 #include "rotary/error.h"
+#include "train/compare.h"
 #include "train/files.h"
 #include "train/metrics.h"
 #include "train/report.h"
@@ -21,6 +22,19 @@ std::string fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
+}
+
+// The default runs land under the compare's own directory (a run's out_dir is derived from it), and the default
+// is a valid run description for every encoding it compares.
+TEST(DefaultCompare, RunsLiveUnderItsOutDirAndValidate) {
+  const CompareSpec s = default_compare_spec();
+  EXPECT_EQ(s.base.out_dir, s.out_dir);
+  ASSERT_FALSE(s.encodings.empty());
+  for (const std::string& e : s.encodings) {
+    TrainConfig c = s.base;
+    c.model.encoding.kind = e;
+    EXPECT_NO_THROW(c.validate()) << e;
+  }
 }
 
 TEST(DropWorstMean, DropsTheHighestLossAndTheLowestAccuracy) {
