@@ -192,19 +192,15 @@ torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor
   return (num / den).transpose(1, 2);
 }
 
-torch::Tensor linear_attention_scan(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    const torch::Tensor& positions, const PositionContext& pc) {
-  const int64_t B = q.size(0), S = q.size(1), Hkv = k.size(2), group = q.size(2) / Hkv, D = q.size(3);
-  const bool rope = pc.enc.kind == "rope";
-  const torch::Tensor pq = phi(q).view({B, S, Hkv, group, D}), pk = phi(k);  // query heads grouped by kv head
-  const torch::Tensor qr = rope ? rotate_plain(phi(q), positions, pc, pc.attention_factor).view({B, S, Hkv, group, D})
-                                : pq;
-  const torch::Tensor kr = rope ? rotate_plain(pk, positions, pc, pc.attention_factor) : pk;
-  const torch::Tensor state = torch::einsum("bshd,bshe->bshde", {kr, v}).cumsum(1);  // [B, S, Hkv, D, Dv]
-  const torch::Tensor z = pk.cumsum(1);                                               // [B, S, Hkv, D]
-  const torch::Tensor num = torch::einsum("bshgd,bshde->bshge", {qr, state});        // [B, S, Hkv, g, Dv]
-  const torch::Tensor den = torch::einsum("bshgd,bshd->bshg", {pq, z}).unsqueeze(-1);
-  return (num / den).reshape({B, S, Hkv * group, v.size(3)});
+torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& positions, const PositionContext& pc) {
+  // The core kernel has one kv head per query head: GQA repeats k, v (autograd sums their gradients back).
+  const int64_t group = q.size(2) / k.size(2);
+  std::optional<torch::Tensor> inv_freq;  // none: no rotation
+  if (pc.enc.kind == "rope") inv_freq = pc.inv_freq;
+  return torch_ops::linear_attention(q, repeat_kv(k, group), repeat_kv(v, group), positions, std::nullopt,
+                                     /*causal=*/true, inv_freq, pc.attention_factor,
+                                     std::string(layout_name(pc.enc.rope.layout)));
 }
 
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
@@ -212,7 +208,7 @@ torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, co
                               bool fused) {
   fused = fused && pc.enc.kind != "alibi";
   if (attention == "linear")
-    return fused ? linear_attention_scan(q, k, v, positions, pc)
+    return fused ? linear_attention_fused(q, k, v, positions, pc)
                  : linear_attention_plain(q, k, v, positions, positions, pc);
   return fused ? softmax_attention_fused(q, k, v, positions, pc)
                : softmax_attention_plain(q, k, v, positions, positions, pc);

@@ -6,7 +6,8 @@
 //     the far ones against R(w) q (core/include/rotary/kv_cache.h).
 //   plain softmax, and alibi always -> un-rotated keys and values in torch tensors; each step runs the plain
 //     attention of the one new query over all of them (for rerope: the seed's re-rotation of the whole cache).
-//   fused linear -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (O(1) per step);
+//   fused linear -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (O(1) per step; the prefill
+//     runs the fused op, whose core kernel keeps these sums internally but does not return them);
 //   plain linear -> keys and values in torch, the materialised form per step.
 // Dynamic NTK / longrope frequencies change with the length: when they do, the caches are rebuilt from the
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.

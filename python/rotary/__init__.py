@@ -1,4 +1,5 @@
-"""rotary: rotary position embeddings (RoPE, RoPER, ReRoPE) as PyTorch ops backed by the rotary C++ core.
+"""rotary: rotary position embeddings (RoPE, RoPER, ReRoPE; softmax and linear attention) as PyTorch ops backed by
+the rotary C++ core.
 
 Loads librotary_torch.so (built by `bash scripts/build.sh`) with torch.ops.load_library. Set ROTARY_TORCH_LIB to
 its path to use another build.
@@ -10,4 +11,4 @@ from ._load import library_path as _library_path
 
 _torch.ops.load_library(_library_path())
 
-from .ops import attention, rope, rope_inverse  # noqa: E402,F401
+from .ops import attention, linear_attention, rope, rope_inverse  # noqa: E402,F401

@@ -35,3 +35,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torc
     return torch.ops.rotary.attention(q, k, v, positions, cu_seqlens, causal, float(softmax_scale), mode, inv_freq,
                                       float(attention_factor), layout, roper, int(window), float(leaky_k),
                                       int(logn_train_len))
+
+
+def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor = None,
+                     cu_seqlens: torch.Tensor = None, causal: bool = True, inv_freq: torch.Tensor = None,
+                     attention_factor: float = 1.0, layout: str = "half_split") -> torch.Tensor:
+    """RoFormer (eq. 19) linear attention with RoPE; returns out [..., H, Dv]. Differentiable in q, k, v.
+
+    phi = elu + 1 and a = attention_factor:
+    o_m = sum_n (a R(pos_m) phi(q_m)) . (a R(pos_n) phi(k_n)) v_n / sum_n phi(q_m) . phi(k_n),
+    the rotation in the numerator only; n runs over n <= m (causal, by index inside the sequence) or the whole
+    sequence. Cost O(S D Dv) per head (running state, no S x S matrix), forward and backward.
+    q, k [B, S, H, D] or packed [T, H, D] (then cu_seqlens [batch+1] int64 marks the sequences); v [..., H, Dv].
+    One key head per query head (repeat k, v for grouped-query attention). positions: int64 [B, S] / [T]
+    (default: index inside the sequence). inv_freq: [rotary_dim / 2] inverse frequencies (float64 preferred;
+    features past rotary_dim are not rotated), or None for plain linear attention (attention_factor and layout
+    unused). layout: "half_split" or "interleaved". Arithmetic in float32 (float64 for float64 inputs).
+    """
+    return torch.ops.rotary.linear_attention(q, k, v, positions, cu_seqlens, causal, inv_freq,
+                                             float(attention_factor), layout)

@@ -7,6 +7,7 @@
 
 #include "model_cases.h"
 #include "rotary/error.h"
+#include "rotary_nn/attention.h"
 
 namespace rotary::nn {
 namespace {
@@ -148,6 +149,27 @@ TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
       else EXPECT_GT(max_diff(a, b), 1e-6) << cs.name << (fused_path ? " fused" : " plain");
     }
   }
+}
+
+// The fused == plain tests above would pass just as well with a second plain formulation on the fused side; this
+// one fails unless fused linear attention really runs the core op (its autograd node is the op's C++ function).
+// GQA (4 query heads, 2 kv heads) as in small_config.
+TEST(model, FusedLinearAttentionRunsTheCoreOp) {
+  ModelConfig c = small_config("rope");
+  c.attention = "linear";
+  const PositionContext pc = make_position_context(c.resolved_encoding(), c.n_heads, c.head_dim(), kSeq);
+  torch::manual_seed(3);
+  auto make_input = [&](int64_t heads) {
+    return torch::randn({kBatch, kSeq, heads, c.head_dim()}, torch::kDouble).requires_grad_();
+  };
+  const torch::Tensor q = make_input(c.n_heads), k = make_input(c.kv_heads()), v = make_input(c.kv_heads());
+  const torch::Tensor pos = torch::arange(kSeq, torch::kLong).expand({kBatch, kSeq}) * 3;
+  const torch::Tensor fused = model_attention(q, k, v, pos, pc, "linear", /*fused=*/true);
+  const torch::Tensor plain = model_attention(q, k, v, pos, pc, "linear", /*fused=*/false);
+  ASSERT_TRUE(fused.grad_fn() && plain.grad_fn());
+  EXPECT_NE(fused.grad_fn()->name().find("LinearAttentionFunction"), std::string::npos) << fused.grad_fn()->name();
+  EXPECT_EQ(plain.grad_fn()->name().find("LinearAttentionFunction"), std::string::npos) << plain.grad_fn()->name();
+  EXPECT_LE(max_diff(fused, plain), 1e-12 * max_abs(plain));
 }
 
 TEST(model, LearnedPositionsBeyondMaxSeqLenThrow) {

@@ -14,8 +14,6 @@
 namespace rotary::torch_ops {
 namespace {
 
-using OptTensor = c10::optional<at::Tensor>;
-
 PositionMode parse_mode(const std::string& m) {
   if (m == "none") return PositionMode::None;
   if (m == "rope") return PositionMode::Rope;
@@ -28,24 +26,17 @@ PositionMode parse_mode(const std::string& m) {
 struct Prepared {
   AttentionParams p;
   RopeFreqs freqs;
-  at::Tensor q3, k3, v3, positions, cu;
+  Sequences seqs;
+  at::Tensor q3, k3, v3;
 };
 
 void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& positions,
              const OptTensor& cu_seqlens, bool causal, double scale, c10::string_view mode, const OptTensor& inv_freq,
              double attention_factor, c10::string_view layout, bool roper, int64_t window, double leaky_k,
              int64_t logn_train_len) {
-  check(q.dim() == 3 || q.dim() == 4, "q.dim()", q.dim(), "3 ([tokens, Hq, D]) or 4 ([B, S, Hq, D])");
-  check(k.dim() == q.dim() && v.dim() == q.dim(), "k.dim()", k.dim(), "the same as q.dim() = " + std::to_string(q.dim()));
-  check(k.scalar_type() == q.scalar_type() && v.scalar_type() == q.scalar_type(), "k.dtype",
-        c10::toString(k.scalar_type()), std::string("q.dtype = ") + c10::toString(q.scalar_type()));
-  for (int d = 0; d + 2 < q.dim(); ++d) {
-    check(k.size(d) == q.size(d), "k.shape[" + std::to_string(d) + "]", k.size(d), "q.shape = " + std::to_string(q.size(d)));
-    check(v.size(d) == q.size(d), "v.shape[" + std::to_string(d) + "]", v.size(d), "q.shape = " + std::to_string(q.size(d)));
-  }
-  check(v.size(-2) == k.size(-2), "v.shape[-2]", v.size(-2), "k heads = " + std::to_string(k.size(-2)));
-  check(k.size(-1) == q.size(-1) && v.size(-1) == q.size(-1), "k.shape[-1]", k.size(-1),
-        "head_dim of q = " + std::to_string(q.size(-1)));
+  check_qkv(q, k, v);
+  check(k.size(-1) == q.size(-1), "k.shape[-1]", k.size(-1), "head_dim of q = " + std::to_string(q.size(-1)));
+  check(v.size(-1) == q.size(-1), "v.shape[-1]", v.size(-1), "head_dim of q = " + std::to_string(q.size(-1)));
   s.q3 = as_tokens_heads_dim(q, "q");
   s.k3 = as_tokens_heads_dim(k, "k");
   s.v3 = as_tokens_heads_dim(v, "v");
@@ -58,26 +49,10 @@ void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Te
   p.v = heads_view(s.v3);
   p.causal = causal;
   p.softmax_scale = scale;
-  if (q.dim() == 4) {
-    check(!cu_seqlens.has_value(), "cu_seqlens", "given", "none with 4-d [B, S, H, D] inputs (rows are the sequences)");
-    const int64_t B = q.size(0), S = q.size(1);
-    s.cu = at::arange(0, (B + 1) * S, S, at::kLong);
-    p.batch = B;
-    p.cu_seqlens = s.cu.data_ptr<int64_t>();
-  } else if (cu_seqlens.has_value()) {
-    check(cu_seqlens->scalar_type() == at::kLong && cu_seqlens->dim() == 1, "cu_seqlens",
-          c10::toString(cu_seqlens->scalar_type()), "a 1-d int64 tensor [batch + 1]");
-    s.cu = cu_seqlens->contiguous();
-    p.batch = s.cu.numel() - 1;
-    p.cu_seqlens = s.cu.data_ptr<int64_t>();
-  }
-  if (positions.has_value()) {
-    check(positions->scalar_type() == at::kLong, "positions.dtype", c10::toString(positions->scalar_type()), "int64");
-    check(positions->numel() == p.tokens, "positions.numel()", positions->numel(),
-          "the number of tokens = " + std::to_string(p.tokens));
-    s.positions = positions->contiguous();
-    p.positions = s.positions.data_ptr<int64_t>();
-  }
+  s.seqs = sequences_from(q, cu_seqlens, positions, p.tokens);
+  p.batch = s.seqs.batch;
+  p.cu_seqlens = s.seqs.cu_ptr();
+  p.positions = s.seqs.positions_ptr();
   p.pos.mode = parse_mode(std::string(mode));
   if (p.pos.mode != PositionMode::None) {
     check(inv_freq.has_value(), "inv_freq", "none", "a [rotary_dim/2] tensor when mode is not none");
@@ -136,11 +111,6 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward_cpu(
   g.dv = heads_view(dv);
   attention_backward(g);
   return {dq.view(q.sizes()), dk.view(k.sizes()), dv.view(v.sizes())};
-}
-
-template <class Fn>
-auto typed_op(const char* name) {
-  return c10::Dispatcher::singleton().findSchemaOrThrow(name, "").typed<Fn>();
 }
 
 class AttentionFunction : public torch::autograd::Function<AttentionFunction> {

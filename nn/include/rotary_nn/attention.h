@@ -59,16 +59,16 @@ torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tenso
 
 // RoFormer linear attention (eq. 19), phi = elu + 1, RoPE on phi(q), phi(k) in the numerator only (kind rope;
 // no rotation otherwise), causal. Plain: the materialised [Sq, Sk] numerator and denominator (queries aligned to
-// the end of the keys as above). Scan: running sums (cumsum over the sequence), O(S D^2) memory per head; no core
-// torch op exists for linear attention, so both are plain torch.
+// the end of the keys as above). Fused: rotary::torch_ops::linear_attention (the core's running-state kernel,
+// forward and backward; k, v repeated to the query heads for GQA, as the kernel has no grouping).
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
                                      const PositionContext& pc);
-torch::Tensor linear_attention_scan(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                    const torch::Tensor& positions, const PositionContext& pc);
+torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                                     const torch::Tensor& positions, const PositionContext& pc);
 
 // The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "linear" or
-// "softmax"; fused -> the rotary op / the running-sum scan, else the plain forms. ALiBi always runs plain.
+// "softmax"; fused -> the rotary ops, else the plain forms. ALiBi always runs plain.
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused);

@@ -34,4 +34,13 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
                                              const std::optional<at::Tensor>& cu_seqlens, bool causal,
                                              double softmax_scale, const AttentionPosition& pos);
 
+// RoFormer eq. 19 linear attention (rotary/linear_attention.h): phi = elu + 1, the rotation a R(pos) on phi(q),
+// phi(k) in the numerator only. q, k [B, S, H, D] or packed [T, H, D] (cu_seqlens as for attention; one kv head
+// per query head); v [.., H, Dv]. inv_freq: [r/2] float64, or none for no rotation (attention_factor and layout
+// then unused). Returns out [.., H, Dv] in q's dtype; differentiable in q, k, v (the core backward).
+at::Tensor linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
+                            bool causal, const std::optional<at::Tensor>& inv_freq, double attention_factor = 1.0,
+                            const std::string& layout = "half_split");
+
 }  // namespace rotary::torch_ops
