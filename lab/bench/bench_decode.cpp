@@ -7,6 +7,9 @@
 //   rerope   attention_decode on a Rerope cache (un-rotated keys; <= w near keys rotated from a table)
 //   leaky    attention_decode on a LeakyRerope cache (far keys from the R(pos/k) copy)
 //   rerotate attention_decode_rerotate_baseline: every key re-rotated into a buffer, then plain attention
+//                 (the seed's algorithm done well: one fused, threaded pass with a cos/sin table)
+//   rerotate_torch the seed's own PyTorch step (lab/bench/decode_torch_baseline.h): gathered cos/sin, rotate_half,
+//                 repeat_kv, matmul-softmax-matmul; when built with libtorch (--no-torch skips it)
 //   memcpy   a copy of the keys + values bytes of one cache (same threads): the bandwidth ceiling
 // The methods run round-robin, one step each per round, so drift on a shared machine hits them alike; the
 // median over rounds is reported. GB/s = the cache bytes a step must read (keys + values of every token and kv
@@ -31,6 +34,10 @@
 #include "rotary/kv_cache.h"
 #include "rotary/rope_spec.h"
 
+#ifdef ROTARY_HAVE_TORCH
+#include "bench/decode_torch_baseline.h"
+#endif
+
 namespace rotary::cli {
 namespace {
 
@@ -44,6 +51,7 @@ struct BenchDecodeArgs {
   int threads = 0;
   int64_t split_keys = 0;
   bool json = false;
+  bool no_torch = false;
 };
 
 std::string cpu_model() {
@@ -126,6 +134,18 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   methods.push_back({"leaky", [&] { attention_decode(*leaky, p); }, {}});
   methods.push_back({"rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); }, {}});
   methods.push_back({"memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); }, {}});
+  double rel_rms_torch = -1;  // < 0: not measured
+#ifdef ROTARY_HAVE_TORCH
+  std::function<void(float*)> torch_step;
+  std::vector<float> o_torch(o.size());
+  if (!a.no_torch) {
+    bench::TorchRerotateCase tc;
+    tc.context = N, tc.hq = Hq, tc.hkv = Hkv, tc.dim = D, tc.window = a.window;
+    tc.k = k.data(), tc.v = v.data(), tc.q = q.data(), tc.inv_freq = freqs.inv_freq.data(), tc.threads = threads;
+    torch_step = bench::make_torch_rerope_decode(tc);
+    methods.push_back({"rerotate_torch", [&] { torch_step(o_torch.data()); }, {}});
+  }
+#endif
 
   // The re-rotating baseline and the fast ReRoPE step compute the same thing: report how far apart they are.
   std::vector<float> o_fast(o.size());
@@ -136,6 +156,14 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   for (size_t i = 0; i < o.size(); ++i)
     num += double(o[i] - o_fast[i]) * (o[i] - o_fast[i]), den += double(o[i]) * o[i];
   const double rel_rms = std::sqrt(num / den);
+#ifdef ROTARY_HAVE_TORCH
+  if (torch_step) {
+    torch_step(o_torch.data());
+    num = 0;
+    for (size_t i = 0; i < o.size(); ++i) num += double(o_torch[i] - o_fast[i]) * (o_torch[i] - o_fast[i]);
+    rel_rms_torch = std::sqrt(num / den);
+  }
+#endif
 
   using clock = std::chrono::steady_clock;
   for (Method& m : methods) m.step();  // warm-up (scratch allocation, page faults)
@@ -165,6 +193,10 @@ void run_bench_decode(const BenchDecodeArgs& a) {
     j["ratio_rerope_over_rope"] = med("rerope") / med("rope");
     j["ratio_leaky_over_rope"] = med("leaky") / med("rope");
     j["ratio_rerotate_over_rerope"] = med("rerotate") / med("rerope");
+    if (rel_rms_torch >= 0) {
+      j["ratio_rerotate_torch_over_rerope"] = med("rerotate_torch") / med("rerope");
+      j["rerotate_torch_vs_rerope_rel_rms"] = rel_rms_torch;
+    }
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
@@ -172,14 +204,17 @@ void run_bench_decode(const BenchDecodeArgs& a) {
               (long long)N, (long long)Hq, (long long)Hkv, D, (long long)a.window, a.leaky_k);
   std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", cpu_model().c_str(), threads, a.rounds,
               double(cache_bytes) / 1e6);
-  std::printf("%-10s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
+  std::printf("%-15s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
   for (const Method& m : methods)
-    std::printf("%-10s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gb / m.median());
+    std::printf("%-15s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gb / m.median());
   std::printf("rerope / rope     %.3f  (goal <= 1.1)\n", med("rerope") / med("rope"));
   std::printf("leaky / rope      %.3f\n", med("leaky") / med("rope"));
   std::printf("rerotate / rerope %.3f  (goal >= 3)\n", med("rerotate") / med("rerope"));
   std::printf("rope / memcpy     %.3f\n", med("rope") / med("memcpy"));
+  if (rel_rms_torch >= 0)
+    std::printf("rerotate_torch / rerope %.3f  (goal >= 3; the seed's own code)\n", med("rerotate_torch") / med("rerope"));
   std::printf("rerotate vs rerope output: relative rms difference %.2e\n", rel_rms);
+  if (rel_rms_torch >= 0) std::printf("rerotate_torch vs rerope output: relative rms difference %.2e\n", rel_rms_torch);
 }
 
 const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
@@ -199,6 +234,7 @@ const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
   cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
   cmd->add_option("--split-keys", args->split_keys, "keys per split-K chunk (0: automatic)");
   cmd->add_flag("--json", args->json, "print machine-readable results");
+  cmd->add_flag("--no-torch", args->no_torch, "skip the seed's PyTorch step (rerotate_torch)");
   cmd->callback([args] { run_bench_decode(*args); });
 });
 
