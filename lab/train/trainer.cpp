@@ -1,6 +1,8 @@
 // lab/train/trainer.cpp
 #include "train/trainer.h"
 
+#include <omp.h>
+
 #include <signal.h>
 
 #include <atomic>
@@ -123,6 +125,18 @@ bool stop_requested() { return g_stop_signal.load() != 0; }
 int stop_signal() { return g_stop_signal.load(); }
 void clear_stop_request() { g_stop_signal.store(0); }
 
+int resolve_threads(int requested, int processes) {
+  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  return requested > 0 ? requested : std::max(1, cores / std::max(1, processes));
+}
+
+int use_threads(int requested) {
+  const int n = resolve_threads(requested);
+  torch::set_num_threads(n);
+  omp_set_num_threads(n);
+  return n;
+}
+
 std::string checkpoint_path(const std::string& out_dir) { return join_path(out_dir, "checkpoint.pt"); }
 
 TrainResult train(TrainConfig config, const TrainOptions& options) {
@@ -146,9 +160,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
         "a multiple of the number of data-parallel processes (" + std::to_string(world) + ")");
   const nlohmann::json config_json = config;
 
-  // Threads: the cores shared among the ranks on this machine, unless given.
-  const int cores = std::max(1u, std::thread::hardware_concurrency());
-  torch::set_num_threads(config.threads > 0 ? config.threads : std::max(1, cores / world));
+  torch::set_num_threads(resolve_threads(config.threads, world));
 
   torch::manual_seed(config.seed);
   nn::Transformer model(config.model);

@@ -53,6 +53,12 @@ bool stop_requested();
 int stop_signal();
 void clear_stop_request();
 
+// Threads per process for torch (and the core's OpenMP kernels): `requested` if > 0, else this machine's cores
+// shared among `processes` ranks. Debian's libtorch would otherwise default to 1 thread on some machines.
+int resolve_threads(int requested, int processes = 1);
+// Sets torch's and OpenMP's thread counts to resolve_threads(requested) and returns it.
+int use_threads(int requested);
+
 // The path of the checkpoint of a run directory.
 std::string checkpoint_path(const std::string& out_dir);
 

@@ -19,6 +19,7 @@
 #include "cli/command.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
+#include "train/trainer.h"
 
 namespace rotary::cli {
 namespace {
@@ -49,11 +50,7 @@ double train_step(Method& m, const torch::Tensor& inputs, const torch::Tensor& t
 }
 
 void run(const BenchTrainArgs& a) {
-  if (a.threads > 0) {
-    torch::set_num_threads(a.threads);
-    omp_set_num_threads(a.threads);
-  }
-  const int threads = torch::get_num_threads();
+  const int threads = train::use_threads(a.threads);
   nn::ModelConfig cfg;
   cfg.vocab_size = a.vocab;
   cfg.d_model = a.d_model;
@@ -132,7 +129,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--warmup", args->warmup, "untimed steps per method")->check(CLI::Range(1, 1000));
   sub->add_option("--steps", args->steps, "steps per trial")->check(CLI::Range(1, 100000));
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->check(CLI::Range(1, 1000));
-  sub->add_option("--threads", args->threads, "torch / OpenMP threads (0 = default)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--threads", args->threads, "torch / OpenMP threads (0 = all cores)")->check(CLI::NonNegativeNumber);
   sub->add_flag("--json", args->json, "print JSON");
   sub->callback([args] { run(*args); });
 });

@@ -8,6 +8,7 @@
 #include "cli/command.h"
 #include "cli/torch/load_model.h"
 #include "train/evaluate.h"
+#include "train/trainer.h"
 
 namespace rotary::cli {
 namespace {
@@ -22,7 +23,7 @@ struct EvalCommand {
   OverrideFlags overrides;
 
   void run() {
-    if (threads > 0) torch::set_num_threads(threads);
+    train::use_threads(threads);
     LoadedRun r = load_run(checkpoint);
     overrides.apply(r);
     const train::TrainConfig& c = r.config;
@@ -100,7 +101,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       ->check(CLI::Range(0.0, 100.0));
   sub->add_option("--out", cmd->out, "where to write loss_by_position.csv and eval.json (default: <run>/eval)");
   sub->add_option("--show", cmd->show, "print this many problems with the model's answers");
-  sub->add_option("--threads", cmd->threads, "torch threads (0 = default)");
+  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)");
   sub->add_flag("--json", cmd->json, "print the results as JSON");
   cmd->overrides.add_to(*sub);
   sub->callback([cmd] { cmd->run(); });

@@ -4,6 +4,7 @@
 #include "cli/command.h"
 #include "cli/torch/load_model.h"
 #include "train/evaluate.h"
+#include "train/trainer.h"
 
 namespace rotary::cli {
 namespace {
@@ -18,7 +19,7 @@ struct GenerateCommand {
   OverrideFlags overrides;
 
   void run() {
-    if (threads > 0) torch::set_num_threads(threads);
+    train::use_threads(threads);
     LoadedRun r = load_run(checkpoint);
     overrides.apply(r);
     std::vector<int32_t> ids32 = r.task->vocab().encode(prompt);  // rotary::Error names an unknown character
@@ -41,7 +42,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--seed", cmd->seed, "sampling seed");
   sub->add_flag("--no-stop", cmd->no_stop, "do not stop at the task's stop token");
   sub->add_flag("--only-new", cmd->only_new, "print only the generated text, not the prompt");
-  sub->add_option("--threads", cmd->threads, "torch threads (0 = default)");
+  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)");
   cmd->overrides.add_to(*sub);
   sub->callback([cmd] { cmd->run(); });
 });
