@@ -269,12 +269,20 @@ void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64
   const double scale = p.direction == RopeDirection::Inverse ? 1.0 / a : a;
   const double sin_sign = p.direction == RopeDirection::Forward ? 1.0 : -1.0;
 
+  // Software prefetch of the same head one token ahead: an in-place pass reads and writes every line, and the
+  // hardware prefetcher alone left it at ~85% of a plain in-place read/write pass on the 2-core machine.
+  const size_t row_bytes = r * sizeof(TS);
   auto rotate_view = [&](const HeadsView& in, const HeadsView& out, int64_t t) {
     const TS* src0 = static_cast<const TS*>(in.data) + t * in.token_stride;
     TS* dst0 = static_cast<TS*>(out.data) + t * out.token_stride;
+    const bool ahead = t + 1 < t1;
     for (int64_t h = 0; h < in.heads; ++h) {
       const TS* x = src0 + h * in.head_stride;
       TS* y = dst0 + h * out.head_stride;
+      if (ahead) {
+        const char* next = reinterpret_cast<const char*>(x + in.token_stride);
+        for (size_t b = 0; b < row_bytes; b += 64) __builtin_prefetch(next + b, 1);
+      }
       if constexpr (kBf16) {
         const uint16_t* xb = reinterpret_cast<const uint16_t*>(x);
         uint16_t* yb = reinterpret_cast<uint16_t*>(y);
