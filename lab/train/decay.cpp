@@ -169,8 +169,8 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
       "set title \"RoFormer's relative upper bound a^2/(r/2) sum_j |S_j| against the relative distance\"\n"
       "set xlabel 'relative distance m - n'\nset ylabel 'relative upper bound'\nplot ");
   for (size_t i = 0; i < curves.size(); ++i)
-    script += fmt::format("{}'decay_bound.csv' using 1:{} with lines lw 2 title \"{}\"", i ? ", \\\n  " : "", i + 2,
-                          curves[i].name);
+    script += fmt::format("{}'decay_bound.csv' using 1:{} with lines lw 2 title \"{}\" noenhanced", i ? ", \\\n  " : "",
+                          i + 2, curves[i].name);
   script += "\n\n";
   std::vector<std::string> pngs{join_path(out_dir, "decay_bound.png")};
 

@@ -2,10 +2,10 @@
 //
 // Train (or load) a RoPE model at length L on KJV text, then score it at L, 2L, 4L, 8L (the multiples are
 // settable) with every inference-time method of extrapolate_methods.h, each with and without log-n: next-token
-// accuracy and loss on the last L tokens of plain and repeated held-out windows (extrapolate_eval.h). A second
-// model trained on kv_retrieval at L is scored on retrieval prompts of each length, its answers generated
-// through the KV-cache decoder. Then a ReRoPE window sweep (w from L/8 to L) at L and at the longest length, and
-// the report (extrapolate_report.h).
+// accuracy and loss on the last L tokens of plain and repeated held-out windows (extrapolate_eval.h). With
+// `retrieval`, a second model trained on kv_retrieval at L is scored on retrieval prompts of each length, its
+// answers generated through the KV-cache decoder. Then a ReRoPE window sweep (w from L/8 to L) at L and at the
+// longest length, and the report (extrapolate_report.h).
 //
 // Layout of <out>: text_model/ and kv_model/ (trainer run directories, resumable), cells/ (one JSON per scored
 // (model, metric, method, length): a rerun skips cells whose settings match), report.md, results.csv, *.png.
@@ -23,7 +23,8 @@ namespace rotary::train {
 struct ExtrapolateSpec {
   TrainConfig text;                 // the text model's run (task text, encoding rope; seq_len = L; log-n 0 or L)
   std::string text_checkpoint;      // non-empty: load this RoPE model (file or run dir) instead of training
-  bool retrieval = true;            // also the kv_retrieval model and its table
+  bool retrieval = false;           // also the kv_retrieval model and its table (off by default: a model that
+                                    // retrieves takes far longer to train than the default's budget)
   TrainConfig kv;                   // the retrieval model's run (task kv_retrieval, same L)
   std::string kv_checkpoint;
   std::vector<int> multiples{1, 2, 4, 8};  // test lengths L * m
@@ -33,7 +34,7 @@ struct ExtrapolateSpec {
   double leaky_k = 16;              // Leaky ReRoPE k
   double dynamic_factor = 1;        // HF dynamic factor
   std::vector<int64_t> sweep;       // ReRoPE windows of the sweep (empty: L/8, L/4, L/2, 3L/4, L; {-1}: none)
-  int windows = 16;                 // held-out text windows per length
+  int windows = 32;                 // held-out text windows per length
   int batch_size = 4;               // windows per forward
   int problems = 32;                // retrieval problems per length
   uint64_t eval_seed = 1234;

@@ -41,7 +41,7 @@ fi
 
 TINY=(--cache-dir "$W/cache" --text-vocab 128 --kv-pairs 1 --d-model 32 --n-layers 1 --n-heads 2 --seq-len 24
       --batch-size 4 --steps 6 --eval-interval 0 --eval-batches 1 --eval-problems 2 --threads 1 --lengths 1,2
-      --methods rope,ntk,dynamic,rerope --window 8 --sweep 4,24 --windows 2 --problems 2 --out "$W/x")
+      --methods rope,ntk,dynamic,rerope --window 8 --sweep 4,24 --windows 2 --retrieval --problems 2 --out "$W/x")
 if "$ROTARY" extrapolate "${TINY[@]}" > "$W/out" 2> "$W/err"; then
   grep -q "^| method | 24 (train) | 48 (repeated) | 48 (non-repeated) | 48 kv retrieval |" "$W/out" ||
     fail "no seed-shaped table header: $(head -3 "$W/out")"

@@ -1,6 +1,7 @@
 // rotary decay: RoFormer's long-term decay bound of a rotation spec (CSV + PNG), and with --checkpoint the same
 // measured on a trained RoPE model's attention.
 #include <cstdio>
+#include <fmt/format.h>
 #include <sstream>
 
 #include "cli/command.h"
@@ -66,7 +67,9 @@ struct DecayCommand {
       train::DecayCurve c;
       c.spec = spec_for(name, base_spec);
       c.spec.validate();
-      c.name = c.spec.describe();
+      // Short column / legend names; the full specs are printed below.
+      c.name = c.spec.scaling == RopeScaling::None ? std::string("none")
+                                                   : fmt::format("{} x{:g}", scaling_name(c.spec.scaling), c.spec.factor);
       // Dynamic NTK and longrope depend on the length: take the frequencies for the longest distance shown.
       c.bound = train::decay_bound(c.spec.freqs(freq_len), dmax);
       curves.push_back(c);
@@ -84,13 +87,16 @@ struct DecayCommand {
     std::string problem;
     const std::vector<std::string> pngs = train::write_decay_outputs(out, curves, measured ? &*measured : nullptr, problem);
 
-    std::printf("distance");
-    for (const auto& c : curves) std::printf("  %s", c.name.c_str());
+    for (const auto& c : curves) std::printf("%s: %s\n", c.name.c_str(), c.spec.describe().c_str());
+    std::printf("%8s", "distance");
+    for (const auto& c : curves) std::printf("  %12s", c.name.c_str());
     std::printf("\n");
-    for (int64_t d : {int64_t{0}, int64_t{1}, int64_t{4}, int64_t{16}, int64_t{64}, int64_t{256}, int64_t{1024}, dmax}) {
-      if (d > dmax || (d == dmax && d == 1024)) continue;
+    std::vector<int64_t> shown;
+    for (int64_t d = 0; d < dmax; d = d == 0 ? 1 : d * 4) shown.push_back(d);
+    shown.push_back(dmax);
+    for (int64_t d : shown) {
       std::printf("%8lld", static_cast<long long>(d));
-      for (const auto& c : curves) std::printf("  %.4f", c.bound[static_cast<size_t>(d)]);
+      for (const auto& c : curves) std::printf("  %12.4f", c.bound[static_cast<size_t>(d)]);
       std::printf("\n");
     }
     if (measured)

@@ -43,7 +43,7 @@ struct ExtrapolateCommand {
   int64_t kv_steps = 0;
   int windows = 0, eval_batch = 0, problems = 0;
   double dynamic_factor = 1;
-  bool no_retrieval = false, no_progress = false;
+  bool retrieval = false, no_progress = false;
 
   bool given(const std::string& name) const { return app->get_option(name)->count() > 0; }
 
@@ -65,7 +65,7 @@ struct ExtrapolateCommand {
     if (given("--kv-steps")) spec.kv.steps = kv_steps;
     if (!text_checkpoint.empty()) spec.text_checkpoint = text_checkpoint;
     if (!kv_checkpoint.empty()) spec.kv_checkpoint = kv_checkpoint;
-    spec.retrieval = !no_retrieval;
+    spec.retrieval = retrieval || !kv_checkpoint.empty();
     if (given("--lengths")) spec.multiples = parse_list<int>(lengths, "--lengths");
     if (given("--methods")) spec.methods = parse_list<std::string>(methods, "--methods");
     if (given("--logn-variants")) {
@@ -110,7 +110,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto take_last = [](CLI::Option* o) { return o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast); };
   take_last(sub->add_option("--text-checkpoint", cmd->text_checkpoint, "use this RoPE text model instead of training one"));
   take_last(sub->add_option("--kv-checkpoint", cmd->kv_checkpoint, "use this RoPE kv_retrieval model instead of training one"));
-  sub->add_flag("--no-retrieval", cmd->no_retrieval, "skip the kv_retrieval model and its table");
+  sub->add_flag("--retrieval", cmd->retrieval,
+                "also train (or --kv-checkpoint: load) a kv_retrieval model and score retrieval at every length");
   take_last(sub->add_option("--kv-steps", cmd->kv_steps, "training steps of the kv_retrieval model (default: as --steps)"))
       ->check(CLI::PositiveNumber);
   take_last(sub->add_option("--lengths", cmd->lengths, "test lengths as multiples of L (default 1,2,4,8)"));
@@ -119,7 +120,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   take_last(sub->add_option("--logn-variants", cmd->logn_variants, "both | off | on: log-n at test time (default both)"));
   take_last(sub->add_option("--sweep", cmd->sweep, "ReRoPE windows of the sweep, or none (default L/8,L/4,L/2,3L/4,L)"));
   take_last(sub->add_option("--dynamic-factor", cmd->dynamic_factor, "HF dynamic NTK factor (default 1)"));
-  take_last(sub->add_option("--windows", cmd->windows, "held-out text windows per length (default 16)"))
+  take_last(sub->add_option("--windows", cmd->windows, "held-out text windows per length (default 32)"))
       ->check(CLI::PositiveNumber);
   take_last(sub->add_option("--eval-batch-size", cmd->eval_batch, "windows per forward pass (default 4)"))
       ->check(CLI::PositiveNumber);
@@ -128,7 +129,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   cmd->flags.add_to(*sub);
   sub->footer(
-      "The training flags set both models (text and kv_retrieval; --steps, --seq-len = L, --d-model, ...); --logn L "
+      "The training flags set both models (text, and kv_retrieval with --retrieval; --steps, --seq-len = L, "
+      "--d-model, ...); --logn L "
       "trains them with log-n. --window and --leaky-k set the ReRoPE / Leaky ReRoPE test window (default L/2) and k "
       "(default 16); --threads the torch threads. Output in --out (default runs/extrapolate): report.md with the "
       "tables and PNGs, results.csv; a rerun reuses the trained models and every scored cell. See docs/extrapolate.md.");
