@@ -207,7 +207,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
     pos_series.push_back(fmt::format("'{}' using 1:2 with lines {} title \"{}\"", file, style(m), title(m, "text")));
   }
   figure("loss_vs_position.png",
-         fmt::format("KJV held-out text, windows of {} tokens: loss by position (trained at L = {}, dashed: log n)", Tmax, L),
+         fmt::format("Loss by position, KJV windows of {} (L = {}; dashed: log n)", Tmax, L),
          "position in the window", "loss (mean over windows and " + std::to_string(bucket) + " positions)",
          fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3 lc rgb '#000000'\nset key outside right", L),
          pos_series);
@@ -294,9 +294,12 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
   md << fmt::format(
       "\nScoring: {} held-out KJV windows per length; every window's last L = {} targets are scored (the same "
       "tokens at every length, only the context before them grows): {} tokens per cell. \"Repeated\": the same L "
-      "tokens tiled to the window length. Retrieval: {} kv_retrieval prompts per length with (T - 5) / 14 pairs, "
-      "greedy exact match of the answer and '#', generated through the KV-cache decoder.\n\n",
-      in.spec.windows, L, static_cast<int64_t>(in.spec.windows) * L, in.spec.problems);
+      "tokens tiled to the window length.{}\n\n",
+      in.spec.windows, L, static_cast<int64_t>(in.spec.windows) * L,
+      has_metric(in, "retrieval")
+          ? fmt::format(" Retrieval: {} kv_retrieval prompts per length with (T - 5) / 14 pairs, greedy exact match "
+                        "of the answer and '#', generated through the KV-cache decoder.", in.spec.problems)
+          : std::string());
   md << "Methods at test length T: factor T / L for PI, NTK-fixed, NTK-mixed and YaRN (original context L); "
         "NTK-dynamic recomputes the base for each token's own length over max_position_embeddings = L and is "
         "scored by decoding the last L tokens one at a time; ReRoPE / Leaky ReRoPE replace the distances beyond the "
