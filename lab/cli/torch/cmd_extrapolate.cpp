@@ -1,5 +1,6 @@
 // rotary extrapolate: seed 004's length-extrapolation table (train at L, test at L..8L with every inference-time
 // method, with and without log-n), its plots and a ReRoPE window sweep.
+#include <algorithm>
 #include <cstdio>
 #include <sstream>
 
