@@ -53,7 +53,7 @@ torch::Tensor logits_with(nn::Transformer& m, const Method& meth, int64_t test_l
   return m->forward(tokens);
 }
 
-TEST(methods, AtTheTrainingLengthEveryFactorMethodIsPlainRope) {
+TEST(extrapolate_methods, AtTheTrainingLengthEveryFactorMethodIsPlainRope) {
   nn::Transformer m = small_model();
   const torch::Tensor tokens = random_tokens(kL);
   const torch::Tensor rope = logits_with(m, method("rope"), kL, tokens);
@@ -71,7 +71,7 @@ TEST(methods, AtTheTrainingLengthEveryFactorMethodIsPlainRope) {
   }
 }
 
-TEST(methods, ReropeWithTheWindowPastEveryDistanceAndLeakyWithK1ArePlainRope) {
+TEST(extrapolate_methods, ReropeWithTheWindowPastEveryDistanceAndLeakyWithK1ArePlainRope) {
   nn::Transformer m = small_model();
   const torch::Tensor tokens = random_tokens(kL), long_tokens = random_tokens(4 * kL);
   const torch::Tensor rope = logits_with(m, method("rope"), kL, tokens);
@@ -87,7 +87,7 @@ TEST(methods, ReropeWithTheWindowPastEveryDistanceAndLeakyWithK1ArePlainRope) {
   EXPECT_GT(max_diff(logn.index({Slice(), Slice(kL)}), rope_long.index({Slice(), Slice(kL)})), 1e-6);
 }
 
-TEST(methods, OverrideFieldsFollowTheTestLength) {
+TEST(extrapolate_methods, OverrideFieldsFollowTheTestLength) {
   nn::Transformer m = small_model();
   const nn::EncodingConfig trained = m->config().resolved_encoding();
   const nn::EncodingOverride pi = method_override(method("pi"), trained, 128, 1024);
@@ -105,7 +105,7 @@ TEST(methods, OverrideFieldsFollowTheTestLength) {
   EXPECT_EQ(method("rerope", true, 64).label(true), "ReRoPE-w64-log n");
 }
 
-TEST(methods, BadInputNamesTheField) {
+TEST(extrapolate_methods, BadInputNamesTheField) {
   nn::Transformer m = small_model();
   const nn::EncodingConfig trained = m->config().resolved_encoding();
   auto message = [&](const Method& meth, const nn::EncodingConfig& enc) {
@@ -125,7 +125,7 @@ TEST(methods, BadInputNamesTheField) {
   EXPECT_NE(message(method("rope"), roper).find("encoding.kind = roper"), std::string::npos);
 }
 
-TEST(windows, PlainIsTheRowsEndAndRepeatedTilesTheLastL) {
+TEST(extrapolate_windows, PlainIsTheRowsEndAndRepeatedTilesTheLastL) {
   std::vector<int32_t> row(33);
   for (int i = 0; i < 33; ++i) row[i] = 100 + i;
   const std::vector<int32_t> plain = make_window(row, 16, 8, WindowMode::Plain);
@@ -142,7 +142,7 @@ TEST(windows, PlainIsTheRowsEndAndRepeatedTilesTheLastL) {
 // as the full forward of the prefix [0, t] would. Recomputed here prefix by prefix on a one-layer model (with more
 // layers the cached keys and values of deeper layers were computed at the earlier lengths, as in any cached
 // generation, so the prefix forward is not the reference there).
-TEST(scoring, DecodedDynamicNtkPredictsEachTokenWithItsOwnLength) {
+TEST(extrapolate_scoring, DecodedDynamicNtkPredictsEachTokenWithItsOwnLength) {
   nn::Transformer m = small_model(29, 1);
   const int64_t T = 2 * kL;
   m->set_override(method_override(method("dynamic"), m->config().resolved_encoding(), kL, T));
@@ -168,7 +168,7 @@ TEST(scoring, DecodedDynamicNtkPredictsEachTokenWithItsOwnLength) {
 
 // B(d) for head dim 4, base 10000: pairs theta = (1, 0.01); |S_1| = 1, |S_2| = |e^{id} + e^{0.01 id}| =
 // 2 |cos(0.495 d)|, so B(d) = (1 + 2 |cos(0.495 d)|) / 2.
-TEST(decay, BoundMatchesTheHandComputation) {
+TEST(extrapolate_decay, BoundMatchesTheHandComputation) {
   RopeSpec s;
   s.head_dim = 4;
   const std::vector<double> b = decay_bound(s.freqs(), 50);
@@ -176,7 +176,7 @@ TEST(decay, BoundMatchesTheHandComputation) {
   for (int d = 0; d <= 50; ++d) EXPECT_NEAR(b[d], (1 + 2 * std::abs(std::cos(0.495 * d))) / 2, 1e-12) << d;
 }
 
-TEST(decay, ScalingChangesTheBound) {
+TEST(extrapolate_decay, ScalingChangesTheBound) {
   RopeSpec s;
   s.head_dim = 64;
   const std::vector<double> plain = decay_bound(s.freqs(), 200);
@@ -194,7 +194,7 @@ TEST(decay, ScalingChangesTheBound) {
   EXPECT_NEAR(decay_bound(yf, 0)[0], yf.attention_factor * yf.attention_factor * 16.5, 1e-12);
 }
 
-TEST(decay, MeasuredAttentionSumsToOneAndRejectsRerope) {
+TEST(extrapolate_decay, MeasuredAttentionSumsToOneAndRejectsRerope) {
   nn::Transformer m = small_model(35);
   m->to(torch::kFloat);
   lab::TaskOptions one_pair;
