@@ -83,6 +83,19 @@ Curve smoothed(const std::vector<MetricsRow>& rows, size_t window) {
 
 }  // namespace
 
+std::string run_gnuplot(const std::string& plot_dir, const std::string& script) {
+  auto run = [&](const std::string& terminal) {
+    const std::string gp = "set terminal " + terminal + " size 1000,600\nset grid\nset key top right\n\n" + script;
+    write_file_atomic(join_path(plot_dir, "plots.gp"), gp);
+    const std::string cmd = "cd " + shell_quote(plot_dir) + " && gnuplot plots.gp > gnuplot.log 2>&1";
+    return std::system(cmd.c_str()) == 0;
+  };
+  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
+    return "gnuplot is not installed (Debian: gnuplot-nox); no plots";
+  if (!run("pngcairo") && !run("png")) return "gnuplot failed; see " + join_path(plot_dir, "gnuplot.log");
+  return "";
+}
+
 double drop_worst_mean(const std::vector<double>& values, bool higher_is_better) {
   if (values.empty()) return std::nan("");
   std::vector<double> v = values;
@@ -196,17 +209,8 @@ ReportFiles write_report(const ReportInputs& in) {
     figure("accuracy.png", task + ": exact match, greedy decoding; thin: each run, thick: mean", "accuracy", acc_plot,
            "set yrange [0:1]");
 
-  auto run_gnuplot = [&](const std::string& terminal) {
-    const std::string gp = "set terminal " + terminal + " size 1000,600\nset grid\nset key top right\n\n" + script;
-    write_file_atomic(join_path(plot_dir, "plots.gp"), gp);
-    const std::string cmd = "cd " + shell_quote(plot_dir) + " && gnuplot plots.gp > gnuplot.log 2>&1";
-    return std::system(cmd.c_str()) == 0;
-  };
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) {
-    files.plot_problem = "gnuplot is not installed (Debian: gnuplot-nox); no plots";
-  } else if (!script.empty() && !run_gnuplot("pngcairo") && !run_gnuplot("png")) {
-    files.plot_problem = "gnuplot failed; see " + join_path(plot_dir, "gnuplot.log");
-  } else {
+  files.plot_problem = script.empty() ? "" : run_gnuplot(plot_dir, script);
+  if (files.plot_problem.empty()) {
     for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"})
       if (file_exists(join_path(in.out_dir, png))) files.plots.push_back(join_path(in.out_dir, png));
   }

@@ -1,0 +1,57 @@
+// lab/train/extrapolate_methods.h: the inference-time methods of `rotary extrapolate` (seed 004's table) and the
+// encoding override that realises each one on a RoPE model trained at length L and run at length T (torch-free).
+//
+//   rope          plain RoPE, positions beyond L extrapolated ("Baseline")
+//   pi            position interpolation: linear scaling, factor T / L
+//   ntk           fixed NTK-aware: base' = base * (T / L)^(r / (r - 2))
+//   ntk_mixed     Su's per-pair mix: inv_j / exp(a j^b), factor T / L
+//   dynamic       HF dynamic NTK over max_position_embeddings = L: each token uses the base for its own length
+//                 (scored by decoding, see extrapolate_eval.h)
+//   yarn          NTK-by-parts + attention factor, factor T / L, original context L
+//   rerope        ReRoPE(w): distances >= w clipped to w
+//   leaky_rerope  Leaky ReRoPE(w, k): distances beyond w grow by 1/k per token
+// Each with or without log-n (q_n *= max(1, ln(n + 1) / ln L)): "log n" on a model trained with it, "log n†" when
+// only the test adds it (seed 004's notation).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rotary_nn/config.h"
+
+namespace rotary::train {
+
+inline constexpr std::string_view kExtrapolateMethods[] = {"rope", "pi",     "ntk",    "ntk_mixed",
+                                                           "dynamic", "yarn", "rerope", "leaky_rerope"};
+
+struct Method {
+  std::string name;     // one of kExtrapolateMethods
+  bool logn = false;    // log-n query scaling at test time
+  int64_t window = 0;   // rerope, leaky_rerope
+  double leaky_k = 0;   // leaky_rerope
+  double dynamic_factor = 1;  // dynamic: HF's factor (1: base' = base * (S / L)^(r / (r - 2)) at length S > L)
+
+  // Machine name for files and CSV: "rerope_w64_logn".
+  std::string key() const;
+  // Row label in seed 004's style: "ReRoPE-w64-log n†" (trained_logn: the model was trained with log-n, so
+  // "log n" has no dagger and a method without it is "no log n").
+  std::string label(bool trained_logn) const;
+};
+
+// Throws rotary::Error listing the choices for an unknown name.
+void check_method_name(const std::string& name, const std::string& field);
+
+// The override that runs `m` on a model whose trained encoding is `trained` (kind rope, no scaling; rope.head_dim
+// and rotary_dim resolved) at test length test_len, trained at train_len. Every field the method does not change
+// is the trained one, so at test_len == train_len the factor-based methods (pi, ntk, ntk_mixed, dynamic, yarn)
+// compute plain RoPE.
+nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& trained, int64_t train_len,
+                                     int64_t test_len);
+
+// True when the method's frequencies change with the current length (dynamic NTK): a full-window forward would
+// give every token the frequencies of the whole window, so it is scored by decoding instead.
+bool length_dependent_method(const Method& m);
+
+}  // namespace rotary::train
