@@ -3,6 +3,8 @@
 
 #include <torch/torch.h>
 
+#include "bench/torch/torch_rotations.h"
+
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -11,11 +13,6 @@ namespace rotary::bench {
 namespace {
 
 using torch::indexing::Slice;
-
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return torch::cat({-x.index({"...", Slice(h, torch::indexing::None)}), x.index({"...", Slice(0, h)})}, -1);
-}
 
 // [1, Hkv, T, D] -> [1, Hkv * groups, T, D], as transformers' repeat_kv.
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t groups) {

@@ -3,24 +3,14 @@
 
 #include <torch/torch.h>
 
+#include "bench/torch/torch_rotations.h"
+
 #include <memory>
 
 namespace rotary::bench {
 
 namespace {
 
-using torch::indexing::Slice;
-
-torch::Tensor rotate_half(const torch::Tensor& x) {
-  const int64_t h = x.size(-1) / 2;
-  return torch::cat({-x.index({"...", Slice(h, torch::indexing::None)}), x.index({"...", Slice(0, h)})}, -1);
-}
-
-torch::Tensor rotate_every_two(const torch::Tensor& x) {
-  const auto x1 = x.index({"...", Slice(0, torch::indexing::None, 2)});
-  const auto x2 = x.index({"...", Slice(1, torch::indexing::None, 2)});
-  return torch::stack({-x2, x1}, -1).flatten(-2);
-}
 
 struct State {
   torch::Tensor q, cos, sin;
