@@ -8,9 +8,7 @@
 #include <memory>
 
 namespace rotary::bench {
-
 namespace {
-
 
 struct State {
   torch::Tensor q, cos, sin;
