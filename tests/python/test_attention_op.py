@@ -5,7 +5,7 @@ import unittest
 import torch
 
 import rotary
-from test_rope_op import inv_freq_default, rope_plain
+from test_rope_op import inv_freq_default, rope_plain, rotate_pairs
 
 
 def attention_plain(q, k, v, pos, mode, inv, a=1.0, layout="half_split", roper=False, window=0, leaky_k=1.0,
@@ -60,17 +60,9 @@ def attention_plain(q, k, v, pos, mode, inv, a=1.0, layout="half_split", roper=F
 
 def rope_frac(x, p, inv, a, layout):
     """Rotate x [H, D] by a real-valued position p (angle p * inv_freq), factor a."""
-    r = 2 * inv.numel()
     ang = p * inv
     cos, sin = torch.cos(ang) * a, torch.sin(ang) * a
-    rot, rest = x[..., :r], x[..., r:]
-    if layout == "half_split":
-        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
-        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return torch.cat([out, rest], dim=-1)
+    return rotate_pairs(x, cos, sin, layout)
 
 
 def call(q, k, v, pos, mode, inv, a=1.0, layout="half_split", roper=False, window=0, leaky_k=1.0, logn=0,

@@ -4,25 +4,17 @@ import unittest
 import torch
 
 import rotary
-from test_rope_op import inv_freq_default
+from test_rope_op import inv_freq_default, rotate_pairs
 
 EPS32 = torch.finfo(torch.float32).eps
 
 
 def rotate(x, pos, inv, a, layout):
     """a R(pos) x [S, H, D] on the first rotary_dim features, in x's dtype (angles and cos/sin built in float64)."""
-    r = 2 * inv.numel()
     ang = pos.double()[:, None] * inv  # [S, r/2]
     cos = (torch.cos(ang) * a).to(x.dtype)[:, None, :]
     sin = (torch.sin(ang) * a).to(x.dtype)[:, None, :]
-    rot, rest = x[..., :r], x[..., r:]
-    if layout == "half_split":
-        x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
-        out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
-    else:
-        x1, x2 = rot[..., 0::2], rot[..., 1::2]
-        out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
-    return torch.cat([out, rest], dim=-1)
+    return rotate_pairs(x, cos, sin, layout)
 
 
 def linear_attention_plain(q, k, v, pos, inv=None, a=1.0, layout="half_split", causal=True):

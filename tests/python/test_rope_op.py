@@ -11,13 +11,11 @@ def inv_freq_default(rotary_dim, base=10000.0):
     return 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float64) / rotary_dim))
 
 
-def rope_plain(x, positions, inv_freq, a, layout):
-    """The usual composition x*cos + rotate_half(x)*sin, in float64, on the first rotary_dim features."""
-    r = 2 * inv_freq.numel()
-    xd = x.double()
-    rot, rest = xd[..., :r], xd[..., r:]
-    ang = positions.double()[..., None] * inv_freq  # [..., r/2]
-    cos, sin = (torch.cos(ang) * a)[..., None, :], (torch.sin(ang) * a)[..., None, :]
+def rotate_pairs(x, cos, sin, layout):
+    """(x1 cos - x2 sin, x1 sin + x2 cos) on the pairs of the first r = 2 * cos.shape[-1] features of x (layout
+    "half_split": (i, i + r/2); "interleaved": (2i, 2i+1)); the rest pass through. cos, sin broadcast to the pairs."""
+    r = 2 * cos.shape[-1]
+    rot, rest = x[..., :r], x[..., r:]
     if layout == "half_split":
         x1, x2 = rot[..., : r // 2], rot[..., r // 2:]
         out = torch.cat([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1)
@@ -25,6 +23,14 @@ def rope_plain(x, positions, inv_freq, a, layout):
         x1, x2 = rot[..., 0::2], rot[..., 1::2]
         out = torch.stack([x1 * cos - x2 * sin, x1 * sin + x2 * cos], dim=-1).flatten(-2)
     return torch.cat([out, rest], dim=-1)
+
+
+def rope_plain(x, positions, inv_freq, a, layout):
+    """The usual composition x*cos + rotate_half(x)*sin, in float64, on the first rotary_dim features."""
+    xd = x.double()
+    ang = positions.double()[..., None] * inv_freq  # [..., r/2]
+    cos, sin = (torch.cos(ang) * a)[..., None, :], (torch.sin(ang) * a)[..., None, :]
+    return rotate_pairs(xd, cos, sin, layout)
 
 
 class RopeOpTest(unittest.TestCase):
