@@ -16,6 +16,7 @@
 
 #include "rotary/error.h"
 #include "tasks/kjv_corpus.h"
+#include "tasks/subprocess.h"
 #include "tasks/random.h"
 #include "tasks/task.h"
 
@@ -462,6 +463,29 @@ TEST(tasks, KjvParserSplitsEveryTwentiethChapter) {
   skipped.replace(skipped.find("  2 c7v2"), 8, "  3 c7v2");
   EXPECT_THROW(parse_kjv(skipped), Error);
   EXPECT_THROW(parse_kjv("  1 no heading\n"), Error);
+}
+
+// The text task's programs run through run_command: output is collected, and a failing or missing program is a
+// rotary::Error that names what was being done, the command and its status.
+TEST(tasks, RunCommandCollectsOutputAndNamesFailures) {
+  const CommandResult ok = run_command({"sh", "-c", "echo out; echo err >&2; exit 0"});
+  EXPECT_EQ(ok.status, 0);
+  EXPECT_EQ(ok.out, "out\n");
+  EXPECT_EQ(ok.err, "err\n");
+  EXPECT_EQ(run_command({"sh", "-c", "exit 3"}).status, 3);
+  EXPECT_EQ(run_command({"rotary-no-such-program"}).status, 127);
+  try {
+    run_command_or_fail("text tokenizer", {"sh", "-c", "echo broken model >&2; exit 4"}, "a working tokenizer");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("text tokenizer"), std::string::npos) << m;
+    EXPECT_NE(m.find("status 4"), std::string::npos) << m;
+    EXPECT_NE(m.find("broken model"), std::string::npos) << m;
+    EXPECT_NE(m.find("a working tokenizer"), std::string::npos) << m;
+  }
+  EXPECT_THROW(run_command_or_fail("x", {"rotary-no-such-program"}, "y"), Error);
+  EXPECT_THROW(run_command({}), Error);
 }
 
 bool have_bible() { return std::system("command -v bible >/dev/null 2>&1") == 0; }
