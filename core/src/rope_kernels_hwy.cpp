@@ -360,8 +360,6 @@ const char* ChosenTargetName() { return hwy::TargetName(HWY_TARGET); }
 HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
-#include "simd_targets.h"
-
 namespace rotary {
 
 HWY_EXPORT(RopeApplyImpl);
@@ -375,17 +373,5 @@ void rope_apply(const RopeFreqs& f, const RopeParams& p) {
 
 const char* rope_simd_target() { return HWY_DYNAMIC_DISPATCH(ChosenTargetName)(); }
 
-namespace detail {
-
-std::vector<int64_t> simd_targets() { return hwy::SupportedAndGeneratedTargets(); }
-
-void force_simd_target(int64_t target) {
-  hwy::SetSupportedTargetsForTest(target);  // 0 ends the override
-  hwy::GetChosenTarget().Update(hwy::SupportedTargets());
-}
-
-const char* simd_target_name(int64_t target) { return hwy::TargetName(target); }
-
-}  // namespace detail
 }  // namespace rotary
 #endif  // HWY_ONCE
