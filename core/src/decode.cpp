@@ -15,6 +15,7 @@
 #include "rotary/angles.h"
 #include "rotary/error.h"
 #include "rotary/kv_cache.h"
+#include "validate.h"
 
 namespace rotary::decode_detail {
 
@@ -548,18 +549,6 @@ void decode_fast(std::span<const KvCache* const> caches, const DecodeParams& p) 
   decode_planned(caches, p, plans, q_plain, q_near, c0.dtype(), resolve_threads(p));
 }
 
-void check_view(const HeadsView& v, const std::string& name, int64_t tokens, int64_t heads, int D) {
-  check(v.data != nullptr, name + ".data", "null", "a non-null pointer");
-  check(v.heads == heads, name + ".heads", v.heads, "q.heads = " + std::to_string(heads));
-  if (v.heads > 1)
-    check(v.head_stride >= D, name + ".head_stride", v.head_stride,
-          ">= head_dim = " + std::to_string(D) + " (heads must not overlap)");
-  const int64_t extent = (v.heads - 1) * v.head_stride + D;
-  if (tokens > 1)
-    check(v.token_stride >= extent, name + ".token_stride", v.token_stride,
-          ">= (heads-1)*head_stride + head_dim = " + std::to_string(extent) + " (sequences must not overlap)");
-}
-
 }  // namespace
 
 void validate_decode_params(std::span<const KvCache* const> caches, const DecodeParams& p) {
@@ -579,10 +568,11 @@ void validate_decode_params(std::span<const KvCache* const> caches, const Decode
   }
   const KvCache& c0 = *caches[0];
   const int64_t B = int64_t(caches.size()), Hkv = c0.kv_heads();
-  check(p.q.heads >= 1 && p.q.heads % Hkv == 0, "q.heads", p.q.heads,
-        "a positive multiple of the caches' kv_heads = " + std::to_string(Hkv) + " (MHA, GQA or MQA)");
-  check_view(p.q, "q", B, p.q.heads, c0.head_dim());
-  check_view(p.o, "o", B, p.q.heads, c0.head_dim());
+  if (!(p.q.heads >= 1 && p.q.heads % Hkv == 0))
+    fail("q.heads", to_text(p.q.heads),
+         "a positive multiple of the caches' kv_heads = " + std::to_string(Hkv) + " (MHA, GQA or MQA)");
+  detail::check_view(p.q, "q", B, c0.head_dim());
+  detail::check_view(p.o, "o", B, c0.head_dim(), p.q.heads, "q.heads");
   if (p.q_positions)
     for (int64_t b = 0; b < B; ++b)
       check(p.q_positions[b] >= caches[size_t(b)]->last_position(), "q_positions[" + std::to_string(b) + "]",
@@ -591,7 +581,7 @@ void validate_decode_params(std::span<const KvCache* const> caches, const Decode
                 " (the cache holds the keys the query may see)");
   check(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0, "softmax_scale", p.softmax_scale,
         "a finite value > 0, or 0 for 1/sqrt(head_dim)");
-  check(p.threads >= 0, "threads", p.threads, ">= 0 (0: all OpenMP threads)");
+  detail::check_threads(p.threads);
   check(p.split_keys >= 0, "split_keys", p.split_keys, ">= 0 (0: automatic)");
 }
 

@@ -9,12 +9,12 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "validate.h"
 
 namespace rotary {
 
 namespace {
 
-constexpr int64_t kMaxPosition = int64_t(1) << 53;  // positions are exact doubles; distances cannot overflow
 constexpr int64_t kMaxTableDistance = 8192;         // near table rows 0..min(w, this); farther distances computed
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -85,38 +85,6 @@ void cos_sin(const RopeFreqs& f, int64_t pos, double scale, float* c, float* s) 
 }
 void cos_sin(const RopeFreqs& f, int64_t pos, double scale, double* c, double* s) {
   rope_cos_sin_f64(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
-}
-
-void check_heads_view(const HeadsView& v, const std::string& name, int64_t tokens, int64_t heads, int head_dim) {
-  check(v.data != nullptr, name + ".data", "null", "a non-null pointer");
-  check(v.heads == heads, name + ".heads", v.heads, "the cache's kv_heads = " + std::to_string(heads));
-  if (v.heads > 1)
-    check(v.head_stride >= head_dim, name + ".head_stride", v.head_stride,
-          ">= head_dim = " + std::to_string(head_dim) + " (heads must not overlap)");
-  const int64_t extent = (v.heads - 1) * v.head_stride + head_dim;
-  if (tokens > 1)
-    check(v.token_stride >= extent, name + ".token_stride", v.token_stride,
-          ">= (heads-1)*head_stride + head_dim = " + std::to_string(extent) + " (tokens must not overlap)");
-}
-
-// The checks of PositionParams against a cache's head_dim.
-void validate_position_params(const PositionParams& pos, int head_dim) {
-  const int mode = int(pos.mode);
-  check(mode >= 0 && mode <= int(PositionMode::LeakyRerope), "pos.mode", mode, "None, Rope, Rerope, LeakyRerope");
-  if (pos.mode != PositionMode::None) {
-    check(pos.freqs != nullptr, "pos.freqs", "null", "a RopeFreqs for every mode but None");
-    pos.freqs->validate();
-    check(pos.freqs->head_dim == head_dim, "pos.freqs->head_dim", pos.freqs->head_dim,
-          "the cache's head_dim = " + std::to_string(head_dim));
-  }
-  if (pos.mode == PositionMode::Rerope || pos.mode == PositionMode::LeakyRerope)
-    check(pos.window > 0 && pos.window <= kMaxPosition, "pos.window", pos.window, "> 0 (and <= 2^53)");
-  if (pos.mode == PositionMode::LeakyRerope)
-    check(std::isfinite(pos.leaky_k) && pos.leaky_k > 0, "pos.leaky_k", pos.leaky_k, "a finite value > 0");
-  check(!pos.roper || pos.mode != PositionMode::None, "pos.roper", "true",
-        "false when pos.mode is None (RoPER rotates values by the positions a rotary mode uses)");
-  check(pos.logn_train_len == 0 || pos.logn_train_len > 1, "pos.logn_train_len", pos.logn_train_len,
-        "0 (off) or a training length > 1");
 }
 
 }  // namespace
@@ -201,9 +169,8 @@ KvCache::KvCache(const KvCacheConfig& config) : impl_(std::make_unique<Impl>()) 
   check(config.capacity >= 1 && config.capacity <= (int64_t(1) << 34), "capacity", config.capacity, "1..2^34");
   check(config.kv_heads >= 1 && config.kv_heads <= 65536, "kv_heads", config.kv_heads, "1..65536");
   check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
-  const int dt = int(config.dtype);
-  check(dt >= 0 && dt <= int(DType::F64), "dtype", dt, "f32, f16, bf16, f64");
-  validate_position_params(config.pos, config.head_dim);
+  detail::check_dtype(config.dtype);
+  detail::check_position_params(config.pos, config.head_dim, "the cache's head_dim");
 
   Impl& m = *impl_;
   m.config = config;
@@ -242,20 +209,11 @@ void KvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, const in
   if (m.size + n > m.config.capacity)
     throw Error("rotary: kv_cache.append: size " + std::to_string(m.size) + " + " + std::to_string(n) +
                 " exceeds capacity = " + std::to_string(m.config.capacity));
-  check(positions != nullptr, "kv_cache.append: positions", "null", "a pointer to n int64 positions");
-  check_heads_view(k, "kv_cache.append: k", n, m.config.kv_heads, m.config.head_dim);
-  check_heads_view(v, "kv_cache.append: v", n, m.config.kv_heads, m.config.head_dim);
-  int64_t prev = m.size > 0 ? m.positions.back() : std::numeric_limits<int64_t>::min();
-  for (int64_t t = 0; t < n; ++t) {
-    const std::string field = "kv_cache.append: positions[" + std::to_string(t) + "]";
-    check(positions[t] <= kMaxPosition && positions[t] >= -kMaxPosition, field, positions[t], "|position| <= 2^53");
-    if (m.config.pos.logn_train_len > 0)
-      check(positions[t] >= 0, field, positions[t], ">= 0 (log-n takes ln(pos + 1))");
-    if (positions[t] <= prev)
-      fail(field, to_text(positions[t]),
-           "> the previous position " + std::to_string(prev) + " (positions strictly increasing)");
-    prev = positions[t];
-  }
+  if (positions == nullptr) fail("kv_cache.append: positions", "null", "a pointer to n int64 positions");
+  detail::check_view(k, "kv_cache.append: k", n, m.config.head_dim, m.config.kv_heads, "the cache's kv_heads");
+  detail::check_view(v, "kv_cache.append: v", n, m.config.head_dim, m.config.kv_heads, "the cache's kv_heads");
+  detail::check_positions(positions, 0, n, "kv_cache.append: ", m.config.pos.logn_train_len > 0, true,
+                          m.size > 0 ? &m.positions.back() : nullptr);
   const int64_t base = m.size;
   const bool f64 = m.config.dtype == DType::F64;
 #pragma omp parallel for schedule(static) if (n * m.config.kv_heads >= 64)

@@ -12,24 +12,11 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "validate.h"
 
 namespace rotary {
 
 namespace {
-
-constexpr int64_t kMaxAbsPosition = int64_t(1) << 53;
-
-void check_view(const HeadsView& v, const std::string& name, int64_t tokens, int64_t heads, int dim) {
-  check(v.data != nullptr, name + ".data", "null", "a non-null pointer");
-  check(v.heads == heads, name + ".heads", v.heads, "q.heads = " + std::to_string(heads));
-  if (v.heads > 1)
-    check(v.head_stride >= dim, name + ".head_stride", v.head_stride,
-          ">= its row length " + std::to_string(dim) + " (heads must not overlap)");
-  const int64_t extent = (v.heads - 1) * v.head_stride + dim;
-  if (tokens > 1)
-    check(v.token_stride >= extent, name + ".token_stride", v.token_stride,
-          ">= (heads-1)*head_stride + row length = " + std::to_string(extent) + " (tokens must not overlap)");
-}
 
 template <class W>
 void load(const HeadsView& v, DType t, int64_t tok, int64_t h, int n, W* out) {
@@ -263,36 +250,21 @@ void validate_linear_attention_params(const LinearAttentionParams& p) {
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   check(p.head_dim >= 1 && p.head_dim <= 1024, "head_dim", p.head_dim, "1..1024");
   check(p.value_dim >= 0 && p.value_dim <= 1024, "value_dim", p.value_dim, "1..1024, or 0 for head_dim");
-  check(p.dtype == DType::F32 || p.dtype == DType::F16 || p.dtype == DType::BF16 || p.dtype == DType::F64, "dtype",
-        int(p.dtype), "f32, f16, bf16, f64");
+  detail::check_dtype(p.dtype);
   if (p.freqs) {
     p.freqs->validate();
-    check(p.freqs->head_dim == p.head_dim, "freqs->head_dim", p.freqs->head_dim,
-          "head_dim = " + std::to_string(p.head_dim));
+    if (p.freqs->head_dim != p.head_dim)
+      fail("freqs->head_dim", to_text(p.freqs->head_dim), "head_dim = " + std::to_string(p.head_dim));
   }
-  check(p.threads >= 0, "threads", p.threads, ">= 0 (0: all OpenMP threads)");
-  check(p.batch >= 1, "batch", p.batch, ">= 1");
-  if (p.cu_seqlens == nullptr) {
-    check(p.batch == 1, "batch", p.batch, "1 when cu_seqlens is null (one sequence of all tokens)");
-  } else {
-    check(p.cu_seqlens[0] == 0, "cu_seqlens[0]", p.cu_seqlens[0], "0");
-    for (int64_t s = 0; s < p.batch; ++s)
-      check(p.cu_seqlens[s + 1] >= p.cu_seqlens[s], "cu_seqlens[" + std::to_string(s + 1) + "]", p.cu_seqlens[s + 1],
-            ">= cu_seqlens[" + std::to_string(s) + "] = " + std::to_string(p.cu_seqlens[s]) + " (non-decreasing)");
-    check(p.cu_seqlens[p.batch] == p.tokens, "cu_seqlens[batch]", p.cu_seqlens[p.batch],
-          "tokens = " + std::to_string(p.tokens));
-  }
+  detail::check_threads(p.threads);
+  detail::check_sequences(p.cu_seqlens, p.batch, p.tokens);
   if (p.tokens == 0) return;
-  check(p.q.heads >= 1, "q.heads", p.q.heads, ">= 1");
   const int Dv = value_dim(p);
-  check_view(p.q, "q", p.tokens, p.q.heads, p.head_dim);
-  check_view(p.k, "k", p.tokens, p.q.heads, p.head_dim);
-  check_view(p.v, "v", p.tokens, p.q.heads, Dv);
-  check_view(p.o, "o", p.tokens, p.q.heads, Dv);
-  if (p.positions)
-    for (int64_t t = 0; t < p.tokens; ++t)
-      check(p.positions[t] >= -kMaxAbsPosition && p.positions[t] <= kMaxAbsPosition,
-            "positions[" + std::to_string(t) + "]", p.positions[t], "|position| <= 2^53");
+  detail::check_view(p.q, "q", p.tokens, p.head_dim);
+  detail::check_view(p.k, "k", p.tokens, p.head_dim, p.q.heads, "q.heads");
+  detail::check_view(p.v, "v", p.tokens, Dv, p.q.heads, "q.heads");
+  detail::check_view(p.o, "o", p.tokens, Dv, p.q.heads, "q.heads");
+  if (p.positions) detail::check_positions(p.positions, 0, p.tokens, "", false, false);
 }
 
 void validate_linear_attention_grad_params(const LinearAttentionGradParams& g) {
@@ -302,10 +274,10 @@ void validate_linear_attention_grad_params(const LinearAttentionGradParams& g) {
   validate_linear_attention_params(no_o);
   if (p.tokens == 0) return;
   const int Dv = value_dim(p);
-  check_view(g.dout, "dout", p.tokens, p.q.heads, Dv);
-  check_view(g.dq, "dq", p.tokens, p.q.heads, p.head_dim);
-  check_view(g.dk, "dk", p.tokens, p.q.heads, p.head_dim);
-  check_view(g.dv, "dv", p.tokens, p.q.heads, Dv);
+  detail::check_view(g.dout, "dout", p.tokens, Dv, p.q.heads, "q.heads");
+  detail::check_view(g.dq, "dq", p.tokens, p.head_dim, p.q.heads, "q.heads");
+  detail::check_view(g.dk, "dk", p.tokens, p.head_dim, p.q.heads, "q.heads");
+  detail::check_view(g.dv, "dv", p.tokens, Dv, p.q.heads, "q.heads");
 }
 
 void linear_attention_forward(const LinearAttentionParams& p) {

@@ -20,6 +20,8 @@ enum class MemLayout : uint8_t {
   Contiguous,  // [tokens, H, D]
   Padded,      // heads and tokens with gaps (head_stride = D + 3, token_stride = H (D + 3) + 5)
   FusedQkv,    // q, k, v interleaved per token in one buffer, as a fused projection writes them
+  HeadMajor,   // [H, tokens, D]: a [B, H, S, D] tensor transposed to [B, S, H, D] at B = 1 (Hugging Face at
+               // inference); token_stride = D < head_stride = tokens * D
 };
 
 struct AttnCase {
@@ -179,7 +181,7 @@ class AttnProblem {
 
  private:
   int64_t row_elems(int64_t H) const {
-    return c_.mem == MemLayout::Padded ? H * (c_.D + 3) + 5 : H * c_.D;
+    return c_.mem == MemLayout::Padded ? H * (c_.D + 3) + 5 : H * c_.D;  // HeadMajor: the same elements
   }
   std::unique_ptr<GuardedBuffer> make(int64_t H, uint64_t seed, bool marker = false) const {
     auto b = std::make_unique<GuardedBuffer>(c_.dtype, std::max<int64_t>(1, tokens_ * row_elems(H)));
@@ -191,6 +193,7 @@ class AttnProblem {
     return b;
   }
   HeadsView view(GuardedBuffer& b, int64_t H) const {
+    if (c_.mem == MemLayout::HeadMajor) return {b.data(), H, c_.D, tokens_ * c_.D};
     const int64_t hs = c_.mem == MemLayout::Padded ? c_.D + 3 : c_.D;
     return {b.data(), H, row_elems(H), hs};
   }

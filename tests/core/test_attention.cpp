@@ -119,10 +119,11 @@ std::vector<AttnCase> forward_cases() {
   const std::vector<std::pair<int, int>> heads = {{2, 2}, {4, 1}, {4, 2}};
   const std::vector<std::vector<int64_t>> lens = {{1, 7, 33, 130}, {130}, {65, 64}, {7, 0, 1, 90}};
   const std::vector<DType> dtypes = {DType::F32, DType::F16, DType::BF16, DType::F64};
-  const std::vector<MemLayout> mems = {MemLayout::Contiguous, MemLayout::Padded, MemLayout::FusedQkv};
+  const std::vector<MemLayout> mems = {MemLayout::Contiguous, MemLayout::Padded, MemLayout::FusedQkv, MemLayout::HeadMajor};
   std::vector<AttnCase> cases;
-  // A rotating walk through the axes (coprime lengths), so every mode meets every dim, dtype and layout.
-  for (int i = 0; i < 40; ++i) {
+  // A rotating walk through the axes (coprime lengths), so every mode meets every dim, dtype and layout; ten
+  // more steps give every mode the head-major layout (heads outermost, as a transposed [1, H, S, D] tensor).
+  for (int i = 0; i < 50; ++i) {
     const ModeSpec& m = modes[size_t(i % 10)];
     AttnCase c;
     c.name = "walk" + std::to_string(i);
@@ -132,7 +133,7 @@ std::vector<AttnCase> forward_cases() {
     c.seqlens = lens[size_t(i % 4)];
     c.causal = (i % 7) != 3 && (i % 7) != 5;
     c.dtype = dtypes[size_t((i / 2) % 4)];
-    c.mem = mems[size_t(i % 3)];
+    c.mem = i < 40 ? mems[size_t(i % 3)] : MemLayout::HeadMajor;
     if (i % 5 == 1) c.position_offset = 1000;  // explicit positions with gaps, far from 0
     if (!c.causal && i % 2 == 1) c.position_offset = 0, c.shuffle_positions = true;  // any order when not causal
     if (c.roper && c.D > 128) c.D = 96;  // the reference rotates values per (query, key) pair: keep it quick
@@ -170,6 +171,13 @@ std::vector<AttnCase> backward_cases() {
   add("rope_bf16", PM::Rope, false, 0, 1, 64, 2, 2, {7, 70}, true, DType::BF16);
   add("rerope_f16", PM::Rerope, false, 12, 1, 64, 2, 1, {100}, true, DType::F16);
   add("leaky_roper_f64", PM::LeakyRerope, true, 12, 3, 40, 2, 2, {90}, true, DType::F64);
+  // Gradients into head-major views (heads outermost, as a transposed [1, H, S, D] tensor).
+  for (size_t i : {size_t(4), size_t(9)}) {
+    AttnCase c = cases[i];
+    c.name += "_head_major";
+    c.mem = MemLayout::HeadMajor;
+    cases.push_back(c);
+  }
   return cases;
 }
 

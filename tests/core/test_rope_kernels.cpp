@@ -63,22 +63,24 @@ RopeFreqs make_freqs(int D, int r, RopeLayout layout, double attention_factor = 
 struct Geometry {
   int64_t offset = 0, heads = 1, token_stride = 0, head_stride = 0;
 };
-enum class Strides { Packed, PaddedHeads, TokenGap, SbhdView };
+enum class Strides { Packed, PaddedHeads, TokenGap, SbhdView, HeadMajor };
 const char* strides_name(Strides s) {
   switch (s) {
     case Strides::Packed: return "packed";
     case Strides::PaddedHeads: return "padded_heads";
     case Strides::TokenGap: return "token_gap";
     case Strides::SbhdView: return "sbhd_view";
+    case Strides::HeadMajor: return "head_major";
   }
   return "?";
 }
-Geometry make_geometry(Strides kind, int64_t heads, int D) {
+Geometry make_geometry(Strides kind, int64_t heads, int D, int64_t tokens) {
   switch (kind) {
     case Strides::Packed: return {0, heads, heads * D, D};                  // [T, H, D]
     case Strides::PaddedHeads: return {0, heads, heads * (D + 5), D + 5};  // [T, H, D + 5][..., :D]
     case Strides::TokenGap: return {0, heads, heads * D + 13, D};          // [T, H*D + 13]
     case Strides::SbhdView: return {heads * D, heads, 3 * heads * D, D};   // [S, B=3, H, D][:, 1]
+    case Strides::HeadMajor: return {0, heads, D, tokens * D};             // [1, H, S, D].transpose(1, 2)
   }
   return {};
 }
@@ -138,10 +140,10 @@ struct ViewBuffers {
 // Builds the buffers of one case; fast and ref start with the same contents.
 ViewBuffers make_view_buffers(const Case& c, int64_t heads, uint64_t seed) {
   ViewBuffers v;
-  v.in_g = make_geometry(c.strides, heads, c.D);
+  v.in_g = make_geometry(c.strides, heads, c.D, c.tokens);
   // Out of place writes to a differently strided view (padded in -> packed out, packed in -> gapped out).
   v.out_g = c.in_place ? v.in_g
-                       : make_geometry(c.strides == Strides::Packed ? Strides::TokenGap : Strides::Packed, heads, c.D);
+                       : make_geometry(c.strides == Strides::Packed ? Strides::TokenGap : Strides::Packed, heads, c.D, c.tokens);
   v.in.emplace(c.dtype, buffer_elements(v.in_g, c.tokens, c.D));
   test::fill_uniform(*v.in, seed);
   const int64_t n_out = buffer_elements(v.out_g, c.tokens, c.D);
@@ -258,7 +260,8 @@ void sweep(DType dtype, RopeLayout layout) {
   double worst_ratio = 0;
   uint64_t seed = 1;
   for (const Shape& shape : kShapes)
-    for (Strides strides : {Strides::Packed, Strides::PaddedHeads, Strides::TokenGap, Strides::SbhdView})
+    for (Strides strides :
+         {Strides::Packed, Strides::PaddedHeads, Strides::TokenGap, Strides::SbhdView, Strides::HeadMajor})
       for (RopeDirection dir : {RopeDirection::Forward, RopeDirection::Inverse, RopeDirection::Transpose})
         for (bool in_place : {true, false})
           for (double a : {1.0, 1.17}) {

@@ -122,6 +122,20 @@ class AttentionOpTest(unittest.TestCase):
                                              None, cu, True, 0.0, "rope", inv, 1.0, "half_split", False, 0, 1.0, 0)
         self.assertLess((out4.reshape(B * S, H, D) - out3).abs().max().item(), 1e-12)
 
+    def test_hugging_face_layout_at_batch_one_and_two(self):
+        # [B, H, S, D] transposed to [B, S, H, D], as Hugging Face models hold q, k, v: at B = 1 the op takes the
+        # strided view as it is (heads outermost); at B = 2 it must copy. Both equal the contiguous call.
+        S, H, D = 7, 2, 16
+        inv = inv_freq_default(16)
+        for B in (1, 2):
+            q, k, v = (torch.randn(B, H, S, D, dtype=torch.float64).transpose(1, 2) for _ in range(3))
+            self.assertFalse(q.is_contiguous())
+            got, _ = torch.ops.rotary.attention(q, k, v, None, None, True, 0.0, "rope", inv, 1.0, "half_split",
+                                                False, 0, 1.0, 0)
+            want, _ = torch.ops.rotary.attention(q.contiguous(), k.contiguous(), v.contiguous(), None, None, True,
+                                                 0.0, "rope", inv, 1.0, "half_split", False, 0, 1.0, 0)
+            self.assertLess((got - want).abs().max().item(), 1e-13, f"B={B}")
+
     def test_bad_input_names_the_field(self):
         q = torch.randn(4, 4, 16)
         k = torch.randn(4, 3, 16)

@@ -36,6 +36,8 @@ void check_dtype(const at::Tensor& t, at::ScalarType want, const char* field) {
 KvCacheHolder::KvCacheHolder(int64_t capacity, int64_t kv_heads, int64_t head_dim, const std::string& dtype,
                              const AttentionPosition& pos)
     : dtype_(parse_dtype(dtype)) {
+  // Range-checked here, before the narrowing to the core's int (a head dim of 2^32 + 64 must not become 64).
+  check(head_dim >= 1 && head_dim <= 4096, "head_dim", head_dim, "1..4096");
   KvCacheConfig c;
   c.capacity = capacity;
   c.kv_heads = kv_heads;
@@ -67,6 +69,9 @@ KvCacheHolder::~KvCacheHolder() = default;
 
 void KvCacheHolder::append(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions) {
   check(k.dim() == 3 && v.sizes() == k.sizes(), "k.shape", k.sizes(), "[n, kv_heads, head_dim], v shaped alike");
+  // The core's views carry no row width: rows wider or narrower than the cache's would be read wrongly.
+  if (k.size(2) != cache_->head_dim())
+    fail("k.shape[2]", to_text(k.size(2)), "the cache's head_dim = " + std::to_string(cache_->head_dim()));
   check_dtype(k, dtype_, "k");
   check_dtype(v, dtype_, "v");
   check(positions.scalar_type() == at::kLong && positions.numel() == k.size(0), "positions", positions.sizes(),
@@ -78,6 +83,8 @@ void KvCacheHolder::append(const at::Tensor& k, const at::Tensor& v, const at::T
 
 at::Tensor KvCacheHolder::decode(const at::Tensor& q, std::optional<int64_t> q_position, double softmax_scale) const {
   check(q.dim() == 2, "q.dim()", q.dim(), "2 ([Hq, head_dim], one token)");
+  if (q.size(1) != cache_->head_dim())
+    fail("q.shape[1]", to_text(q.size(1)), "the cache's head_dim = " + std::to_string(cache_->head_dim()));
   check_dtype(q, dtype_, "q");
   const at::Tensor q3 = as_tokens_heads_dim(q.unsqueeze(0), "q");
   at::Tensor out = at::empty_like(q3, at::MemoryFormat::Contiguous);
