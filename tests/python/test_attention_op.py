@@ -136,6 +136,19 @@ class AttentionOpTest(unittest.TestCase):
                                                  0.0, "rope", inv, 1.0, "half_split", False, 0, 1.0, 0)
             self.assertLess((got - want).abs().max().item(), 1e-13, f"B={B}")
 
+    def test_second_derivative_raises_instead_of_dropping_the_term(self):
+        # A gradient penalty needs d(grad)/d(input); the fused backward has none. With create_graph the first
+        # gradient keeps its value (first-order use works) and differentiating through it raises, naming the op.
+        S, H, D = 5, 2, 16
+        q, k, v = (torch.randn(S, H, D, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        out = call(q, k, v, None, "rope", inv_freq_default(16))
+        (gq,) = torch.autograd.grad(out.pow(2).sum(), q, create_graph=True)
+        (plain,) = torch.autograd.grad(call(q, k, v, None, "rope", inv_freq_default(16)).pow(2).sum(), q)
+        self.assertLess((gq - plain).abs().max().item(), 1e-14)
+        with self.assertRaises(RuntimeError) as cm:
+            gq.pow(2).sum().backward()
+        self.assertIn("rotary: attention has no second derivative", str(cm.exception))
+
     def test_bad_input_names_the_field(self):
         q = torch.randn(4, 4, 16)
         k = torch.randn(4, 3, 16)

@@ -61,6 +61,14 @@ def inputs(D, Dv, dtype=torch.float64, seed=0, requires_grad=False):
 
 
 class LinearAttentionOpTest(unittest.TestCase):
+    def test_second_derivative_raises_instead_of_dropping_the_term(self):
+        q, k, v, pos = inputs(8, 8, seed=5, requires_grad=True)
+        out = call(q, k, v, pos, inv=inv_freq_default(8))
+        (gk,) = torch.autograd.grad(out.sum(), k, create_graph=True)
+        with self.assertRaises(RuntimeError) as cm:
+            gk.sum().backward()
+        self.assertIn("rotary: linear_attention has no second derivative", str(cm.exception))
+
     def test_forward_matches_plain_float64(self):
         for D, Dv, kw in CASES:
             for causal in (True, False):

@@ -63,6 +63,14 @@ class RopeOpTest(unittest.TestCase):
             self.assertTrue(torch.autograd.gradcheck(lambda t: rotary.rope(t, pos, inv, 1.1, layout), (x,)))
             self.assertTrue(torch.autograd.gradcheck(lambda t: rotary.rope_inverse(t, pos, inv, 1.1, layout), (x,)))
 
+    def test_second_derivative_float64(self):
+        # rope is linear in x and its backward is rope itself (transposed), so it differentiates twice.
+        x = torch.randn(3, 2, 12, dtype=torch.float64, requires_grad=True)
+        pos = torch.tensor([0, 5, 900])
+        inv = inv_freq_default(8)
+        fn = lambda t: rotary.rope(t, pos, inv, 1.1, "half_split") ** 2  # noqa: E731 (non-linear on top)
+        self.assertTrue(torch.autograd.gradgradcheck(fn, (x,)))
+
     def test_non_contiguous_input(self):
         x = torch.randn(6, 4, 2, 16, dtype=torch.float64).transpose(0, 1)  # [4, 6, 2, 16], not viewable as tokens
         pos = torch.arange(24).reshape(4, 6)

@@ -151,7 +151,7 @@ class AttentionFunction : public torch::autograd::Function<AttentionFunction> {
                                 d["window"].toInt(), d["leaky_k"].toDouble(), d["logn_train_len"].toInt());
     torch::autograd::variable_list g(15);
     g[0] = dq, g[1] = dk, g[2] = dv;
-    return g;
+    return first_derivative_only(std::move(g), "attention");
   }
 };
 

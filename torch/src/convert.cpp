@@ -1,5 +1,7 @@
 #include "rotary_torch/convert.h"
 
+#include <torch/csrc/autograd/functions/basic_ops.h>
+
 #include "rotary/error.h"
 
 namespace rotary::torch_ops {
@@ -84,6 +86,21 @@ Sequences sequences_from(const at::Tensor& q, const OptTensor& cu_seqlens, const
     s.positions = positions->contiguous();
   }
   return s;
+}
+
+torch::autograd::variable_list first_derivative_only(torch::autograd::variable_list grads, const char* op) {
+  if (!at::GradMode::is_enabled()) return grads;
+  for (at::Tensor& g : grads) {
+    if (!g.defined()) continue;
+    g = g.detach();
+    g.set_requires_grad(true);
+  }
+  auto error = std::make_shared<torch::autograd::DelayedError>(
+      std::string("rotary: ") + op +
+          " has no second derivative (its backward is a fused kernel); differentiate its gradient through the plain "
+          "torch path, or call backward without create_graph",
+      int(grads.size()));
+  return (*error)(std::move(grads));
 }
 
 }  // namespace rotary::torch_ops

@@ -121,7 +121,7 @@ class LinearAttentionFunction : public torch::autograd::Function<LinearAttention
                                 d["attention_factor"].toDouble(), d["layout"].toStringRef());
     torch::autograd::variable_list g(9);  // one per forward input; only q, k, v are differentiable
     g[0] = dq, g[1] = dk, g[2] = dv;
-    return g;
+    return first_derivative_only(std::move(g), "linear_attention");
   }
 };
 

@@ -39,6 +39,12 @@ struct Sequences {
 Sequences sequences_from(const at::Tensor& q, const OptTensor& cu_seqlens, const OptTensor& positions,
                          int64_t tokens);
 
+// For an autograd backward that is not itself differentiable (the fused attention backward kernels): returns
+// `grads` unchanged unless a graph of the backward is being built (create_graph=True); then returns them wired to
+// a node that raises "rotary: <op> has no second derivative ..." if anything differentiates through them, as
+// PyTorch's once_differentiable does. The values stay right, so a first-order use of create_graph still works.
+torch::autograd::variable_list first_derivative_only(torch::autograd::variable_list grads, const char* op);
+
 // The typed dispatcher handle of a registered op ("rotary::name"); calls go through every dispatch key.
 template <class Fn>
 auto typed_op(const char* name) {
