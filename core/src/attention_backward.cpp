@@ -305,14 +305,14 @@ int64_t attention_backward_scratch_bytes(const AttentionGradParams& g, int threa
   validate_attention_grad_params(g);
   if (g.fwd.tokens == 0) return 0;
   const attn::Plan pl = attn::make_plan(g.fwd);
-  return attn::backward_bytes(pl, attn::backward_threads(pl, threads));
+  return attn::backward_bytes(pl, attn::backward_threads(pl, threads > 0 ? threads : g.fwd.threads));
 }
 
 void attention_backward(const AttentionGradParams& g) {
   validate_attention_grad_params(g);
   if (g.fwd.tokens == 0) return;
   const attn::Plan pl = attn::make_plan(g.fwd);
-  const int threads = attn::backward_threads(pl, 0);
+  const int threads = attn::backward_threads(pl, g.fwd.threads);
   attn::Arena arena(attn::backward_bytes(pl, threads));
   attn::run_backward(g, pl, arena, threads);
 }

@@ -252,14 +252,14 @@ int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads) {
   validate_attention_params(p);
   if (p.tokens == 0) return 0;
   const attn::Plan pl = attn::make_plan(p);
-  return attn::forward_bytes(pl, attn::forward_threads(pl, threads));
+  return attn::forward_bytes(pl, attn::forward_threads(pl, threads > 0 ? threads : p.threads));
 }
 
 void attention_forward(const AttentionParams& p) {
   validate_attention_params(p);
   if (p.tokens == 0) return;
   const attn::Plan pl = attn::make_plan(p);
-  const int threads = attn::forward_threads(pl, 0);
+  const int threads = attn::forward_threads(pl, p.threads);
   attn::Arena arena(attn::forward_bytes(pl, threads));
   attn::run_forward(p, pl, arena, threads);
 }

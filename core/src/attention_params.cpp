@@ -14,6 +14,7 @@ void validate_attention_params(const AttentionParams& p) {
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   check(p.head_dim >= 16 && p.head_dim <= 256, "head_dim", p.head_dim, "16..256");
   check_dtype(p.dtype);
+  check_threads(p.threads);
   check(std::isfinite(p.softmax_scale), "softmax_scale", p.softmax_scale, "a finite value (0: 1/sqrt(head_dim))");
   check_position_params(p.pos, p.head_dim, "head_dim");
   check_sequences(p.cu_seqlens, p.batch, p.tokens);

@@ -330,7 +330,7 @@ template <class TS>
 void RopeApplyTyped(const RopeFreqs& f, const RopeParams& p) {
   const int64_t heads = p.q_in.heads + (p.k_in.data != nullptr ? p.k_in.heads : 0);
   const double elements = double(p.tokens) * double(heads) * double(f.head_dim);
-  int64_t threads = std::min<int64_t>(omp_get_max_threads(), p.tokens);
+  int64_t threads = std::min<int64_t>(p.threads > 0 ? p.threads : omp_get_max_threads(), p.tokens);
   threads = std::min<int64_t>(threads, int64_t(elements / kMinElementsPerThread));
   if (threads <= 1) {
     RotateTokenRange<TS>(f, p, 0, p.tokens);

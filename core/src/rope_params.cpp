@@ -34,6 +34,7 @@ void validate_rope_params(const RopeFreqs& f, const RopeParams& p) {
             p.direction == RopeDirection::Transpose,
         "direction", int(p.direction), "Forward, Inverse, Transpose");
   detail::check_dtype(p.dtype);
+  detail::check_threads(p.threads);
   detail::check_view(p.q_in, "q_in", p.tokens, f.head_dim);
   detail::check_view(p.q_out, "q_out", p.tokens, f.head_dim, p.q_in.heads, "q_in.heads");
   if (p.k_in.data != nullptr || p.k_out.data != nullptr) {

@@ -201,6 +201,36 @@ TEST_P(fused_attention_forward, MatchesReference) {
 
 INSTANTIATE_TEST_SUITE_P(Table, fused_attention_forward, testing::ValuesIn(forward_cases()), param_name);
 
+// AttentionParams::threads (forward and backward): one thread gives bitwise the result of two (each query tile and
+// each (sequence, head) is one thread's work), and counts outside 0..kMaxThreads are refused naming the field.
+TEST(attention_threads, OneThreadEqualsTwoAndBadCountsAreRefused) {
+  AttnCase c;
+  c.mode = PositionMode::Rerope, c.window = 12, c.Hq = 4, c.Hkv = 2, c.seqlens = {130, 70};
+  AttnProblem pr(c);
+  auto run = [&](int threads) {
+    auto out = pr.outputs();
+    AttentionGradParams g = pr.grad_params(out);
+    g.fwd.threads = threads;
+    attention_forward(g.fwd);
+    attention_backward(g);
+    return std::vector<std::vector<double>>{pr.gather(out.ov), out.lse->to_double(), pr.gather(out.dqv),
+                                            AttnProblem::gather(out.dkv, c.dtype, pr.tokens(), c.D),
+                                            AttnProblem::gather(out.dvv, c.dtype, pr.tokens(), c.D)};
+  };
+  EXPECT_EQ(run(1), run(2));
+  auto out = pr.outputs();
+  AttentionParams p = pr.params(out);
+  for (int bad : {-1, 100000}) {
+    p.threads = bad;
+    EXPECT_THROW(
+        try { attention_forward(p); } catch (const Error& e) {
+          EXPECT_NE(std::string(e.what()).find("threads = " + std::to_string(bad)), std::string::npos) << e.what();
+          throw;
+        },
+        Error);
+  }
+}
+
 // Every SIMD target compiled into the library and supported here (AVX-512, AVX2, scalar ...), on a few cases.
 TEST(attention_targets, EveryTargetMatchesReference) {
   const std::vector<AttnCase> all = forward_cases();

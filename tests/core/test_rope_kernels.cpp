@@ -310,6 +310,31 @@ TEST(rope_kernels, ManyTokensUseThreadsAndStillMatch) {
   EXPECT_LE(run_case(c, {detail::simd_targets().front()}), 1.0);
 }
 
+// RopeParams::threads caps the OpenMP threads: one thread gives bitwise the result of two; a count outside
+// 0..kMaxThreads is refused naming the field.
+void expect_error_naming(const RopeFreqs& f, const RopeParams& p, const std::string& field);  // below
+TEST(rope_kernels, ThreadsFieldIsHonouredAndChecked) {
+  const int D = 128, H = 4;
+  const int64_t T = 300;
+  const RopeFreqs f = make_freqs(D, D, RopeLayout::HalfSplit);
+  GuardedBuffer x(DType::F32, T * H * D), y1(DType::F32, T * H * D), y2(DType::F32, T * H * D);
+  test::fill_uniform(x, 3);
+  std::vector<int64_t> pos(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) pos[size_t(t)] = 7 * t;
+  RopeParams p;
+  p.tokens = T;
+  p.positions = pos.data();
+  p.q_in = {x.data(), H, H * D, D};
+  for (auto [threads, out] : {std::pair{1, &y1}, std::pair{2, &y2}}) {
+    p.threads = threads;
+    p.q_out = {out->data(), H, H * D, D};
+    rope_apply(f, p);
+  }
+  EXPECT_EQ(y1.to_double(), y2.to_double());
+  p.threads = -2;
+  expect_error_naming(f, p, "threads");
+}
+
 // The tolerance above allows any rounding to storage (truncation stays within one ulp), so the rounding mode is
 // checked exactly: at position 0 the rotation is y = fl32(x * a), and with a = 1 + 2^-8 (bf16) or 1 + 2^-11 (f16)
 // the fp32 product is exact and often lands on or near a halfway point of the storage type (exact ties at powers

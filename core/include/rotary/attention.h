@@ -56,6 +56,7 @@ struct AttentionParams {
   bool causal = true;                  // key j visible to query i iff j <= i (by index inside the sequence)
   double softmax_scale = 0;            // 0 means 1/sqrt(D)
   PositionParams pos;
+  int threads = 0;                     // OpenMP threads (forward and backward); 0: omp_get_max_threads()
 };
 
 struct AttentionGradParams {
@@ -75,8 +76,8 @@ void attention_forward_reference(const AttentionParams& p);  // float64, materia
 void attention_backward(const AttentionGradParams& g);            // recomputation, no N x N storage
 void attention_backward_reference(const AttentionGradParams& g);  // float64, materialised
 
-// Bytes of scratch the fused kernels allocate for these parameters with `threads` OpenMP threads (0: the
-// current omp_get_max_threads()). The kernels size their one allocation with these functions, so the numbers
+// Bytes of scratch the fused kernels allocate for these parameters with `threads` OpenMP threads (0: p.threads,
+// and when that is 0 too, the current omp_get_max_threads()). The kernels size their one allocation with these functions, so the numbers
 // are exact; they grow as O(tokens * heads * head_dim), never as tokens^2.
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads = 0);
 int64_t attention_backward_scratch_bytes(const AttentionGradParams& g, int threads = 0);

@@ -37,6 +37,7 @@ struct RopeParams {
   HeadsView q_in, q_out;               // q_out.data == q_in.data rotates in place
   HeadsView k_in, k_out;               // optional (k_in.data == nullptr); k may have fewer heads (GQA)
   RopeDirection direction = RopeDirection::Forward;
+  int threads = 0;                     // OpenMP threads at most; 0: omp_get_max_threads() (small calls use fewer)
 };
 
 // Throws rotary::Error on any field that does not fit (null data, heads < 1, strides that overlap, ...).
