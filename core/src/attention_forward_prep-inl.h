@@ -20,6 +20,7 @@
 
 #include "attention_forward_kernels-inl.h"
 #include "attention_forward_plan.h"
+#include "storage.h"
 #include "hwy/highway.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -135,29 +136,7 @@ HWY_INLINE void TransformRow(const Plan& pl, const RowTransform& tr, int64_t t, 
 // Writes row[0:D] into a storage view at (token t, head h), rounding once.
 template <class T>
 HWY_INLINE void StoreRow(const Plan& pl, const T* HWY_RESTRICT row, const HeadsView& dst, int64_t t, int64_t h) {
-  const int64_t off = t * dst.token_stride + h * dst.head_stride;
-  switch (pl.dtype) {
-    case DType::F32: {
-      float* p = static_cast<float*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float(row[d]);
-      break;
-    }
-    case DType::F64: {
-      double* p = static_cast<double*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = double(row[d]);
-      break;
-    }
-    case DType::BF16: {
-      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float_to_bf16(float(row[d]));
-      break;
-    }
-    case DType::F16: {
-      uint16_t* p = static_cast<uint16_t*>(dst.data) + off;
-      for (int d = 0; d < pl.D; ++d) p[d] = float_to_f16(float(row[d]));
-      break;
-    }
-  }
+  detail::store_row(dst.data, pl.dtype, t * dst.token_stride + h * dst.head_stride, pl.D, row);
 }
 
 // True when some y[0:D] is NaN or Inf.

@@ -9,11 +9,15 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "storage.h"
 #include "validate.h"
 
 namespace rotary {
 
 namespace {
+
+using detail::load_row;
+using detail::store_row;
 
 constexpr int64_t kMaxTableDistance = 8192;         // near table rows 0..min(w, this); farther distances computed
 
@@ -31,42 +35,6 @@ AlignedBytes allocate(size_t bytes) {
 inline void pair_features(RopeLayout layout, int r, int i, int& a, int& b) {
   a = layout == RopeLayout::Interleaved ? 2 * i : i;
   b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
-}
-
-// Reads n elements of a row of any storage dtype into W (float or double); the switch sits outside the loop.
-template <class W>
-void load_row(const void* base, DType t, int64_t offset, int n, W* out) {
-  switch (t) {
-    case DType::F32:
-      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const float*>(base)[offset + i]);
-      break;
-    case DType::F64:
-      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const double*>(base)[offset + i]);
-      break;
-    case DType::BF16:
-      for (int i = 0; i < n; ++i) out[i] = W(bf16_to_float(static_cast<const uint16_t*>(base)[offset + i]));
-      break;
-    case DType::F16:
-      for (int i = 0; i < n; ++i) out[i] = W(f16_to_float(static_cast<const uint16_t*>(base)[offset + i]));
-      break;
-  }
-}
-template <class W>
-void store_row(void* base, DType t, int64_t offset, int64_t n, const W* in) {
-  switch (t) {
-    case DType::F32:
-      for (int64_t i = 0; i < n; ++i) static_cast<float*>(base)[offset + i] = float(in[i]);
-      break;
-    case DType::F64:
-      for (int64_t i = 0; i < n; ++i) static_cast<double*>(base)[offset + i] = double(in[i]);
-      break;
-    case DType::BF16:
-      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(base)[offset + i] = float_to_bf16(float(in[i]));
-      break;
-    case DType::F16:
-      for (int64_t i = 0; i < n; ++i) static_cast<uint16_t*>(base)[offset + i] = float_to_f16(float(in[i]));
-      break;
-  }
 }
 
 // cos/sin of pos * inv_freq[i] times scale, in W. Fractional positions (Leaky) in float64 for both.

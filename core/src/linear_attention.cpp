@@ -12,6 +12,7 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "storage.h"
 #include "validate.h"
 
 namespace rotary {
@@ -20,40 +21,11 @@ namespace {
 
 template <class W>
 void load(const HeadsView& v, DType t, int64_t tok, int64_t h, int n, W* out) {
-  const int64_t off = tok * v.token_stride + h * v.head_stride;
-  switch (t) {
-    case DType::F32:
-      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const float*>(v.data)[off + i]);
-      break;
-    case DType::F64:
-      for (int i = 0; i < n; ++i) out[i] = W(static_cast<const double*>(v.data)[off + i]);
-      break;
-    case DType::BF16:
-      for (int i = 0; i < n; ++i) out[i] = W(bf16_to_float(static_cast<const uint16_t*>(v.data)[off + i]));
-      break;
-    case DType::F16:
-      for (int i = 0; i < n; ++i) out[i] = W(f16_to_float(static_cast<const uint16_t*>(v.data)[off + i]));
-      break;
-  }
+  detail::load_row(v.data, t, tok * v.token_stride + h * v.head_stride, n, out);
 }
-
 template <class W>
 void store(const HeadsView& v, DType t, int64_t tok, int64_t h, int n, const W* in) {
-  const int64_t off = tok * v.token_stride + h * v.head_stride;
-  switch (t) {
-    case DType::F32:
-      for (int i = 0; i < n; ++i) static_cast<float*>(v.data)[off + i] = float(in[i]);
-      break;
-    case DType::F64:
-      for (int i = 0; i < n; ++i) static_cast<double*>(v.data)[off + i] = double(in[i]);
-      break;
-    case DType::BF16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(v.data)[off + i] = float_to_bf16(float(in[i]));
-      break;
-    case DType::F16:
-      for (int i = 0; i < n; ++i) static_cast<uint16_t*>(v.data)[off + i] = float_to_f16(float(in[i]));
-      break;
-  }
+  detail::store_row(v.data, t, tok * v.token_stride + h * v.head_stride, n, in);
 }
 
 // phi = elu + 1 and its derivative (both exp(x) for x <= 0).
