@@ -20,6 +20,7 @@
 
 #include "attention_forward_kernels-inl.h"
 #include "attention_forward_plan.h"
+#include "storage-inl.h"
 #include "storage.h"
 #include "hwy/highway.h"
 
@@ -28,38 +29,7 @@ namespace rotary::attn {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// x[0:D] = the storage row converted to T (T = float for f32/f16/bf16 storage, double for f64).
-template <class T>
-HWY_INLINE void LoadRow(DType dt, const void* base, int64_t off, int D, T* HWY_RESTRICT x) {
-  if (dt == DType::F64 || dt == DType::F32) {
-    if ((dt == DType::F64) == (sizeof(T) == 8)) {
-      std::memcpy(x, static_cast<const char*>(base) + off * int64_t(sizeof(T)), sizeof(T) * size_t(D));
-      return;
-    }
-    for (int d = 0; d < D; ++d) x[d] = T(load_as_double(base, dt, off + d));
-    return;
-  }
-  if constexpr (sizeof(T) == 4) {
-    const Tag<float> df;
-    const int NL = int(hn::Lanes(df));
-    const uint16_t* p = static_cast<const uint16_t*>(base) + off;
-    int d = 0;
-    if (dt == DType::BF16) {
-      const hn::Rebind<uint16_t, Tag<float>> du16;
-      const hn::Rebind<uint32_t, Tag<float>> du32;
-      for (; d + NL <= D; d += NL)
-        hn::StoreU(hn::BitCast(df, hn::ShiftLeft<16>(hn::PromoteTo(du32, hn::LoadU(du16, p + d)))), df, x + d);
-      for (; d < D; ++d) x[d] = bf16_to_float(p[d]);
-    } else {
-      const hn::Rebind<hwy::float16_t, Tag<float>> dh;
-      for (; d + NL <= D; d += NL)
-        hn::StoreU(hn::PromoteTo(df, hn::LoadU(dh, reinterpret_cast<const hwy::float16_t*>(p) + d)), df, x + d);
-      for (; d < D; ++d) x[d] = f16_to_float(p[d]);
-    }
-  } else {
-    for (int d = 0; d < D; ++d) x[d] = T(load_as_double(base, dt, off + d));
-  }
-}
+using simd::HWY_NAMESPACE::LoadRow;
 
 // C, S [r] for one token and transform (see the file comment); returns the pass-through factor qs.
 template <class T>

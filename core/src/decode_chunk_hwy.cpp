@@ -17,17 +17,16 @@
 // math-inl needs highway.h before it
 #include <hwy/contrib/math/math-inl.h>
 
+#include "storage-inl.h"
+
 HWY_BEFORE_NAMESPACE();
 namespace rotary::decode_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Loads lanes of storage type T as the compute type of d (bf16/f16 widen to f32).
+// Lanes of storage type T as the compute type of d (bf16/f16 widen to f32): the shared storage conversion.
 template <class D, class T>
 HWY_INLINE hn::Vec<D> LoadAs(D d, const T* p) {
-  if constexpr (std::is_same_v<T, hn::TFromD<D>>)
-    return hn::LoadU(d, p);
-  else
-    return hn::PromoteTo(d, hn::LoadU(hn::Rebind<T, D>(), p));
+  return simd::HWY_NAMESPACE::LoadStorage(d, p);
 }
 
 inline void near_cos_sin(const ChunkArgs& a, int64_t dist, float* c, float* s) {

@@ -19,6 +19,7 @@
 #include <type_traits>
 
 #include "angles-inl.h"
+#include "storage-inl.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
 #include "rotary/dtype.h"
@@ -29,63 +30,12 @@ namespace rotary {
 namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
-// Highway 1.0.3 converts f32 -> f16 by truncation (and clamps overflow) where there is no F16C, so only x86
-// AVX2/AVX3 use vector f16 conversions; other targets convert lane by lane with rotary's round-to-nearest-even.
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-constexpr bool kVectorF16 = true;
-#else
-constexpr bool kVectorF16 = false;
-#endif
-constexpr size_t kMaxLanes = 64;  // >= lanes of an fp32 vector on any target (2048-bit SVE)
+using simd::HWY_NAMESPACE::kMaxLanes;
+using simd::HWY_NAMESPACE::LoadStorage;
+using simd::HWY_NAMESPACE::StoreStorage;
 
 template <class TS>
 using ComputeT = std::conditional_t<std::is_same_v<TS, double>, double, float>;
-
-// Loads Lanes(dc) storage elements as compute lanes.
-template <class DC, class TS>
-HWY_INLINE hn::Vec<DC> LoadStorage(DC dc, const TS* p) {
-  if constexpr (std::is_same_v<TS, hn::TFromD<DC>>) {
-    return hn::LoadU(dc, p);
-  } else if constexpr (std::is_same_v<TS, hwy::bfloat16_t>) {
-    const hn::Rebind<hwy::bfloat16_t, DC> dbf;
-    return hn::PromoteTo(dc, hn::LoadU(dbf, p));  // exact: bf16 is the upper half of an f32
-  } else if constexpr (kVectorF16) {
-    const hn::Rebind<hwy::float16_t, DC> dh;
-    return hn::PromoteTo(dc, hn::LoadU(dh, p));
-  } else {
-    HWY_ALIGN float lanes[kMaxLanes];
-    const uint16_t* bits = reinterpret_cast<const uint16_t*>(p);
-    for (size_t j = 0; j < hn::Lanes(dc); ++j) lanes[j] = f16_to_float(bits[j]);
-    return hn::Load(dc, lanes);
-  }
-}
-
-// Stores compute lanes as Lanes(dc) storage elements, rounding once to nearest even.
-template <class DC, class TS>
-HWY_INLINE void StoreStorage(DC dc, hn::Vec<DC> v, TS* p) {
-  if constexpr (std::is_same_v<TS, hn::TFromD<DC>>) {
-    hn::StoreU(v, dc, p);
-  } else if constexpr (std::is_same_v<TS, hwy::bfloat16_t>) {
-    // Highway 1.0.3 truncates f32 -> bf16; round to nearest even as rotary::float_to_bf16 does (NaN stays quiet NaN).
-    const hn::RebindToUnsigned<DC> du;
-    const hn::RebindToSigned<DC> di;
-    const hn::Rebind<uint16_t, DC> du16;
-    const auto u = hn::BitCast(du, v);
-    const auto lsb = hn::And(hn::ShiftRight<16>(u), hn::Set(du, 1u));
-    const auto rounded = hn::Add(u, hn::Add(hn::Set(du, 0x7fffu), lsb));
-    const auto quiet_nan = hn::Or(u, hn::Set(du, 0x00400000u));
-    const auto bits = hn::ShiftRight<16>(hn::IfThenElse(hn::RebindMask(du, hn::Ne(v, v)), quiet_nan, rounded));
-    hn::StoreU(hn::DemoteTo(du16, hn::BitCast(di, bits)), du16, reinterpret_cast<uint16_t*>(p));  // fits, no saturation
-  } else if constexpr (kVectorF16) {
-    const hn::Rebind<hwy::float16_t, DC> dh;
-    hn::StoreU(hn::DemoteTo(dh, v), dh, p);  // vcvtps2ph, round to nearest even
-  } else {
-    HWY_ALIGN float lanes[kMaxLanes];
-    hn::Store(v, dc, lanes);
-    uint16_t* bits = reinterpret_cast<uint16_t*>(p);
-    for (size_t j = 0; j < hn::Lanes(dc); ++j) bits[j] = float_to_f16(lanes[j]);
-  }
-}
 
 // One vector of half-split pairs: (x1, x2) -> (x1 c - x2 s, x1 s + x2 c). x and y may alias (in place).
 template <class DC, class TS, class T = hn::TFromD<DC>>
