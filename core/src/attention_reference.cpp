@@ -44,8 +44,7 @@ struct Ref {
     const RopeFreqs& f = *p.pos.freqs;
     for (int d = rot; d < D; ++d) y[d] = x[d];
     for (int i = 0; i < rot / 2; ++i) {
-      const int a = f.layout == RopeLayout::Interleaved ? 2 * i : i;
-      const int b = f.layout == RopeLayout::Interleaved ? 2 * i + 1 : i + rot / 2;
+      const auto [a, b] = rope_pair(f.layout, rot, i);
       const double c = std::cos(angle * f.inv_freq[size_t(i)]) * factor;
       const double s = std::sin(angle * f.inv_freq[size_t(i)]) * factor;
       const double x1 = x[a], x2 = x[b];

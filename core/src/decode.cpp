@@ -15,11 +15,6 @@
 namespace rotary::decode_detail {
 namespace {
 
-inline void pair_features(RopeLayout layout, int r, int i, int& a, int& b) {
-  a = layout == RopeLayout::Interleaved ? 2 * i : i;
-  b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
-}
-
 int pairs_of(const KvCache& c) { return c.pos().mode == PositionMode::None ? 0 : c.pos().freqs->pairs(); }
 
 // cos and sin (times `scale`) of angle pos * inv_freq[i] for every rotary pair of the cache, in float64.
@@ -43,8 +38,7 @@ void to_row(const KvCache& cache, const double* x, const Turn& t, C* y) {
   const int D = cache.head_dim(), n = pairs_of(cache), r = 2 * n;
   std::fill(y, y + lay.row_stride, C(0));
   for (int i = 0; i < n; ++i) {
-    int fa, fb;
-    pair_features(cache.pos().freqs->layout, r, i, fa, fb);
+    const auto [fa, fb] = rope_pair(cache.pos().freqs->layout, r, i);
     const double c = t.c[size_t(i)], s = t.s[size_t(i)];
     y[i] = C(x[fa] * c - x[fb] * s);
     y[lay.half + i] = C(x[fa] * s + x[fb] * c);
@@ -194,8 +188,7 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
       }
     std::vector<double> out(static_cast<size_t>(D));  // back to the caller's feature order
     for (int i = 0; i < n; ++i) {
-      int fa, fb;
-      pair_features(cache.pos().freqs->layout, r, i, fa, fb);
+      const auto [fa, fb] = rope_pair(cache.pos().freqs->layout, r, i);
       out[size_t(fa)] = (plain[size_t(i)] + near[size_t(i)]) / Lsum;
       out[size_t(fb)] = (plain[size_t(half + i)] + near[size_t(half + i)]) / Lsum;
     }

@@ -12,11 +12,6 @@ namespace rotary {
 
 namespace {
 
-inline void pair_features(RopeLayout layout, int r, int i, int& a, int& b) {
-  a = layout == RopeLayout::Interleaved ? 2 * i : i;
-  b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
-}
-
 // Stored row j of kv head g (cache layout) back in the caller's feature order, as float64.
 void read_row(const KvCache& c, const void* base, int64_t g, int64_t j, std::vector<double>& out) {
   const KvCacheLayout& lay = c.layout();
@@ -24,8 +19,7 @@ void read_row(const KvCache& c, const void* base, int64_t g, int64_t j, std::vec
   const int n = c.pos().mode == PositionMode::None ? 0 : c.pos().freqs->pairs(), r = 2 * n;
   const int64_t row = (g * c.capacity() + j) * lay.row_stride;
   for (int i = 0; i < n; ++i) {
-    int fa, fb;
-    pair_features(c.pos().freqs->layout, r, i, fa, fb);
+    const auto [fa, fb] = rope_pair(c.pos().freqs->layout, r, i);
     out[size_t(fa)] = load_as_double(base, c.dtype(), row + i);
     out[size_t(fb)] = load_as_double(base, c.dtype(), row + lay.half + i);
   }
@@ -38,8 +32,7 @@ double relative_score(const RopeFreqs& f, const std::vector<double>& q, const st
   const double a2 = f.attention_factor * f.attention_factor;
   double s = 0;
   for (int i = 0; i < r / 2; ++i) {
-    int fa, fb;
-    pair_features(f.layout, r, i, fa, fb);
+    const auto [fa, fb] = rope_pair(f.layout, r, i);
     const double ang = dist * f.inv_freq[size_t(i)], c = std::cos(ang), sn = std::sin(ang);
     const double k1 = k[size_t(fa)] * c + k[size_t(fb)] * sn, k2 = -k[size_t(fa)] * sn + k[size_t(fb)] * c;
     s += a2 * (q[size_t(fa)] * k1 + q[size_t(fb)] * k2);
@@ -52,8 +45,7 @@ double relative_score(const RopeFreqs& f, const std::vector<double>& q, const st
 void rotate(const RopeFreqs& f, std::vector<double>& x, double pos, double scale) {
   const int r = f.rotary_dim;
   for (int i = 0; i < r / 2; ++i) {
-    int fa, fb;
-    pair_features(f.layout, r, i, fa, fb);
+    const auto [fa, fb] = rope_pair(f.layout, r, i);
     const double ang = pos * f.inv_freq[size_t(i)], c = std::cos(ang) * scale, s = std::sin(ang) * scale;
     const double x1 = x[size_t(fa)], x2 = x[size_t(fb)];
     x[size_t(fa)] = x1 * c - x2 * s;

@@ -32,11 +32,6 @@ AlignedBytes allocate(size_t bytes) {
 }
 
 // Features (a, b) of rotation pair i in the caller's layout.
-inline void pair_features(RopeLayout layout, int r, int i, int& a, int& b) {
-  a = layout == RopeLayout::Interleaved ? 2 * i : i;
-  b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
-}
-
 // cos/sin of pos * inv_freq[i] times scale, in W. Fractional positions (Leaky) in float64 for both.
 void cos_sin(const RopeFreqs& f, double pos, double scale, float* c, float* s) {
   rope_cos_sin_at(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
@@ -106,8 +101,7 @@ void KvCache::Impl::write_token(const HeadsView& k, const HeadsView& v, int64_t 
   auto to_row = [&](const W* cc, const W* ss) {
     std::fill(row.begin(), row.end(), W(0));
     for (int i = 0; i < n; ++i) {
-      int fa, fb;
-      pair_features(rl, r, i, fa, fb);
+      const auto [fa, fb] = rope_pair(rl, r, i);
       const W x1 = x[size_t(fa)], x2 = x[size_t(fb)];
       row[size_t(i)] = cc ? x1 * cc[i] - x2 * ss[i] : x1;
       row[size_t(half + i)] = cc ? x1 * ss[i] + x2 * cc[i] : x2;

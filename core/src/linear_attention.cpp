@@ -57,8 +57,7 @@ struct Turn {
     if (!f) return;
     const int r = f->rotary_dim;
     for (int i = 0; i < r / 2; ++i) {
-      const int a = f->layout == RopeLayout::Interleaved ? 2 * i : i;
-      const int b = f->layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
+      const auto [a, b] = rope_pair(f->layout, r, i);
       const W cc = c[size_t(i)], ss = sign * s[size_t(i)];
       y[a] = x[a] * cc - x[b] * ss;
       y[b] = x[a] * ss + x[b] * cc;

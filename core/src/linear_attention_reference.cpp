@@ -31,8 +31,7 @@ Vec turn(const RopeFreqs* f, const Vec& x, int64_t pos, double sign) {
   if (!f) return y;
   const int r = f->rotary_dim;
   for (int i = 0; i < r / 2; ++i) {
-    const int a = f->layout == RopeLayout::Interleaved ? 2 * i : i;
-    const int b = f->layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
+    const auto [a, b] = rope_pair(f->layout, r, i);
     const double ang = double(pos) * f->inv_freq[size_t(i)];
     const double c = std::cos(ang) * f->attention_factor, s = sign * std::sin(ang) * f->attention_factor;
     y[size_t(a)] = x[size_t(a)] * c - x[size_t(b)] * s;

@@ -8,17 +8,6 @@ namespace rotary {
 
 namespace {
 
-// Pair i of a head: the two feature indices for the layout (r = rotary_dim).
-inline void pair_index(RopeLayout layout, int r, int i, int& a, int& b) {
-  if (layout == RopeLayout::Interleaved) {
-    a = 2 * i;
-    b = 2 * i + 1;
-  } else {
-    a = i;
-    b = i + r / 2;
-  }
-}
-
 void rotate_view_reference(const RopeFreqs& f, const RopeParams& p, const HeadsView& in, const HeadsView& out) {
   const int r = f.rotary_dim, D = f.head_dim;
   const double a = f.attention_factor;
@@ -33,8 +22,7 @@ void rotate_view_reference(const RopeFreqs& f, const RopeParams& p, const HeadsV
       const int64_t dst = t * out.token_stride + h * out.head_stride;
       for (int d = 0; d < D; ++d) x[d] = load_as_double(in.data, p.dtype, src + d);
       for (int i = 0; i < r / 2; ++i) {
-        int ia, ib;
-        pair_index(f.layout, r, i, ia, ib);
+        const auto [ia, ib] = rope_pair(f.layout, r, i);
         const double angle = sign * pos * f.inv_freq[i];
         const double c = std::cos(angle) * scale, s = std::sin(angle) * scale;
         const double x1 = x[ia], x2 = x[ib];

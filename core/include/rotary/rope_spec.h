@@ -32,6 +32,15 @@ enum class RopeScaling : uint8_t {
   Explicit,  // inv_i / freq_factors[i], factors given by the user
 };
 
+// The features (a, b) of rotation pair i < r/2 under a layout: the one place the two layouts differ. Rotating the
+// pair by angle t is (x_a, x_b) -> (x_a cos t - x_b sin t, x_a sin t + x_b cos t).
+struct RopePair {
+  int a, b;
+};
+inline constexpr RopePair rope_pair(RopeLayout layout, int rotary_dim, int i) {
+  return layout == RopeLayout::Interleaved ? RopePair{2 * i, 2 * i + 1} : RopePair{i, i + rotary_dim / 2};
+}
+
 std::string_view layout_name(RopeLayout l);
 std::string_view scaling_name(RopeScaling s);
 // Accept our names and Hugging Face's ("default", "linear", "dynamic", "yarn", "llama3", "longrope", "su",
