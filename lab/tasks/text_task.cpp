@@ -21,11 +21,11 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/process.h"
 #include "rotary/error.h"
 #include "tasks/char_task.h"
 #include "tasks/kjv_corpus.h"
 #include "tasks/random.h"
-#include "tasks/subprocess.h"
 #include "tasks/text_cache.h"
 
 namespace rotary::lab {

@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "rotary/error.h"
 #include "tasks/kjv_corpus.h"
-#include "tasks/subprocess.h"
 #include "tasks/random.h"
 #include "tasks/task.h"
 

@@ -1,4 +1,4 @@
-// lab/tasks/subprocess.h: run a program (no shell) and collect what it prints. Internal to rotary_tasks.
+// lab/common/process.h: run a program (no shell) and collect what it prints.
 //
 // The text task drives `bible`, `spm_train` and `spm_encode` as separate processes instead of linking
 // libsentencepiece: Debian's libsentencepiece carries its own protobuf-lite 3.14 and libtorch links protobuf

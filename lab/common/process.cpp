@@ -1,5 +1,5 @@
-// lab/tasks/subprocess.cpp: posix_spawnp with stdin/stdout/stderr redirected to files.
-#include "tasks/subprocess.h"
+// lab/common/process.cpp: posix_spawnp with stdin/stdout/stderr redirected to files.
+#include "common/process.h"
 
 #include <fcntl.h>
 #include <spawn.h>
