@@ -1,0 +1,71 @@
+// tests/lab/test_common.cpp: the lab's helpers (lab/common).
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "common/process.h"
+#include "rotary/error.h"
+
+namespace rotary::lab {
+namespace {
+
+namespace fs = std::filesystem;
+
+std::string fresh_dir(const std::string& name) {
+  const fs::path p = fs::temp_directory_path() / ("rotary_common_test_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  fs::create_directories(p);
+  return fs::canonical(p).string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// The launcher's and gnuplot's way: a working directory (relative output paths land in it), environment overrides
+// that replace variables of the same name, stdout and stderr into one file, and a program other than argv[0].
+TEST(Process, SpawnSetsDirectoryEnvironmentAndFiles) {
+  const std::string dir = fresh_dir("spawn");
+  ::setenv("ROTARY_TEST_VAR", "old", 1);
+  SpawnOptions options;
+  options.program = "/bin/sh";
+  options.cwd = dir;
+  options.env = {{"ROTARY_TEST_VAR", "new"}, {"ROTARY_TEST_OTHER", "2"}};
+  options.stdout_path = "log";
+  options.stderr_to_stdout = true;
+  pid_t pid = 0;
+  ASSERT_EQ(spawn_process({"argv0", "-c", "echo $0; pwd; env | grep ^ROTARY_TEST_ | sort; echo err >&2"}, options, pid),
+            0);
+  EXPECT_EQ(wait_process(pid), 0);
+  ::unsetenv("ROTARY_TEST_VAR");
+  EXPECT_EQ(slurp(dir + "/log"),
+            "argv0\n" + dir + "\nROTARY_TEST_OTHER=2\nROTARY_TEST_VAR=new\nerr\n");
+  fs::remove_all(dir);
+}
+
+TEST(Process, MissingProgramsAndSignalsHaveTheirStatus) {
+  pid_t pid = 0;
+  EXPECT_EQ(spawn_process({"rotary-no-such-program"}, {}, pid), ENOENT);
+  ASSERT_EQ(spawn_process({"sh", "-c", "kill -TERM $$"}, {}, pid), 0);
+  EXPECT_EQ(wait_process(pid), 128 + 15);
+  EXPECT_THROW(spawn_process({}, {}, pid), Error);
+}
+
+TEST(Process, FindInPathIsCommandV) {
+  EXPECT_FALSE(find_in_path("sh").empty());
+  EXPECT_EQ(find_in_path("/bin/sh"), "/bin/sh");
+  EXPECT_EQ(find_in_path("rotary-no-such-program"), "");
+  EXPECT_EQ(find_in_path(""), "");
+}
+
+}  // namespace
+}  // namespace rotary::lab
