@@ -8,8 +8,8 @@
 #include <map>
 #include <sstream>
 
+#include "common/files.h"
 #include "rotary/error.h"
-#include "train/files.h"
 #include "train/metrics.h"
 
 namespace rotary::train {
@@ -86,13 +86,13 @@ Curve smoothed(const std::vector<MetricsRow>& rows, size_t window) {
 std::string run_gnuplot(const std::string& plot_dir, const std::string& script) {
   auto run = [&](const std::string& terminal) {
     const std::string gp = "set terminal " + terminal + " size 1000,600\nset grid\nset key top right\n\n" + script;
-    write_file_atomic(join_path(plot_dir, "plots.gp"), gp);
+    lab::write_file_atomic(lab::join_path(plot_dir, "plots.gp"), gp);
     const std::string cmd = "cd " + shell_quote(plot_dir) + " && gnuplot plots.gp > gnuplot.log 2>&1";
     return std::system(cmd.c_str()) == 0;
   };
   if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
     return "gnuplot is not installed (Debian: gnuplot-nox); no plots";
-  if (!run("pngcairo") && !run("png")) return "gnuplot failed; see " + join_path(plot_dir, "gnuplot.log");
+  if (!run("pngcairo") && !run("png")) return "gnuplot failed; see " + lab::join_path(plot_dir, "gnuplot.log");
   return "";
 }
 
@@ -153,8 +153,8 @@ std::string results_table(const ReportInputs& in) {
 
 ReportFiles write_report(const ReportInputs& in) {
   ReportFiles files;
-  const std::string plot_dir = join_path(in.out_dir, "plots");
-  make_dirs(plot_dir);
+  const std::string plot_dir = lab::join_path(in.out_dir, "plots");
+  lab::make_dirs(plot_dir);
   int64_t steps = in.base_config.value("steps", int64_t{0});
   const size_t window = static_cast<size_t>(std::max<int64_t>(1, steps / 50));
 
@@ -165,7 +165,7 @@ ReportFiles write_report(const ReportInputs& in) {
     const std::string& enc = in.encodings[e];
     std::vector<Curve> loss, eval, acc;
     for (const CompareRun* r : runs_of(in, enc)) {
-      const std::vector<MetricsRow> rows = read_metrics(join_path(r->dir, "metrics.jsonl"));
+      const std::vector<MetricsRow> rows = read_metrics(lab::join_path(r->dir, "metrics.jsonl"));
       loss.push_back(smoothed(rows, window));
       Curve ev, ac;
       for (const MetricsRow& m : rows) {
@@ -180,7 +180,7 @@ ReportFiles write_report(const ReportInputs& in) {
     if (n == 0) continue;
     auto add = [&](std::string& plot, const std::string& kind, const std::vector<Curve>& curves, const char* style) {
       const std::string file = kind + "_" + enc + ".dat";
-      write_file_atomic(join_path(plot_dir, file), curve_table(curves));
+      lab::write_file_atomic(lab::join_path(plot_dir, file), curve_table(curves));
       for (size_t i = 0; i < n; ++i)
         plot += fmt::format("{}'{}' using 1:{} with {} lw 1 lc rgb '#b0{}' notitle", plot.empty() ? "" : ", \\\n  ",
                             file, i + 2, style, colour(e));
@@ -212,7 +212,7 @@ ReportFiles write_report(const ReportInputs& in) {
   files.plot_problem = script.empty() ? "" : run_gnuplot(plot_dir, script);
   if (files.plot_problem.empty()) {
     for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"})
-      if (file_exists(join_path(in.out_dir, png))) files.plots.push_back(join_path(in.out_dir, png));
+      if (lab::file_exists(lab::join_path(in.out_dir, png))) files.plots.push_back(lab::join_path(in.out_dir, png));
   }
 
   // The markdown report.
@@ -251,8 +251,8 @@ ReportFiles write_report(const ReportInputs& in) {
     const std::string name = p.substr(p.find_last_of('/') + 1);
     md << "![" << name.substr(0, name.size() - 4) << "](" << name << ")\n\n";
   }
-  files.report_md = join_path(in.out_dir, "report.md");
-  write_file_atomic(files.report_md, md.str());
+  files.report_md = lab::join_path(in.out_dir, "report.md");
+  lab::write_file_atomic(files.report_md, md.str());
   return files;
 }
 

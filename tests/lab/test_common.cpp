@@ -1,14 +1,13 @@
-// tests/lab/test_common.cpp: the lab's helpers (lab/common).
+// tests/lab/test_common.cpp: the lab's helpers (lab/common): starting programs, atomic files.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <string>
 
+#include "common/files.h"
 #include "common/process.h"
 #include "rotary/error.h"
 
@@ -22,13 +21,6 @@ std::string fresh_dir(const std::string& name) {
   fs::remove_all(p);
   fs::create_directories(p);
   return fs::canonical(p).string();
-}
-
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream s;
-  s << in.rdbuf();
-  return s.str();
 }
 
 // The launcher's and gnuplot's way: a working directory (relative output paths land in it), environment overrides
@@ -47,7 +39,7 @@ TEST(Process, SpawnSetsDirectoryEnvironmentAndFiles) {
             0);
   EXPECT_EQ(wait_process(pid), 0);
   ::unsetenv("ROTARY_TEST_VAR");
-  EXPECT_EQ(slurp(dir + "/log"),
+  EXPECT_EQ(read_file(join_path(dir, "log")),
             "argv0\n" + dir + "\nROTARY_TEST_OTHER=2\nROTARY_TEST_VAR=new\nerr\n");
   fs::remove_all(dir);
 }
@@ -65,6 +57,22 @@ TEST(Process, FindInPathIsCommandV) {
   EXPECT_EQ(find_in_path("/bin/sh"), "/bin/sh");
   EXPECT_EQ(find_in_path("rotary-no-such-program"), "");
   EXPECT_EQ(find_in_path(""), "");
+}
+
+TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
+  const std::string dir = fresh_dir("atomic");
+  const std::string path = join_path(dir, "x.txt");
+  write_file_atomic(path, "first");
+  write_file_atomic(path, std::string("second\0binary", 13));
+  EXPECT_EQ(read_file(path), std::string("second\0binary", 13));
+  int entries = 0;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    ++entries;
+    EXPECT_EQ(e.path().filename(), "x.txt");
+  }
+  EXPECT_EQ(entries, 1);
+  EXPECT_THROW(write_file_atomic(join_path(dir, "no/such/dir/x"), "y"), Error);
+  fs::remove_all(dir);
 }
 
 }  // namespace
