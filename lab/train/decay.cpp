@@ -6,9 +6,9 @@
 #include <random>
 
 #include "common/files.h"
+#include "common/plots.h"
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
-#include "train/report.h"
 
 namespace rotary::train {
 
@@ -200,7 +200,7 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
     pngs.push_back(lab::join_path(out_dir, "attention_by_distance.png"));
   }
   // run_gnuplot writes into a plot directory and outputs '../name'; here the outputs sit next to the script.
-  problem = run_gnuplot(out_dir, script);
+  problem = lab::run_gnuplot(out_dir, script);
   std::vector<std::string> made;
   for (const std::string& p : pngs)
     if (lab::file_exists(p)) made.push_back(p);

@@ -8,7 +8,7 @@
 #include <thread>
 
 #include "common/files.h"
-#include "train/report.h"
+#include "common/plots.h"
 
 namespace rotary::train {
 namespace {
@@ -269,7 +269,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
            "accuracy on the last L tokens", fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3", L), series);
   }
 
-  out.plot_problem = run_gnuplot(plot_dir, script);
+  out.plot_problem = lab::run_gnuplot(plot_dir, script);
   std::vector<std::string> made;
   for (const std::string& p : out.plots)
     if (lab::file_exists(p)) made.push_back(p);

@@ -3,12 +3,12 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fmt/format.h>
 #include <map>
 #include <sstream>
 
 #include "common/files.h"
+#include "common/plots.h"
 #include "rotary/error.h"
 #include "train/metrics.h"
 
@@ -26,12 +26,6 @@ std::string num(double v, int decimals) {
 }
 std::string pct(double v) { return std::isfinite(v) ? fmt::format("{:.1f}%", 100 * v) : "n/a"; }
 double opt_or_nan(const std::optional<double>& v) { return v ? *v : std::nan(""); }
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::vector<const CompareRun*> runs_of(const ReportInputs& in, const std::string& enc) {
   std::vector<const CompareRun*> out;
@@ -82,19 +76,6 @@ Curve smoothed(const std::vector<MetricsRow>& rows, size_t window) {
 }
 
 }  // namespace
-
-std::string run_gnuplot(const std::string& plot_dir, const std::string& script) {
-  auto run = [&](const std::string& terminal) {
-    const std::string gp = "set terminal " + terminal + " size 1000,600\nset grid\nset key top right\n\n" + script;
-    lab::write_file_atomic(lab::join_path(plot_dir, "plots.gp"), gp);
-    const std::string cmd = "cd " + shell_quote(plot_dir) + " && gnuplot plots.gp > gnuplot.log 2>&1";
-    return std::system(cmd.c_str()) == 0;
-  };
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
-    return "gnuplot is not installed (Debian: gnuplot-nox); no plots";
-  if (!run("pngcairo") && !run("png")) return "gnuplot failed; see " + lab::join_path(plot_dir, "gnuplot.log");
-  return "";
-}
 
 double drop_worst_mean(const std::vector<double>& values, bool higher_is_better) {
   if (values.empty()) return std::nan("");
@@ -209,7 +190,7 @@ ReportFiles write_report(const ReportInputs& in) {
     figure("accuracy.png", task + ": exact match, greedy decoding; thin: each run, thick: mean", "accuracy", acc_plot,
            "set yrange [0:1]");
 
-  files.plot_problem = script.empty() ? "" : run_gnuplot(plot_dir, script);
+  files.plot_problem = script.empty() ? "" : lab::run_gnuplot(plot_dir, script);
   if (files.plot_problem.empty()) {
     for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"})
       if (lab::file_exists(lab::join_path(in.out_dir, png))) files.plots.push_back(lab::join_path(in.out_dir, png));

@@ -1,4 +1,4 @@
-// tests/lab/test_common.cpp: the lab's helpers (lab/common): starting programs, atomic files.
+// tests/lab/test_common.cpp: the lab's helpers (lab/common): starting programs, atomic files, gnuplot.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/files.h"
+#include "common/plots.h"
 #include "common/process.h"
 #include "rotary/error.h"
 
@@ -72,6 +73,25 @@ TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
   }
   EXPECT_EQ(entries, 1);
   EXPECT_THROW(write_file_atomic(join_path(dir, "no/such/dir/x"), "y"), Error);
+  fs::remove_all(dir);
+}
+
+// gnuplot runs in the plot directory: plots.gp, gnuplot.log and the PNG are there; without gnuplot, the reason.
+TEST(Plots, GnuplotRunsInThePlotDirectory) {
+  const std::string dir = fresh_dir("plots in 'odd' dir");  // no shell to quote for
+  const std::string script = "set output 'line.png'\nplot x with lines\n";
+  const char* path = std::getenv("PATH");
+  const std::string saved = path != nullptr ? path : "";
+  ::setenv("PATH", dir.c_str(), 1);
+  EXPECT_EQ(run_gnuplot(dir, script), "gnuplot is not installed (Debian: gnuplot-nox); no plots");
+  ::setenv("PATH", saved.c_str(), 1);
+  if (find_in_path("gnuplot").empty()) GTEST_SKIP() << "gnuplot not installed";
+  EXPECT_EQ(run_gnuplot(dir, script), "");
+  EXPECT_EQ(read_file(join_path(dir, "line.png")).substr(1, 3), "PNG");
+  EXPECT_NE(read_file(join_path(dir, "plots.gp")).find("size 1000,600"), std::string::npos);
+  EXPECT_TRUE(fs::exists(join_path(dir, "gnuplot.log")));
+  EXPECT_EQ(run_gnuplot(dir, "plot no_such_function(x)\n"), "gnuplot failed; see " + join_path(dir, "gnuplot.log"));
+  EXPECT_FALSE(read_file(join_path(dir, "gnuplot.log")).empty());
   fs::remove_all(dir);
 }
 

@@ -2,10 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 
 #include "common/files.h"
+#include "common/process.h"
 #include "train/compare.h"
 #include "train/metrics.h"
 #include "train/report.h"
@@ -133,7 +133,7 @@ TEST(Report, WritesMarkdownTableAndPlots) {
   const std::string md = lab::read_file(files.report_md);
   EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 75.0% | 50.0% |"), std::string::npos) << md;
   EXPECT_NE(md.find("| roper | 1 | finished | 20 | 1.1500 | 1.2000 | 25.0% | 50.0% |"), std::string::npos) << md;
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not installed";
+  if (lab::find_in_path("gnuplot").empty()) GTEST_SKIP() << "gnuplot not installed";
   EXPECT_TRUE(files.plot_problem.empty()) << files.plot_problem;
   for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"}) {
     const std::string path = lab::join_path(dir, png);
