@@ -1,4 +1,4 @@
-// tests/lab/test_common.cpp: the lab's helpers (lab/common): starting programs, atomic files, gnuplot.
+// tests/lab/test_common.cpp: the lab's helpers (lab/common): processes, files, gnuplot, machine info.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/files.h"
+#include "common/machine.h"
 #include "common/plots.h"
 #include "common/process.h"
 #include "rotary/error.h"
@@ -93,6 +94,10 @@ TEST(Plots, GnuplotRunsInThePlotDirectory) {
   EXPECT_EQ(run_gnuplot(dir, "plot no_such_function(x)\n"), "gnuplot failed; see " + join_path(dir, "gnuplot.log"));
   EXPECT_FALSE(read_file(join_path(dir, "gnuplot.log")).empty());
   fs::remove_all(dir);
+}
+
+TEST(Machine, CpuModelNamesTheProcessor) {
+  EXPECT_FALSE(cpu_model().empty());
 }
 
 }  // namespace
