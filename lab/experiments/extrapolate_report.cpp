@@ -1,5 +1,5 @@
-// lab/train/extrapolate_report.cpp
-#include "train/extrapolate_report.h"
+// lab/experiments/extrapolate_report.cpp
+#include "experiments/extrapolate_report.h"
 
 #include <cmath>
 #include <fmt/format.h>

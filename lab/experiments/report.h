@@ -1,4 +1,4 @@
-// lab/train/report.h: the results of `rotary compare` - drop-worst means, the markdown report and its gnuplot
+// lab/experiments/report.h: the results of `rotary compare` - drop-worst means, the markdown report and its gnuplot
 // PNGs (torch-free).
 #pragma once
 

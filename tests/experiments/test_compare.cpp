@@ -6,9 +6,9 @@
 
 #include "common/files.h"
 #include "common/process.h"
-#include "train/compare.h"
+#include "experiments/compare.h"
+#include "experiments/report.h"
 #include "train/metrics.h"
-#include "train/report.h"
 
 namespace rotary::train {
 namespace {

@@ -1,5 +1,5 @@
-// lab/train/decay.cpp
-#include "train/decay.h"
+// lab/experiments/decay.cpp
+#include "experiments/decay.h"
 
 #include <cmath>
 #include <fmt/format.h>

@@ -1,5 +1,5 @@
-// lab/train/report.cpp
-#include "train/report.h"
+// lab/experiments/report.cpp
+#include "experiments/report.h"
 
 #include <algorithm>
 #include <cmath>

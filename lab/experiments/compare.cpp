@@ -1,5 +1,5 @@
-// lab/train/compare.cpp
-#include "train/compare.h"
+// lab/experiments/compare.cpp
+#include "experiments/compare.h"
 
 #include <fmt/format.h>
 

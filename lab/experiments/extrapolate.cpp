@@ -1,5 +1,5 @@
-// lab/train/extrapolate.cpp
-#include "train/extrapolate.h"
+// lab/experiments/extrapolate.cpp
+#include "experiments/extrapolate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -9,11 +9,11 @@
 #include <thread>
 
 #include "common/files.h"
+#include "experiments/extrapolate_eval.h"
+#include "experiments/extrapolate_report.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
 #include "train/checkpoint.h"
-#include "train/extrapolate_eval.h"
-#include "train/extrapolate_report.h"
 #include "train/summary.h"
 #include "train/trainer.h"
 
