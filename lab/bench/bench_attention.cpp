@@ -22,7 +22,6 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -31,6 +30,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "common/machine.h"
 #include "rotary/attention.h"
 #include "rotary/error.h"
 #include "rotary/rope.h"
@@ -48,14 +48,6 @@ struct BenchAttentionArgs {
   int threads = 0;
   bool json = false;
 };
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
 
 struct Method {
   std::string name;
@@ -292,7 +284,7 @@ void run_bench_attention(const BenchAttentionArgs& a) {
   };
   if (a.json) {
     nlohmann::json j;
-    j["cpu"] = cpu_model();
+    j["cpu"] = lab::cpu_model();
     j["threads"] = threads;
     j["hq"] = a.hq, j["hkv_gqa"] = a.hkv_gqa, j["head_dim"] = a.dim, j["leaky_k"] = a.leaky_k;
     j["rounds"] = a.rounds, j["dtype"] = "f32", j["causal"] = true, j["batch"] = 1;
@@ -312,7 +304,7 @@ void run_bench_attention(const BenchAttentionArgs& a) {
   }
   std::printf("attention, f32, causal, batch 1: Hq %lld, D %d (GQA case Hkv %lld); w = N/4, leaky k %g\n",
               (long long)a.hq, a.dim, (long long)a.hkv_gqa, a.leaky_k);
-  std::printf("cpu: %s, threads %d, %d rounds (median)\n", cpu_model().c_str(), threads, a.rounds);
+  std::printf("cpu: %s, threads %d, %d rounds (median)\n", lab::cpu_model().c_str(), threads, a.rounds);
   for (const SizeResult& r : results) {
     std::printf("\nN = %lld\n%-14s %11s %11s %9s %12s\n", (long long)r.N, "method", "median ms", "min ms", "GFLOP/s",
                 "scratch MB");

@@ -21,7 +21,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -30,6 +29,7 @@
 #include <vector>
 
 #include "cli/command.h"
+#include "common/machine.h"
 #include "rotary/error.h"
 #include "rotary/kv_cache.h"
 #include "rotary/rope_spec.h"
@@ -53,14 +53,6 @@ struct BenchDecodeArgs {
   bool json = false;
   bool no_torch = false;
 };
-
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
 
 void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
 #pragma omp parallel num_threads(threads)
@@ -182,7 +174,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
 
   if (a.json) {
     nlohmann::json j;
-    j["cpu"] = cpu_model();
+    j["cpu"] = lab::cpu_model();
     j["threads"] = threads;
     j["context"] = N, j["hq"] = Hq, j["hkv"] = Hkv, j["head_dim"] = D, j["window"] = a.window;
     j["leaky_k"] = a.leaky_k, j["rounds"] = a.rounds, j["dtype"] = "f32", j["cache_bytes"] = cache_bytes;
@@ -202,8 +194,8 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   }
   std::printf("decode step, f32, one sequence: context %lld, Hq %lld, Hkv %lld, D %d, w %lld, leaky k %g\n",
               (long long)N, (long long)Hq, (long long)Hkv, D, (long long)a.window, a.leaky_k);
-  std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", cpu_model().c_str(), threads, a.rounds,
-              double(cache_bytes) / 1e6);
+  std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", lab::cpu_model().c_str(), threads,
+              a.rounds, double(cache_bytes) / 1e6);
   std::printf("%-15s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
   for (const Method& m : methods)
     std::printf("%-15s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gb / m.median());

@@ -33,6 +33,7 @@
 
 #include "bench/rope_torch_baseline.h"
 #include "cli/command.h"
+#include "common/machine.h"
 #include "rotary/dtype.h"
 #include "rotary/error.h"
 #include "rotary/rope.h"
@@ -162,14 +163,6 @@ std::string load_average() {
   return a + " " + b + " " + c;
 }
 
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
-}
-
 struct Row {
   std::string shape, dtype, layout, method;
   int64_t tokens, heads, dim;
@@ -271,7 +264,7 @@ void run_bench_rope(const BenchRopeArgs& a) {
       if (o.shape == r.shape && o.dtype == r.dtype && o.layout == r.layout && o.method == method) return &o;
     return nullptr;
   };
-  const std::string target = rope_simd_target(), cpu = cpu_model();
+  const std::string target = rope_simd_target(), cpu = lab::cpu_model();
   const unsigned nproc = std::thread::hardware_concurrency();
 
   if (a.json) {

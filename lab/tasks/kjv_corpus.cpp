@@ -4,8 +4,8 @@
 #include <cctype>
 #include <sstream>
 
+#include "common/process.h"
 #include "rotary/error.h"
-#include "tasks/subprocess.h"
 
 namespace rotary::lab {
 

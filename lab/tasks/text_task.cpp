@@ -9,7 +9,7 @@
 // Training rows are random windows of seq_len + 1 tokens of the training split (loss on every token); held-out
 // rows are consecutive windows of the held-out split.
 //
-// sentencepiece runs as the `spm_train` / `spm_encode` programs, never in this process (subprocess.h says why);
+// sentencepiece runs as the `spm_train` / `spm_encode` programs, never in this process (common/process.h says why);
 // decoding needs only the piece table of bpe<V>.vocab and happens here.
 #include <unistd.h>
 
@@ -21,11 +21,11 @@
 #include <thread>
 #include <unordered_map>
 
+#include "common/process.h"
 #include "rotary/error.h"
 #include "tasks/char_task.h"
 #include "tasks/kjv_corpus.h"
 #include "tasks/random.h"
-#include "tasks/subprocess.h"
 #include "tasks/text_cache.h"
 
 namespace rotary::lab {

@@ -8,9 +8,9 @@
 #include <mutex>
 #include <sstream>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/config.h"
-#include "train/files.h"
 
 namespace rotary::train {
 namespace {
@@ -127,11 +127,11 @@ void save_checkpoint(const std::string& path, const CheckpointMeta& meta, torch:
   put_le<uint64_t>(bytes, meta_text.size());
   bytes += meta_text;
   bytes += payload;
-  write_file_atomic(path, bytes);
+  lab::write_file_atomic(path, bytes);
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  if (!file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
+  if (!lab::file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
   // The metadata sits at the front; read just enough of the file.
   std::ifstream in(path, std::ios::binary);
   std::string head(kHeaderBytes, '\0');
@@ -149,8 +149,8 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
 
 CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                bool restore_torch_rng) {
-  if (!file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
-  const std::string bytes = read_file(path);
+  if (!lab::file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
+  const std::string bytes = lab::read_file(path);
   Parsed p = parse_header(path, bytes, true);
   torch::serialize::InputArchive root, model_ar, optim_ar;
   root.load_from(bytes.data() + p.payload_offset, bytes.size() - p.payload_offset);

@@ -8,7 +8,7 @@
 //             std::mt19937_64 state as text), "payload_bytes", "payload_fnv1a64", "torch_version"}
 //   payload   a torch archive (torch::serialize) with "model" (parameters and buffers), "optimizer" (AdamW moments
 //             and step counts) and "torch_rng" (the CPU generator, for dropout)
-// The file is written atomically (files.h), so the last good checkpoint survives any crash; the checksum catches
+// The file is written atomically (common/files.h), so the last good checkpoint survives any crash; the checksum catches
 // a file damaged later.
 #pragma once
 

@@ -10,8 +10,8 @@
 #include <sstream>
 #include <type_traits>
 
+#include "common/files.h"
 #include "rotary/error.h"
-#include "train/files.h"
 
 namespace rotary::train {
 namespace {
@@ -228,7 +228,7 @@ json toml_to_json(const std::string& toml_text, const std::string& source_name) 
 }
 
 TrainConfig load_config_file(const std::string& path) {
-  json j = toml_to_json(read_file(path), path);
+  json j = toml_to_json(lab::read_file(path), path);
   TrainConfig c;
   try {
     from_json(j, c);

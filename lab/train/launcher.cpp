@@ -1,18 +1,18 @@
 // lab/train/launcher.cpp: `--nproc N` starts N ranks of this executable (distributed.h: launch_workers). No
-// torch here: the launcher only forks, sets the rank variables and waits.
+// torch here: the launcher only starts the workers with the rank variables set (common/process.h) and waits.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "rotary/error.h"
 #include "train/distributed.h"
-
-extern char** environ;
 
 namespace rotary::train {
 namespace {
@@ -45,24 +45,25 @@ int launch_workers(const LaunchSpec& spec, const std::vector<std::string>& argv)
   ::sigaction(SIGINT, &sa, &old_int);
   ::sigaction(SIGTERM, &sa, &old_term);
 
-  std::vector<char*> args;
-  for (const std::string& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-  args.push_back(nullptr);
-
+  // A worker that cannot be started counts as one that exited with 127 (as when a forked child's exec failed).
+  int not_started = 0;
   for (int i = 0; i < spec.nproc; ++i) {
-    const pid_t pid = ::fork();
-    if (pid < 0) {
+    lab::SpawnOptions worker;
+    worker.program = "/proc/self/exe";
+    worker.env = {{"RANK", std::to_string(spec.node_rank * spec.nproc + i)},
+                  {"LOCAL_RANK", std::to_string(i)},
+                  {"WORLD_SIZE", std::to_string(world)}};
+    if (!master || !*master) worker.env.emplace_back("ROTARY_STORE_FILE", spec.store_file);
+    pid_t pid = -1;
+    const int error = lab::spawn_process(argv, worker, pid);
+    if (error == EAGAIN || error == ENOMEM) {  // no process could be made
       forward_signal(SIGTERM);
-      throw Error(std::string("rotary: fork failed: ") + std::strerror(errno));
+      throw Error(std::string("rotary: fork failed: ") + std::strerror(error));
     }
-    if (pid == 0) {
-      ::setenv("RANK", std::to_string(spec.node_rank * spec.nproc + i).c_str(), 1);
-      ::setenv("LOCAL_RANK", std::to_string(i).c_str(), 1);
-      ::setenv("WORLD_SIZE", std::to_string(world).c_str(), 1);
-      if (!master || !*master) ::setenv("ROTARY_STORE_FILE", spec.store_file.c_str(), 1);
-      ::execv("/proc/self/exe", args.data());
-      std::fprintf(stderr, "rotary: exec of the worker failed: %s\n", std::strerror(errno));
-      ::_exit(127);
+    if (error != 0) {
+      std::fprintf(stderr, "rotary: exec of the worker failed: %s\n", std::strerror(error));
+      ++not_started;
+      continue;
     }
     g_children[static_cast<size_t>(i)] = pid;
   }
@@ -71,9 +72,9 @@ int launch_workers(const LaunchSpec& spec, const std::vector<std::string>& argv)
   // Ctrl-C or a non-finite loss every rank stops at the same step; rank 0 may still be writing its checkpoint),
   // then kill them: a rank that crashed leaves its peers blocked in an all-reduce forever. Checkpoints are
   // written atomically, so a kill never leaves a torn one.
-  int first_failure = 0;
-  int left = spec.nproc;
-  double grace_left_s = -1;  // < 0: no failure yet
+  int first_failure = not_started > 0 ? 127 : 0;
+  int left = spec.nproc - not_started;
+  double grace_left_s = not_started > 0 ? 30 : -1;  // < 0: no failure yet
   while (left > 0) {
     int status = 0;
     const pid_t pid = ::waitpid(-1, &status, grace_left_s < 0 ? 0 : WNOHANG);

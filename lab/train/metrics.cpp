@@ -9,8 +9,8 @@
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "rotary/error.h"
-#include "train/files.h"
 
 namespace rotary::train {
 namespace {
@@ -62,8 +62,8 @@ MetricsRow from_jsonl(const std::string& line) {
 
 std::vector<MetricsRow> read_metrics(const std::string& jsonl_path) {
   std::vector<MetricsRow> rows;
-  if (!file_exists(jsonl_path)) return rows;
-  std::string text = read_file(jsonl_path);
+  if (!lab::file_exists(jsonl_path)) return rows;
+  std::string text = lab::read_file(jsonl_path);
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
@@ -76,9 +76,9 @@ std::vector<MetricsRow> read_metrics(const std::string& jsonl_path) {
 }
 
 MetricsWriter::MetricsWriter(const std::string& dir, int64_t keep_through_step) {
-  make_dirs(dir);
-  const std::string csv_path = join_path(dir, "metrics.csv");
-  const std::string jsonl_path = join_path(dir, "metrics.jsonl");
+  lab::make_dirs(dir);
+  const std::string csv_path = lab::join_path(dir, "metrics.csv");
+  const std::string jsonl_path = lab::join_path(dir, "metrics.jsonl");
   std::string csv = kCsvHeader, jsonl;
   if (keep_through_step >= 0) {
     for (const MetricsRow& r : read_metrics(jsonl_path)) {
@@ -87,8 +87,8 @@ MetricsWriter::MetricsWriter(const std::string& dir, int64_t keep_through_step) 
       jsonl += to_jsonl(r) + "\n";
     }
   }
-  write_file_atomic(csv_path, csv);
-  write_file_atomic(jsonl_path, jsonl);
+  lab::write_file_atomic(csv_path, csv);
+  lab::write_file_atomic(jsonl_path, jsonl);
   csv_ = open_append(csv_path);
   jsonl_ = open_append(jsonl_path);
 }

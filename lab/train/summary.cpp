@@ -3,8 +3,8 @@
 
 #include <cmath>
 
+#include "common/files.h"
 #include "rotary/error.h"
-#include "train/files.h"
 
 namespace rotary::train {
 
@@ -33,9 +33,9 @@ void from_json(const nlohmann::json& j, RunSummary& s) {
 }
 
 std::optional<RunSummary> read_summary(const std::string& dir) {
-  const std::string path = join_path(dir, "summary.json");
-  if (!file_exists(path)) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(read_file(path), nullptr, false);
+  const std::string path = lab::join_path(dir, "summary.json");
+  if (!lab::file_exists(path)) return std::nullopt;
+  nlohmann::json j = nlohmann::json::parse(lab::read_file(path), nullptr, false);
   if (j.is_discarded()) throw Error("rotary: " + path + " is not valid JSON; delete it to rerun that run");
   try {
     return j.get<RunSummary>();
@@ -45,7 +45,7 @@ std::optional<RunSummary> read_summary(const std::string& dir) {
 }
 
 void write_summary(const std::string& dir, const RunSummary& s) {
-  write_file_atomic(join_path(dir, "summary.json"), nlohmann::json(s).dump(2) + "\n");
+  lab::write_file_atomic(lab::join_path(dir, "summary.json"), nlohmann::json(s).dump(2) + "\n");
 }
 
 }  // namespace rotary::train

@@ -13,10 +13,10 @@
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
-#include "train/files.h"
 #include "train/metrics.h"
 #include "train/progress.h"
 #include "train/schedule.h"
@@ -137,7 +137,7 @@ int use_threads(int requested) {
   return n;
 }
 
-std::string checkpoint_path(const std::string& out_dir) { return join_path(out_dir, "checkpoint.pt"); }
+std::string checkpoint_path(const std::string& out_dir) { return lab::join_path(out_dir, "checkpoint.pt"); }
 
 TrainResult train(TrainConfig config, const TrainOptions& options) {
   const int rank = options.comm ? options.comm->rank() : 0;
@@ -170,7 +170,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
   int64_t step = 0;
 
   const std::string ckpt = checkpoint_path(config.out_dir);
-  const bool have_ckpt = file_exists(ckpt);
+  const bool have_ckpt = lab::file_exists(ckpt);
   if (options.resume == ResumeMode::Required && !have_ckpt)
     throw Error("rotary: nothing to resume: no checkpoint at " + ckpt);
   if (options.resume == ResumeMode::Never && have_ckpt && !options.overwrite)
@@ -194,8 +194,8 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
   std::unique_ptr<MetricsWriter> metrics;
   std::unique_ptr<Progress> progress;
   if (leader) {
-    make_dirs(config.out_dir);
-    write_file_atomic(join_path(config.out_dir, "config.json"), config_json.dump(2) + "\n");
+    lab::make_dirs(config.out_dir);
+    lab::write_file_atomic(lab::join_path(config.out_dir, "config.json"), config_json.dump(2) + "\n");
     metrics = std::make_unique<MetricsWriter>(config.out_dir, resuming ? step : -1);
     progress = std::make_unique<Progress>(config.steps, step, options.progress);
     if (resuming) say(progress.get(), fmt::format("resuming {} at step {}", config.out_dir, step));
@@ -321,7 +321,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
     s.steps = step;
     s.seconds = seconds_since(run_start);
     s.config = config_json;
-    const std::vector<MetricsRow> rows = read_metrics(join_path(config.out_dir, "metrics.jsonl"));
+    const std::vector<MetricsRow> rows = read_metrics(lab::join_path(config.out_dir, "metrics.jsonl"));
     const size_t tail = std::max<size_t>(1, rows.size() / 20);
     double sum = 0;
     for (size_t i = rows.size() - std::min(tail, rows.size()); i < rows.size(); ++i) sum += rows[i].loss;

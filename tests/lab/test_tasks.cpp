@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
+#include "common/process.h"
 #include "rotary/error.h"
 #include "tasks/kjv_corpus.h"
-#include "tasks/subprocess.h"
 #include "tasks/random.h"
 #include "tasks/task.h"
 
@@ -488,7 +488,7 @@ TEST(tasks, RunCommandCollectsOutputAndNamesFailures) {
   EXPECT_THROW(run_command({}), Error);
 }
 
-bool have_bible() { return std::system("command -v bible >/dev/null 2>&1") == 0; }
+bool have_bible() { return !find_in_path("bible").empty(); }
 
 TEST(tasks, TextTaskTrainsCachesAndSplits) {
   if (!have_bible()) GTEST_SKIP() << "`bible` (bible-kjv) is not installed";

@@ -4,11 +4,11 @@
 
 #include <filesystem>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/files.h"
 
 namespace rotary::train {
 namespace {
@@ -57,7 +57,7 @@ TEST_F(Fixture, RoundTripRestoresEverythingExactly) {
   meta.step = 1;
   meta.config = cfg;
   meta.data_rng = rng_to_text(rng);
-  const std::string path = join_path(dir, "checkpoint.pt");
+  const std::string path = lab::join_path(dir, "checkpoint.pt");
   torch::manual_seed(99);
   save_checkpoint(path, meta, *a, &opt_a);
   const double next_random_after_save = torch::rand({1}).item<double>();
@@ -86,7 +86,7 @@ TEST_F(Fixture, SavingAgainReplacesAtomicallyAndLeavesNoTemporaryFiles) {
   nn::Transformer m(tiny_model());
   CheckpointMeta meta;
   meta.config = nlohmann::json::object();
-  const std::string path = join_path(dir, "checkpoint.pt");
+  const std::string path = lab::join_path(dir, "checkpoint.pt");
   for (int64_t s : {5, 10}) {
     meta.step = s;
     save_checkpoint(path, meta, *m, nullptr);
@@ -107,11 +107,11 @@ TEST_F(Fixture, DamageTruncationAndUnknownVersionsAreReported) {
   nn::Transformer m(tiny_model());
   CheckpointMeta meta;
   meta.config = nlohmann::json::object();
-  const std::string path = join_path(dir, "checkpoint.pt");
+  const std::string path = lab::join_path(dir, "checkpoint.pt");
   save_checkpoint(path, meta, *m, nullptr);
-  const std::string good = read_file(path);
+  const std::string good = lab::read_file(path);
   auto message = [&](const std::string& bytes) {
-    write_file_atomic(path, bytes);
+    lab::write_file_atomic(path, bytes);
     try {
       load_checkpoint(path, *m, nullptr, false);
     } catch (const Error& e) {

@@ -4,9 +4,9 @@
 #include <filesystem>
 
 #include "cli/torch/train_flags.h"
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/config.h"
-#include "train/files.h"
 
 namespace rotary::train {
 namespace {
@@ -15,7 +15,7 @@ namespace fs = std::filesystem;
 
 std::string temp_file(const std::string& name, const std::string& text) {
   const fs::path p = fs::temp_directory_path() / ("rotary_cfg_" + std::to_string(::getpid()) + "_" + name);
-  write_file_atomic(p.string(), text);
+  lab::write_file_atomic(p.string(), text);
   return p.string();
 }
 

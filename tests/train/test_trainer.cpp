@@ -4,9 +4,9 @@
 
 #include <filesystem>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/checkpoint.h"
-#include "train/files.h"
 #include "train/metrics.h"
 #include "train/trainer.h"
 
@@ -58,14 +58,14 @@ struct Trainer : ::testing::Test {
 
 std::vector<double> losses(const std::string& dir) {
   std::vector<double> out;
-  for (const MetricsRow& r : read_metrics(join_path(dir, "metrics.jsonl"))) out.push_back(r.loss);
+  for (const MetricsRow& r : read_metrics(lab::join_path(dir, "metrics.jsonl"))) out.push_back(r.loss);
   return out;
 }
 
 // Bitwise: the resumed run restores the parameters, AdamW moments, step count and data RNG exactly, and runs the
 // same float operations in the same order (one thread), so nothing may differ.
 TEST_F(Trainer, InterruptedAndResumedRunRepeatsTheUninterruptedOne) {
-  const std::string a = join_path(root, "a"), b = join_path(root, "b");
+  const std::string a = lab::join_path(root, "a"), b = lab::join_path(root, "b");
   TrainResult full = train(tiny(a), quiet());
   ASSERT_EQ(full.status, TrainStatus::Finished);
 
@@ -75,7 +75,7 @@ TEST_F(Trainer, InterruptedAndResumedRunRepeatsTheUninterruptedOne) {
   ASSERT_EQ(first.status, TrainStatus::Interrupted);
   EXPECT_EQ(first.step, 6);
   EXPECT_EQ(read_checkpoint_meta(checkpoint_path(b)).step, 6);
-  EXPECT_FALSE(file_exists(join_path(b, "summary.json")));
+  EXPECT_FALSE(lab::file_exists(lab::join_path(b, "summary.json")));
   clear_stop_request();
 
   TrainOptions resume = quiet();
@@ -94,7 +94,7 @@ TEST_F(Trainer, InterruptedAndResumedRunRepeatsTheUninterruptedOne) {
 }
 
 TEST_F(Trainer, ResumingWithDifferentSettingsNamesTheField) {
-  const std::string dir = join_path(root, "r");
+  const std::string dir = lab::join_path(root, "r");
   TrainOptions stop = quiet();
   stop.stop_after_step = 2;
   ASSERT_EQ(train(tiny(dir), stop).status, TrainStatus::Interrupted);
@@ -112,13 +112,13 @@ TEST_F(Trainer, ResumingWithDifferentSettingsNamesTheField) {
   // A fresh run into the same directory is refused too (it would throw the run away).
   EXPECT_THROW(train(tiny(dir), quiet()), Error);
   TrainOptions nothing = resume;
-  EXPECT_THROW(train(tiny(join_path(root, "empty")), nothing), Error);
+  EXPECT_THROW(train(tiny(lab::join_path(root, "empty")), nothing), Error);
 }
 
 // lr = 1e30 makes the first update enormous; the next loss is not finite. The run stops before applying that
 // update, says so, and keeps the checkpoint of the last finite step.
 TEST_F(Trainer, NonFiniteLossStopsTheRunAndKeepsTheLastCheckpoint) {
-  const std::string dir = join_path(root, "nan");
+  const std::string dir = lab::join_path(root, "nan");
   TrainConfig c = tiny(dir);
   c.optim.lr = 1e30;
   c.optim.warmup_steps = 0;
@@ -129,7 +129,7 @@ TEST_F(Trainer, NonFiniteLossStopsTheRunAndKeepsTheLastCheckpoint) {
   EXPECT_NE(r.message.find("non-finite"), std::string::npos) << r.message;
   EXPECT_NE(r.message.find("checkpoint"), std::string::npos) << r.message;
   EXPECT_LT(r.step, c.steps);
-  const std::vector<MetricsRow> rows = read_metrics(join_path(dir, "metrics.jsonl"));
+  const std::vector<MetricsRow> rows = read_metrics(lab::join_path(dir, "metrics.jsonl"));
   EXPECT_EQ(static_cast<int64_t>(rows.size()), r.step);
   for (const MetricsRow& row : rows) EXPECT_TRUE(std::isfinite(row.loss));
   if (r.step > 0) EXPECT_EQ(read_checkpoint_meta(checkpoint_path(dir)).step, r.step);

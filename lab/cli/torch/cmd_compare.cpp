@@ -4,7 +4,7 @@
 
 #include "cli/command.h"
 #include "cli/torch/train_flags.h"
-#include "train/compare.h"
+#include "experiments/compare.h"
 
 namespace rotary::cli {
 namespace {

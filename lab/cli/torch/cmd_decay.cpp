@@ -7,8 +7,8 @@
 #include "cli/command.h"
 #include "cli/torch/load_model.h"
 #include "cli/torch/train_flags.h"
+#include "experiments/decay.h"
 #include "rotary/hf_config.h"
-#include "train/decay.h"
 
 namespace rotary::cli {
 namespace {

@@ -31,7 +31,7 @@ struct EvalCommand {
     const int len = seq_len > 0 ? seq_len : c.seq_len;
     const int n_rows = rows > 0 ? rows : std::max(1, c.eval_batches) * c.batch_size;
     const uint64_t eval_seed = seed_opt->count() ? seed_value : c.eval_seed;
-    const std::string out_dir = out.empty() ? train::join_path(r.run_dir, "eval") : out;
+    const std::string out_dir = out.empty() ? lab::join_path(r.run_dir, "eval") : out;
 
     train::HeldoutLoss h = train::heldout_loss(r.model, *r.task, len, n_rows, bs, eval_seed);
     train::Accuracy greedy, sampled;
@@ -40,13 +40,13 @@ struct EvalCommand {
       sampled = train::exact_match(r.model, *r.task, problems, eval_seed, temperature, eval_seed);
     }
 
-    train::make_dirs(out_dir);
+    lab::make_dirs(out_dir);
     std::string csv = "position,loss,weight\n";
     for (size_t t = 0; t < h.loss_by_position.size(); ++t)
       csv += std::isfinite(h.loss_by_position[t])
                  ? fmt::format("{},{:.9g},{:.9g}\n", t, h.loss_by_position[t], h.weight_by_position[t])
                  : fmt::format("{},,0\n", t);
-    train::write_file_atomic(train::join_path(out_dir, "loss_by_position.csv"), csv);
+    lab::write_file_atomic(lab::join_path(out_dir, "loss_by_position.csv"), csv);
 
     nlohmann::json j{{"checkpoint", r.checkpoint},
                      {"step", r.step},
@@ -62,7 +62,7 @@ struct EvalCommand {
       j["accuracy_sampled"] = sampled.value();
       j["sample_temperature"] = temperature;
     }
-    train::write_file_atomic(train::join_path(out_dir, "eval.json"), j.dump(2) + "\n");
+    lab::write_file_atomic(lab::join_path(out_dir, "eval.json"), j.dump(2) + "\n");
 
     if (json) {
       std::printf("%s\n", j.dump(2).c_str());
@@ -81,8 +81,8 @@ struct EvalCommand {
                     p.answer.c_str());
       }
     }
-    std::printf("wrote %s and %s\n", train::join_path(out_dir, "loss_by_position.csv").c_str(),
-                train::join_path(out_dir, "eval.json").c_str());
+    std::printf("wrote %s and %s\n", lab::join_path(out_dir, "loss_by_position.csv").c_str(),
+                lab::join_path(out_dir, "eval.json").c_str());
   }
 };
 

@@ -6,8 +6,8 @@
 
 #include "cli/command.h"
 #include "cli/torch/train_flags.h"
-#include "train/extrapolate.h"
-#include "train/extrapolate_report.h"
+#include "experiments/extrapolate.h"
+#include "experiments/extrapolate_report.h"
 
 namespace rotary::cli {
 namespace {

@@ -6,10 +6,10 @@
 
 #include "cli/command.h"
 #include "cli/torch/train_flags.h"
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/checkpoint.h"
 #include "train/distributed.h"
-#include "train/files.h"
 #include "train/trainer.h"
 
 namespace rotary::cli {
@@ -26,7 +26,7 @@ struct TrainCommand {
     train::TrainConfig config = flags.resolve(train::TrainConfig{});
     if (resume) {
       const std::string ckpt = train::checkpoint_path(config.out_dir);
-      if (!train::file_exists(ckpt)) throw Error("rotary: nothing to resume: no checkpoint at " + ckpt);
+      if (!lab::file_exists(ckpt)) throw Error("rotary: nothing to resume: no checkpoint at " + ckpt);
       train::TrainConfig stored;
       train::from_json(train::read_checkpoint_meta(ckpt).config, stored);
       stored.out_dir = config.out_dir;
@@ -50,12 +50,12 @@ struct TrainCommand {
       // The launcher: check what can be checked once, then start the ranks (each re-runs this command line).
       check(config.batch_size % (nproc * nnodes) == 0, "batch_size", config.batch_size,
             fmt::format("a multiple of the number of processes ({})", nproc * nnodes));
-      train::make_dirs(config.out_dir);
+      lab::make_dirs(config.out_dir);
       train::LaunchSpec spec;
       spec.nproc = nproc;
       spec.nnodes = nnodes;
       spec.node_rank = node_rank;
-      spec.store_file = train::join_path(config.out_dir, fmt::format(".ddp_store.{}", ::getpid()));
+      spec.store_file = lab::join_path(config.out_dir, fmt::format(".ddp_store.{}", ::getpid()));
       std::remove(spec.store_file.c_str());
       const int code = train::launch_workers(spec, own_command_line());
       std::remove(spec.store_file.c_str());

@@ -8,12 +8,12 @@
 #include <optional>
 #include <string>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
 #include "tasks/task.h"
 #include "train/checkpoint.h"
 #include "train/config.h"
-#include "train/files.h"
 #include "train/trainer.h"
 
 namespace rotary::cli {
@@ -30,8 +30,8 @@ struct LoadedRun {
 // `where` is a checkpoint file or a run directory holding checkpoint.pt.
 inline LoadedRun load_run(const std::string& where) {
   LoadedRun run;
-  run.checkpoint = train::file_exists(where) ? where : train::checkpoint_path(where);
-  if (!train::file_exists(run.checkpoint))
+  run.checkpoint = lab::file_exists(where) ? where : train::checkpoint_path(where);
+  if (!lab::file_exists(run.checkpoint))
     throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
   const auto slash = run.checkpoint.find_last_of('/');
   run.run_dir = slash == std::string::npos ? "." : run.checkpoint.substr(0, slash);

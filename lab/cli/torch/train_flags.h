@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/config.h"
-#include "train/files.h"
 
 namespace rotary::cli {
 
@@ -105,7 +105,7 @@ class TrainFlags {
   // base <- the TOML file (if given) <- the flags that were given.
   train::TrainConfig resolve(train::TrainConfig base) const {
     if (!config_file.empty()) {
-      nlohmann::json file = train::toml_to_json(train::read_file(config_file), config_file);
+      nlohmann::json file = train::toml_to_json(lab::read_file(config_file), config_file);
       try {
         train::from_json(file, base);
       } catch (const Error& e) {

@@ -1,4 +1,4 @@
-// lab/train/extrapolate_methods.h: the inference-time methods of `rotary extrapolate` (seed 004's table) and the
+// lab/experiments/extrapolate_methods.h: the inference-time methods of `rotary extrapolate` (seed 004's table) and the
 // encoding override that realises each one on a RoPE model trained at length L and run at length T (torch-free).
 //
 //   rope          plain RoPE, positions beyond L extrapolated ("Baseline")

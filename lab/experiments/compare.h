@@ -1,4 +1,4 @@
-// lab/train/compare.h: `rotary compare` - several encodings x several seeds of one run description, run one
+// lab/experiments/compare.h: `rotary compare` - several encodings x several seeds of one run description, run one
 // after the other, then the report (report.h).
 //
 // Runs live in <out>/<encoding>/seed<k>/. Rerunning the same compare skips runs that finished (summary.json
@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "experiments/report.h"
 #include "train/config.h"
-#include "train/report.h"
 
 namespace rotary::train {
 

@@ -1,5 +1,5 @@
-// lab/train/files.cpp: atomic writes (see files.h).
-#include "train/files.h"
+// lab/common/files.cpp: atomic writes (see files.h).
+#include "common/files.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -15,7 +15,7 @@
 
 #include "rotary/error.h"
 
-namespace rotary::train {
+namespace rotary::lab {
 namespace {
 
 [[noreturn]] void fail_io(const std::string& what, const std::string& path) {
@@ -86,4 +86,4 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
   }
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::lab

@@ -1,10 +1,10 @@
-// lab/train/extrapolate_report.h: the tables, results.csv, gnuplot PNGs and report.md of `rotary extrapolate`.
+// lab/experiments/extrapolate_report.h: the tables, results.csv, gnuplot PNGs and report.md of `rotary extrapolate`.
 #pragma once
 
 #include <string>
 #include <vector>
 
-#include "train/extrapolate.h"
+#include "experiments/extrapolate.h"
 
 namespace rotary::train {
 

@@ -7,10 +7,10 @@
 
 #include <cmath>
 
+#include "experiments/decay.h"
+#include "experiments/extrapolate_eval.h"
+#include "experiments/extrapolate_methods.h"
 #include "rotary/error.h"
-#include "train/decay.h"
-#include "train/extrapolate_eval.h"
-#include "train/extrapolate_methods.h"
 
 namespace rotary::train {
 namespace {

@@ -1,5 +1,5 @@
-// lab/train/extrapolate_report.cpp
-#include "train/extrapolate_report.h"
+// lab/experiments/extrapolate_report.cpp
+#include "experiments/extrapolate_report.h"
 
 #include <cmath>
 #include <fmt/format.h>
@@ -7,8 +7,8 @@
 #include <sstream>
 #include <thread>
 
-#include "train/files.h"
-#include "train/report.h"
+#include "common/files.h"
+#include "common/plots.h"
 
 namespace rotary::train {
 namespace {
@@ -153,8 +153,8 @@ std::string sweep_table(const ReportInput& in) {
 ReportOutput write_extrapolate_report(const ReportInput& in) {
   ReportOutput out;
   const std::string& dir = in.spec.out_dir;
-  const std::string plot_dir = join_path(dir, "plots");
-  make_dirs(plot_dir);
+  const std::string plot_dir = lab::join_path(dir, "plots");
+  lab::make_dirs(plot_dir);
 
   // results.csv: every cell.
   std::string csv = "model_metric,method,label,logn,window,leaky_k,test_len,sweep,loss,accuracy,count,answer_distance,seconds,reused\n";
@@ -163,7 +163,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
                        c.method.label(trained_logn(in, c.metric)), c.method.logn ? 1 : 0, c.method.window,
                        c.method.leaky_k, c.test_len, c.sweep ? 1 : 0, g(c.loss), g(c.accuracy), c.count,
                        g(c.answer_distance), c.seconds, c.reused ? 1 : 0);
-  write_file_atomic(join_path(dir, "results.csv"), csv);
+  lab::write_file_atomic(lab::join_path(dir, "results.csv"), csv);
 
   // Plot data and script.
   const int L = in.train_len, Tmax = in.lengths.back();
@@ -185,7 +185,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
     script += fmt::format("set output '../{}'\nset title \"{}\"\nset xlabel '{}'\nset ylabel '{}'\n{}\nplot {}\n{}\n\n",
                           png, heading, xlabel, ylabel, extra, plot,
                           "unset logscale x\nunset arrow\nset autoscale\nset key top right\nset xtics autofreq");
-    out.plots.push_back(join_path(dir, png));
+    out.plots.push_back(lab::join_path(dir, png));
   };
 
   // Loss against position at the longest length, averaged over buckets of tokens.
@@ -203,7 +203,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
       if (n) data += fmt::format("{} {}\n", b + bucket / 2, g(sum / n));
     }
     const std::string file = "position_" + m.key() + ".dat";
-    write_file_atomic(join_path(plot_dir, file), data);
+    lab::write_file_atomic(lab::join_path(plot_dir, file), data);
     pos_series.push_back(fmt::format("'{}' using 1:2 with lines {} title \"{}\"", file, style(m), title(m, "text")));
   }
   figure("loss_vs_position.png",
@@ -222,7 +222,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
         if (const Cell* c = find(in, metric, m.key(), T, false))
           data += fmt::format("{} {}\n", T, g(loss ? c->loss : c->accuracy));
       const std::string file = metric + (loss ? "_loss_" : "_acc_") + m.key() + ".dat";
-      write_file_atomic(join_path(plot_dir, file), data);
+      lab::write_file_atomic(lab::join_path(plot_dir, file), data);
       series.push_back(fmt::format("'{}' using 1:2 with linespoints pt 7 {} title \"{}\"", file, style(m), title(m, metric)));
     }
     std::string xt;
@@ -257,7 +257,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
         }
         if (!any) continue;
         const std::string file = fmt::format("sweep_{}{}.dat", metric, logn ? "_logn" : "");
-        write_file_atomic(join_path(plot_dir, file), data);
+        lab::write_file_atomic(lab::join_path(plot_dir, file), data);
         series.push_back(fmt::format("'{}' using 1:2 with linespoints pt 7 lw 2 lc rgb '#{}' dt {} title \"{}{}\"", file,
                                      std::string(metric) == "text" ? "1f77b4" : "d62728", logn ? 2 : 1,
                                      std::string(metric) == "text" ? "text" : "repeated",
@@ -269,10 +269,10 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
            "accuracy on the last L tokens", fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3", L), series);
   }
 
-  out.plot_problem = run_gnuplot(plot_dir, script);
+  out.plot_problem = lab::run_gnuplot(plot_dir, script);
   std::vector<std::string> made;
   for (const std::string& p : out.plots)
-    if (file_exists(p)) made.push_back(p);
+    if (lab::file_exists(p)) made.push_back(p);
   out.plots = made;
 
   // report.md
@@ -318,8 +318,8 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
     md << "![" << name.substr(0, name.size() - 4) << "](" << name << ")\n\n";
   }
   md << "All numbers: `results.csv`; per cell: `cells/`.\n";
-  out.report_md = join_path(dir, "report.md");
-  write_file_atomic(out.report_md, md.str());
+  out.report_md = lab::join_path(dir, "report.md");
+  lab::write_file_atomic(out.report_md, md.str());
   return out;
 }
 

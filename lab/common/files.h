@@ -1,4 +1,4 @@
-// lab/train/files.h: small file helpers of the trainer (torch-free).
+// lab/common/files.h: small file helpers of the lab (torch-free).
 //
 // Checkpoints, summaries and reports are written atomically: the bytes go to a temporary file in the same
 // directory, which is fsync'ed and renamed over the target, then the directory is fsync'ed. A crash or a Ctrl-C
@@ -8,7 +8,7 @@
 #include <string>
 #include <string_view>
 
-namespace rotary::train {
+namespace rotary::lab {
 
 // Writes `bytes` to `path` atomically (temp + fsync + rename + fsync of the directory). Throws rotary::Error.
 void write_file_atomic(const std::string& path, std::string_view bytes);
@@ -19,4 +19,4 @@ bool file_exists(const std::string& path);
 void make_dirs(const std::string& path);
 std::string join_path(const std::string& dir, const std::string& name);
 
-}  // namespace rotary::train
+}  // namespace rotary::lab

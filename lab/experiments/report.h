@@ -1,4 +1,4 @@
-// lab/train/report.h: the results of `rotary compare` - drop-worst means, the markdown report and its gnuplot
+// lab/experiments/report.h: the results of `rotary compare` - drop-worst means, the markdown report and its gnuplot
 // PNGs (torch-free).
 #pragma once
 
@@ -48,11 +48,6 @@ struct ReportFiles {
   std::vector<std::string> plots;   // the PNGs made
   std::string plot_problem;         // why plots are missing, if they are
 };
-// Runs a gnuplot script in plot_dir (as plots.gp, output to gnuplot.log; PNG paths in the script are relative to
-// plot_dir), with a 1000x600 pngcairo terminal (png if cairo is missing) prepended. Returns "" on success, else
-// why there are no plots (gnuplot missing or failing).
-std::string run_gnuplot(const std::string& plot_dir, const std::string& script);
-
 // Writes report.md and, with gnuplot, loss.png, eval_loss.png and accuracy.png (their data and scripts stay in
 // <out_dir>/plots/ so they can be re-plotted by hand).
 ReportFiles write_report(const ReportInputs& in);

@@ -1,4 +1,4 @@
-// lab/train/extrapolate_eval.h: scoring one model (with one encoding override already set) at one test length, as
+// lab/experiments/extrapolate_eval.h: scoring one model (with one encoding override already set) at one test length, as
 // seed 004 does: next-token accuracy and loss on the LAST L tokens of each window of T tokens, so every length
 // scores the same L tokens and only the context before them grows.
 //

@@ -1,16 +1,14 @@
-// compare's statistics and report (torch-free parts): drop-worst mean, metrics files, report.md + PNGs, atomic
-// writes.
+// compare's statistics and report (torch-free parts): drop-worst mean, metrics files, report.md + PNGs.
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
 
-#include "rotary/error.h"
-#include "train/compare.h"
-#include "train/files.h"
+#include "common/files.h"
+#include "common/process.h"
+#include "experiments/compare.h"
+#include "experiments/report.h"
 #include "train/metrics.h"
-#include "train/report.h"
 
 namespace rotary::train {
 namespace {
@@ -71,39 +69,23 @@ TEST(Metrics, ResumeKeepsRowsUpToTheCheckpointAndDropsATornLine) {
   }
   // A crash in the middle of writing row 7.
   {
-    std::FILE* f = std::fopen(join_path(dir, "metrics.jsonl").c_str(), "a");
+    std::FILE* f = std::fopen(lab::join_path(dir, "metrics.jsonl").c_str(), "a");
     std::fputs("{\"step\": 7, \"lo", f);
     std::fclose(f);
   }
-  std::vector<MetricsRow> rows = read_metrics(join_path(dir, "metrics.jsonl"));
+  std::vector<MetricsRow> rows = read_metrics(lab::join_path(dir, "metrics.jsonl"));
   ASSERT_EQ(rows.size(), 6u);
   EXPECT_EQ(rows[3].eval_accuracy.value_or(-1), 0.25);
   EXPECT_FALSE(rows[2].eval_loss.has_value());
   EXPECT_DOUBLE_EQ(rows[5].loss, 1.0 / 6.0);  // %.17g-exact through JSON
 
   { MetricsWriter resumed(dir, 4); }  // the checkpoint was at step 4: rows 5, 6 (and the torn 7) are redone
-  rows = read_metrics(join_path(dir, "metrics.jsonl"));
+  rows = read_metrics(lab::join_path(dir, "metrics.jsonl"));
   ASSERT_EQ(rows.size(), 4u);
   EXPECT_EQ(rows.back().step, 4);
-  const std::string csv = read_file(join_path(dir, "metrics.csv"));
+  const std::string csv = lab::read_file(lab::join_path(dir, "metrics.csv"));
   EXPECT_EQ(std::count(csv.begin(), csv.end(), '\n'), 5);  // header + 4 rows
   EXPECT_EQ(csv.rfind("step,loss,lr,tokens_per_s,grad_norm,eval_loss,eval_accuracy,elapsed_s\n", 0), 0u);
-  fs::remove_all(dir);
-}
-
-TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
-  const std::string dir = fresh_dir("atomic");
-  const std::string path = join_path(dir, "x.txt");
-  write_file_atomic(path, "first");
-  write_file_atomic(path, std::string("second\0binary", 13));
-  EXPECT_EQ(read_file(path), std::string("second\0binary", 13));
-  int entries = 0;
-  for (const auto& e : fs::directory_iterator(dir)) {
-    ++entries;
-    EXPECT_EQ(e.path().filename(), "x.txt");
-  }
-  EXPECT_EQ(entries, 1);
-  EXPECT_THROW(write_file_atomic(join_path(dir, "no/such/dir/x"), "y"), Error);
   fs::remove_all(dir);
 }
 
@@ -122,7 +104,7 @@ TEST(Report, WritesMarkdownTableAndPlots) {
       CompareRun r;
       r.encoding = enc;
       r.seed = static_cast<uint64_t>(seed);
-      r.dir = join_path(join_path(dir, enc), "seed" + std::to_string(seed));
+      r.dir = lab::join_path(lab::join_path(dir, enc), "seed" + std::to_string(seed));
       {
         MetricsWriter w(r.dir, -1);
         for (int64_t s = 1; s <= 20; ++s) {
@@ -148,15 +130,15 @@ TEST(Report, WritesMarkdownTableAndPlots) {
   EXPECT_DOUBLE_EQ(stats[1].accuracy_greedy, 0.75);
 
   ReportFiles files = write_report(in);
-  const std::string md = read_file(files.report_md);
+  const std::string md = lab::read_file(files.report_md);
   EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 75.0% | 50.0% |"), std::string::npos) << md;
   EXPECT_NE(md.find("| roper | 1 | finished | 20 | 1.1500 | 1.2000 | 25.0% | 50.0% |"), std::string::npos) << md;
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0) GTEST_SKIP() << "gnuplot not installed";
+  if (lab::find_in_path("gnuplot").empty()) GTEST_SKIP() << "gnuplot not installed";
   EXPECT_TRUE(files.plot_problem.empty()) << files.plot_problem;
   for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"}) {
-    const std::string path = join_path(dir, png);
-    ASSERT_TRUE(file_exists(path)) << png;
-    EXPECT_EQ(read_file(path).substr(1, 3), "PNG") << png;
+    const std::string path = lab::join_path(dir, png);
+    ASSERT_TRUE(lab::file_exists(path)) << png;
+    EXPECT_EQ(lab::read_file(path).substr(1, 3), "PNG") << png;
     EXPECT_NE(md.find(std::string("](") + png + ")"), std::string::npos) << png;
   }
   fs::remove_all(dir);

@@ -1,5 +1,5 @@
-// lab/train/extrapolate_eval.cpp
-#include "train/extrapolate_eval.h"
+// lab/experiments/extrapolate_eval.cpp
+#include "experiments/extrapolate_eval.h"
 
 #include <cmath>
 #include <fmt/format.h>

@@ -1,14 +1,14 @@
-// lab/train/decay.cpp
-#include "train/decay.h"
+// lab/experiments/decay.cpp
+#include "experiments/decay.h"
 
 #include <cmath>
 #include <fmt/format.h>
 #include <random>
 
+#include "common/files.h"
+#include "common/plots.h"
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
-#include "train/files.h"
-#include "train/report.h"
 
 namespace rotary::train {
 
@@ -152,7 +152,7 @@ MeasuredDecay measure_decay(nn::Transformer& model, const lab::Task& task, int w
 std::vector<std::string> write_decay_outputs(const std::string& out_dir, const std::vector<DecayCurve>& curves,
                                              const MeasuredDecay* measured, std::string& problem) {
   check(!curves.empty(), "specs", "(none)", "at least one RopeSpec");
-  make_dirs(out_dir);
+  lab::make_dirs(out_dir);
   const size_t n = curves.front().bound.size();
   std::string csv = "distance";
   for (const DecayCurve& c : curves) csv += "," + c.name;
@@ -162,7 +162,7 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
     for (const DecayCurve& c : curves) csv += fmt::format(",{:.9g}", c.bound[d]);
     csv += "\n";
   }
-  write_file_atomic(join_path(out_dir, "decay_bound.csv"), csv);
+  lab::write_file_atomic(lab::join_path(out_dir, "decay_bound.csv"), csv);
 
   std::string script = fmt::format(
       "set datafile separator ','\nset key top right\nset output 'decay_bound.png'\n"
@@ -172,7 +172,7 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
     script += fmt::format("{}'decay_bound.csv' using 1:{} with lines lw 2 title \"{}\" noenhanced", i ? ", \\\n  " : "",
                           i + 2, curves[i].name);
   script += "\n\n";
-  std::vector<std::string> pngs{join_path(out_dir, "decay_bound.png")};
+  std::vector<std::string> pngs{lab::join_path(out_dir, "decay_bound.png")};
 
   if (measured) {
     const MeasuredDecay& m = *measured;
@@ -185,7 +185,7 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
                           ctx ? fmt::format("{:.9g}", m.context_score[d]) : "",
                           ctx ? fmt::format("{:.9g}", m.context_prob[d]) : "");
     }
-    write_file_atomic(join_path(out_dir, "decay_model.csv"), mcsv);
+    lab::write_file_atomic(lab::join_path(out_dir, "decay_model.csv"), mcsv);
     script += fmt::format(
         "set output 'decay_model.png'\nset title \"Bound vs the model's own q, k placed at distance m - n ({} "
         "samples), each / its value at 0\"\nset xlabel 'relative distance m - n'\nset ylabel 'relative to distance 0'\n"
@@ -196,14 +196,14 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
         "and layers)\"\nset xlabel 'distance i - j'\nset ylabel 'mean attention probability'\n"
         "plot 'decay_model.csv' using 1:8 with lines lw 2 title 'p(i, j)'\nunset logscale y\n",
         m.samples, m.windows, m.seq_len);
-    pngs.push_back(join_path(out_dir, "decay_model.png"));
-    pngs.push_back(join_path(out_dir, "attention_by_distance.png"));
+    pngs.push_back(lab::join_path(out_dir, "decay_model.png"));
+    pngs.push_back(lab::join_path(out_dir, "attention_by_distance.png"));
   }
   // run_gnuplot writes into a plot directory and outputs '../name'; here the outputs sit next to the script.
-  problem = run_gnuplot(out_dir, script);
+  problem = lab::run_gnuplot(out_dir, script);
   std::vector<std::string> made;
   for (const std::string& p : pngs)
-    if (file_exists(p)) made.push_back(p);
+    if (lab::file_exists(p)) made.push_back(p);
   return made;
 }
 

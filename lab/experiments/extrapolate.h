@@ -1,4 +1,4 @@
-// lab/train/extrapolate.h: `rotary extrapolate` - seed 004's length-extrapolation experiment.
+// lab/experiments/extrapolate.h: `rotary extrapolate` - seed 004's length-extrapolation experiment.
 //
 // Train (or load) a RoPE model at length L on KJV text, then score it at L, 2L, 4L, 8L (the multiples are
 // settable) with every inference-time method of extrapolate_methods.h, each with and without log-n: next-token
@@ -15,8 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "experiments/extrapolate_methods.h"
 #include "train/config.h"
-#include "train/extrapolate_methods.h"
 
 namespace rotary::train {
 

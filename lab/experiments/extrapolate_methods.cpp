@@ -1,5 +1,5 @@
-// lab/train/extrapolate_methods.cpp
-#include "train/extrapolate_methods.h"
+// lab/experiments/extrapolate_methods.cpp
+#include "experiments/extrapolate_methods.h"
 
 #include <algorithm>
 #include <fmt/format.h>

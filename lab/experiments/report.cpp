@@ -1,15 +1,15 @@
-// lab/train/report.cpp
-#include "train/report.h"
+// lab/experiments/report.cpp
+#include "experiments/report.h"
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <fmt/format.h>
 #include <map>
 #include <sstream>
 
+#include "common/files.h"
+#include "common/plots.h"
 #include "rotary/error.h"
-#include "train/files.h"
 #include "train/metrics.h"
 
 namespace rotary::train {
@@ -26,12 +26,6 @@ std::string num(double v, int decimals) {
 }
 std::string pct(double v) { return std::isfinite(v) ? fmt::format("{:.1f}%", 100 * v) : "n/a"; }
 double opt_or_nan(const std::optional<double>& v) { return v ? *v : std::nan(""); }
-
-std::string shell_quote(const std::string& s) {
-  std::string q = "'";
-  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return q + "'";
-}
 
 std::vector<const CompareRun*> runs_of(const ReportInputs& in, const std::string& enc) {
   std::vector<const CompareRun*> out;
@@ -82,19 +76,6 @@ Curve smoothed(const std::vector<MetricsRow>& rows, size_t window) {
 }
 
 }  // namespace
-
-std::string run_gnuplot(const std::string& plot_dir, const std::string& script) {
-  auto run = [&](const std::string& terminal) {
-    const std::string gp = "set terminal " + terminal + " size 1000,600\nset grid\nset key top right\n\n" + script;
-    write_file_atomic(join_path(plot_dir, "plots.gp"), gp);
-    const std::string cmd = "cd " + shell_quote(plot_dir) + " && gnuplot plots.gp > gnuplot.log 2>&1";
-    return std::system(cmd.c_str()) == 0;
-  };
-  if (std::system("command -v gnuplot > /dev/null 2>&1") != 0)
-    return "gnuplot is not installed (Debian: gnuplot-nox); no plots";
-  if (!run("pngcairo") && !run("png")) return "gnuplot failed; see " + join_path(plot_dir, "gnuplot.log");
-  return "";
-}
 
 double drop_worst_mean(const std::vector<double>& values, bool higher_is_better) {
   if (values.empty()) return std::nan("");
@@ -153,8 +134,8 @@ std::string results_table(const ReportInputs& in) {
 
 ReportFiles write_report(const ReportInputs& in) {
   ReportFiles files;
-  const std::string plot_dir = join_path(in.out_dir, "plots");
-  make_dirs(plot_dir);
+  const std::string plot_dir = lab::join_path(in.out_dir, "plots");
+  lab::make_dirs(plot_dir);
   int64_t steps = in.base_config.value("steps", int64_t{0});
   const size_t window = static_cast<size_t>(std::max<int64_t>(1, steps / 50));
 
@@ -165,7 +146,7 @@ ReportFiles write_report(const ReportInputs& in) {
     const std::string& enc = in.encodings[e];
     std::vector<Curve> loss, eval, acc;
     for (const CompareRun* r : runs_of(in, enc)) {
-      const std::vector<MetricsRow> rows = read_metrics(join_path(r->dir, "metrics.jsonl"));
+      const std::vector<MetricsRow> rows = read_metrics(lab::join_path(r->dir, "metrics.jsonl"));
       loss.push_back(smoothed(rows, window));
       Curve ev, ac;
       for (const MetricsRow& m : rows) {
@@ -180,7 +161,7 @@ ReportFiles write_report(const ReportInputs& in) {
     if (n == 0) continue;
     auto add = [&](std::string& plot, const std::string& kind, const std::vector<Curve>& curves, const char* style) {
       const std::string file = kind + "_" + enc + ".dat";
-      write_file_atomic(join_path(plot_dir, file), curve_table(curves));
+      lab::write_file_atomic(lab::join_path(plot_dir, file), curve_table(curves));
       for (size_t i = 0; i < n; ++i)
         plot += fmt::format("{}'{}' using 1:{} with {} lw 1 lc rgb '#b0{}' notitle", plot.empty() ? "" : ", \\\n  ",
                             file, i + 2, style, colour(e));
@@ -209,10 +190,10 @@ ReportFiles write_report(const ReportInputs& in) {
     figure("accuracy.png", task + ": exact match, greedy decoding; thin: each run, thick: mean", "accuracy", acc_plot,
            "set yrange [0:1]");
 
-  files.plot_problem = script.empty() ? "" : run_gnuplot(plot_dir, script);
+  files.plot_problem = script.empty() ? "" : lab::run_gnuplot(plot_dir, script);
   if (files.plot_problem.empty()) {
     for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"})
-      if (file_exists(join_path(in.out_dir, png))) files.plots.push_back(join_path(in.out_dir, png));
+      if (lab::file_exists(lab::join_path(in.out_dir, png))) files.plots.push_back(lab::join_path(in.out_dir, png));
   }
 
   // The markdown report.
@@ -251,8 +232,8 @@ ReportFiles write_report(const ReportInputs& in) {
     const std::string name = p.substr(p.find_last_of('/') + 1);
     md << "![" << name.substr(0, name.size() - 4) << "](" << name << ")\n\n";
   }
-  files.report_md = join_path(in.out_dir, "report.md");
-  write_file_atomic(files.report_md, md.str());
+  files.report_md = lab::join_path(in.out_dir, "report.md");
+  lab::write_file_atomic(files.report_md, md.str());
   return files;
 }
 

@@ -1,10 +1,10 @@
-// lab/train/compare.cpp
-#include "train/compare.h"
+// lab/experiments/compare.cpp
+#include "experiments/compare.h"
 
 #include <fmt/format.h>
 
+#include "common/files.h"
 #include "rotary/error.h"
-#include "train/files.h"
 #include "train/trainer.h"
 
 namespace rotary::train {
@@ -55,7 +55,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
       CompareRun run;
       run.encoding = enc;
       run.seed = spec.base.seed + static_cast<uint64_t>(k);
-      run.dir = join_path(join_path(spec.out_dir, enc), fmt::format("seed{}", run.seed));
+      run.dir = lab::join_path(lab::join_path(spec.out_dir, enc), fmt::format("seed{}", run.seed));
       TrainConfig c = spec.base;
       c.model.encoding.kind = enc;
       c.seed = run.seed;

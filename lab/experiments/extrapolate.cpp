@@ -1,5 +1,5 @@
-// lab/train/extrapolate.cpp
-#include "train/extrapolate.h"
+// lab/experiments/extrapolate.cpp
+#include "experiments/extrapolate.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,12 +8,12 @@
 #include <map>
 #include <thread>
 
+#include "common/files.h"
+#include "experiments/extrapolate_eval.h"
+#include "experiments/extrapolate_report.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
 #include "train/checkpoint.h"
-#include "train/extrapolate_eval.h"
-#include "train/extrapolate_report.h"
-#include "train/files.h"
 #include "train/summary.h"
 #include "train/trainer.h"
 
@@ -56,8 +56,8 @@ nn::Transformer load_model(const std::string& path, TrainConfig& config, int64_t
 
 // A checkpoint file, or a run directory holding checkpoint.pt.
 std::string resolve_checkpoint(const std::string& where) {
-  const std::string path = file_exists(where) ? where : checkpoint_path(where);
-  if (!file_exists(path)) throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
+  const std::string path = lab::file_exists(where) ? where : checkpoint_path(where);
+  if (!lab::file_exists(path)) throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
   return path;
 }
 
@@ -178,8 +178,8 @@ class CellRunner {
     p.model->set_override(method_override(m, p.model->config().resolved_encoding(), L, test_len));
     const bool decoded = length_dependent_method(m) && metric != "retrieval";
     const nlohmann::json settings = cell_settings(p, spec_, metric, p.model->active_encoding(), test_len, decoded);
-    const std::string path = join_path(
-        join_path(join_path(join_path(spec_.out_dir, "cells"), p.info.role + "_" + metric), fmt::format("T{}", test_len)),
+    const std::string path = lab::join_path(
+        lab::join_path(lab::join_path(lab::join_path(spec_.out_dir, "cells"), p.info.role + "_" + metric), fmt::format("T{}", test_len)),
         m.key() + ".json");
     const std::string label = fmt::format("[{}/{}] {} T={} {}", index_, total_, metric, test_len, m.label(p.info.trained_logn));
 
@@ -188,8 +188,8 @@ class CellRunner {
       same.sweep = sweep;
       return same;
     }
-    if (file_exists(path)) {
-      nlohmann::json stored = nlohmann::json::parse(read_file(path), nullptr, false);
+    if (lab::file_exists(path)) {
+      nlohmann::json stored = nlohmann::json::parse(lab::read_file(path), nullptr, false);
       if (!stored.is_discarded() && stored.value("settings", nlohmann::json()) == settings) {
         cell_from_json(stored.at("result"), c);
         c.reused = true;
@@ -214,8 +214,8 @@ class CellRunner {
       if (metric == "text" && test_len == max_len(spec_) && !sweep) c.loss_by_position = s.loss_by_position;
     }
     c.seconds = seconds_since(t0);
-    make_dirs(path.substr(0, path.find_last_of('/')));
-    write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", cell_to_json(c)}}.dump() + "\n");
+    lab::make_dirs(path.substr(0, path.find_last_of('/')));
+    lab::write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", cell_to_json(c)}}.dump() + "\n");
     if (progress_) {
       const std::string what = metric == "retrieval"
                                    ? fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.count)
@@ -301,8 +301,8 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
     from_json(read_checkpoint_meta(resolve_checkpoint(spec.text_checkpoint)).config, stored);
     spec.text.seq_len = spec.kv.seq_len = stored.seq_len;
   }
-  spec.text.out_dir = join_path(spec.out_dir, "text_model");
-  spec.kv.out_dir = join_path(spec.out_dir, "kv_model");
+  spec.text.out_dir = lab::join_path(spec.out_dir, "text_model");
+  spec.kv.out_dir = lab::join_path(spec.out_dir, "kv_model");
   validate(spec);
   const auto t0 = Clock::now();
   ExtrapolateResult result;

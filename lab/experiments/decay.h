@@ -1,4 +1,4 @@
-// lab/train/decay.h: RoPE's long-term decay (RoFormer section 3.4.3, seed 003), as a bound and as measured on a
+// lab/experiments/decay.h: RoPE's long-term decay (RoFormer section 3.4.3, seed 003), as a bound and as measured on a
 // trained model.
 //
 // The bound. With h_i = q_[2i:2i+1] k*_[2i:2i+1] (pair i of q and k as complex numbers) and the partial sums
