@@ -327,13 +327,13 @@ const CommandRegistrar kRegisterBenchAttention([](CLI::App& root) {
   CLI::App* cmd = bench.add_subcommand(
       "attention", "fused f32 causal attention (RoPE, ReRoPE, Leaky ReRoPE; forward, backward, GQA) beside the "
                    "seed's materialised two-matrix ReRoPE and an sgemm of the same FLOP count");
-  cmd->add_option("--sizes", args->sizes, "token counts N (default 1024 4096)");
-  cmd->add_option("--hq", args->hq, "query heads (default 8)");
-  cmd->add_option("--hkv-gqa", args->hkv_gqa, "kv heads of the GQA case (default 2)");
-  cmd->add_option("--dim", args->dim, "head dim (default 64)");
-  cmd->add_option("--leaky-k", args->leaky_k, "Leaky ReRoPE k (default 16)");
-  cmd->add_option("--rounds", args->rounds, "timed rounds, one call of every method each (default 5)");
-  cmd->add_option("--threads", args->threads, "threads for every method, OpenBLAS included (0: OpenMP default)");
+  cmd->add_option("--sizes", args->sizes, "token counts N (default 1024 4096)")->transform(integer_in(1, 1 << 24));
+  cmd->add_option("--hq", args->hq, "query heads (default 8)")->transform(integer_in(1, 4096));
+  cmd->add_option("--hkv-gqa", args->hkv_gqa, "kv heads of the GQA case (default 2)")->transform(integer_in(1, 4096));
+  cmd->add_option("--dim", args->dim, "head dim (default 64)")->transform(integer_in(1, 4096));
+  cmd->add_option("--leaky-k", args->leaky_k, "Leaky ReRoPE k (default 16)")->transform(finite_in(1, 1e9));
+  cmd->add_option("--rounds", args->rounds, "timed rounds, one call of every method each (default 5)")->transform(integer_in(1, 100000));
+  cmd->add_option("--threads", args->threads, "threads for every method, OpenBLAS included (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
   cmd->add_flag("--json", args->json, "print machine-readable results");
   cmd->callback([args] { run_bench_attention(*args); });
 });

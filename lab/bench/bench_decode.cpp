@@ -216,15 +216,15 @@ const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
       bench.add_subcommand("decode",
                            "time of one decode step over a long f32 KV cache: RoPE, ReRoPE, Leaky ReRoPE, the seed's "
                            "re-rotate-the-cache ReRoPE step, and a memcpy of the cache bytes");
-  cmd->add_option("--context", args->context, "cached tokens (default 32768)");
-  cmd->add_option("--hq", args->hq, "query heads (default 32)");
-  cmd->add_option("--hkv", args->hkv, "kv heads (default 8)");
-  cmd->add_option("--dim", args->dim, "head dim (default 128)");
-  cmd->add_option("--window", args->window, "ReRoPE / Leaky window w (default 4096)");
-  cmd->add_option("--leaky-k", args->leaky_k, "Leaky ReRoPE k (default 16)");
-  cmd->add_option("--rounds", args->rounds, "timed rounds, one step of every method each (default 41)");
-  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
-  cmd->add_option("--split-keys", args->split_keys, "keys per split-K chunk (0: automatic)");
+  cmd->add_option("--context", args->context, "cached tokens (default 32768)")->transform(integer_in(1, int64_t{1} << 32));
+  cmd->add_option("--hq", args->hq, "query heads (default 32)")->transform(integer_in(1, 4096));
+  cmd->add_option("--hkv", args->hkv, "kv heads (default 8)")->transform(integer_in(1, 4096));
+  cmd->add_option("--dim", args->dim, "head dim (default 128)")->transform(integer_in(1, 4096));
+  cmd->add_option("--window", args->window, "ReRoPE / Leaky window w (default 4096)")->transform(integer_in(1, int64_t{1} << 32));
+  cmd->add_option("--leaky-k", args->leaky_k, "Leaky ReRoPE k (default 16)")->transform(finite_in(1, 1e9));
+  cmd->add_option("--rounds", args->rounds, "timed rounds, one step of every method each (default 41)")->transform(integer_in(1, 100000));
+  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
+  cmd->add_option("--split-keys", args->split_keys, "keys per split-K chunk (0: automatic)")->transform(integer_in(0, int64_t{1} << 32));
   cmd->add_flag("--json", args->json, "print machine-readable results");
   cmd->add_flag("--no-torch", args->no_torch, "skip the seed's PyTorch step (rerotate_torch)");
   cmd->callback([args] { run_bench_decode(*args); });

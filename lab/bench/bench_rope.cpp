@@ -319,10 +319,10 @@ const CommandRegistrar kRegisterBenchRope([](CLI::App& root) {
   CLI::App* cmd = bench.add_subcommand(
       "rope", "GB/s of rope_apply (f32, bf16; both layouts; prefill 4096x32x128 and decode 1x32x128) beside memcpy, "
               "a naive scalar kernel and the torch composition");
-  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)");
-  cmd->add_option("--reps", args->reps, "calls per trial (0: enough for --min-trial-ms)");
-  cmd->add_option("--trials", args->trials, "timed trials per method (taking turns)");
-  cmd->add_option("--min-trial-ms", args->min_trial_ms, "target length of one trial when --reps is 0");
+  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
+  cmd->add_option("--reps", args->reps, "calls per trial (0: enough for --min-trial-ms)")->transform(integer_in(0, 1 << 30));
+  cmd->add_option("--trials", args->trials, "timed trials per method (taking turns)")->transform(integer_in(1, 100000));
+  cmd->add_option("--min-trial-ms", args->min_trial_ms, "target length of one trial when --reps is 0")->transform(finite_in(0, 1e6));
   cmd->add_option("--stat", args->stat, "median or min of the trials for GB/s and ratios");
   cmd->add_flag("--json", args->json, "print machine-readable results");
   cmd->add_flag("--no-torch", args->no_torch, "skip the torch baseline");

@@ -144,33 +144,34 @@ const CommandRegistrar kRegisterFreqs([](CLI::App& root) {
   FreqsArgs& a = *args;
   cmd->add_option("--hf-config", a.hf_config, "Hugging Face config.json (or a model directory holding one)");
   cmd->add_option("--seq-len", a.seq_len, "sequence length (dynamic and longrope depend on it; 0: not longer "
-                                          "than max_position_embeddings)");
+                                          "than max_position_embeddings)")
+      ->transform(integer_in(0, int64_t{1} << 53));
   cmd->add_option("--layout", a.layout, "pair layout: half_split (HF, GPT-NeoX) or interleaved (GPT-J, Meta)");
-  cmd->add_option("--head-dim", a.head_dim, "head dimension");
-  cmd->add_option("--rotary-dim", a.rotary_dim, "rotated features (even, <= head dim; 0: all)");
-  cmd->add_option("--partial-rotary-factor", a.partial_rotary_factor, "rotary dim = int(head_dim * this)");
-  cmd->add_option("--base", a.base, "rope base (theta)");
+  cmd->add_option("--head-dim", a.head_dim, "head dimension")->transform(integer_in(0, 4096));
+  cmd->add_option("--rotary-dim", a.rotary_dim, "rotated features (even, <= head dim; 0: all)")->transform(integer_in(0, 4096));
+  cmd->add_option("--partial-rotary-factor", a.partial_rotary_factor, "rotary dim = int(head_dim * this)")->transform(finite_in(0, 1));
+  cmd->add_option("--base", a.base, "rope base (theta)")->transform(finite());
   cmd->add_option("--scaling", a.scaling,
                   "none, linear, ntk_fixed, ntk_mixed, dynamic, yarn, llama3, longrope, explicit");
-  cmd->add_option("--factor", a.factor, "scaling factor (yarn/longrope without it: max / original context)");
-  cmd->add_option("--max-position-embeddings", a.max_position_embeddings, "the model's configured context");
+  cmd->add_option("--factor", a.factor, "scaling factor (yarn/longrope without it: max / original context)")->transform(finite());
+  cmd->add_option("--max-position-embeddings", a.max_position_embeddings, "the model's configured context")->transform(integer_in(0, int64_t{1} << 53));
   cmd->add_option("--original-max-position-embeddings", a.original_max_position_embeddings,
-                  "pre-extension context (yarn, llama3, longrope)");
-  cmd->add_option("--beta-fast", a.beta_fast, "yarn: extrapolate pairs turning more often than this");
-  cmd->add_option("--beta-slow", a.beta_slow, "yarn: interpolate pairs turning less often than this");
-  cmd->add_option("--mscale", a.mscale, "yarn (DeepSeek): attention factor numerator's mscale");
-  cmd->add_option("--mscale-all-dim", a.mscale_all_dim, "yarn (DeepSeek): attention factor denominator's mscale");
+                  "pre-extension context (yarn, llama3, longrope)")->transform(integer_in(0, int64_t{1} << 53));
+  cmd->add_option("--beta-fast", a.beta_fast, "yarn: extrapolate pairs turning more often than this")->transform(finite());
+  cmd->add_option("--beta-slow", a.beta_slow, "yarn: interpolate pairs turning less often than this")->transform(finite());
+  cmd->add_option("--mscale", a.mscale, "yarn (DeepSeek): attention factor numerator's mscale")->transform(finite());
+  cmd->add_option("--mscale-all-dim", a.mscale_all_dim, "yarn (DeepSeek): attention factor denominator's mscale")->transform(finite());
   cmd->add_flag("--no-truncate", a.no_truncate, "yarn: keep the correction range unrounded");
-  cmd->add_option("--low-freq-factor", a.low_freq_factor, "llama3 low_freq_factor");
-  cmd->add_option("--high-freq-factor", a.high_freq_factor, "llama3 high_freq_factor");
+  cmd->add_option("--low-freq-factor", a.low_freq_factor, "llama3 low_freq_factor")->transform(finite());
+  cmd->add_option("--high-freq-factor", a.high_freq_factor, "llama3 high_freq_factor")->transform(finite());
   cmd->add_option("--short-factor", a.short_factor, "longrope short factors, comma separated (rotary_dim/2)")
-      ->delimiter(',');
+      ->delimiter(',')->transform(finite());
   cmd->add_option("--long-factor", a.long_factor, "longrope long factors, comma separated (rotary_dim/2)")
-      ->delimiter(',');
+      ->delimiter(',')->transform(finite());
   cmd->add_option("--freq-factors", a.freq_factors, "explicit per-pair divisors, comma separated (rotary_dim/2)")
-      ->delimiter(',');
-  cmd->add_option("--attention-factor", a.attention_factor, "override the computed attention factor");
-  cmd->add_option("--ntk-mixed-exponent", a.ntk_mixed_exponent, "ntk_mixed: b in lambda_j = exp(a j^b)");
+      ->delimiter(',')->transform(finite());
+  cmd->add_option("--attention-factor", a.attention_factor, "override the computed attention factor")->transform(finite());
+  cmd->add_option("--ntk-mixed-exponent", a.ntk_mixed_exponent, "ntk_mixed: b in lambda_j = exp(a j^b)")->transform(finite());
   cmd->callback([cmd, args] { run_freqs(*cmd, *args); });
 });
 

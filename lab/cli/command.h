@@ -2,7 +2,8 @@
 //
 // Each command file defines a static CommandRegistrar; main() calls every registered function with the root
 // CLI::App, so adding a command touches only its own file. Commands report bad input by throwing
-// rotary::Error; main() prints the message and exits with status 2.
+// rotary::Error; main() prints the message and exits with status 2 (common/exit_status.h). Numeric options carry
+// a validator from options.h.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -10,6 +11,8 @@
 #include <functional>
 #include <string>
 #include <vector>
+
+#include "cli/options.h"
 
 namespace rotary::cli {
 

@@ -3,7 +3,7 @@
 #include <exception>
 
 #include "cli/command.h"
-#include "rotary/error.h"
+#include "common/exit_status.h"
 
 namespace rotary::cli {
 
@@ -24,24 +24,26 @@ CLI::App& subcommand_group(CLI::App& parent, const std::string& name, const std:
 
 }  // namespace rotary::cli
 
+// Exit status: one policy for every command, in common/exit_status.h.
 int main(int argc, char** argv) {
   CLI::App app{"rotary: rotary position embeddings (RoPE, RoPER, ReRoPE) - kernels, benchmarks and the lab"};
   app.require_subcommand(1);
+  app.footer("Exit status: 0 success; 2 bad input (flag, value or file; the message names it); 3 non-finite "
+             "training loss; 70 internal error (a bug: please report it); 71 out of memory; 128+N interrupted by "
+             "signal N.");
   for (auto& fn : rotary::cli::command_registry()) fn(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::RuntimeError& e) {
     return e.get_exit_code();  // a command's own exit status (3: non-finite loss, 128 + signal: interrupted)
   } catch (const CLI::ParseError& e) {
-    // --help and friends exit 0; every usage error (unknown flag, a value that does not parse, a missing
-    // subcommand) exits 2 like our own input errors, whatever CLI11's internal code for it is.
-    return app.exit(e) == 0 ? 0 : 2;
-  } catch (const rotary::Error& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "error: %s\n", e.what());
-    return 1;
+    // --help and friends exit 0; every usage error (unknown flag, a value that does not parse or is out of range,
+    // a missing subcommand) is reported like our own input errors and exits 2, whatever CLI11's code for it is.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "error: %s\nRun with --help for more information.\n", e.what());
+    return rotary::lab::kExitBadInput;
+  } catch (...) {
+    return rotary::lab::report_exception(std::current_exception(), stderr);
   }
   return 0;
 }

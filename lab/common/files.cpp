@@ -2,6 +2,7 @@
 #include "common/files.h"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,6 +48,30 @@ std::string read_file(const std::string& path) {
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+int remove_stale_temp_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return 0;
+  int removed = 0;
+  for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
+       !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file(ec)) continue;
+    const std::string name = it->path().filename().string();
+    const size_t at = name.rfind(".tmp.");
+    if (at == std::string::npos || at == 0) continue;
+    const std::string pid_text = name.substr(at + 5);
+    if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos)
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
+    // kill(pid, 0) probes without signalling: ESRCH means no such process. EPERM means it runs (as someone else).
+    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
+      std::error_code rm_ec;
+      if (fs::remove(it->path(), rm_ec)) ++removed;
+    }
+  }
+  return removed;
 }
 
 void write_file_atomic(const std::string& path, std::string_view bytes) {

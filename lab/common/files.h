@@ -15,6 +15,10 @@ void write_file_atomic(const std::string& path, std::string_view bytes);
 // The whole file; throws rotary::Error naming the path if it cannot be read.
 std::string read_file(const std::string& path);
 bool file_exists(const std::string& path);
+// Removes the temporary files ("<name>.tmp.<pid>") that write_file_atomic left under `dir` (recursively) when its
+// process was killed mid-write: only those whose process no longer runs, so a concurrent writer keeps its own.
+// Returns how many were removed; a missing `dir` is not an error. Runs and experiments call it when they start.
+int remove_stale_temp_files(const std::string& dir);
 // mkdir -p; throws rotary::Error naming the path.
 void make_dirs(const std::string& path);
 std::string join_path(const std::string& dir, const std::string& name);

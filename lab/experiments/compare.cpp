@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include "common/files.h"
+#include "common/lists.h"
 #include "rotary/error.h"
 #include "train/trainer.h"
 
@@ -38,13 +39,15 @@ CompareSpec default_compare_spec() {
 
 CompareResult run_compare(const CompareSpec& spec, bool progress) {
   check(!spec.encodings.empty(), "encodings", "\"\"", "a comma-separated list such as rope,roper");
-  check(spec.seeds >= 1, "seeds", spec.seeds, "an integer >= 1");
+  check(spec.seeds >= 1 && spec.seeds <= 1000, "seeds", spec.seeds, "an integer in [1, 1000]");
+  lab::check_unique(spec.encodings, "encodings");
   // Every encoding is checked before the first run starts, so a typo does not surface an hour in.
   for (const std::string& enc : spec.encodings) {
     TrainConfig c = spec.base;
     c.model.encoding.kind = enc;
     c.validate();
   }
+  lab::remove_stale_temp_files(spec.out_dir);  // of an earlier compare killed mid-write
 
   CompareResult result;
   const int total = static_cast<int>(spec.encodings.size()) * spec.seeds;

@@ -14,7 +14,8 @@ namespace rotary::train {
 
 std::vector<double> decay_bound(const RopeFreqs& freqs, int64_t max_distance) {
   freqs.validate();
-  check(max_distance >= 0, "max_distance", max_distance, ">= 0");
+  check(max_distance >= 0 && max_distance <= kMaxDecayDistance, "max_distance", max_distance,
+        "an integer in [0, " + std::to_string(kMaxDecayDistance) + "]");
   const int pairs = freqs.pairs();
   const double a2 = freqs.attention_factor * freqs.attention_factor;
   std::vector<double> bound(static_cast<size_t>(max_distance) + 1);
@@ -57,8 +58,9 @@ MeasuredDecay measure_decay(nn::Transformer& model, const lab::Task& task, int w
   check(model->config().attention == "softmax", "attention", model->config().attention, "softmax");
   check(windows >= 1, "windows", windows, ">= 1");
   check(seq_len >= 2, "seq_len", seq_len, ">= 2");
-  check(samples >= 1, "samples", samples, ">= 1");
-  check(max_distance >= 0, "max_distance", max_distance, ">= 0");
+  check(samples >= 1 && samples <= (int64_t{1} << 24), "samples", samples, "an integer in [1, 16777216]");
+  check(max_distance >= 0 && max_distance <= kMaxDecayDistance, "max_distance", max_distance,
+        "an integer in [0, " + std::to_string(kMaxDecayDistance) + "]");
   const int64_t available = task.heldout_rows(seq_len);
   check(available == 0 || windows <= available, "windows", windows,
         fmt::format("at most {} (held-out rows of length {})", available, seq_len));
@@ -153,6 +155,7 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
                                              const MeasuredDecay* measured, std::string& problem) {
   check(!curves.empty(), "specs", "(none)", "at least one RopeSpec");
   lab::make_dirs(out_dir);
+  lab::remove_stale_temp_files(out_dir);
   const size_t n = curves.front().bound.size();
   std::string csv = "distance";
   for (const DecayCurve& c : curves) csv += "," + c.name;

@@ -20,7 +20,12 @@
 
 namespace rotary::train {
 
-// B(distance) for distance = 0 .. max_distance (inclusive): [max_distance + 1].
+// The largest distance a decay curve is computed to: 4 x the longest training length (2^20) the lab accepts;
+// beyond it the CSV alone would grow past a hundred megabytes.
+constexpr int64_t kMaxDecayDistance = int64_t{1} << 22;
+
+// B(distance) for distance = 0 .. max_distance (inclusive): [max_distance + 1]. max_distance in
+// [0, kMaxDecayDistance].
 std::vector<double> decay_bound(const RopeFreqs& freqs, int64_t max_distance);
 
 // Measured on a trained RoPE-family model (its active encoding, overrides included) over held-out windows.

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/files.h"
+#include "common/lists.h"
 #include "experiments/extrapolate_eval.h"
 #include "experiments/extrapolate_report.h"
 #include "rotary/error.h"
@@ -190,8 +191,18 @@ class CellRunner {
     }
     if (lab::file_exists(path)) {
       nlohmann::json stored = nlohmann::json::parse(lab::read_file(path), nullptr, false);
-      if (!stored.is_discarded() && stored.value("settings", nlohmann::json()) == settings) {
-        cell_from_json(stored.at("result"), c);
+      bool readable = false;
+      if (stored.is_object() && stored.value("settings", nlohmann::json()) == settings && stored.contains("result")) {
+        try {
+          Cell read = c;
+          cell_from_json(stored["result"], read);
+          c = read;
+          readable = true;
+        } catch (const nlohmann::json::exception&) {
+          // A damaged cell file (edited, or not from this version): computed again below, like a missing one.
+        }
+      }
+      if (readable) {
         c.reused = true;
         if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
         memo_[path] = c;
@@ -269,6 +280,9 @@ void validate(const ExtrapolateSpec& spec) {
   for (int m : spec.multiples) check(m >= 1 && m <= 1024, "lengths", m, "multiples of L in [1, 1024]");
   check(!spec.methods.empty(), "methods", "(none)", "a comma-separated list");
   for (const std::string& m : spec.methods) check_method_name(m, "methods");
+  lab::check_unique(spec.multiples, "lengths");
+  lab::check_unique(spec.methods, "methods");
+  lab::check_unique(spec.sweep, "sweep");
   check(!spec.logn.empty(), "logn", "(none)", "off, on or both");
   check(spec.window >= 0 && spec.window <= L, "window", spec.window, fmt::format("0 (= L/2) or in [1, L = {}]", L));
   check(std::isfinite(spec.leaky_k) && spec.leaky_k >= 1, "leaky_k", spec.leaky_k, "a number >= 1");
@@ -278,7 +292,7 @@ void validate(const ExtrapolateSpec& spec) {
   check(spec.windows >= 1, "windows", spec.windows, ">= 1");
   check(spec.batch_size >= 1, "eval_batch_size", spec.batch_size, ">= 1");
   check(spec.problems >= 1, "problems", spec.problems, ">= 1");
-  check(spec.threads >= 0, "threads", spec.threads, ">= 0");
+  check(spec.threads >= 0 && spec.threads <= 4096, "threads", spec.threads, "an integer in [0, 4096] (0 = all cores)");
   for (const TrainConfig* c : {&spec.text, &spec.kv}) {
     if (c == &spec.kv && !spec.retrieval) continue;
     const std::string who = c == &spec.text ? "text." : "kv.";
@@ -304,6 +318,7 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
   spec.text.out_dir = lab::join_path(spec.out_dir, "text_model");
   spec.kv.out_dir = lab::join_path(spec.out_dir, "kv_model");
   validate(spec);
+  lab::remove_stale_temp_files(spec.out_dir);  // of an earlier run killed mid-write
   const auto t0 = Clock::now();
   ExtrapolateResult result;
 

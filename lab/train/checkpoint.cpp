@@ -3,8 +3,6 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
-#include <cstring>
-#include <fstream>
 #include <mutex>
 #include <sstream>
 
@@ -13,88 +11,6 @@
 #include "train/config.h"
 
 namespace rotary::train {
-namespace {
-
-constexpr char kMagic[8] = {'R', 'O', 'T', 'A', 'R', 'Y', 'C', 'K'};
-constexpr size_t kHeaderBytes = 8 + 4 + 8;
-
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
-
-std::string hex64(uint64_t v) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
-  return buf;
-}
-
-template <class T>
-void put_le(std::string& out, T v) {
-  for (size_t i = 0; i < sizeof(T); ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
-}
-
-template <class T>
-T get_le(const char* p) {
-  T v = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) v |= static_cast<T>(static_cast<unsigned char>(p[i])) << (8 * i);
-  return v;
-}
-
-struct Parsed {
-  CheckpointMeta meta;
-  nlohmann::json meta_json;
-  size_t payload_offset = 0;
-};
-
-Parsed parse_header(const std::string& path, const std::string& bytes, bool whole_file) {
-  if (bytes.size() < kHeaderBytes || std::memcmp(bytes.data(), kMagic, 8) != 0)
-    throw Error("rotary: " + path + " is not a rotary checkpoint (no ROTARYCK header)");
-  Parsed p;
-  p.meta.format_version = get_le<uint32_t>(bytes.data() + 8);
-  check(p.meta.format_version == kCheckpointFormatVersion, "checkpoint format_version", p.meta.format_version,
-        std::to_string(kCheckpointFormatVersion) + " (written by another version of rotary)");
-  const uint64_t meta_len = get_le<uint64_t>(bytes.data() + 12);
-  if (bytes.size() < kHeaderBytes + meta_len) throw Error("rotary: checkpoint " + path + " is truncated (metadata)");
-  p.meta_json = nlohmann::json::parse(bytes.substr(kHeaderBytes, meta_len), nullptr, false);
-  if (!p.meta_json.is_object() || !p.meta_json.contains("step") || !p.meta_json.contains("config"))
-    throw Error("rotary: checkpoint " + path + " has unreadable metadata");
-  p.meta.step = p.meta_json["step"].get<int64_t>();
-  p.meta.config = p.meta_json["config"];
-  p.meta.data_rng = p.meta_json.value("data_rng", "");
-  p.payload_offset = kHeaderBytes + meta_len;
-  if (whole_file) {
-    const uint64_t want = p.meta_json["payload_bytes"].get<uint64_t>();
-    if (bytes.size() - p.payload_offset != want)
-      throw Error("rotary: checkpoint " + path + " is truncated: payload has " +
-                  std::to_string(bytes.size() - p.payload_offset) + " bytes, expected " + std::to_string(want));
-    const std::string sum = hex64(fnv1a64(std::string_view(bytes).substr(p.payload_offset)));
-    if (sum != p.meta_json["payload_fnv1a64"].get<std::string>())
-      throw Error("rotary: checkpoint " + path + " is damaged (payload checksum " + sum + ", expected " +
-                  p.meta_json["payload_fnv1a64"].get<std::string>() + ")");
-  }
-  return p;
-}
-
-}  // namespace
-
-std::string rng_to_text(const std::mt19937_64& rng) {
-  std::ostringstream os;
-  os << rng;
-  return os.str();
-}
-
-std::mt19937_64 rng_from_text(const std::string& text) {
-  std::mt19937_64 rng;
-  std::istringstream in(text);
-  in >> rng;
-  if (in.fail()) fail("checkpoint data_rng", text.substr(0, 40) + "...", "a std::mt19937_64 state");
-  return rng;
-}
 
 void save_checkpoint(const std::string& path, const CheckpointMeta& meta, torch::nn::Module& model,
                      torch::optim::Optimizer* optimizer) {
@@ -112,55 +28,34 @@ void save_checkpoint(const std::string& path, const CheckpointMeta& meta, torch:
   }
   std::ostringstream payload_stream;
   root.save_to(payload_stream);
-  const std::string payload = payload_stream.str();
-
-  nlohmann::json mj{{"format_version", kCheckpointFormatVersion},
-                    {"step", meta.step},
-                    {"config", meta.config},
-                    {"data_rng", meta.data_rng},
-                    {"payload_bytes", payload.size()},
-                    {"payload_fnv1a64", hex64(fnv1a64(payload))},
-                    {"torch_version", TORCH_VERSION}};
-  const std::string meta_text = mj.dump();
-  std::string bytes(kMagic, 8);
-  put_le<uint32_t>(bytes, kCheckpointFormatVersion);
-  put_le<uint64_t>(bytes, meta_text.size());
-  bytes += meta_text;
-  bytes += payload;
-  lab::write_file_atomic(path, bytes);
+  lab::write_file_atomic(path, encode_checkpoint(meta, payload_stream.str(), TORCH_VERSION));
 }
 
 CheckpointMeta read_checkpoint_meta(const std::string& path) {
-  if (!lab::file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
-  // The metadata sits at the front; read just enough of the file.
-  std::ifstream in(path, std::ios::binary);
-  std::string head(kHeaderBytes, '\0');
-  in.read(head.data(), kHeaderBytes);
-  head.resize(static_cast<size_t>(in.gcount()));
-  if (head.size() == kHeaderBytes && std::memcmp(head.data(), kMagic, 8) == 0) {
-    const uint64_t meta_len = get_le<uint64_t>(head.data() + 12);
-    std::string meta(meta_len, '\0');
-    in.read(meta.data(), static_cast<std::streamsize>(meta_len));
-    meta.resize(static_cast<size_t>(in.gcount()));
-    head += meta;
-  }
-  return parse_header(path, head, false).meta;
+  return decode_checkpoint(path, read_checkpoint_bytes(path)).meta;
 }
 
 CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                bool restore_torch_rng) {
-  if (!lab::file_exists(path)) throw Error("rotary: checkpoint " + path + " does not exist");
-  const std::string bytes = lab::read_file(path);
-  Parsed p = parse_header(path, bytes, true);
+  const std::string bytes = read_checkpoint_bytes(path);
+  const DecodedCheckpoint d = decode_checkpoint(path, bytes);
   torch::serialize::InputArchive root, model_ar, optim_ar;
-  root.load_from(bytes.data() + p.payload_offset, bytes.size() - p.payload_offset);
-  root.read("model", model_ar);
-  model.load(model_ar);
-  if (optimizer) {
-    if (!root.try_read("optimizer", optim_ar))
-      throw Error("rotary: checkpoint " + path + " has no optimizer state (an inference export?); cannot resume from it");
-    optimizer->load(optim_ar);
+  bool has_optimizer = false;
+  try {
+    root.load_from(d.payload.data(), d.payload.size());
+    root.read("model", model_ar);
+    model.load(model_ar);
+    has_optimizer = optimizer && root.try_read("optimizer", optim_ar);
+    if (has_optimizer) optimizer->load(optim_ar);
+  } catch (const c10::Error& e) {
+    // The checksum held, so the bytes are as written: a payload torch cannot read was written by another torch or
+    // made by hand. Say so in one line (torch's message carries C++ frames after its first line).
+    const std::string first_line = std::string(e.what_without_backtrace()).substr(0, 200);
+    throw Error("rotary: checkpoint " + path + " has a payload torch cannot read (torch " + TORCH_VERSION +
+                "): " + first_line.substr(0, first_line.find('\n')));
   }
+  if (optimizer && !has_optimizer)
+    throw Error("rotary: checkpoint " + path + " has no optimizer state (an inference export?); cannot resume from it");
   if (restore_torch_rng) {
     torch::Tensor state;
     if (root.try_read("torch_rng", state)) {
@@ -169,7 +64,7 @@ CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model
       gen.set_state(state);
     }
   }
-  return p.meta;
+  return d.meta;
 }
 
 void check_config_matches(const std::string& path, const nlohmann::json& checkpoint_config,

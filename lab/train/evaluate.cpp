@@ -1,6 +1,7 @@
 // lab/train/evaluate.cpp
 #include "train/evaluate.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "rotary/error.h"
@@ -75,6 +76,24 @@ int64_t stop_token(const lab::Task& task) {
   if (stop.empty()) return -1;
   std::vector<int32_t> ids = task.vocab().encode(stop);
   return ids.size() == 1 ? ids[0] : -1;
+}
+
+void check_positions_suffice(const nn::ModelConfig& model, const lab::Task& task, int seq_len, int n, uint64_t seed) {
+  if (model.encoding.kind != "learned") return;  // every other encoding takes any position
+  const std::string allowed = "<= model.max_seq_len = " + std::to_string(model.max_seq_len) +
+                              " with learned absolute positions (raise --max-seq-len)";
+  check(seq_len <= model.max_seq_len, "seq_len", seq_len, allowed);
+  const int64_t stop_id = stop_token(task);
+  int longest = 0;
+  for (const lab::EvalProblem& p : task.eval_problems(n, seed)) {
+    // generate() feeds the prompt and all but the last of max_new tokens: prompt + max_new - 1 positions.
+    const int prompt = static_cast<int>(task.vocab().encode(p.prompt).size());
+    const int max_new = static_cast<int>(task.vocab().encode(p.answer).size()) + (stop_id >= 0 ? 1 : 0);
+    longest = std::max(longest, prompt + max_new - 1);
+  }
+  check(longest <= model.max_seq_len, "eval_problems",
+        std::to_string(n) + " (the longest needs " + std::to_string(longest) + " positions)",
+        allowed + ", or fewer / shorter problems");
 }
 
 Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint64_t seed, double temperature,

@@ -56,4 +56,9 @@ Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint6
 // The token id of the task's stop string, or -1 if it is not a single token (then generation runs to max_new).
 int64_t stop_token(const lab::Task& task);
 
+// Before any training: rotary::Error naming the field if a row of seq_len tokens or the longest of the n eval
+// problems (prompt + answer + stop, as exact_match generates it) needs more positions than the model has (learned
+// absolute positions: model.max_seq_len), so a run cannot fail at its first evaluation after its steps are done.
+void check_positions_suffice(const nn::ModelConfig& model, const lab::Task& task, int seq_len, int n, uint64_t seed);
+
 }  // namespace rotary::train

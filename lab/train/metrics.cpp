@@ -41,8 +41,8 @@ std::string to_jsonl(const MetricsRow& r) {
 
 MetricsRow from_jsonl(const std::string& line) {
   nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-  if (!j.is_object() || !j.contains("step") || !j.contains("loss"))
-    fail("metrics line", line.substr(0, 80), "a JSON object with step and loss");
+  if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("loss"))
+    fail("metrics line", line.substr(0, 80), "a JSON object with an integer step and a loss");
   MetricsRow r;
   r.step = j.at("step").get<int64_t>();
   // Non-finite values are written as null by nlohmann; read them back as NaN.

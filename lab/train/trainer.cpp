@@ -156,6 +156,9 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
         "0 or the vocabulary size of task " + config.task + " (" + std::to_string(vocab) + ")");
   config.model.vocab_size = vocab;
   config.validate();
+  check_positions_suffice(config.model, *task, config.seq_len, config.eval_problems, config.eval_seed);
+  check(!(options.resume == ResumeMode::Required && options.overwrite), "overwrite", "true",
+        "false when resuming (resume continues the run in out_dir; overwrite starts it again)");
   check(config.batch_size % world == 0, "batch_size", config.batch_size,
         "a multiple of the number of data-parallel processes (" + std::to_string(world) + ")");
   const nlohmann::json config_json = config;
@@ -170,6 +173,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
   int64_t step = 0;
 
   const std::string ckpt = checkpoint_path(config.out_dir);
+  if (leader) lab::remove_stale_temp_files(config.out_dir);  // left by a run killed while it wrote a file
   const bool have_ckpt = lab::file_exists(ckpt);
   if (options.resume == ResumeMode::Required && !have_ckpt)
     throw Error("rotary: nothing to resume: no checkpoint at " + ckpt);

@@ -172,7 +172,7 @@ expect_error beta_fast --head-dim 64 --scaling yarn --factor 4 --original-max-po
 expect_error high_freq_factor --head-dim 64 --scaling llama3 --factor 8 --original-max-position-embeddings 8192 --low-freq-factor 4 --high-freq-factor 2
 expect_error short_factor --head-dim 8 --scaling longrope --original-max-position-embeddings 4096 --short-factor 1,1 --long-factor 1,1,1,1
 expect_error freq_factors --head-dim 8 --scaling explicit --freq-factors 1,2,3
-expect_error seq_len --head-dim 64 --seq-len -1
+expect_error "--seq-len: value -1" --head-dim 64 --seq-len -1
 expect_error hf_config --hf-config "$tmp/does-not-exist.json"
 expect_error config.json --hf-config "$tmp/malformed.json"
 expect_error hidden_size --hf-config "$tmp/heads.json"

@@ -89,7 +89,7 @@ expect_error "unknown encoding lists the kinds" 2 "roper" -- "$ROTARY" train "${
 expect_error "unknown task lists the tasks" 2 "substring_index" -- "$ROTARY" train "${TINY[@]}" --task multiply --out "$W/x"
 expect_error "bad number" 2 "--lr" -- "$ROTARY" train "${TINY[@]}" --lr fast --out "$W/x"
 expect_error "unknown flag" 2 "--bogus" -- "$ROTARY" train "${TINY[@]}" --bogus --out "$W/x"
-expect_error "out-of-range value" 2 "optim.beta2" -- "$ROTARY" train "${TINY[@]}" --beta2 1.5 --out "$W/x"
+expect_error "out-of-range value" 2 "--beta2: value 1.5 is not a finite number in [0, 1]" -- "$ROTARY" train "${TINY[@]}" --beta2 1.5 --out "$W/x"
 printf '[optim]\nlearning_rate = 0.1\n' > "$W/bad.toml"
 expect_error "unknown field in the TOML file" 2 "optim.learning_rate" -- "$ROTARY" train --config "$W/bad.toml" --out "$W/x"
 printf 'steps = 4\n[model]\nd_model = 16\nn_heads = 1\nn_layers = 1\n[task_options]\nmax_digits = 2\n' > "$W/good.toml"

@@ -1,13 +1,19 @@
 // tests/lab/test_common.cpp: the lab's helpers (lab/common): processes, files, gnuplot, machine info.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <new>
+#include <stdexcept>
 #include <string>
 
+#include "common/exit_status.h"
 #include "common/files.h"
+#include "common/lists.h"
 #include "common/machine.h"
 #include "common/plots.h"
 #include "common/process.h"
@@ -78,6 +84,70 @@ TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
 }
 
 // gnuplot runs in the plot directory: plots.gp, gnuplot.log and the PNG are there; without gnuplot, the reason.
+// A writer killed mid-write leaves "<name>.tmp.<pid>"; the next start removes those of dead processes only (a
+// concurrent writer, here this test process, keeps its own), in subdirectories too.
+TEST(Files, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
+  const std::string dir = fresh_dir("stale");
+  fs::create_directories(dir + "/run/seed0");
+  // A pid that ran and ended: a child that exits at once, reaped.
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
+  const std::string stale1 = dir + "/checkpoint.pt.tmp." + std::to_string(dead);
+  const std::string stale2 = dir + "/run/seed0/summary.json.tmp." + std::to_string(dead);
+  const std::string live = dir + "/metrics.csv.tmp." + std::to_string(::getpid());
+  const std::string other = dir + "/notes.tmp.txt";  // not ours: the suffix is not a pid
+  for (const std::string& f : {stale1, stale2, live, other}) std::ofstream(f) << "x";
+  EXPECT_EQ(remove_stale_temp_files(dir), 2);
+  EXPECT_FALSE(fs::exists(stale1));
+  EXPECT_FALSE(fs::exists(stale2));
+  EXPECT_TRUE(fs::exists(live));
+  EXPECT_TRUE(fs::exists(other));
+  EXPECT_EQ(remove_stale_temp_files(dir + "/missing"), 0);
+  fs::remove_all(dir);
+}
+
+TEST(Lists, RepeatedItemsAreNamed) {
+  EXPECT_NO_THROW(check_unique(std::vector<std::string>{"rope", "roper"}, "encodings"));
+  try {
+    check_unique(std::vector<std::string>{"rope", "roper", "rope"}, "encodings");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("encodings = rope (given twice)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(check_unique(std::vector<int>{1, 2, 1}, "lengths"), Error);
+}
+
+// One policy: the user's input exits 2 with its message; anything else is a bug (70), said in one line without
+// the C++ frames torch appends; out of memory is 71.
+TEST(ExitStatus, EveryExceptionHasItsStatusAndOneLine) {
+  auto run = [](std::exception_ptr e, std::string& text) {
+    std::FILE* f = std::tmpfile();
+    const int code = report_exception(e, f);
+    std::rewind(f);
+    char buf[1024] = {};
+    text.assign(buf, std::fread(buf, 1, sizeof buf - 1, f));
+    std::fclose(f);
+    return code;
+  };
+  std::string text;
+  EXPECT_EQ(run(std::make_exception_ptr(Error("rotary: seq_len = 1 is invalid; allowed: >= 2")), text), 2);
+  EXPECT_EQ(text, "error: rotary: seq_len = 1 is invalid; allowed: >= 2\n");
+  EXPECT_EQ(run(std::make_exception_ptr(std::runtime_error("shape mismatch\nException raised from f at x.cpp:3\nframe #0")),
+                text),
+            70);
+  EXPECT_NE(text.find("internal error (a bug in rotary"), std::string::npos) << text;
+  EXPECT_NE(text.find("shape mismatch"), std::string::npos) << text;
+  EXPECT_EQ(text.find("frame"), std::string::npos) << text;
+  EXPECT_EQ(run(std::make_exception_ptr(std::bad_alloc()), text), 71);
+  EXPECT_NE(text.find("out of memory"), std::string::npos);
+  EXPECT_EQ(run(std::make_exception_ptr(42), text), 70);
+  EXPECT_EQ(interrupted_exit_status(0), 130);
+  EXPECT_EQ(interrupted_exit_status(15), 143);
+}
+
 TEST(Plots, GnuplotRunsInThePlotDirectory) {
   const std::string dir = fresh_dir("plots in 'odd' dir");  // no shell to quote for
   const std::string script = "set output 'line.png'\nplot x with lines\n";

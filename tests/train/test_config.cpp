@@ -172,12 +172,21 @@ TEST(Config, BadFlagValuesAreNamed) {
     cli::TrainFlags flags;
     flags.add_to(app);
     std::reverse(args.begin(), args.end());
-    app.parse(args);
+    try {
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      return std::string(e.what());  // refused by the flag's own range (cli/options.h)
+    }
     return error_of([&] { flags.resolve(TrainConfig{}).validate(); });
   };
   EXPECT_NE(resolve_with({"--rope-scaling", "squash"}).find("squash"), std::string::npos);
   EXPECT_NE(resolve_with({"--norm", "middle"}).find("--norm = middle"), std::string::npos);
-  EXPECT_NE(resolve_with({"--steps", "0"}).find("steps = 0"), std::string::npos);
+  EXPECT_NE(resolve_with({"--steps", "0"}).find("--steps: value 0 is not a decimal integer in [1, "), std::string::npos);
+  EXPECT_NE(resolve_with({"--seed", "-1"}).find("--seed"), std::string::npos);  // not 2^64 - 1
+  EXPECT_NE(resolve_with({"--warmup", "9223372036854775808"}).find("--warmup"), std::string::npos);  // not clamped
+  EXPECT_NE(resolve_with({"--lr", "nan"}).find("--lr"), std::string::npos);
+  // A value inside the flag's range can still fail the config's own rules, named by the field.
+  EXPECT_NE(resolve_with({"--n-heads", "3"}).find("n_heads = 3"), std::string::npos);
   CLI::App app;
   cli::TrainFlags flags;
   flags.add_to(app);

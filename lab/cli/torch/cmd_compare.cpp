@@ -3,6 +3,7 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
 #include "experiments/compare.h"
 
@@ -20,13 +21,7 @@ struct CompareCommand {
   void run() {
     train::CompareSpec spec = train::default_compare_spec();
     spec.base = flags.resolve(spec.base);
-    if (encodings_opt->count()) {
-      spec.encodings.clear();
-      std::istringstream in(encodings);
-      std::string e;
-      while (std::getline(in, e, ','))
-        if (!e.empty()) spec.encodings.push_back(e);
-    }
+    if (encodings_opt->count()) spec.encodings = parse_name_list(encodings, "--encodings");
     if (seeds_opt->count()) spec.seeds = seeds;
     spec.out_dir = spec.base.out_dir;
     spec.command_line = quoted_command_line();
@@ -34,7 +29,7 @@ struct CompareCommand {
     train::CompareResult r = train::run_compare(spec, !no_progress);
     if (r.interrupted) {
       std::fprintf(stderr, "rotary compare: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(r.signal > 0 ? 128 + r.signal : 130);
+      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
     }
     train::ReportInputs in;
     in.encodings = spec.encodings;
@@ -52,8 +47,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       "train several encodings x seeds on one task and write a report (default: RoPE vs RoPER on addition, ~5 min)");
   cmd->encodings_opt = sub->add_option("--encodings", cmd->encodings, "comma-separated encodings (default rope,roper)")
                            ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  cmd->seeds_opt = sub->add_option("--seeds", cmd->seeds, "runs per encoding, seeds seed..seed+n-1 (default 3)")
-                       ->check(CLI::Range(1, 1000));
+  cmd->seeds_opt = sub->add_option("--seeds", cmd->seeds, "runs per encoding, seeds seed..seed+n-1 (default 3)")->transform(integer_in(1, 1000));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   cmd->flags.add_to(*sub);
   sub->footer(

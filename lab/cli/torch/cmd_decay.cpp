@@ -35,11 +35,7 @@ struct DecayCommand {
 
   void run() {
     if (threads > 0) torch::set_num_threads(threads);
-    std::vector<std::string> names;
-    std::istringstream in(scalings);
-    for (std::string s; std::getline(in, s, ',');)
-      if (!s.empty()) names.push_back(s);
-    check(!names.empty(), "--scaling", scalings, "a scaling or a comma-separated list (none, linear, ntk, yarn, ...)");
+    const std::vector<std::string> names = parse_name_list(scalings, "--scaling");
 
     std::optional<LoadedRun> run;
     RopeSpec base_spec;
@@ -115,24 +111,22 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       "decay", "RoFormer's long-term decay: the relative upper bound against distance (CSV + PNG), and measured on a model");
   cmd->app = sub;
   sub->add_option("--hf-config", cmd->hf_config, "the rotation of a Hugging Face config.json")->check(CLI::ExistingPath);
-  sub->add_option("--head-dim", cmd->head_dim, "head dimension (default 128, as RoFormer's figure)");
-  sub->add_option("--rotary-dim", cmd->rotary_dim, "rotated features (default: all)");
-  sub->add_option("--base", cmd->base, "RoPE base (default 10000)");
+  sub->add_option("--head-dim", cmd->head_dim, "head dimension (default 128, as RoFormer's figure)")->transform(integer_in(2, 4096));
+  sub->add_option("--rotary-dim", cmd->rotary_dim, "rotated features (default: all)")->transform(integer_in(0, 4096));
+  sub->add_option("--base", cmd->base, "RoPE base (default 10000)")->transform(finite());
   sub->add_option("--layout", cmd->layout, "half_split | interleaved (does not change the bound)");
   sub->add_option("--scaling", cmd->scalings, "scaling, or a comma-separated list to compare (none, linear, ntk, "
                                               "ntk_mixed, dynamic, yarn, llama3)");
-  sub->add_option("--factor", cmd->factor, "scaling factor");
-  sub->add_option("--max-position-embeddings", cmd->max_position, "the model's context (dynamic, yarn)");
-  sub->add_option("--original-max", cmd->original_max, "pre-extension context (yarn, llama3)");
-  sub->add_option("--max-distance", cmd->max_distance, "largest distance (default 1024, or 4 x L with --checkpoint)")
-      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--factor", cmd->factor, "scaling factor")->transform(finite());
+  sub->add_option("--max-position-embeddings", cmd->max_position, "the model's context (dynamic, yarn)")->transform(integer_in(0, int64_t{1} << 53));
+  sub->add_option("--original-max", cmd->original_max, "pre-extension context (yarn, llama3)")->transform(integer_in(0, int64_t{1} << 53));
+  sub->add_option("--max-distance", cmd->max_distance, "largest distance (default 1024, or 4 x L with --checkpoint)")->transform(integer_in(0, train::kMaxDecayDistance));
   sub->add_option("--checkpoint", cmd->checkpoint, "also measure this RoPE model (file or run directory)");
-  sub->add_option("--windows", cmd->windows, "held-out windows for the measurement (default 8)")->check(CLI::PositiveNumber);
-  sub->add_option("--seq-len", cmd->seq_len, "window length (default: the model's training length)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--samples", cmd->samples, "sampled (q, k) pairs (default 4096)")->check(CLI::PositiveNumber);
-  sub->add_option("--seed", cmd->seed, "seed of the pair sampling");
-  sub->add_option("--threads", cmd->threads, "torch threads (0 = default)");
+  sub->add_option("--windows", cmd->windows, "held-out windows for the measurement (default 8)")->transform(integer_in(1, 1 << 16));
+  sub->add_option("--seq-len", cmd->seq_len, "window length (default: the model's training length)")->transform(integer_in(0, kMaxSequenceLength));
+  sub->add_option("--samples", cmd->samples, "sampled (q, k) pairs (default 4096)")->transform(integer_in(1, 1 << 24));
+  sub->add_option("--seed", cmd->seed, "seed of the pair sampling")->transform(unsigned_up_to(UINT64_MAX));
+  sub->add_option("--threads", cmd->threads, "torch threads (0 = default)")->transform(integer_in(0, kMaxThreads));
   sub->add_option("--out", cmd->out, "output directory (default runs/decay)");
   sub->footer("See docs/decay.md for the formula and what is measured.");
   sub->callback([cmd] { cmd->run(); });

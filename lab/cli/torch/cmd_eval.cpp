@@ -90,18 +90,15 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<EvalCommand>();
   CLI::App* sub = root.add_subcommand("eval", "evaluate a checkpoint: held-out loss, loss by position, exact match");
   sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file or run directory")->required();
-  sub->add_option("--rows", cmd->rows, "held-out rows (default: the run's eval_batches x batch_size)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--batch-size", cmd->batch_size, "rows per forward pass (default: the run's)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--seq-len", cmd->seq_len, "held-out sequence length (default: the training length)")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--problems", cmd->problems, "exact-match problems (0 = none)")->check(CLI::NonNegativeNumber);
-  cmd->seed_opt = sub->add_option("--seed", cmd->seed_value, "held-out / problem seed (default: the run's eval_seed)");
-  sub->add_option("--temperature", cmd->temperature, "sampling temperature of the sampled accuracy")
-      ->check(CLI::Range(0.0, 100.0));
+  sub->add_option("--rows", cmd->rows, "held-out rows (default: the run's eval_batches x batch_size)")->transform(integer_in(0, 1 << 20));
+  sub->add_option("--batch-size", cmd->batch_size, "rows per forward pass (default: the run's)")->transform(integer_in(0, 1 << 20));
+  sub->add_option("--seq-len", cmd->seq_len, "held-out sequence length (default: the training length)")->transform(integer_in(0, kMaxSequenceLength));
+  sub->add_option("--problems", cmd->problems, "exact-match problems (0 = none)")->transform(integer_in(0, 1 << 20));
+  cmd->seed_opt = sub->add_option("--seed", cmd->seed_value, "held-out / problem seed (default: the run's eval_seed)")->transform(unsigned_up_to(UINT64_MAX));
+  sub->add_option("--temperature", cmd->temperature, "sampling temperature of the sampled accuracy")->transform(finite_in(0, 100));
   sub->add_option("--out", cmd->out, "where to write loss_by_position.csv and eval.json (default: <run>/eval)");
-  sub->add_option("--show", cmd->show, "print this many problems with the model's answers");
-  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)");
+  sub->add_option("--show", cmd->show, "print this many problems with the model's answers")->transform(integer_in(0, 1 << 20));
+  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   sub->add_flag("--json", cmd->json, "print the results as JSON");
   cmd->overrides.add_to(*sub);
   sub->callback([cmd] { cmd->run(); });

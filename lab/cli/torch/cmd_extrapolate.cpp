@@ -5,37 +5,13 @@
 #include <sstream>
 
 #include "cli/command.h"
+#include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
 #include "experiments/extrapolate.h"
 #include "experiments/extrapolate_report.h"
 
 namespace rotary::cli {
 namespace {
-
-template <class T>
-std::vector<T> parse_list(const std::string& text, const std::string& field) {
-  std::vector<T> out;
-  std::istringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    if constexpr (std::is_same_v<T, std::string>) {
-      out.push_back(item);
-    } else {
-      size_t used = 0;
-      long long v = 0;
-      try {
-        v = std::stoll(item, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      check(used == item.size(), field, item, "a comma-separated list of integers");
-      out.push_back(static_cast<T>(v));
-    }
-  }
-  check(!out.empty(), field, text, "a non-empty comma-separated list");
-  return out;
-}
 
 struct ExtrapolateCommand {
   TrainFlags flags;
@@ -67,14 +43,17 @@ struct ExtrapolateCommand {
     if (!text_checkpoint.empty()) spec.text_checkpoint = text_checkpoint;
     if (!kv_checkpoint.empty()) spec.kv_checkpoint = kv_checkpoint;
     spec.retrieval = retrieval || !kv_checkpoint.empty();
-    if (given("--lengths")) spec.multiples = parse_list<int>(lengths, "--lengths");
-    if (given("--methods")) spec.methods = parse_list<std::string>(methods, "--methods");
+    if (given("--lengths")) {
+      spec.multiples.clear();
+      for (int64_t m : parse_integer_list(lengths, "--lengths", 1, 1024)) spec.multiples.push_back(static_cast<int>(m));
+    }
+    if (given("--methods")) spec.methods = parse_name_list(methods, "--methods");
     if (given("--logn-variants")) {
       check(logn_variants == "both" || logn_variants == "off" || logn_variants == "on", "--logn-variants",
             logn_variants, "both, off, on");
       spec.logn = logn_variants == "both" ? std::vector<bool>{false, true} : std::vector<bool>{logn_variants == "on"};
     }
-    if (given("--sweep")) spec.sweep = sweep == "none" ? std::vector<int64_t>{-1} : parse_list<int64_t>(sweep, "--sweep");
+    if (given("--sweep")) spec.sweep = sweep == "none" ? std::vector<int64_t>{-1} : parse_integer_list(sweep, "--sweep", 1, kMaxSequenceLength);
     if (given("--dynamic-factor")) spec.dynamic_factor = dynamic_factor;
     if (given("--windows")) spec.windows = windows;
     if (given("--eval-batch-size")) spec.batch_size = eval_batch;
@@ -88,7 +67,7 @@ struct ExtrapolateCommand {
     train::ExtrapolateResult r = train::run_extrapolate(spec, !no_progress);
     if (r.interrupted) {
       std::fprintf(stderr, "rotary extrapolate: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(r.signal > 0 ? 128 + r.signal : 130);
+      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
     }
     std::vector<int> lengths;
     for (int m : spec.multiples) lengths.push_back(spec.text.seq_len * m);
@@ -113,20 +92,16 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   take_last(sub->add_option("--kv-checkpoint", cmd->kv_checkpoint, "use this RoPE kv_retrieval model instead of training one"));
   sub->add_flag("--retrieval", cmd->retrieval,
                 "also train (or --kv-checkpoint: load) a kv_retrieval model and score retrieval at every length");
-  take_last(sub->add_option("--kv-steps", cmd->kv_steps, "training steps of the kv_retrieval model (default: as --steps)"))
-      ->check(CLI::PositiveNumber);
+  take_last(sub->add_option("--kv-steps", cmd->kv_steps, "training steps of the kv_retrieval model (default: as --steps)"))->transform(integer_in(1, int64_t{1} << 40));
   take_last(sub->add_option("--lengths", cmd->lengths, "test lengths as multiples of L (default 1,2,4,8)"));
   take_last(sub->add_option("--methods", cmd->methods,
                             "comma-separated: rope, pi, ntk, ntk_mixed, dynamic, yarn, rerope, leaky_rerope (default all)"));
   take_last(sub->add_option("--logn-variants", cmd->logn_variants, "both | off | on: log-n at test time (default both)"));
   take_last(sub->add_option("--sweep", cmd->sweep, "ReRoPE windows of the sweep, or none (default L/8,L/4,L/2,3L/4,L)"));
-  take_last(sub->add_option("--dynamic-factor", cmd->dynamic_factor, "HF dynamic NTK factor (default 1)"));
-  take_last(sub->add_option("--windows", cmd->windows, "held-out text windows per length (default 32)"))
-      ->check(CLI::PositiveNumber);
-  take_last(sub->add_option("--eval-batch-size", cmd->eval_batch, "windows per forward pass (default 4)"))
-      ->check(CLI::PositiveNumber);
-  take_last(sub->add_option("--problems", cmd->problems, "retrieval problems per length (default 32)"))
-      ->check(CLI::PositiveNumber);
+  take_last(sub->add_option("--dynamic-factor", cmd->dynamic_factor, "HF dynamic NTK factor (default 1)"))->transform(finite());
+  take_last(sub->add_option("--windows", cmd->windows, "held-out text windows per length (default 32)"))->transform(integer_in(1, 1 << 16));
+  take_last(sub->add_option("--eval-batch-size", cmd->eval_batch, "windows per forward pass (default 4)"))->transform(integer_in(1, 1 << 16));
+  take_last(sub->add_option("--problems", cmd->problems, "retrieval problems per length (default 32)"))->transform(integer_in(1, 1 << 20));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   cmd->flags.add_to(*sub);
   sub->footer(

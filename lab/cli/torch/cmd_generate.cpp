@@ -37,12 +37,12 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   CLI::App* sub = root.add_subcommand("generate", "sample from a trained model (KV-cache decoder)");
   sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file or run directory")->required();
   sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)")->required();
-  sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->check(CLI::Range(1, 1 << 20));
-  sub->add_option("--temperature", cmd->temperature, "0 = greedy")->check(CLI::Range(0.0, 100.0));
-  sub->add_option("--seed", cmd->seed, "sampling seed");
+  sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->transform(integer_in(1, kMaxSequenceLength));
+  sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
+  sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
   sub->add_flag("--no-stop", cmd->no_stop, "do not stop at the task's stop token");
   sub->add_flag("--only-new", cmd->only_new, "print only the generated text, not the prompt");
-  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)");
+  sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   cmd->overrides.add_to(*sub);
   sub->callback([cmd] { cmd->run(); });
 });

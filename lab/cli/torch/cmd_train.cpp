@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "cli/command.h"
+#include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
 #include "common/files.h"
 #include "rotary/error.h"
@@ -87,10 +88,10 @@ struct TrainCommand {
         return;
       case train::TrainStatus::Interrupted:
         if (leader) std::fprintf(stderr, "rotary train: %s\n", r.message.c_str());
-        throw CLI::RuntimeError(r.signal > 0 ? 128 + r.signal : 130);
+        throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
       case train::TrainStatus::NonFinite:
         if (leader) std::fprintf(stderr, "rotary train: %s\n", r.message.c_str());
-        throw CLI::RuntimeError(3);
+        throw CLI::RuntimeError(lab::kExitNonFiniteLoss);
     }
   }
 };
@@ -99,15 +100,15 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<TrainCommand>();
   CLI::App* sub = root.add_subcommand("train", "train a transformer on a task (settings: flags > --config TOML > defaults)");
   cmd->flags.add_to(*sub);
-  sub->add_flag("--resume", cmd->resume, "continue the run in --out from its checkpoint (same data order and curve)");
-  sub->add_flag("--overwrite", cmd->overwrite, "start afresh even if --out holds a run");
+  CLI::Option* resume =
+      sub->add_flag("--resume", cmd->resume, "continue the run in --out from its checkpoint (same data order and curve)");
+  sub->add_flag("--overwrite", cmd->overwrite, "start afresh even if --out holds a run")->excludes(resume);
   sub->add_flag("--no-progress", cmd->no_progress, "no progress bar / lines on stderr");
   sub->add_flag("--print-config", cmd->print_config,
                 "print the resolved settings (defaults <- --config <- flags) as JSON, validated, and exit");
-  sub->add_option("--nproc", cmd->nproc, "data-parallel processes on this machine (torch c10d, Gloo)")
-      ->check(CLI::Range(1, 256));
-  sub->add_option("--nnodes", cmd->nnodes, "machines taking part (needs MASTER_ADDR, MASTER_PORT)")->check(CLI::Range(1, 4096));
-  sub->add_option("--node-rank", cmd->node_rank, "this machine's index in [0, nnodes)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--nproc", cmd->nproc, "data-parallel processes on this machine (torch c10d, Gloo)")->transform(integer_in(1, 256));
+  sub->add_option("--nnodes", cmd->nnodes, "machines taking part (needs MASTER_ADDR, MASTER_PORT)")->transform(integer_in(1, 4096));
+  sub->add_option("--node-rank", cmd->node_rank, "this machine's index in [0, nnodes)")->transform(integer_in(0, 4095));
   sub->footer(
       "Exit status: 0 finished; 2 bad settings; 3 non-finite loss (the last good checkpoint is kept); 130/143 "
       "interrupted by SIGINT/SIGTERM (checkpoint saved; continue with --resume). See docs/lab.md.");

@@ -55,12 +55,12 @@ struct OverrideFlags {
   void add_to(CLI::App& app) {
     kind_opt = app.add_option("--kind", kind, "run as another rope-family kind (rope -> rerope, leaky_rerope)");
     scaling_opt = app.add_option("--scaling", scaling, "rope scaling: none, linear, ntk, ntk_mixed, dynamic, yarn, llama3");
-    factor_opt = app.add_option("--factor", factor, "rope scaling factor");
-    base_opt = app.add_option("--base", base, "rope base");
-    original_opt = app.add_option("--original-max", original_max, "pre-extension context (yarn, llama3, dynamic)");
-    window_opt = app.add_option("--window", window, "rerope / leaky_rerope window");
-    leaky_opt = app.add_option("--leaky-k", leaky_k, "leaky_rerope k");
-    logn_opt = app.add_option("--logn", logn, "log-n query scaling training length (0 = off)");
+    factor_opt = app.add_option("--factor", factor, "rope scaling factor")->transform(finite());
+    base_opt = app.add_option("--base", base, "rope base")->transform(finite());
+    original_opt = app.add_option("--original-max", original_max, "pre-extension context (yarn, llama3, dynamic)")->transform(integer_in(0, int64_t{1} << 53));
+    window_opt = app.add_option("--window", window, "rerope / leaky_rerope window")->transform(integer_in(0, int64_t{1} << 53));
+    leaky_opt = app.add_option("--leaky-k", leaky_k, "leaky_rerope k")->transform(finite());
+    logn_opt = app.add_option("--logn", logn, "log-n query scaling training length (0 = off)")->transform(integer_in(0, int64_t{1} << 53));
   }
 
   bool any() const {

@@ -1,0 +1,43 @@
+// lab/cli/options.h: how numbers and lists are read from the command line, the same way for every command.
+//
+// CLI11 2.1's own conversion reads "-1" into an unsigned as 2^64-1, clamps 99999999999999999999 to INT64_MAX,
+// reads "010" as octal 8 and takes "nan" and "1e999" (inf) as numbers. Every numeric option therefore carries one of
+// these validators: an integer is decimal and inside its range (never wrapped or clamped), a real number is finite
+// and inside its range, and the range is printed by --help. tests/cli/test_hostile_input.sh checks that every
+// numeric option of every command has one.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace rotary::cli {
+
+// A decimal integer (optional '-', digits) that fits [lo, hi]; rotary::Error naming `field`, the text and the range.
+int64_t parse_integer(std::string_view text, std::string_view field, int64_t lo, int64_t hi);
+uint64_t parse_unsigned(std::string_view text, std::string_view field, uint64_t hi);
+
+// Validators for add_option(...)->transform(...): they rewrite the accepted text to plain decimal, so CLI11's own
+// conversion then reads exactly the value checked. (Not ->check(): CLI11 runs a check on a copy, and would then
+// read "010" as octal itself.)
+CLI::Validator integer_in(int64_t lo, int64_t hi);
+CLI::Validator unsigned_up_to(uint64_t hi);
+CLI::Validator finite_in(double lo, double hi);  // rejects nan and inf
+inline CLI::Validator finite() {
+  return finite_in(-std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
+}
+
+// "a,b,c" -> items; empty items skipped; rotary::Error if there is none or one repeats (a list of settings that
+// names one twice would run or count it twice).
+std::vector<std::string> parse_name_list(const std::string& text, std::string_view field);
+std::vector<int64_t> parse_integer_list(const std::string& text, std::string_view field, int64_t lo, int64_t hi);
+
+// Limits shared by several commands, each stated once.
+constexpr int64_t kMaxThreads = 4096;          // torch / OpenMP threads of one process
+constexpr int64_t kMaxSequenceLength = 1 << 20;  // tokens of one row (training, eval, generation)
+
+}  // namespace rotary::cli
