@@ -132,7 +132,7 @@ TEST_F(Fixture, DamageTruncationAndUnknownVersionsAreReported) {
 
 TEST_F(Fixture, MismatchedConfigNamesTheField) {
   TrainConfig a, b;
-  b.model.encoding.kind = "roper";
+  b.model.encoding.kind = nn::EncodingKind::Roper;
   try {
     check_config_matches("ck.pt", nlohmann::json(a), nlohmann::json(b));
     FAIL() << "no error";
