@@ -44,7 +44,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
   // Every encoding is checked before the first run starts, so a typo does not surface an hour in.
   for (const std::string& enc : spec.encodings) {
     TrainConfig c = spec.base;
-    c.model.encoding.kind = enc;
+    c.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
     c.validate();
   }
   lab::remove_stale_temp_files(spec.out_dir);  // of an earlier compare killed mid-write
@@ -60,7 +60,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
       run.seed = spec.base.seed + static_cast<uint64_t>(k);
       run.dir = lab::join_path(lab::join_path(spec.out_dir, enc), fmt::format("seed{}", run.seed));
       TrainConfig c = spec.base;
-      c.model.encoding.kind = enc;
+      c.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
       c.seed = run.seed;
       c.out_dir = run.dir;
       const std::string label = fmt::format("[{}/{}] {} seed {}", index, total, enc, run.seed);

@@ -53,7 +53,7 @@ torch::Tensor as_complex_pairs(const torch::Tensor& x, const nn::EncodingConfig&
 MeasuredDecay measure_decay(nn::Transformer& model, const lab::Task& task, int windows, int seq_len,
                             int64_t max_distance, int64_t samples, uint64_t seed) {
   const nn::EncodingConfig& e = model->active_encoding();
-  check(e.kind == "rope", "encoding.kind", e.kind,
+  check(e.kind == nn::EncodingKind::Rope, "encoding.kind", e.kind,
         "rope (the decay is a function of the distance m - n only under plain RoPE)");
   check(model->config().attention == "softmax", "attention", model->config().attention, "softmax");
   check(windows >= 1, "windows", windows, ">= 1");

@@ -118,7 +118,7 @@ bool prepare(const TrainConfig& run, const std::string& checkpoint, const std::s
 void check_model(const Prepared& p, const ExtrapolateSpec& spec, const std::string& task) {
   const std::string who = p.info.role + " model (" + p.info.checkpoint + ")";
   check(p.config.task == task, who + " task", p.config.task, task);
-  check(p.config.model.encoding.kind == "rope", who + " encoding.kind", p.config.model.encoding.kind,
+  check(p.config.model.encoding.kind == nn::EncodingKind::Rope, who + " encoding.kind", p.config.model.encoding.kind,
         "rope (the methods are applied to a RoPE model at inference time)");
   check(p.config.model.encoding.rope.scaling == RopeScaling::None, who + " encoding.rope.scaling",
         scaling_name(p.config.model.encoding.rope.scaling), "none");
@@ -253,7 +253,7 @@ ExtrapolateSpec default_extrapolate_spec() {
   t.model.d_model = 128;
   t.model.n_layers = 2;
   t.model.n_heads = 4;
-  t.model.encoding.kind = "rope";
+  t.model.encoding.kind = nn::EncodingKind::Rope;
   t.seq_len = 128;
   t.batch_size = 32;
   t.steps = 1000;
@@ -298,7 +298,7 @@ void validate(const ExtrapolateSpec& spec) {
     const std::string who = c == &spec.text ? "text." : "kv.";
     check(c->seq_len == L, who + "seq_len", c->seq_len, fmt::format("L = {} (the text model's)", L));
     const nn::EncodingConfig& e = c->model.encoding;
-    check(e.kind == "rope", who + "encoding.kind", e.kind, "rope (the methods are applied at inference time)");
+    check(e.kind == nn::EncodingKind::Rope, who + "encoding.kind", e.kind, "rope (the methods are applied at inference time)");
     check(e.rope.scaling == RopeScaling::None, who + "encoding.rope.scaling", scaling_name(e.rope.scaling),
           "none (the methods set the scaling)");
     check(e.logn_train_len == 0 || e.logn_train_len == L, who + "encoding.logn_train_len", e.logn_train_len,

@@ -53,7 +53,7 @@ bool length_dependent_method(const Method& m) { return m.name == "dynamic"; }
 nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& trained, int64_t train_len,
                                      int64_t test_len) {
   check_method_name(m.name, "method");
-  check(trained.kind == "rope", "encoding.kind", trained.kind,
+  check(trained.kind == nn::EncodingKind::Rope, "encoding.kind", trained.kind,
         "rope (extrapolate applies inference-time methods to a RoPE model)");
   check(trained.rope.scaling == RopeScaling::None, "encoding.rope.scaling", scaling_name(trained.rope.scaling),
         "none (the methods set the scaling themselves)");
@@ -61,7 +61,8 @@ nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& 
   check(test_len >= 1, "test_len", test_len, ">= 1");
 
   nn::EncodingOverride o;
-  o.kind = m.name == "rerope" || m.name == "leaky_rerope" ? m.name : "rope";
+  o.kind = m.name == "rerope" || m.name == "leaky_rerope" ? nn::parse_encoding_kind(m.name, "method")
+                                                           : nn::EncodingKind::Rope;
   // The seed sets the factor of the fixed scalings from the test length; at test_len <= L it is 1 (no change).
   const double factor = std::max(1.0, static_cast<double>(test_len) / static_cast<double>(train_len));
   RopeSpec s = trained.rope;

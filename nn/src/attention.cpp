@@ -27,8 +27,6 @@ torch::Tensor future_mask(int64_t sq, int64_t sk, const torch::Device& device) {
   return torch::arange(sk, opts).unsqueeze(0) > qi;
 }
 
-bool windowed(const EncodingConfig& e) { return e.kind == "rerope" || e.kind == "leaky_rerope"; }
-
 }  // namespace
 
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t group) {
@@ -68,19 +66,19 @@ torch::Tensor logn_factor(const torch::Tensor& positions, int64_t train_len, tor
 }
 
 bool length_dependent(const EncodingConfig& e) {
-  return is_rotary_kind(e.kind) && (e.rope.scaling == RopeScaling::Dynamic || e.rope.scaling == RopeScaling::LongRope);
+  return is_rotary(e.kind) && (e.rope.scaling == RopeScaling::Dynamic || e.rope.scaling == RopeScaling::LongRope);
 }
 
 PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len) {
   PositionContext pc;
   pc.enc = enc;
   pc.softmax_scale = 1.0 / std::sqrt(double(head_dim));
-  if (is_rotary_kind(enc.kind)) {
+  if (is_rotary(enc.kind)) {
     const RopeFreqs f = enc.rope.freqs(seq_len);
     pc.inv_freq = torch::tensor(f.inv_freq, torch::kDouble);
     pc.attention_factor = f.attention_factor;
   }
-  if (enc.kind == "alibi") pc.alibi_slopes = alibi_slopes(n_heads);
+  if (enc.kind == EncodingKind::Alibi) pc.alibi_slopes = alibi_slopes(n_heads);
   return pc;
 }
 
@@ -109,7 +107,7 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
                                       const PositionContext& pc) {
   const EncodingConfig& e = pc.enc;
   const int64_t Sq = q.size(1), Sk = k.size(1), group = q.size(2) / k.size(2);
-  const bool rotary = is_rotary_kind(e.kind), far = windowed(e), roper = e.kind == "roper";
+  const bool rotary = is_rotary(e.kind), far = is_windowed(e.kind), roper = e.kind == EncodingKind::Roper;
   const double A = pc.attention_factor, w = double(e.window), lk = e.leaky_k;
   const torch::Tensor qp = q_positions.to(torch::kDouble), kp = k_positions.to(torch::kDouble);  // [B, S]
   const torch::Tensor qs = q * logn_factor(q_positions, e.logn_train_len, q.scalar_type());
@@ -126,7 +124,7 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
     // The seed's second matrix: ReRoPE scores far keys as (R(w) q) . k (a^2 on the rotated part, as in the core),
     // Leaky ReRoPE as (R((pos_i - w)/k + w) q) . (R(pos_j / k) k).
     torch::Tensor s2;
-    if (e.kind == "rerope") {
+    if (e.kind == EncodingKind::Rerope) {
       s2 = scores(rotate_plain(qs, torch::full_like(qp, w), pc, A * A), k);
     } else {
       s2 = scores(rotate_plain(qs, (qp - w) / lk + w, pc, A), rotate_plain(k, kp / lk, pc, A));
@@ -134,7 +132,7 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
     near = (dist < w).unsqueeze(1);
     s = torch::where(near, s, s2);
   }
-  if (e.kind == "alibi")
+  if (e.kind == EncodingKind::Alibi)
     s = s - (pc.alibi_slopes.view({1, -1, 1, 1}) * dist.unsqueeze(1)).to(s.scalar_type());
   s = s.masked_fill(future_mask(Sq, Sk, q.device()), -std::numeric_limits<double>::infinity());
   const torch::Tensor p = torch::softmax(s, -1);
@@ -147,7 +145,7 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
   const torch::Tensor o_near = rotate_plain(weighted(far ? p * near : p, rotate_plain(v, kp, pc, 1.0)), -qp, pc, 1.0);
   if (!far) return o_near;
   torch::Tensor o_far;
-  if (e.kind == "rerope") {  // delta = w for every far key
+  if (e.kind == EncodingKind::Rerope) {  // delta = w for every far key
     o_far = rotate_plain(weighted(p * near.logical_not(), v), torch::full_like(qp, -w), pc, 1.0);
   } else {  // delta = w + (pos_i - w)/k - pos_j/k
     o_far = rotate_plain(weighted(p * near.logical_not(), rotate_plain(v, kp / lk, pc, 1.0)), -((qp - w) / lk + w),
@@ -158,27 +156,34 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
 
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc) {
+  check(pc.enc.kind != EncodingKind::Alibi, "encoding.kind", pc.enc.kind,
+        "not alibi in the fused op (it has no bias input)");
+  return std::get<0>(torch_ops::attention(q, k, v, positions, std::nullopt, /*causal=*/true, pc.softmax_scale,
+                                          fused_attention_position(pc)));
+}
+
+torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc) {
   const EncodingConfig& e = pc.enc;
-  check(e.kind != "alibi", "encoding.kind", e.kind, "not alibi in the fused op (it has no bias input)");
   torch_ops::AttentionPosition ap;
-  if (is_rotary_kind(e.kind)) {
-    ap.mode = e.kind == "roper" ? "rope" : e.kind;
+  if (is_rotary(e.kind)) {
+    const FusedPositionMode m = fused_position_mode(e.kind);
+    ap.mode = m.mode;
+    ap.roper = m.roper;
     ap.inv_freq = pc.inv_freq;
     ap.attention_factor = pc.attention_factor;
     ap.layout = std::string(layout_name(e.rope.layout));
-    ap.roper = e.kind == "roper";
     ap.window = e.window;
     ap.leaky_k = e.leaky_k;
   }
   ap.logn_train_len = e.logn_train_len;
-  return std::get<0>(torch_ops::attention(q, k, v, positions, std::nullopt, /*causal=*/true, pc.softmax_scale, ap));
+  return ap;
 }
 
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
                                      const PositionContext& pc) {
   const int64_t group = q.size(2) / k.size(2);
-  const bool rope = pc.enc.kind == "rope";
+  const bool rope = pc.enc.kind == EncodingKind::Rope;
   const torch::Tensor pq = phi(q), pk = phi(k);
   const torch::Tensor qr = rope ? rotate_plain(pq, q_positions, pc, pc.attention_factor) : pq;
   const torch::Tensor kr = rope ? rotate_plain(pk, k_positions, pc, pc.attention_factor) : pk;
@@ -197,7 +202,7 @@ torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor
   // The core kernel has one kv head per query head: GQA repeats k, v (autograd sums their gradients back).
   const int64_t group = q.size(2) / k.size(2);
   std::optional<torch::Tensor> inv_freq;  // none: no rotation
-  if (pc.enc.kind == "rope") inv_freq = pc.inv_freq;
+  if (pc.enc.kind == EncodingKind::Rope) inv_freq = pc.inv_freq;
   return torch_ops::linear_attention(q, repeat_kv(k, group), repeat_kv(v, group), positions, std::nullopt,
                                      /*causal=*/true, inv_freq, pc.attention_factor,
                                      std::string(layout_name(pc.enc.rope.layout)));
@@ -206,7 +211,7 @@ torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused) {
-  fused = fused && pc.enc.kind != "alibi";
+  fused = fused && pc.enc.kind != EncodingKind::Alibi;
   if (attention == "linear")
     return fused ? linear_attention_fused(q, k, v, positions, pc)
                  : linear_attention_plain(q, k, v, positions, positions, pc);

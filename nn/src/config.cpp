@@ -63,9 +63,8 @@ int derived_rotary_dim(int head_dim, double fraction) { return int(std::floor(he
 
 // Checks one encoding against the model's head dim; `prefix` ("encoding." or "override.") starts every field name.
 void validate_encoding(const EncodingConfig& e, int head_dim, const std::string& prefix) {
-  check(is_one_of(e.kind, kEncodingKinds), prefix + "kind", e.kind, choices(kEncodingKinds));
-  const bool rotary = is_rotary_kind(e.kind);
-  const bool windowed = e.kind == "rerope" || e.kind == "leaky_rerope";
+  const bool rotary = is_rotary(e.kind);
+  const bool windowed = is_windowed(e.kind);
   if (rotary) {
     check(std::isfinite(e.rotary_fraction) && e.rotary_fraction > 0 && e.rotary_fraction <= 1,
           prefix + "rotary_fraction", e.rotary_fraction, "a value in (0, 1]");
@@ -89,11 +88,11 @@ void validate_encoding(const EncodingConfig& e, int head_dim, const std::string&
     }
   }
   if (windowed) {
-    check(e.window >= 1, prefix + "window", e.window, ">= 1 for " + e.kind);
+    check(e.window >= 1, prefix + "window", e.window, ">= 1 for " + std::string(encoding_kind_name(e.kind)));
   } else {
     check(e.window == 0, prefix + "window", e.window, "0 (only rerope and leaky_rerope use a window)");
   }
-  if (e.kind == "leaky_rerope") {
+  if (e.kind == EncodingKind::LeakyRerope) {
     check(std::isfinite(e.leaky_k) && e.leaky_k > 0, prefix + "leaky_k", e.leaky_k, "a finite value > 0");
   } else {
     check(e.leaky_k == 1.0, prefix + "leaky_k", e.leaky_k, "1 (only leaky_rerope uses leaky_k)");
@@ -104,8 +103,45 @@ void validate_encoding(const EncodingConfig& e, int head_dim, const std::string&
 
 }  // namespace
 
-bool is_rotary_kind(std::string_view kind) {
-  return kind == "rope" || kind == "roper" || kind == "rerope" || kind == "leaky_rerope";
+std::string_view encoding_kind_name(EncodingKind kind) {
+  switch (kind) {
+    case EncodingKind::None: return "none";
+    case EncodingKind::Learned: return "learned";
+    case EncodingKind::Sinusoidal: return "sinusoidal";
+    case EncodingKind::Alibi: return "alibi";
+    case EncodingKind::Rope: return "rope";
+    case EncodingKind::Roper: return "roper";
+    case EncodingKind::Rerope: return "rerope";
+    case EncodingKind::LeakyRerope: return "leaky_rerope";
+  }
+  return "?";
+}
+
+std::string encoding_kind_names() {
+  std::string s;
+  for (EncodingKind k : kEncodingKinds) s += (s.empty() ? "" : ", ") + std::string(encoding_kind_name(k));
+  return s;
+}
+
+EncodingKind parse_encoding_kind(std::string_view name, std::string_view field) {
+  for (EncodingKind k : kEncodingKinds)
+    if (encoding_kind_name(k) == name) return k;
+  fail(field, std::string(name), encoding_kind_names());
+}
+
+std::ostream& operator<<(std::ostream& os, EncodingKind kind) { return os << encoding_kind_name(kind); }
+
+bool is_rotary(EncodingKind kind) {
+  return kind == EncodingKind::Rope || kind == EncodingKind::Roper || kind == EncodingKind::Rerope ||
+         kind == EncodingKind::LeakyRerope;
+}
+
+bool is_windowed(EncodingKind kind) { return kind == EncodingKind::Rerope || kind == EncodingKind::LeakyRerope; }
+
+FusedPositionMode fused_position_mode(EncodingKind kind) {
+  check(is_rotary(kind), "encoding.kind", kind, "rope, roper, rerope, leaky_rerope (a kind with a fused position mode)");
+  if (kind == EncodingKind::Roper) return {"rope", true};
+  return {std::string(encoding_kind_name(kind)), false};
 }
 
 void ModelConfig::validate() const {
@@ -122,22 +158,23 @@ void ModelConfig::validate() const {
   check(is_one_of(attention, kAttentionKinds), "attention", attention, choices(kAttentionKinds));
   validate_encoding(encoding, head_dim(), "encoding.");
   if (attention == "linear") {
-    const std::string_view ok[] = {"none", "learned", "sinusoidal", "rope"};
-    check(is_one_of(encoding.kind, ok), "encoding.kind", encoding.kind,
+    const bool ok = encoding.kind == EncodingKind::None || encoding.kind == EncodingKind::Learned ||
+                    encoding.kind == EncodingKind::Sinusoidal || encoding.kind == EncodingKind::Rope;
+    check(ok, "encoding.kind", encoding.kind,
           "none, learned, sinusoidal, rope with attention = linear (RoFormer eq. 19 has no ALiBi bias, clipped "
           "distances or value rotation)");
     check(encoding.logn_train_len == 0, "encoding.logn_train_len", encoding.logn_train_len,
           "0 with attention = linear (log-n sharpens a softmax; linear attention has none)");
   }
   // The fused attention kernel takes head dims 16..256; ALiBi and linear attention never call it.
-  if (fused && attention == "softmax" && encoding.kind != "alibi")
+  if (fused && attention == "softmax" && encoding.kind != EncodingKind::Alibi)
     check(head_dim() >= 16 && head_dim() <= 256, "d_model / n_heads", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
 }
 
 EncodingConfig ModelConfig::resolved_encoding() const {
   EncodingConfig e = encoding;
-  if (is_rotary_kind(e.kind)) {
+  if (is_rotary(e.kind)) {
     e.rope.head_dim = head_dim();
     if (e.rope.rotary_dim == 0) e.rope.rotary_dim = derived_rotary_dim(head_dim(), e.rotary_fraction);
   }
@@ -146,24 +183,28 @@ EncodingConfig ModelConfig::resolved_encoding() const {
 
 EncodingConfig apply_override(const ModelConfig& trained, const EncodingOverride& o) {
   EncodingConfig e = trained.resolved_encoding();
-  const std::string& was = trained.encoding.kind;
+  const EncodingKind was = trained.encoding.kind;
+  const std::string was_name(encoding_kind_name(was));
   if (o.kind) {
-    check(is_one_of(*o.kind, kEncodingKinds), "override.kind", *o.kind, choices(kEncodingKinds));
-    if (was == "rope" || was == "rerope" || was == "leaky_rerope") {
-      check(*o.kind == "rope" || *o.kind == "rerope" || *o.kind == "leaky_rerope", "override.kind", *o.kind,
-            "rope, rerope, leaky_rerope for a model trained with " + was +
+    // RoPE, ReRoPE and Leaky ReRoPE rotate q and k alike and differ only in the distances they use, so a model
+    // trained with one runs with another; every other kind changes what the weights were trained on.
+    auto same_weights = [](EncodingKind k) { return k == EncodingKind::Rope || is_windowed(k); };
+    if (same_weights(was)) {
+      check(same_weights(*o.kind), "override.kind", *o.kind,
+            "rope, rerope, leaky_rerope for a model trained with " + was_name +
                 " (other kinds change what the weights were trained on)");
     } else {
       check(*o.kind == was, "override.kind", *o.kind,
-            was + " (a model trained with " + was + " can change its parameters, not its kind)");
+            was_name + " (a model trained with " + was_name + " can change its parameters, not its kind)");
     }
     e.kind = *o.kind;
     // Fields the new kind does not use go back to their defaults unless the override sets them.
-    if (e.kind != "rerope" && e.kind != "leaky_rerope" && !o.window) e.window = 0;
-    if (e.kind != "leaky_rerope" && !o.leaky_k) e.leaky_k = 1.0;
+    if (!is_windowed(e.kind) && !o.window) e.window = 0;
+    if (e.kind != EncodingKind::LeakyRerope && !o.leaky_k) e.leaky_k = 1.0;
   }
   if (o.rope) {
-    check(is_rotary_kind(e.kind), "override.rope", "given", "none for kind " + e.kind + " (it has no rotation)");
+    check(is_rotary(e.kind), "override.rope", "given",
+          "none for kind " + std::string(encoding_kind_name(e.kind)) + " (it has no rotation)");
     RopeSpec s = *o.rope;
     check(s.head_dim == 0 || s.head_dim == e.rope.head_dim, "override.rope.head_dim", s.head_dim,
           "0 or the model's head_dim = " + std::to_string(e.rope.head_dim));
@@ -262,7 +303,7 @@ RopeSpec rope_spec_from_json(const json& j, const std::string& field) {
 }
 
 void to_json(json& j, const EncodingConfig& e) {
-  j = {{"kind", e.kind},
+  j = {{"kind", encoding_kind_name(e.kind)},
        {"rope", rope_spec_to_json(e.rope)},
        {"rotary_fraction", e.rotary_fraction},
        {"window", e.window},
@@ -274,8 +315,11 @@ void from_json(const json& j, EncodingConfig& e) {
   const std::string p = "encoding.";
   reject_unknown(j, {"kind", "rope", "rotary_fraction", "window", "leaky_k", "logn_train_len"}, p);
   e = EncodingConfig{};
-  read(j, "kind", p, e.kind);
-  check(is_one_of(e.kind, kEncodingKinds), p + "kind", e.kind, choices(kEncodingKinds));
+  if (j.contains("kind")) {
+    std::string kind;
+    read(j, "kind", p, kind);
+    e.kind = parse_encoding_kind(kind, p + "kind");
+  }
   if (j.contains("rope")) e.rope = rope_spec_from_json(j.at("rope"), p + "rope");
   read(j, "rotary_fraction", p, e.rotary_fraction);
   read(j, "window", p, e.window);
@@ -317,7 +361,7 @@ void from_json(const json& j, ModelConfig& c) {
 
 void to_json(json& j, const EncodingOverride& o) {
   j = json::object();
-  if (o.kind) j["kind"] = *o.kind;
+  if (o.kind) j["kind"] = encoding_kind_name(*o.kind);
   if (o.rope) j["rope"] = rope_spec_to_json(*o.rope);
   if (o.window) j["window"] = *o.window;
   if (o.leaky_k) j["leaky_k"] = *o.leaky_k;
@@ -331,7 +375,7 @@ void from_json(const json& j, EncodingOverride& o) {
   std::string kind;
   int64_t n = 0;
   double k = 0;
-  if (j.contains("kind")) read(j, "kind", p, kind), o.kind = kind;
+  if (j.contains("kind")) read(j, "kind", p, kind), o.kind = parse_encoding_kind(kind, p + "kind");
   if (j.contains("rope")) o.rope = rope_spec_from_json(j.at("rope"), p + "rope");
   if (j.contains("window")) read(j, "window", p, n), o.window = n;
   if (j.contains("leaky_k")) read(j, "leaky_k", p, k), o.leaky_k = k;

@@ -36,18 +36,7 @@ class CoreCache final : public LayerCache {
  public:
   CoreCache(int64_t capacity, int64_t kv_heads, int64_t head_dim, torch::ScalarType dtype, const PositionContext& pc)
       : scale_(pc.softmax_scale) {
-    const EncodingConfig& e = pc.enc;
-    torch_ops::AttentionPosition ap;
-    if (is_rotary_kind(e.kind)) {
-      ap.mode = e.kind == "roper" ? "rope" : e.kind;
-      ap.inv_freq = pc.inv_freq;
-      ap.attention_factor = pc.attention_factor;
-      ap.layout = std::string(layout_name(e.rope.layout));
-      ap.roper = e.kind == "roper";
-      ap.window = e.window;
-      ap.leaky_k = e.leaky_k;
-    }
-    ap.logn_train_len = e.logn_train_len;
+    const torch_ops::AttentionPosition ap = fused_attention_position(pc);
     const std::string name = dtype == torch::kDouble ? "float64" : dtype == torch::kFloat ? "float32"
                              : dtype == torch::kHalf ? "float16" : "bfloat16";
     cache_ = c10::make_intrusive<torch_ops::KvCacheHolder>(capacity, kv_heads, head_dim, name, ap);
@@ -88,7 +77,7 @@ class LinearStateCache final : public LayerCache {
   explicit LinearStateCache(const PositionContext& pc) : pc_(pc) {}
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
     const torch::Tensor pk = torch::elu(k[0]) + 1;  // [n, Hkv, D]
-    const torch::Tensor kr = pc_.enc.kind == "rope" ? rotate_plain(pk.unsqueeze(0), positions, pc_, pc_.attention_factor)[0] : pk;
+    const torch::Tensor kr = pc_.enc.kind == EncodingKind::Rope ? rotate_plain(pk.unsqueeze(0), positions, pc_, pc_.attention_factor)[0] : pk;
     const torch::Tensor s = torch::einsum("nhd,nhe->hde", {kr, v[0]}), z = pk.sum(0);
     state_ = state_.defined() ? state_ + s : s;  // [Hkv, D, Dv]
     z_ = z_.defined() ? z_ + z : z;              // [Hkv, D]
@@ -96,7 +85,7 @@ class LinearStateCache final : public LayerCache {
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
     const int64_t Hq = q.size(2), Hkv = z_.size(0), D = q.size(3);
     const torch::Tensor pq = torch::elu(q) + 1;  // [1, 1, Hq, D]
-    const torch::Tensor qr = pc_.enc.kind == "rope" ? rotate_plain(pq, q_position, pc_, pc_.attention_factor) : pq;
+    const torch::Tensor qr = pc_.enc.kind == EncodingKind::Rope ? rotate_plain(pq, q_position, pc_, pc_.attention_factor) : pq;
     const torch::Tensor num = torch::einsum("hgd,hde->hge", {qr.view({Hkv, Hq / Hkv, D}), state_});
     const torch::Tensor den = torch::einsum("hgd,hd->hg", {pq.view({Hkv, Hq / Hkv, D}), z_}).unsqueeze(-1);
     return (num / den).reshape({1, 1, Hq, -1});
@@ -130,7 +119,7 @@ struct Decoder {
 
   const ModelConfig& config() const { return model.config_; }
   bool core_cache() const {
-    return config().fused && config().attention == "softmax" && model.active_.kind != "alibi";
+    return config().fused && config().attention == "softmax" && model.active_.kind != EncodingKind::Alibi;
   }
   std::unique_ptr<LayerCache> new_cache() const {
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
@@ -181,7 +170,7 @@ std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& promp
   check(max_new >= 0, "max_new", max_new, ">= 0");
   check(std::isfinite(temperature) && temperature >= 0, "temperature", temperature, "a finite value >= 0 (0: greedy)");
   const int64_t S = int64_t(prompt.size());
-  if (config_.encoding.kind == "learned")
+  if (config_.encoding.kind == EncodingKind::Learned)
     check(S + max_new - 1 <= config_.max_seq_len, "prompt.size() + max_new", S + max_new,
           "<= max_seq_len + 1 = " + std::to_string(config_.max_seq_len + 1) + " with learned absolute positions");
   std::vector<int64_t> out;

@@ -43,7 +43,7 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
   active_ = config_.resolved_encoding();
   const int64_t d = config_.d_model;
   tok_emb_ = register_module("tok_emb", tnn::Embedding(config_.vocab_size, d));
-  if (config_.encoding.kind == "learned") pos_emb_ = register_module("pos_emb", tnn::Embedding(config_.max_seq_len, d));
+  if (config_.encoding.kind == EncodingKind::Learned) pos_emb_ = register_module("pos_emb", tnn::Embedding(config_.max_seq_len, d));
   for (int i = 0; i < config_.n_layers; ++i)
     blocks_.push_back(register_module("block" + std::to_string(i), Block(config_)));
   // Post-norm blocks already end in a LayerNorm; only pre-norm needs the final one (as GPT-2).
@@ -65,13 +65,13 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::T
   check(tokens.numel() == 0 || (tokens.min().item<int64_t>() >= 0 && tokens.max().item<int64_t>() < config_.vocab_size),
         "tokens", "out of range", "ids in [0, vocab_size = " + std::to_string(config_.vocab_size) + ")");
   torch::Tensor x = tok_emb_(tokens);
-  const std::string& kind = config_.encoding.kind;
-  if (kind == "learned") {
+  const EncodingKind kind = config_.encoding.kind;
+  if (kind == EncodingKind::Learned) {
     const int64_t lo = positions.min().item<int64_t>(), hi = positions.max().item<int64_t>();
     check(lo >= 0 && hi < config_.max_seq_len, "positions", "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]",
           "[0, max_seq_len = " + std::to_string(config_.max_seq_len) + ") with learned absolute positions");
     x = x + pos_emb_(positions);
-  } else if (kind == "sinusoidal") {
+  } else if (kind == EncodingKind::Sinusoidal) {
     x = x + sinusoidal_encoding(positions, config_.d_model, x.scalar_type());
   }
   return drop_(x);

@@ -30,7 +30,7 @@ TEST(DefaultCompare, RunsLiveUnderItsOutDirAndValidate) {
   ASSERT_FALSE(s.encodings.empty());
   for (const std::string& e : s.encodings) {
     TrainConfig c = s.base;
-    c.model.encoding.kind = e;
+    c.model.encoding.kind = nn::parse_encoding_kind(e, "encodings");
     EXPECT_NO_THROW(c.validate()) << e;
   }
 }

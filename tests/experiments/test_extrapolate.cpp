@@ -23,7 +23,7 @@ nn::Transformer small_model(int vocab = 29, int layers = 2) {
   c.d_model = 32;
   c.n_layers = layers;
   c.n_heads = 2;  // head dim 16: the fused kernel's smallest
-  c.encoding.kind = "rope";
+  c.encoding.kind = nn::EncodingKind::Rope;
   torch::manual_seed(99);
   nn::Transformer m(c);
   m->to(torch::kDouble);
@@ -121,7 +121,7 @@ TEST(extrapolate_methods, BadInputNamesTheField) {
   EXPECT_NE(message(method("rerope", false, 129), trained).find("window = 129"), std::string::npos);
   EXPECT_NE(message(method("leaky_rerope", false, 64, 0.5), trained).find("leaky_k = 0.5"), std::string::npos);
   nn::EncodingConfig roper = trained;
-  roper.kind = "roper";
+  roper.kind = nn::EncodingKind::Roper;
   EXPECT_NE(message(method("rope"), roper).find("encoding.kind = roper"), std::string::npos);
 }
 
@@ -210,7 +210,7 @@ TEST(extrapolate_decay, MeasuredAttentionSumsToOneAndRejectsRerope) {
   EXPECT_NEAR(total, S, 1e-6);
   for (size_t k = 0; k < d.abs_score.size(); ++k) EXPECT_GE(d.abs_score[k] + 1e-12, std::abs(d.mean_score[k]));
   nn::EncodingOverride o;
-  o.kind = "rerope";
+  o.kind = nn::EncodingKind::Rerope;
   o.window = 4;
   m->set_override(o);
   EXPECT_THROW(measure_decay(m, *task, 3, S, 40, 256, 1), Error);

@@ -23,9 +23,9 @@ inline ModelConfig small_config(const std::string& kind) {
   c.n_kv_heads = 2;
   c.d_ff = 96;
   c.max_seq_len = 40;
-  c.encoding.kind = kind;
-  if (kind == "rerope" || kind == "leaky_rerope") c.encoding.window = 5;
-  if (kind == "leaky_rerope") c.encoding.leaky_k = 3;
+  c.encoding.kind = parse_encoding_kind(kind, "kind");
+  if (is_windowed(c.encoding.kind)) c.encoding.window = 5;
+  if (c.encoding.kind == EncodingKind::LeakyRerope) c.encoding.leaky_k = 3;
   return c;
 }
 

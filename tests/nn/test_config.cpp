@@ -40,7 +40,7 @@ TEST(config, JsonRoundTripKeepsEveryField) {
   c.tie_embeddings = false;
   c.max_seq_len = 77;
   c.fused = false;
-  c.encoding.kind = "leaky_rerope";
+  c.encoding.kind = EncodingKind::LeakyRerope;
   c.encoding.window = 12;
   c.encoding.leaky_k = 4.5;
   c.encoding.logn_train_len = 64;
@@ -59,7 +59,7 @@ TEST(config, JsonRoundTripKeepsEveryField) {
   const nlohmann::json j = c;
   const ModelConfig back = nlohmann::json::parse(j.dump()).get<ModelConfig>();
   EXPECT_EQ(nlohmann::json(back), j);
-  EXPECT_EQ(back.encoding.kind, "leaky_rerope");
+  EXPECT_EQ(back.encoding.kind, EncodingKind::LeakyRerope);
   EXPECT_EQ(back.encoding.rope.layout, RopeLayout::Interleaved);
   EXPECT_EQ(back.encoding.rope.scaling, RopeScaling::Yarn);
   EXPECT_EQ(back.encoding.rope.yarn.mscale, std::optional<double>(0.707));
@@ -80,7 +80,7 @@ TEST(config, MissingFieldsKeepDefaults) {
   const auto c = nlohmann::json::parse(R"({"vocab_size": 9, "encoding": {"kind": "alibi"}})").get<ModelConfig>();
   EXPECT_EQ(c.vocab_size, 9);
   EXPECT_EQ(c.d_model, ModelConfig{}.d_model);
-  EXPECT_EQ(c.encoding.kind, "alibi");
+  EXPECT_EQ(c.encoding.kind, EncodingKind::Alibi);
 }
 
 TEST(config, JsonErrorsNameTheField) {
@@ -113,10 +113,12 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.n_layers = 0; }), {"n_layers"});
   expect_error(bad([](ModelConfig& c) { c.dropout = 1.0; }), {"dropout"});
   expect_error(bad([](ModelConfig& c) { c.max_seq_len = 0; }), {"max_seq_len"});
-  expect_error(bad([](ModelConfig& c) { c.encoding.kind = "Rope"; }), {"encoding.kind"});
-  expect_error(bad([](ModelConfig& c) { c.encoding.kind = "rerope"; }), {"encoding.window", ">= 1"});
+  // Names are case-sensitive at the edge (JSON, TOML, flags); inside, the kind is an enum.
+  expect_error([] { (void)parse_encoding_kind("Rope", "encoding.kind"); }, {"encoding.kind", "Rope", "rope, roper"});
+  for (EncodingKind k : kEncodingKinds) EXPECT_EQ(parse_encoding_kind(encoding_kind_name(k), "kind"), k);
+  expect_error(bad([](ModelConfig& c) { c.encoding.kind = EncodingKind::Rerope; }), {"encoding.window", ">= 1"});
   expect_error(bad([](ModelConfig& c) { c.encoding.window = 4; }), {"encoding.window", "only rerope"});
-  expect_error(bad([](ModelConfig& c) { c.encoding.kind = "leaky_rerope", c.encoding.window = 4, c.encoding.leaky_k = 0; }),
+  expect_error(bad([](ModelConfig& c) { c.encoding.kind = EncodingKind::LeakyRerope, c.encoding.window = 4, c.encoding.leaky_k = 0; }),
                {"encoding.leaky_k"});
   expect_error(bad([](ModelConfig& c) { c.encoding.leaky_k = 2; }), {"encoding.leaky_k", "only leaky_rerope"});
   expect_error(bad([](ModelConfig& c) { c.encoding.logn_train_len = 1; }), {"encoding.logn_train_len"});
@@ -126,7 +128,7 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.encoding.rope.head_dim = 32; }), {"encoding.rope.head_dim"});
   expect_error(bad([](ModelConfig& c) { c.encoding.rope.scaling = RopeScaling::Linear, c.encoding.rope.factor = -1; }),
                {"factor", "encoding.rope"});
-  expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.kind = "alibi"; }), {"encoding.kind", "linear"});
+  expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.kind = EncodingKind::Alibi; }), {"encoding.kind", "linear"});
   expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.logn_train_len = 16; }),
                {"encoding.logn_train_len"});
   expect_error(bad([](ModelConfig& c) { c.d_model = 32; }), {"d_model / n_heads", "16..256", "fused = false"});
@@ -136,7 +138,7 @@ TEST(config, ValidateNamesTheField) {
   c.fused = false;
   EXPECT_NO_THROW(c.validate());
   c.fused = true;
-  c.encoding.kind = "alibi";
+  c.encoding.kind = EncodingKind::Alibi;
   EXPECT_NO_THROW(c.validate());
 }
 
@@ -151,16 +153,16 @@ TEST(config, ResolvedEncodingFillsHeadAndRotaryDim) {
 TEST(config, OverridesAreCheckedAgainstTheTrainedModel) {
   ModelConfig c = valid();
   EncodingOverride o;
-  o.kind = "rerope";
+  o.kind = EncodingKind::Rerope;
   expect_error([&] { apply_override(c, o); }, {"override.window"});
   o.window = 8;
   EncodingConfig e = apply_override(c, o);
-  EXPECT_EQ(e.kind, "rerope");
+  EXPECT_EQ(e.kind, EncodingKind::Rerope);
   EXPECT_EQ(e.window, 8);
   EXPECT_EQ(e.rope.rotary_dim, 16);
 
   o = {};
-  o.kind = "alibi";
+  o.kind = EncodingKind::Alibi;
   expect_error([&] { apply_override(c, o); }, {"override.kind", "rope, rerope, leaky_rerope"});
   o = {};
   o.window = 4;  // a window on plain rope
@@ -183,14 +185,14 @@ TEST(config, OverridesAreCheckedAgainstTheTrainedModel) {
   EXPECT_EQ(e.rope.head_dim, 16);
 
   // Leaving leaky_rerope for rerope drops leaky_k; other kinds can only change their parameters.
-  c.encoding.kind = "leaky_rerope", c.encoding.window = 4, c.encoding.leaky_k = 8;
+  c.encoding.kind = EncodingKind::LeakyRerope, c.encoding.window = 4, c.encoding.leaky_k = 8;
   o = {};
-  o.kind = "rerope";
+  o.kind = EncodingKind::Rerope;
   EXPECT_EQ(apply_override(c, o).leaky_k, 1.0);
   c.encoding = EncodingConfig{};
-  c.encoding.kind = "learned";
+  c.encoding.kind = EncodingKind::Learned;
   o = {};
-  o.kind = "rope";
+  o.kind = EncodingKind::Rope;
   expect_error([&] { apply_override(c, o); }, {"override.kind", "learned"});
   o = {};
   o.rope = RopeSpec{};
@@ -203,7 +205,7 @@ TEST(config, OverridesAreCheckedAgainstTheTrainedModel) {
 TEST(config, OverrideJson) {
   const auto o = nlohmann::json::parse(R"({"kind": "rerope", "window": 7, "rope": {"scaling": "dynamic", "factor": 2,
                                            "max_position_embeddings": 64}})").get<EncodingOverride>();
-  EXPECT_EQ(o.kind, std::optional<std::string>("rerope"));
+  EXPECT_EQ(o.kind, std::optional<EncodingKind>(EncodingKind::Rerope));
   EXPECT_EQ(o.window, std::optional<int64_t>(7));
   ASSERT_TRUE(o.rope.has_value());
   EXPECT_EQ(o.rope->scaling, RopeScaling::Dynamic);

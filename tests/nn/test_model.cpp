@@ -63,7 +63,7 @@ void shapes_and_finite_logits(const ModelConfig& c) {
   auto params = m->named_parameters();
   EXPECT_EQ(params["block0.wk.weight"].sizes(), (std::vector<int64_t>{c.kv_heads() * c.head_dim(), c.d_model}));
   EXPECT_EQ(params.contains("lm_head.weight"), !c.tie_embeddings);
-  EXPECT_EQ(params.contains("pos_emb.weight"), c.encoding.kind == "learned");
+  EXPECT_EQ(params.contains("pos_emb.weight"), c.encoding.kind == EncodingKind::Learned);
   EXPECT_EQ(params.contains("ln_final.weight"), c.pre_norm);
 }
 
@@ -137,8 +137,7 @@ void exact_zero_gradients_stay_zero_float32(const ModelConfig& c) {
     EXPECT_LE(max_abs(p.grads[i].second), 8.0 * FLT_EPSILON * scale) << "plain " << t.grads[i].first;
   }
   // Softmax scores that ignore a per-row shift make every layer's key bias gradient zero: the check above ran.
-  const std::string& k = c.encoding.kind;
-  if (c.attention == "softmax" && (k == "none" || k == "learned" || k == "sinusoidal" || k == "alibi"))
+  if (c.attention == "softmax" && !is_rotary(c.encoding.kind))
     EXPECT_GE(zeros, c.n_layers);
 }
 
@@ -179,8 +178,8 @@ TEST(every_kind, Causal) { for_every_case(causal); }
 TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
   for (const Case& cs : all_cases()) {
     const ModelConfig& c = cs.config;
-    const bool relative = is_rotary_kind(c.encoding.kind) && c.encoding.logn_train_len == 0;
-    const bool absolute = c.encoding.kind == "learned" || c.encoding.kind == "sinusoidal" || c.encoding.logn_train_len > 0;
+    const bool relative = is_rotary(c.encoding.kind) && c.encoding.logn_train_len == 0;
+    const bool absolute = c.encoding.kind == EncodingKind::Learned || c.encoding.kind == EncodingKind::Sinusoidal || c.encoding.logn_train_len > 0;
     if (!relative && !absolute) continue;
     for (bool fused_path : {true, false}) {
       Transformer m = make(c, fused_path, torch::kDouble);
@@ -244,7 +243,7 @@ void rope_to_rerope(bool fused) {
   Transformer m = make(small_config("rope"), fused, torch::kDouble);
   const torch::Tensor rope = logits_of(m);
   EncodingOverride o;
-  o.kind = "rerope";
+  o.kind = EncodingKind::Rerope;
   o.window = kSeq;  // every distance < window: plain RoPE
   m->set_override(o);
   expect_same(rope, logits_of(m), "rerope, window >= length");
@@ -255,7 +254,7 @@ void rope_to_rerope(bool fused) {
   // The same weights trained with rerope(5) give the same logits: the override is the trained encoding.
   Transformer trained = make(small_config("rerope"), fused, torch::kDouble);
   expect_same(rerope5, logits_of(trained), "override == trained rerope");
-  o.kind = "leaky_rerope";
+  o.kind = EncodingKind::LeakyRerope;
   o.leaky_k = 1.0;  // k = 1: distances beyond the window grow by 1 per token again, i.e. RoPE
   m->set_override(o);
   expect_same(rope, logits_of(m), "leaky_rerope k = 1");
@@ -296,7 +295,7 @@ void logn_only_changes_positions_past_the_training_length(bool fused) {
   expect_same(base.index({Slice(), Slice(0, 8)}), scaled.index({Slice(), Slice(0, 8)}), "pos < 8");
   expect_differ(base.index({Slice(), Slice(8)}), scaled.index({Slice(), Slice(8)}), "pos >= 8");
   o = {};
-  o.kind = "alibi";
+  o.kind = EncodingKind::Alibi;
   EXPECT_THROW(m->set_override(o), rotary::Error);
   EXPECT_EQ(m->active_encoding().logn_train_len, 8);  // a rejected override changes nothing
 }

@@ -247,7 +247,7 @@ TEST_F(Fixture, FormatOneStillReads) {
 
 TEST_F(Fixture, MismatchedConfigNamesTheField) {
   TrainConfig a, b;
-  b.model.encoding.kind = "roper";
+  b.model.encoding.kind = nn::EncodingKind::Roper;
   try {
     check_config_matches("ck.pt", nlohmann::json(a), nlohmann::json(b));
     FAIL() << "no error";

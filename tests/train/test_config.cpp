@@ -74,7 +74,7 @@ TEST(Config, TomlSetsTheGivenFieldsAndKeepsDefaultsForTheRest) {
   EXPECT_EQ(c.model.d_model, 32);
   EXPECT_FALSE(c.model.fused);
   EXPECT_EQ(c.model.n_kv_heads, d.model.n_kv_heads);
-  EXPECT_EQ(c.model.encoding.kind, "roper");
+  EXPECT_EQ(c.model.encoding.kind, nn::EncodingKind::Roper);
   EXPECT_EQ(c.model.encoding.rotary_fraction, 0.5);
   EXPECT_EQ(c.model.encoding.rope.base, 500.0);
   EXPECT_EQ(c.model.encoding.rope.layout, RopeLayout::Interleaved);
@@ -124,7 +124,10 @@ TEST(Config, ValidateNamesTheBadField) {
   const std::string task = bad([](TrainConfig& c) { c.task = "multiplication"; });
   EXPECT_NE(task.find("task = multiplication"), std::string::npos) << task;
   EXPECT_NE(task.find("addition"), std::string::npos) << task;  // lists the choices
-  const std::string enc = bad([](TrainConfig& c) { c.model.encoding.kind = "ropex"; });
+  const std::string enc = error_of([] {
+    TrainConfig c;
+    from_json(nlohmann::json{{"model", {{"encoding", {{"kind", "ropex"}}}}}}, c);
+  });
   EXPECT_NE(enc.find("ropex"), std::string::npos) << enc;
   EXPECT_NE(enc.find("roper"), std::string::npos) << enc;
   EXPECT_EQ(bad([](TrainConfig&) {}), "");
@@ -157,7 +160,7 @@ TEST(Config, FlagsOverrideTheFile) {
   const TrainConfig c = flags.resolve(TrainConfig{});
   EXPECT_EQ(c.optim.lr, 0.01);                      // flag
   EXPECT_EQ(c.optim.warmup_steps, 20);              // file
-  EXPECT_EQ(c.model.encoding.kind, "rope");         // flag over file's roper
+  EXPECT_EQ(c.model.encoding.kind, nn::EncodingKind::Rope);         // flag over file's roper
   EXPECT_EQ(c.model.encoding.rotary_fraction, 0.5); // file
   EXPECT_EQ(c.model.encoding.rope.scaling, RopeScaling::Linear);
   EXPECT_EQ(c.model.encoding.rope.factor, 2.0);

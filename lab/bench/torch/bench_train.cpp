@@ -57,7 +57,7 @@ void run(const BenchTrainArgs& a) {
   cfg.n_layers = a.n_layers;
   cfg.n_heads = a.n_heads;
   cfg.max_seq_len = a.seq_len;
-  cfg.encoding.kind = a.encoding;
+  cfg.encoding.kind = nn::parse_encoding_kind(a.encoding, "--encoding");
 
   torch::manual_seed(1234);
   torch::Tensor tokens = torch::randint(0, a.vocab, {a.batch, a.seq_len + 1}, torch::kInt64);  // [B, S+1]

@@ -69,7 +69,7 @@ struct EvalCommand {
       return;
     }
     std::printf("checkpoint %s (step %lld), task %s, encoding %s\n", r.checkpoint.c_str(),
-                static_cast<long long>(r.step), c.task.c_str(), r.model->active_encoding().kind.c_str());
+                static_cast<long long>(r.step), c.task.c_str(), std::string(nn::encoding_kind_name(r.model->active_encoding().kind)).c_str());
     std::printf("held-out loss %.4f over %d rows of %d tokens\n", h.loss, n_rows, len);
     if (greedy.total > 0) {
       std::printf("exact match: %d/%d greedy (%.1f%%), %d/%d sampled at temperature %g (%.1f%%)\n", greedy.correct,

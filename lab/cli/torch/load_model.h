@@ -73,7 +73,7 @@ struct OverrideFlags {
   void apply(LoadedRun& run) const {
     if (!any()) return;
     nn::EncodingOverride o;
-    if (kind_opt->count()) o.kind = kind;
+    if (kind_opt->count()) o.kind = nn::parse_encoding_kind(kind, "--kind");
     if (scaling_opt->count() || factor_opt->count() || base_opt->count() || original_opt->count()) {
       RopeSpec s = run.config.model.resolved_encoding().rope;
       if (scaling_opt->count()) s.scaling = parse_scaling(scaling);

@@ -56,7 +56,7 @@ class TrainFlags {
     add<std::string>(o, "--attention", "softmax | linear", [](C& c, const std::string& v) { c.model.attention = v; });
     add<bool>(o, "--fused", "rotary fused ops (true) or plain torch ops (false)", [](C& c, bool v) { c.model.fused = v; });
     add<std::string>(o, "--encoding", "none, learned, sinusoidal, alibi, rope, roper, rerope, leaky_rerope",
-                     [](C& c, const std::string& v) { c.model.encoding.kind = v; });
+                     [](C& c, const std::string& v) { c.model.encoding.kind = nn::parse_encoding_kind(v, "--encoding"); });
     add<std::string>(o, "--rope-layout", "half_split | interleaved",
                      [](C& c, const std::string& v) { c.model.encoding.rope.layout = parse_layout(v); });
     add<double>(o, "--rotary-fraction", finite_in(0, 1), "fraction of each head that rotates",

@@ -8,6 +8,7 @@
 #include <torch/torch.h>
 
 #include "rotary_nn/config.h"
+#include "rotary_torch/ops.h"
 
 namespace rotary::nn {
 
@@ -19,6 +20,11 @@ struct PositionContext {
   torch::Tensor alibi_slopes;      // [Hq] float64 (alibi); undefined otherwise
   double softmax_scale = 1.0;      // 1 / sqrt(head_dim)
 };
+
+// The position arguments of the fused ops (torch_ops::attention, KvCacheHolder) for this context: the mode
+// (fused_position_mode: RoPER is rope + roper), frequencies, layout, window, k and log-n. Empty mode for a kind
+// without rotation. Used by the fused attention and the KV-cache decoder alike.
+torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc);
 
 // Dynamic NTK and longrope frequencies depend on the current length (HF: max position + 1); the others do not.
 bool length_dependent(const EncodingConfig& e);

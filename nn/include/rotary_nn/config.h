@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -12,25 +13,44 @@
 
 namespace rotary::nn {
 
-// Every accepted EncodingConfig::kind, in the order error messages list them.
-inline constexpr std::string_view kEncodingKinds[] = {"none", "learned", "sinusoidal", "alibi",
-                                                      "rope",  "roper",   "rerope",     "leaky_rerope"};
+// How positions enter the model. The names ("leaky_rerope") appear only at the edges: JSON, TOML, flags and
+// messages (encoding_kind_name / parse_encoding_kind); the code compares the enum.
+enum class EncodingKind { None, Learned, Sinusoidal, Alibi, Rope, Roper, Rerope, LeakyRerope };
+
+// Every kind, in the order error messages and --help list them.
+inline constexpr EncodingKind kEncodingKinds[] = {EncodingKind::None,  EncodingKind::Learned, EncodingKind::Sinusoidal,
+                                                  EncodingKind::Alibi, EncodingKind::Rope,    EncodingKind::Roper,
+                                                  EncodingKind::Rerope, EncodingKind::LeakyRerope};
 inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear"};
 
-// How positions enter the model. kind: none | learned | sinusoidal | alibi | rope | roper | rerope | leaky_rerope.
-// rope, roper, rerope and leaky_rerope use `rope` (layout, rotary fraction via rotary_dim, base, scaling);
-// rerope/leaky_rerope also `window` (and `leaky_k`); every kind may add log-n query scaling (logn_train_len > 1).
+std::string_view encoding_kind_name(EncodingKind kind);  // "none", "learned", ..., "leaky_rerope"
+// rotary::Error "<field> = <name> is invalid; allowed: none, learned, ..." for an unknown name.
+EncodingKind parse_encoding_kind(std::string_view name, std::string_view field);
+std::string encoding_kind_names();  // "none, learned, sinusoidal, alibi, rope, roper, rerope, leaky_rerope"
+std::ostream& operator<<(std::ostream& os, EncodingKind kind);  // the name, so check() messages show it
+
+// What each kind is, answered in one place.
+// Scores come from rotated queries and keys (the kind uses EncodingConfig::rope): rope, roper, rerope, leaky_rerope.
+bool is_rotary(EncodingKind kind);
+// Distances past a window are clipped (rerope) or compressed (leaky_rerope): the kind uses EncodingConfig::window.
+bool is_windowed(EncodingKind kind);
+// The position mode of the fused attention ops for a rotary kind: RoPER is the rope mode with values rotated too.
+struct FusedPositionMode {
+  std::string mode;  // "rope", "rerope" or "leaky_rerope" (rotary::attention's `mode` argument)
+  bool roper = false;
+};
+FusedPositionMode fused_position_mode(EncodingKind kind);  // rotary::Error for a kind that is not rotary
+
+// The rotary kinds use `rope` (layout, rotary fraction via rotary_dim, base, scaling); rerope/leaky_rerope also
+// `window` (and `leaky_k`); every kind may add log-n query scaling (logn_train_len > 1).
 struct EncodingConfig {
-  std::string kind = "rope";
+  EncodingKind kind = EncodingKind::Rope;
   RopeSpec rope;                 // head_dim is filled from the model; rotary_dim 0 = from rotary_fraction
   double rotary_fraction = 1.0;  // convenience: rotary_dim = head_dim * fraction (rounded down to even)
   int64_t window = 0;            // rerope / leaky_rerope: distances >= window are clipped (ReRoPE) or compressed
   double leaky_k = 1.0;          // leaky_rerope: beyond the window the distance grows by 1/k per token
   int64_t logn_train_len = 0;    // > 1: q *= max(1, ln(pos + 1) / ln(logn_train_len)); 0: off
 };
-
-// True for the kinds whose scores come from rotated queries and keys (they use EncodingConfig::rope).
-bool is_rotary_kind(std::string_view kind);
 
 struct ModelConfig {
   int vocab_size = 0;
@@ -69,7 +89,7 @@ RopeSpec rope_spec_from_json(const nlohmann::json& j, const std::string& field);
 // Inference-time overrides without retraining: a new rope scaling, ReRoPE window, leaky k, log-n, or even a
 // different rope-family kind (rope -> rerope). Each set_override starts again from the trained encoding.
 struct EncodingOverride {
-  std::optional<std::string> kind;
+  std::optional<EncodingKind> kind;
   std::optional<RopeSpec> rope;
   std::optional<int64_t> window;
   std::optional<double> leaky_k;
