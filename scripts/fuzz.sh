@@ -21,6 +21,11 @@ done
 jobs="${ROTARY_JOBS:-$(nproc)}"
 build="$root/build-fuzz"
 
+# clang 14 with its libFuzzer runtime, and its OpenMP (the top-level configure requires OpenMP for any compiler).
+packages="clang-14 libclang-rt-14-dev libomp-14-dev"
+command -v clang++-14 >/dev/null && [[ -f "$(clang++-14 -print-resource-dir)/lib/linux/libclang_rt.fuzzer-x86_64.a" ]] ||
+  { echo "fuzz.sh: clang++-14 with libFuzzer is missing; needed: the Debian packages $packages" >&2; exit 2; }
+
 # -O1 -g without NDEBUG: nlohmann's and the library's assertions stay on, and stacks stay readable.
 cmake -S "$root" -B "$build" -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" -DROTARY_SANITIZE=ON -DROTARY_FUZZ=ON -DROTARY_WITH_TORCH=OFF \
