@@ -2,7 +2,8 @@
 # The whole test suite: installs what is missing, builds everything, runs every test (C++ core, nn, training, lab,
 # CLI, Python ops, install + find_package consumer), reruns the suites that run SIMD kernels with Highway capped at
 # the lower targets a smaller CPU would use (ROTARY_SIMD_TARGET, see core/src/simd_targets.h), then rebuilds the
-# core with ASan+UBSan and runs the core tests again. Prints each phase's time and one closing line.
+# core with ASan+UBSan and runs the core tests again, then fuzzes every reader of untrusted input (scripts/fuzz.sh).
+# Prints each phase's time and one closing line.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 jobs="${ROTARY_JOBS:-$(nproc)}"
@@ -49,6 +50,12 @@ echo "== core tests (ASan+UBSan)"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 ctest --test-dir "$root/build-asan" -j "$jobs" -L core --output-on-failure --timeout 1800 2>&1 | tee "$logs/asan.log" || status=1
 phase_done "core tests (ASan+UBSan)"
+
+# Every reader of untrusted bytes (config.json, run configs, tokenizers, cache files) under libFuzzer with
+# ASan+UBSan, 20 s per target (scripts/fuzz.sh, docs/fuzzing.md); longer: ROTARY_FUZZ_SECONDS=600.
+echo "== fuzz (libFuzzer, ASan+UBSan)"
+bash "$root/scripts/fuzz.sh" "${ROTARY_FUZZ_SECONDS:-20}" 2>&1 | tee "$logs/fuzz.log" || status=1
+phase_done "fuzz (build + run)"
 
 echo "== phases"
 printf '%s\n' "${phases[@]}"

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 
 namespace rotary {
 
@@ -24,11 +25,8 @@ namespace {
 
 using json = nlohmann::json;
 
-// A JSON value for an error message, cut short when long (factor lists).
-std::string show(const json& v) {
-  std::string d = v.dump();
-  return d.size() > 80 ? d.substr(0, 77) + "..." : d;
-}
+// A JSON value for an error message, cut short when long (factor lists) or deep.
+std::string show(const json& v) { return json_excerpt(v, 80); }
 
 // Shortest text that reads back to the same value ("0.3", not to_text's "0.29999999999999999").
 std::string value_text(double v) {
@@ -230,12 +228,7 @@ int64_t head_dim_of(const Obj& cfg) {
 }  // namespace
 
 RopeSpec rope_spec_from_hf_config(std::string_view json_text) {
-  json root;
-  try {
-    root = json::parse(json_text.begin(), json_text.end());
-  } catch (const json::parse_error& e) {
-    fail("config.json", std::string("malformed JSON (") + e.what() + ")", "a JSON object");
-  }
+  const json root = parse_json(json_text, "config.json");
   if (!root.is_object()) fail("config.json", show(root), "a JSON object (the model's config)");
   const Obj cfg = language_config(root);
   json merged;

@@ -2,6 +2,8 @@
 #include "tasks/kjv_corpus.h"
 
 #include <cctype>
+#include <charconv>
+#include <system_error>
 #include <sstream>
 
 #include "common/process.h"
@@ -31,8 +33,12 @@ KjvSplit parse_kjv(const std::string& bible_output) {
     size_t pos = line.find_first_not_of(' ');
     size_t digits_end = pos;
     while (digits_end < line.size() && std::isdigit(static_cast<unsigned char>(line[digits_end]))) ++digits_end;
-    if (digits_end == pos || digits_end >= line.size() || line[digits_end] != ' ' ||
-        std::stoi(line.substr(pos, digits_end - pos)) != next_verse)
+    // from_chars, not stoi: a number too long for an int is a malformed line, not a std::out_of_range.
+    int verse = 0;
+    const bool number_fits =
+        digits_end != pos &&
+        std::from_chars(line.data() + pos, line.data() + digits_end, verse).ec == std::errc();
+    if (!number_fits || digits_end >= line.size() || line[digits_end] != ' ' || verse != next_verse)
       fail("bible output", where(), "verse " + std::to_string(next_verse) + " as \"  " +
                                         std::to_string(next_verse) + " text\"");
     ++next_verse;

@@ -88,12 +88,19 @@ void write_ids(const fs::path& path, uint64_t model_hash, const std::vector<int3
 }
 
 bool read_ids(const fs::path& path, uint64_t model_hash, std::vector<int32_t>& ids) {
-  const std::string bytes = read_file(path);
+  return parse_ids(read_file(path), model_hash, ids);
+}
+
+bool parse_ids(const std::string& bytes, uint64_t model_hash, std::vector<int32_t>& ids) {
   if (bytes.size() < kHeader || std::memcmp(bytes.data(), kMagic, sizeof(kMagic)) != 0) return false;
   uint64_t hash = 0, count = 0;
   std::memcpy(&hash, bytes.data() + 8, 8);
   std::memcpy(&count, bytes.data() + 16, 8);
-  if (hash != model_hash || bytes.size() != kHeader + count * sizeof(int32_t)) return false;
+  // The count is compared with the bytes there are, not multiplied: count * 4 wraps for counts >= 2^62, and a
+  // wrapped size that matched would make us allocate 2^62 ids.
+  if (hash != model_hash || count != (bytes.size() - kHeader) / sizeof(int32_t) ||
+      (bytes.size() - kHeader) % sizeof(int32_t) != 0)
+    return false;
   ids.resize(count);
   if (count > 0) std::memcpy(ids.data(), bytes.data() + kHeader, count * sizeof(int32_t));
   return true;

@@ -24,5 +24,8 @@ uint64_t fnv1a64(const std::string& bytes);
 // (little-endian, as the host). read_ids returns false for a missing, truncated or other-model file.
 void write_ids(const std::filesystem::path& path, uint64_t model_hash, const std::vector<int32_t>& ids);
 bool read_ids(const std::filesystem::path& path, uint64_t model_hash, std::vector<int32_t>& ids);
+// read_ids on the file's bytes: false (and `ids` untouched) unless they are exactly a header for `model_hash`
+// and the count of ids it announces.
+bool parse_ids(const std::string& bytes, uint64_t model_hash, std::vector<int32_t>& ids);
 
 }  // namespace rotary::lab

@@ -10,19 +10,17 @@
 // rows are consecutive windows of the held-out split.
 //
 // sentencepiece runs as the `spm_train` / `spm_encode` programs, never in this process (common/process.h says why);
-// decoding needs only the piece table of bpe<V>.vocab and happens here.
+// decoding needs only the piece table of bpe<V>.vocab (bpe_vocab.h).
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <filesystem>
 #include <random>
-#include <sstream>
 #include <thread>
-#include <unordered_map>
 
 #include "common/process.h"
 #include "rotary/error.h"
+#include "tasks/bpe_vocab.h"
 #include "tasks/char_task.h"
 #include "tasks/kjv_corpus.h"
 #include "tasks/random.h"
@@ -32,91 +30,6 @@ namespace rotary::lab {
 namespace {
 
 namespace fs = std::filesystem;
-
-constexpr const char* kSpmHint = "the sentencepiece programs spm_train and spm_encode (apt-get install sentencepiece)";
-constexpr const char* kWordMark = "\xe2\x96\x81";  // U+2581, sentencepiece's space
-
-// `spm_encode --output_format=id` of a file: one line of ids per input line, concatenated.
-std::vector<int32_t> spm_encode_file(const fs::path& model, const fs::path& input, int vocab_size) {
-  const std::string out = run_command_or_fail(
-      "text tokenizer", {"spm_encode", "--model=" + model.string(), "--output_format=id", "--minloglevel=2"}, kSpmHint,
-      input.string());
-  std::vector<int32_t> ids;
-  std::istringstream in(out);
-  for (long long id; in >> id;) {
-    check(id >= 0 && id < vocab_size, "spm_encode output id", id, "[0, " + std::to_string(vocab_size) + ")");
-    ids.push_back(int32_t(id));
-  }
-  check(in.eof(), "spm_encode output", "a non-numeric token", "space-separated token ids");
-  return ids;
-}
-
-class BpeVocab final : public Vocab {
- public:
-  // model: the .model file (for encoding); vocab_text: the .vocab file ("piece<TAB>score" per id, in id order).
-  BpeVocab(fs::path model, const std::string& vocab_text) : model_(std::move(model)) {
-    std::istringstream in(vocab_text);
-    for (std::string line; std::getline(in, line);) {
-      const size_t tab = line.find('\t');
-      if (tab == std::string::npos) fail("text tokenizer vocabulary", line.substr(0, 40), "\"piece<TAB>score\" lines");
-      pieces_.push_back(line.substr(0, tab));
-    }
-    check(pieces_.size() > 4 && pieces_[0] == "<unk>" && pieces_[3] == "<pad>", "text tokenizer vocabulary",
-          std::to_string(pieces_.size()) + " pieces", "<unk> <s> </s> <pad> first (delete the cached bpe files)");
-  }
-  int size() const override { return int(pieces_.size()); }
-  // Each line is encoded on its own (as the corpus verses are) and the ids are concatenated.
-  std::vector<int32_t> encode(const std::string& text) const override {
-    static std::atomic<unsigned> counter{0};
-    const fs::path tmp = fs::temp_directory_path() /
-                         ("rotary-encode." + std::to_string(getpid()) + "." + std::to_string(counter++) + ".txt");
-    write_atomically(tmp, text + "\n");
-    std::vector<int32_t> ids;
-    try {
-      ids = spm_encode_file(model_, tmp, size());
-    } catch (...) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      throw;
-    }
-    std::error_code ignored;
-    fs::remove(tmp, ignored);
-    return ids;
-  }
-  // As sentencepiece decodes: pieces joined, U+2581 -> ' ', <0xNN> byte pieces -> that byte, <unk> -> " \u2047 ",
-  // control pieces (<s>, </s>, <pad>) dropped, and the space sentencepiece put before the first word removed.
-  std::string decode(const std::vector<int32_t>& ids) const override {
-    std::string text;
-    for (const int32_t id : ids) {
-      check(id >= 0 && id < size(), "token id", id, "[0, " + std::to_string(size()) + ")");
-      const std::string& piece = pieces_[size_t(id)];
-      if (id == 1 || id == 2 || id == pad_id()) continue;
-      if (id == 0) {
-        text += " \xe2\x81\x87 ";
-      } else if (piece.size() == 6 && piece.rfind("<0x", 0) == 0 && piece.back() == '>') {
-        text.push_back(char(std::stoi(piece.substr(3, 2), nullptr, 16)));
-      } else {
-        for (size_t at = 0; at < piece.size();) {
-          if (piece.compare(at, 3, kWordMark) == 0) {
-            text.push_back(' ');
-            at += 3;
-          } else {
-            text.push_back(piece[at++]);
-          }
-        }
-      }
-    }
-    if (!ids.empty() && !text.empty() && text[0] == ' ' && ids[0] > 3 &&
-        pieces_[size_t(ids[0])].rfind(kWordMark, 0) == 0)
-      text.erase(0, 1);
-    return text;
-  }
-  int32_t pad_id() const override { return 3; }
-
- private:
-  fs::path model_;
-  std::vector<std::string> pieces_;
-};
 
 // Trains BPE on the training verses with `spm_train` into <dir>/<stem>.{model,vocab}. All verses are used
 // (31k lines train in seconds), so no sampling and the model is the same on every run. The two files are

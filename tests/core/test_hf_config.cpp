@@ -290,5 +290,18 @@ TEST(hf_config, FilesAndDirectories) {
   fs::remove_all(dir);
 }
 
+// Hostile text (found by fuzz/hf_config_fuzzer.cpp): a config nested 100000 arrays deep used to overflow the stack
+// while its error message was being written (json::dump recursing), and a number beyond double range escaped as
+// nlohmann's out_of_range. Both are a rotary::Error naming config.json.
+TEST(hf_config, HostileJsonIsAnErrorNotACrash) {
+  const std::string deep = R"({"rope_scaling": )" + std::string(100000, '[') + std::string(100000, ']') + "}";
+  expect_bad(deep, "config.json nesting depth = 100001");
+  expect_bad(R"({"hidden_size": 64, "num_attention_heads": 2, "rope_theta": 1e400})", "config.json");
+  // Below the bound, a wrong type is still named by its field, its value shown short.
+  expect_bad(R"({"hidden_size": 64, "num_attention_heads": 2, "rope_scaling": )" + std::string(60, '[') +
+                 std::string(60, ']') + "}",
+             "rope_scaling = [[[[");
+}
+
 }  // namespace
 }  // namespace rotary

@@ -16,9 +16,11 @@
 
 #include "common/process.h"
 #include "rotary/error.h"
+#include "tasks/bpe_vocab.h"
 #include "tasks/kjv_corpus.h"
 #include "tasks/random.h"
 #include "tasks/task.h"
+#include "tasks/text_cache.h"
 
 namespace rotary::lab {
 namespace {
@@ -548,6 +550,52 @@ TEST(tasks, TextTaskTrainsCachesAndSplits) {
   EXPECT_GT(fs::file_size(dir / "kjv" / "bpe300.train.ids"), 1000u);
   EXPECT_THROW(again->train_sequence(rng_again, 1 << 24), Error);
   fs::remove_all(dir);
+}
+
+// Files of the text task's cache read back wrong (found by fuzz/text_cache_fuzzer.cpp and by reading it): a verse
+// number too long for an int escaped parse_kjv as std::out_of_range; an ids file whose count times 4 wraps
+// around 2^64 to the bytes present was accepted, and read_ids then asked for 2^62 ids; a byte piece with no hex
+// digits ("<0xZZ>") threw std::invalid_argument from decode.
+TEST(tasks, CacheFilesReadBackOrAreRefusedCleanly) {
+  std::string bible;
+  for (int c = 1; c <= 20; ++c) bible += "\nGenesis " + std::to_string(c) + "\n\n  1 verse\n";
+  EXPECT_EQ(parse_kjv(bible).chapters, 20);
+  const std::string long_number = bible + "  99999999999999999999 verse\n";
+  try {
+    parse_kjv(long_number);
+    ADD_FAILURE() << "a 20-digit verse number was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("99999999999999999999"), std::string::npos) << e.what();
+  }
+
+  namespace fs = std::filesystem;
+  const fs::path path = fs::temp_directory_path() / ("rotary_test_ids_" + std::to_string(getpid()));
+  const uint64_t hash = 0x0123456789abcdefULL;
+  write_ids(path, hash, {5, 6, 7});
+  std::vector<int32_t> ids;
+  ASSERT_TRUE(read_ids(path, hash, ids));
+  EXPECT_EQ(ids, (std::vector<int32_t>{5, 6, 7}));
+  EXPECT_FALSE(read_ids(path, hash + 1, ids));
+  std::string bytes = read_file(path);
+  const uint64_t wrapping_count = (uint64_t(1) << 62) + 3;  // times 4: 2^64 + 12, i.e. the 12 bytes there are
+  bytes.replace(16, 8, reinterpret_cast<const char*>(&wrapping_count), 8);
+  write_atomically(path, bytes);
+  ids = {1};
+  EXPECT_FALSE(read_ids(path, hash, ids));
+  EXPECT_EQ(ids, std::vector<int32_t>{1}) << "a refused file leaves the ids alone";
+  write_ids(path, hash, {5});
+  write_atomically(path, read_file(path) + '\x00');  // one id and a stray byte
+  EXPECT_FALSE(read_ids(path, hash, ids));
+  fs::remove(path);
+
+  const BpeVocab vocab("unused.model", "<unk>\t0\n<s>\t0\n</s>\t0\n<pad>\t0\n<0x41>\t0\n<0xZZ>\t0\n<0x4g>\t0\n");
+  EXPECT_EQ(vocab.decode({4}), "A");
+  EXPECT_EQ(vocab.decode({5, 6}), "<0xZZ><0x4g>") << "pieces that only look like bytes decode as their text";
+  EXPECT_THROW(vocab.decode({7}), Error);
+  EXPECT_THROW(BpeVocab("unused.model", "<unk>\t0\nno tab\n"), Error);
+  EXPECT_EQ(parse_spm_ids(" 5 17\n0\n", 20), (std::vector<int32_t>{5, 17, 0}));
+  EXPECT_THROW(parse_spm_ids("5 20", 20), Error);
+  EXPECT_THROW(parse_spm_ids("5 x", 20), Error);
 }
 
 }  // namespace

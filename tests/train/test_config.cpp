@@ -196,5 +196,65 @@ TEST(Config, BadFlagValuesAreNamed) {
   EXPECT_THROW(app.parse(std::vector<std::string>{"abc", "--lr"}), CLI::ParseError);  // not a number
 }
 
+// Hostile run configs (found by fuzz/): what used to crash, hit undefined behaviour or slip through.
+TEST(Config, IntegersBeyondTheirTypeAreRefusedNotCast) {
+  // 2^63 passed a `<= double(INT64_MAX)` test (INT64_MAX rounds up to 2^63 as a double) and was then cast to
+  // int64: undefined behaviour, in practice steps = INT64_MIN. Likewise 2^64 for the uint64 seed.
+  for (const char* toml : {"steps = 9.3e18", "steps = 9223372036854775808.0", "seed = 18446744073709551616.0",
+                           "seq_len = 2147483648.0", "seed = -1.0"}) {
+    TrainConfig c;
+    const std::string e = error_of([&] { from_json(toml_to_json(toml, "t.toml"), c); });
+    EXPECT_NE(e.find(std::string(toml).substr(0, std::string(toml).find(' '))), std::string::npos) << toml << ": " << e;
+  }
+  TrainConfig c;
+  from_json(nlohmann::json::parse(R"({"seed": 18446744073709551615, "steps": 9223372036854775807})"), c);
+  EXPECT_EQ(c.seed, UINT64_MAX);  // integers compare exactly, not through a double
+  EXPECT_EQ(c.steps, INT64_MAX);
+  from_json(toml_to_json("steps = 9223372036854774784.0\nseed = 18446744073709549568.0", "t.toml"), c);
+  EXPECT_EQ(c.steps, int64_t(9223372036854774784));  // the largest doubles below 2^63 and 2^64 still fit
+  EXPECT_EQ(c.seed, uint64_t(18446744073709549568ULL));
+}
+
+TEST(Config, DeepNestingIsRefusedByDepthNotByTheStack) {
+  // A value 100000 arrays deep under a known field: writing its error message used to recurse in json::dump
+  // until the stack overflowed.
+  for (const char* field : {"task_options", "optim", "model", "steps"}) {
+    // Built in place and moved: a copy of it would recurse as deep as dump() does.
+    nlohmann::json config = nlohmann::json::object();
+    nlohmann::json* inner = &config[field];
+    for (int i = 0; i < 100000; ++i) {
+      *inner = nlohmann::json::array();
+      inner->push_back(nullptr);
+      inner = &inner->back();
+    }
+    TrainConfig c;
+    const std::string e = error_of([&] { from_json(config, c); });
+    EXPECT_NE(e.find(field), std::string::npos) << e.substr(0, 200);
+    EXPECT_NE(e.find(" = [[[["), std::string::npos) << e.substr(0, 200);
+    EXPECT_LT(e.size(), 400u);
+  }
+  // TOML nests through arrays of arrays and through dotted keys (one table per part); the JSON made from it
+  // gets the bound JSON text gets.
+  const std::string arrays = "a = " + std::string(100, '[') + std::string(100, ']');
+  EXPECT_NE(error_of([&] { toml_to_json(arrays, "t.toml"); }).find("t.toml nesting depth = 101"), std::string::npos);
+  std::string dotted = "a";
+  for (int i = 0; i < 1000; ++i) dotted += ".a";
+  EXPECT_NE(error_of([&] { toml_to_json(dotted + " = 1", "t.toml"); }).find("t.toml nesting depth = 1001"),
+            std::string::npos);
+  EXPECT_EQ(error_of([&] { toml_to_json("a = " + std::string(60, '[') + std::string(60, ']'), "t.toml"); }), "");
+}
+
+// toml++ 3.3.0 reached __builtin_unreachable() on U+00A1..U+0499 (and two other ranges) wherever it looked for
+// whitespace, and assumed a key after '[' (undefined behaviour under clang, an assertion in debug builds). Now:
+// syntax errors where the text is wrong, and the character kept where it is right.
+TEST(Config, TomlParserEdgeCasesAreSyntaxErrorsOrValues) {
+  EXPECT_NE(error_of([] { toml_to_json("\xc3\xa9 = 1\n", "t.toml"); }).find("t.toml:1:"), std::string::npos);
+  EXPECT_NE(error_of([] { toml_to_json("[=", "t.toml"); }).find("t.toml:1:"), std::string::npos);
+  EXPECT_NE(error_of([] { toml_to_json(std::string("[\0", 2), "t.toml"); }).find("TOML syntax error"),
+            std::string::npos);
+  const nlohmann::json j = toml_to_json("out_dir = \"\"\"\\\n  \xc2\xa7runs\"\"\"\n", "t.toml");
+  EXPECT_EQ(j.at("out_dir"), "\xc2\xa7runs");
+}
+
 }  // namespace
 }  // namespace rotary::train
