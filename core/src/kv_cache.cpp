@@ -9,6 +9,7 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "rotate_pair.h"
 #include "storage.h"
 #include "validate.h"
 
@@ -31,7 +32,6 @@ AlignedBytes allocate(size_t bytes) {
   return AlignedBytes(static_cast<uint8_t*>(::operator new[](std::max<size_t>(bytes, 64), std::align_val_t(64))));
 }
 
-// Features (a, b) of rotation pair i in the caller's layout.
 // cos/sin of pos * inv_freq[i] times scale, in W. Fractional positions (Leaky) in float64 for both.
 void cos_sin(const RopeFreqs& f, double pos, double scale, float* c, float* s) {
   rope_cos_sin_at(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
@@ -102,9 +102,10 @@ void KvCache::Impl::write_token(const HeadsView& k, const HeadsView& v, int64_t 
     std::fill(row.begin(), row.end(), W(0));
     for (int i = 0; i < n; ++i) {
       const auto [fa, fb] = rope_pair(rl, r, i);
-      const W x1 = x[size_t(fa)], x2 = x[size_t(fb)];
-      row[size_t(i)] = cc ? x1 * cc[i] - x2 * ss[i] : x1;
-      row[size_t(half + i)] = cc ? x1 * ss[i] + x2 * cc[i] : x2;
+      const auto [ya, yb] = cc ? detail::rotate_pair(x[size_t(fa)], x[size_t(fb)], cc[i], ss[i])
+                               : detail::RotatedPair<W>{x[size_t(fa)], x[size_t(fb)]};
+      row[size_t(i)] = ya;
+      row[size_t(half + i)] = yb;
     }
     for (int f = r; f < D; ++f) row[size_t(2 * half + f - r)] = x[size_t(f)];
   };

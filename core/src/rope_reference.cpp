@@ -1,4 +1,6 @@
 // The float64 oracle: one token, one head, one pair at a time, straight from the definition.
+// Its pair rotation is written out here, not taken from rotate_pair.h / rotate_pairs-inl.h: an oracle that shared
+// the fast path's code would share its mistakes.
 #include <cmath>
 #include <vector>
 
