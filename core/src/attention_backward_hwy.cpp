@@ -9,7 +9,7 @@
 // atomics; at the end they go back through the transposes of the rotations (and of the log-n and softmax
 // scales) and dk/dv sum over the query heads of their group.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention_backward.cpp"
+#define HWY_TARGET_INCLUDE "attention_backward_hwy.cpp"
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)  // AVX2, AVX-512 and the scalar fallback suffice
 #endif
@@ -22,9 +22,9 @@
 #include <cstring>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_prep-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_prep-inl.h"
+#include "attention_plan.h"
 #include "hwy/highway.h"
 
 #ifndef ROTARY_ATTENTION_BACKWARD_SHARED_

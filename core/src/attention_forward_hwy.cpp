@@ -1,12 +1,12 @@
 // Fused attention forward (flash-attention-2 on the CPU): per (sequence, query head, query tile) an online
-// softmax over key tiles, no N x N buffer. q and k are rotated once into scratch (attention_forward_plan.h):
+// softmax over key tiles, no N x N buffer. q and k are rotated once into scratch (attention_plan.h):
 // Qn/Kn for RoPE scores, and for ReRoPE/Leaky also Qf/Kf for scores beyond the window. Each (query tile, key
 // tile) pair is classified by its distance range: entirely inside the window -> one product Qn Kn^T, entirely
 // beyond -> one product Qf Kf^T, straddling -> both, selected per element by pos_i - pos_j < w.
 // RoPER keeps two accumulators under ReRoPE/Leaky (values R(pos_j) v_j inside, the far form beyond) and
 // rotates each back once per row at the end.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention_forward.cpp"
+#define HWY_TARGET_INCLUDE "attention_forward_hwy.cpp"
 #ifndef HWY_DISABLED_TARGETS
 #define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)  // AVX2, AVX-512 and the scalar fallback suffice
 #endif
@@ -19,9 +19,9 @@
 #include <limits>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_prep-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_prep-inl.h"
+#include "attention_plan.h"
 #include "hwy/highway.h"
 
 #ifndef ROTARY_ATTENTION_FORWARD_SHARED_

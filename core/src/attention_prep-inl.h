@@ -1,5 +1,5 @@
-// core/src/attention_forward_prep-inl.h (internal, per Highway target): the pre-rotation of q, k, v (and do)
-// into scratch (PrepJob, attention_forward_plan.h), vectorised: it is O(N) work but at N = 1024 a scalar
+// core/src/attention_prep-inl.h (internal, per Highway target): the pre-rotation of q, k, v (and do)
+// into scratch (PrepJob, attention_plan.h), vectorised: it is O(N) work but at N = 1024 a scalar
 // version took ~10% of a forward call.
 //
 // A row through a transform: its rotated pairs turned by the shared pair rotation (rotate_pairs-inl.h) with the
@@ -18,8 +18,8 @@
 #include <cstring>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_plan.h"
 #include "rotate_pairs-inl.h"
 #include "storage-inl.h"
 #include "storage.h"
