@@ -7,9 +7,6 @@
 // rotates each back once per row at the end.
 #undef HWY_TARGET_INCLUDE
 #define HWY_TARGET_INCLUDE "attention_forward_hwy.cpp"
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)  // AVX2, AVX-512 and the scalar fallback suffice
-#endif
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <omp.h>
@@ -23,6 +20,7 @@
 #include "attention_prep-inl.h"
 #include "attention_plan.h"
 #include "hwy/highway.h"
+#include "simd_targets.h"
 
 #ifndef ROTARY_ATTENTION_FORWARD_SHARED_
 #define ROTARY_ATTENTION_FORWARD_SHARED_
@@ -215,6 +213,8 @@ void ForwardTyped(const AttentionParams& p, const Plan& pl, Arena& arena, int th
 void ForwardF32(const AttentionParams& p, const Plan& pl, Arena& arena, int threads) {
   ForwardTyped<float>(p, pl, arena, threads);
 }
+const char* ForwardTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 void ForwardF64(const AttentionParams& p, const Plan& pl, Arena& arena, int threads) {
   ForwardTyped<double>(p, pl, arena, threads);
 }
@@ -228,6 +228,7 @@ namespace rotary {
 namespace attn {
 HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardF64);
+HWY_EXPORT(ForwardTargetName);
 
 namespace {
 int forward_threads(const Plan& pl, int threads) {
@@ -247,6 +248,10 @@ void run_forward(const AttentionParams& p, const Plan& pl, Arena& arena, int thr
 }
 }  // namespace
 }  // namespace attn
+
+const char* detail::attention_forward_simd_target() {
+  return HWY_DYNAMIC_DISPATCH(attn::ForwardTargetName)();
+}
 
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads) {
   validate_attention_params(p);

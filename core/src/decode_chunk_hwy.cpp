@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "decode_chunk.h"
+#include "simd_targets.h"
 #include "rotary/angles.h"
 #include "rotary/kv_cache.h"
 
@@ -232,6 +233,8 @@ void ChunkBF16(const ChunkArgs& a) { Chunk<hwy::bfloat16_t, float>(a); }
 void ChunkF16(const ChunkArgs& a) { Chunk<hwy::float16_t, float>(a); }
 void ChunkF64(const ChunkArgs& a) { Chunk<double, double>(a); }
 
+const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 }  // namespace rotary::decode_detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -241,6 +244,7 @@ HWY_EXPORT(ChunkF32);
 HWY_EXPORT(ChunkBF16);
 HWY_EXPORT(ChunkF16);
 HWY_EXPORT(ChunkF64);
+HWY_EXPORT(DecodeTargetName);
 
 void run_chunk(DType t, const ChunkArgs& a) {
   switch (t) {
@@ -252,4 +256,8 @@ void run_chunk(DType t, const ChunkArgs& a) {
 }
 
 }  // namespace rotary::decode_detail
+
+const char* rotary::detail::decode_simd_target() {
+  return HWY_DYNAMIC_DISPATCH(decode_detail::DecodeTargetName)();
+}
 #endif  // HWY_ONCE
