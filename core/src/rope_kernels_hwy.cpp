@@ -251,10 +251,10 @@ namespace rotary {
 HWY_EXPORT(RopeApplyImpl);
 HWY_EXPORT(ChosenTargetName);
 
-void rope_apply(const RopeFreqs& f, const RopeParams& p) {
-  validate_rope_params(f, p);
+void rope_apply(const RopeParams& p) {
+  validate_rope_params(p);
   if (p.tokens == 0) return;
-  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(f, p);
+  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(*p.freqs, p);
 }
 
 const char* rope_simd_target() { return HWY_DYNAMIC_DISPATCH(ChosenTargetName)(); }

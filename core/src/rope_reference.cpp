@@ -39,9 +39,10 @@ void rotate_view_reference(const RopeFreqs& f, const RopeParams& p, const HeadsV
 
 }  // namespace
 
-void rope_apply_reference(const RopeFreqs& f, const RopeParams& p) {
-  validate_rope_params(f, p);
+void rope_apply_reference(const RopeParams& p) {
+  validate_rope_params(p);
   if (p.tokens == 0) return;
+  const RopeFreqs& f = *p.freqs;
   rotate_view_reference(f, p, p.q_in, p.q_out);
   if (p.k_in.data != nullptr) rotate_view_reference(f, p, p.k_in, p.k_out);
 }
