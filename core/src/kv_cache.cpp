@@ -1,6 +1,8 @@
 // KvCache: validation, storage and append (what is stored per mode: see rotary/kv_cache.h).
 #include "rotary/kv_cache.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -134,6 +136,7 @@ KvCache::KvCache(const KvCacheConfig& config) : impl_(std::make_unique<Impl>()) 
   check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
   detail::check_dtype(config.dtype);
   detail::check_position_params(config.pos, config.head_dim, "the cache's head_dim");
+  detail::check_threads(config.threads);
 
   Impl& m = *impl_;
   m.config = config;
@@ -179,7 +182,8 @@ void KvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, const in
                           m.size > 0 ? &m.positions.back() : nullptr);
   const int64_t base = m.size;
   const bool f64 = m.config.dtype == DType::F64;
-#pragma omp parallel for schedule(static) if (n * m.config.kv_heads >= 64)
+  const int threads = m.config.threads > 0 ? m.config.threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * m.config.kv_heads >= 64)
   for (int64_t t = 0; t < n; ++t) {
     if (f64)
       m.write_token<double>(k, v, t, base + t, positions[t]);
