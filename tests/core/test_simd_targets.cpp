@@ -62,7 +62,7 @@ TEST(simd_targets, CeilingFromTheEnvironmentReachesDispatch) {
 
 // Every kernel file is compiled for the same targets (the one policy in core/CMakeLists.txt), so forcing any target
 // simd_targets() lists runs that target's code in each of them; a kernel compiled for fewer targets would fall back
-// to another one here (attention used to run EMU128 under sse4).
+// to another one here (attention used to run its scalar fallback under sse4).
 TEST(simd_targets, EveryKernelRunsEveryListedTarget) {
   const std::vector<int64_t> targets = detail::simd_targets();
   ASSERT_FALSE(targets.empty());
