@@ -15,6 +15,8 @@ void CosSinF32(const double* inv_freq, int n, double pos, double scale, float* c
   CosSinRow<float>(inv_freq, size_t(n), pos, scale, 1.0, cos, sin);
 }
 
+const char* AnglesTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 }  // namespace HWY_NAMESPACE
 }  // namespace rotary
 HWY_AFTER_NAMESPACE();
@@ -24,10 +26,14 @@ HWY_AFTER_NAMESPACE();
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "simd_targets.h"
 
 namespace rotary {
 
 HWY_EXPORT(CosSinF32);
+HWY_EXPORT(AnglesTargetName);
+
+const char* detail::angles_simd_target() { return HWY_DYNAMIC_DISPATCH(AnglesTargetName)(); }
 
 namespace {
 void check_row(const double* inv_freq, int n, double scale, const void* cos, const void* sin) {

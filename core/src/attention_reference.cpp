@@ -4,6 +4,8 @@
 // weighted sum. RoPER values are rotated per (query, key) pair by R(-delta_ij) directly (not through the
 // R(-pos_i) ... R(pos_j) factorisation the fused kernel uses). The backward applies the analytic gradients
 // to the same materialised matrices.
+// Its pair rotation is written out here, not taken from rotate_pair.h / rotate_pairs-inl.h: an oracle that shared
+// the fast path's code would share its mistakes.
 #include <algorithm>
 #include <cmath>
 #include <limits>

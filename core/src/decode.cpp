@@ -11,6 +11,7 @@
 #include "decode_chunk.h"
 #include "decode_plan.h"
 #include "rotary/kv_cache.h"
+#include "rotate_pair.h"
 
 namespace rotary::decode_detail {
 namespace {
@@ -39,9 +40,9 @@ void to_row(const KvCache& cache, const double* x, const Turn& t, C* y) {
   std::fill(y, y + lay.row_stride, C(0));
   for (int i = 0; i < n; ++i) {
     const auto [fa, fb] = rope_pair(cache.pos().freqs->layout, r, i);
-    const double c = t.c[size_t(i)], s = t.s[size_t(i)];
-    y[i] = C(x[fa] * c - x[fb] * s);
-    y[lay.half + i] = C(x[fa] * s + x[fb] * c);
+    const auto [ya, yb] = detail::rotate_pair(x[fa], x[fb], t.c[size_t(i)], t.s[size_t(i)]);
+    y[i] = C(ya);
+    y[lay.half + i] = C(yb);
   }
   for (int f = r; f < D; ++f) y[2 * lay.half + f - r] = C(x[f]);
 }
@@ -181,10 +182,10 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
     if (cache.pos().roper)
       for (int i = 0; i < n; ++i) {
         const Turn& t = roper_turns[size_t(b)];
-        const double c = t.c[size_t(i)], s = t.s[size_t(i)];
-        const double x1 = plain[size_t(i)], x2 = plain[size_t(half + i)];
-        plain[size_t(i)] = x1 * c - x2 * s;
-        plain[size_t(half + i)] = x1 * s + x2 * c;
+        const auto [ya, yb] = detail::rotate_pair(plain[size_t(i)], plain[size_t(half + i)], t.c[size_t(i)],
+                                                  t.s[size_t(i)]);
+        plain[size_t(i)] = ya;
+        plain[size_t(half + i)] = yb;
       }
     std::vector<double> out(static_cast<size_t>(D));  // back to the caller's feature order
     for (int i = 0; i < n; ++i) {

@@ -9,6 +9,7 @@
 #include "rotary/angles.h"
 #include "rotary/error.h"
 #include "rotary/kv_cache.h"
+#include "rotate_pair.h"
 
 namespace rotary {
 
@@ -58,9 +59,9 @@ void attention_decode_rerotate_baseline(const KvCache& cache, const DecodeParams
         const float* src = keys + (g * cap + j) * rs;
         float* dst = scratch.data() + (g * n + j) * rs;
         for (int i = 0; i < half; ++i) {
-          const float k1 = src[i], k2 = src[half + i], c = cr[i], s = cr[half + i];
-          dst[i] = k1 * c + k2 * s;
-          dst[half + i] = k2 * c - k1 * s;
+          const auto [ya, yb] = detail::rotate_pair(src[i], src[half + i], cr[i], -cr[half + i]);  // R(-d)
+          dst[i] = ya;
+          dst[half + i] = yb;
         }
         for (int64_t i = 2 * half; i < rs; ++i) dst[i] = src[i];
       }

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "decode_chunk.h"
+#include "simd_targets.h"
 #include "rotary/angles.h"
 #include "rotary/kv_cache.h"
 
@@ -17,6 +18,7 @@
 // math-inl needs highway.h before it
 #include <hwy/contrib/math/math-inl.h>
 
+#include "rotate_pairs-inl.h"
 #include "storage-inl.h"
 
 HWY_BEFORE_NAMESPACE();
@@ -36,16 +38,13 @@ inline void near_cos_sin(const ChunkArgs& a, int64_t dist, double* c, double* s)
   rope_cos_sin_f64(a.inv_freq, a.pairs, dist, 1.0, c, s);
 }
 
-// out = R(-d) row: rotary pairs (x1 c + x2 s, x2 c - x1 s) with cs = [cos | sin] of d; pass-through copied.
+// out = R(-d) row (the shared pair rotation, inverse turn) with cs = [cos | sin] of d; pass-through copied. Cache
+// rows are half-split with half a multiple of the lanes (KvCacheLayout::kPad), so no partial vector occurs.
 template <class D, class T>
 HWY_INLINE void TurnBack(D d, const T* row, const hn::TFromD<D>* cs, int half, int64_t rs, hn::TFromD<D>* out) {
   const int64_t L = int64_t(hn::Lanes(d));
-  for (int64_t i = 0; i < half; i += L) {
-    const auto x1 = LoadAs(d, row + i), x2 = LoadAs(d, row + half + i);
-    const auto co = hn::LoadU(d, cs + i), si = hn::LoadU(d, cs + half + i);
-    hn::StoreU(hn::MulAdd(x2, si, hn::Mul(x1, co)), d, out + i);
-    hn::StoreU(hn::NegMulAdd(x1, si, hn::Mul(x2, co)), d, out + half + i);
-  }
+  simd::HWY_NAMESPACE::RotateHalfSplitRow<simd::HWY_NAMESPACE::Turn::Inverse>(d, row, out, size_t(half), cs,
+                                                                             cs + half);
   for (int64_t i = 2 * half; i < rs; i += L) hn::StoreU(LoadAs(d, row + i), d, out + i);
 }
 
@@ -234,6 +233,8 @@ void ChunkBF16(const ChunkArgs& a) { Chunk<hwy::bfloat16_t, float>(a); }
 void ChunkF16(const ChunkArgs& a) { Chunk<hwy::float16_t, float>(a); }
 void ChunkF64(const ChunkArgs& a) { Chunk<double, double>(a); }
 
+const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 }  // namespace rotary::decode_detail::HWY_NAMESPACE
 HWY_AFTER_NAMESPACE();
 
@@ -243,6 +244,7 @@ HWY_EXPORT(ChunkF32);
 HWY_EXPORT(ChunkBF16);
 HWY_EXPORT(ChunkF16);
 HWY_EXPORT(ChunkF64);
+HWY_EXPORT(DecodeTargetName);
 
 void run_chunk(DType t, const ChunkArgs& a) {
   switch (t) {
@@ -254,4 +256,8 @@ void run_chunk(DType t, const ChunkArgs& a) {
 }
 
 }  // namespace rotary::decode_detail
+
+const char* rotary::detail::decode_simd_target() {
+  return HWY_DYNAMIC_DISPATCH(decode_detail::DecodeTargetName)();
+}
 #endif  // HWY_ONCE

@@ -1,5 +1,7 @@
 // float64 oracle of attention_decode: one (sequence, query head) at a time, every score straight from its mode's
 // definition with std::cos/std::sin of the exact distance (no near table, no leaky far-key copy, no split).
+// Its pair rotation is written out here, not taken from rotate_pair.h / rotate_pairs-inl.h: an oracle that shared
+// the fast path's code would share its mistakes.
 #include <algorithm>
 #include <cmath>
 #include <limits>

@@ -1,6 +1,8 @@
 // KvCache: validation, storage and append (what is stored per mode: see rotary/kv_cache.h).
 #include "rotary/kv_cache.h"
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -9,6 +11,7 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "rotate_pair.h"
 #include "storage.h"
 #include "validate.h"
 
@@ -31,7 +34,6 @@ AlignedBytes allocate(size_t bytes) {
   return AlignedBytes(static_cast<uint8_t*>(::operator new[](std::max<size_t>(bytes, 64), std::align_val_t(64))));
 }
 
-// Features (a, b) of rotation pair i in the caller's layout.
 // cos/sin of pos * inv_freq[i] times scale, in W. Fractional positions (Leaky) in float64 for both.
 void cos_sin(const RopeFreqs& f, double pos, double scale, float* c, float* s) {
   rope_cos_sin_at(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
@@ -102,9 +104,10 @@ void KvCache::Impl::write_token(const HeadsView& k, const HeadsView& v, int64_t 
     std::fill(row.begin(), row.end(), W(0));
     for (int i = 0; i < n; ++i) {
       const auto [fa, fb] = rope_pair(rl, r, i);
-      const W x1 = x[size_t(fa)], x2 = x[size_t(fb)];
-      row[size_t(i)] = cc ? x1 * cc[i] - x2 * ss[i] : x1;
-      row[size_t(half + i)] = cc ? x1 * ss[i] + x2 * cc[i] : x2;
+      const auto [ya, yb] = cc ? detail::rotate_pair(x[size_t(fa)], x[size_t(fb)], cc[i], ss[i])
+                               : detail::RotatedPair<W>{x[size_t(fa)], x[size_t(fb)]};
+      row[size_t(i)] = ya;
+      row[size_t(half + i)] = yb;
     }
     for (int f = r; f < D; ++f) row[size_t(2 * half + f - r)] = x[size_t(f)];
   };
@@ -133,6 +136,7 @@ KvCache::KvCache(const KvCacheConfig& config) : impl_(std::make_unique<Impl>()) 
   check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
   detail::check_dtype(config.dtype);
   detail::check_position_params(config.pos, config.head_dim, "the cache's head_dim");
+  detail::check_threads(config.threads);
 
   Impl& m = *impl_;
   m.config = config;
@@ -178,7 +182,8 @@ void KvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, const in
                           m.size > 0 ? &m.positions.back() : nullptr);
   const int64_t base = m.size;
   const bool f64 = m.config.dtype == DType::F64;
-#pragma omp parallel for schedule(static) if (n * m.config.kv_heads >= 64)
+  const int threads = m.config.threads > 0 ? m.config.threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(threads) if (n * m.config.kv_heads >= 64)
   for (int64_t t = 0; t < n; ++t) {
     if (f64)
       m.write_token<double>(k, v, t, base + t, positions[t]);

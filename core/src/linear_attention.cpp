@@ -12,6 +12,7 @@
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
+#include "rotate_pair.h"
 #include "storage.h"
 #include "validate.h"
 
@@ -58,9 +59,9 @@ struct Turn {
     const int r = f->rotary_dim;
     for (int i = 0; i < r / 2; ++i) {
       const auto [a, b] = rope_pair(f->layout, r, i);
-      const W cc = c[size_t(i)], ss = sign * s[size_t(i)];
-      y[a] = x[a] * cc - x[b] * ss;
-      y[b] = x[a] * ss + x[b] * cc;
+      const auto [ya, yb] = detail::rotate_pair(x[a], x[b], c[size_t(i)], sign * s[size_t(i)]);
+      y[a] = ya;
+      y[b] = yb;
     }
   }
 };

@@ -1,6 +1,8 @@
 // float64 oracle of linear attention with RoPE: per (sequence, head) the N x N numerator matrix
 // A[m][n] = (a R(pos_m) phi(q_m)) . (a R(pos_n) phi(k_n)) and denominator matrix B[m][n] = phi(q_m) . phi(k_n)
 // are materialised (causal: n <= m), o_m = sum_n A v_n / sum_n B; the backward differentiates those matrices.
+// Its pair rotation is written out here, not taken from rotate_pair.h / rotate_pairs-inl.h: an oracle that shared
+// the fast path's code would share its mistakes.
 #include <cmath>
 #include <vector>
 

@@ -1,9 +1,8 @@
 // The fast rotation kernel (rotary/rope.h rope_apply): Highway SIMD with runtime dispatch, OpenMP over tokens.
 //
 // Per token: cos/sin of its r/2 pairs are computed once (angles-inl.h; attention factor folded in, sin negated
-// for Inverse/Transpose) and shared by every head of q and k. Then each head is one pass over memory:
-//   half-split (pairs (i, i + r/2)):  y1 = x1 c - x2 s,  y2 = x1 s + x2 c   on contiguous halves;
-//   interleaved (pairs (2i, 2i+1)):   y = x * [c0 c0 c1 c1 ..] + swap_adjacent(x) * [-s0 s0 -s1 s1 ..].
+// for Inverse/Transpose) and shared by every head of q and k. Then each head is one pass over memory through the
+// shared pair rotation (rotate_pairs-inl.h): contiguous halves for half-split, swap_adjacent for interleaved.
 // Features [r, D) are copied when out of place and untouched in place. Arithmetic is fp32 for f32/f16/bf16
 // storage and fp64 for f64; every output is rounded once to the storage type (bf16/f16 to nearest even).
 // bf16 skips widening and narrowing shuffles: a 32-bit lane holds two bf16 values, each becomes an fp32 by a
@@ -19,6 +18,7 @@
 #include <type_traits>
 
 #include "angles-inl.h"
+#include "rotate_pairs-inl.h"
 #include "storage-inl.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
@@ -31,71 +31,14 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using simd::HWY_NAMESPACE::kMaxLanes;
-using simd::HWY_NAMESPACE::LoadStorage;
-using simd::HWY_NAMESPACE::StoreStorage;
+using simd::HWY_NAMESPACE::RotateHalfSplitRow;
+using simd::HWY_NAMESPACE::RotateInterleavedRow;
+using simd::HWY_NAMESPACE::RotatePairLanes;
+using simd::HWY_NAMESPACE::SpreadToFeatures;
+using simd::HWY_NAMESPACE::Turn;
 
 template <class TS>
 using ComputeT = std::conditional_t<std::is_same_v<TS, double>, double, float>;
-
-// One vector of half-split pairs: (x1, x2) -> (x1 c - x2 s, x1 s + x2 c). x and y may alias (in place).
-template <class DC, class TS, class T = hn::TFromD<DC>>
-HWY_INLINE void RotatePairs(DC dc, const TS* x1p, const TS* x2p, TS* y1p, TS* y2p, const T* c, const T* s) {
-  const auto x1 = LoadStorage(dc, x1p);
-  const auto x2 = LoadStorage(dc, x2p);
-  const auto vc = hn::LoadU(dc, c);
-  const auto vs = hn::LoadU(dc, s);
-  StoreStorage(dc, hn::NegMulAdd(x2, vs, hn::Mul(x1, vc)), y1p);
-  StoreStorage(dc, hn::MulAdd(x1, vs, hn::Mul(x2, vc)), y2p);
-}
-
-// Features [0, 2*half) of one head, half-split layout. c, s: [round_up(half, N)] (zero padded).
-template <class DC, class TS, class T = hn::TFromD<DC>>
-HWY_INLINE void RotateHeadHalfSplit(DC dc, const TS* x, TS* y, size_t half, const T* c, const T* s) {
-  const size_t N = hn::Lanes(dc);
-  size_t i = 0;
-  for (; i + N <= half; i += N) RotatePairs(dc, x + i, x + half + i, y + i, y + half + i, c + i, s + i);
-  if (i < half) {  // odd pair count: the last partial vector goes through scratch (no access past the head)
-    HWY_ALIGN TS b1[kMaxLanes] = {}, b2[kMaxLanes] = {};
-    const size_t rem = half - i;
-    std::memcpy(b1, x + i, rem * sizeof(TS));
-    std::memcpy(b2, x + half + i, rem * sizeof(TS));
-    RotatePairs(dc, b1, b2, b1, b2, c + i, s + i);
-    std::memcpy(y + i, b1, rem * sizeof(TS));
-    std::memcpy(y + half + i, b2, rem * sizeof(TS));
-  }
-}
-
-#if HWY_TARGET != HWY_SCALAR
-// One vector of interleaved pairs: y = x * cd + swap_adjacent(x) * sd.
-template <class DC, class TS, class T = hn::TFromD<DC>>
-HWY_INLINE void RotateInterleavedVec(DC dc, const TS* xp, TS* yp, const T* cd, const T* sd) {
-  const auto v = LoadStorage(dc, xp);
-  StoreStorage(dc, hn::MulAdd(v, hn::LoadU(dc, cd), hn::Mul(hn::Reverse2(dc, v), hn::LoadU(dc, sd))), yp);
-}
-#endif
-
-// Features [0, r) of one head, interleaved layout. cd, sd: [round_up(r, N)]; c, s: the half tables.
-template <class DC, class TS, class T = hn::TFromD<DC>>
-HWY_INLINE void RotateHeadInterleaved(DC dc, const TS* x, TS* y, size_t r, const T* cd, const T* sd, const T* c,
-                                      const T* s) {
-#if HWY_TARGET == HWY_SCALAR
-  // One lane: a pair is two scalar loads, so reuse the pair rotation with (2i, 2i+1).
-  for (size_t i = 0; i < r / 2; ++i) RotatePairs(dc, x + 2 * i, x + 2 * i + 1, y + 2 * i, y + 2 * i + 1, c + i, s + i);
-#else
-  const size_t N = hn::Lanes(dc);  // even, so vectors hold whole pairs
-  size_t i = 0;
-  for (; i + N <= r; i += N) RotateInterleavedVec(dc, x + i, y + i, cd + i, sd + i);
-  if (i < r) {
-    HWY_ALIGN TS b[kMaxLanes] = {};
-    const size_t rem = r - i;
-    std::memcpy(b, x + i, rem * sizeof(TS));
-    RotateInterleavedVec(dc, b, b, cd + i, sd + i);
-    std::memcpy(y + i, b, rem * sizeof(TS));
-  }
-  (void)c;
-  (void)s;
-#endif
-}
 
 // ---- bf16 as pairs in 32-bit lanes (little endian: element 2j is the low half of lane j) ----------------------
 
@@ -113,14 +56,12 @@ HWY_INLINE hn::Vec<DU> RoundToBf16Bits(DU du, VF y) {
 template <class DF, class DU, class VU = hn::Vec<DU>, class VF = hn::Vec<DF>>
 HWY_INLINE void RotateBf16Lanes(DF df, DU du, VU& a, VU& b, VF c_lo, VF s_lo, VF c_hi, VF s_hi) {
   const auto hi_mask = hn::Set(du, 0xffff0000u);
-  const VF a_lo = hn::BitCast(df, hn::ShiftLeft<16>(a)), a_hi = hn::BitCast(df, hn::And(a, hi_mask));
-  const VF b_lo = hn::BitCast(df, hn::ShiftLeft<16>(b)), b_hi = hn::BitCast(df, hn::And(b, hi_mask));
-  const auto y1_lo = RoundToBf16Bits(du, hn::NegMulAdd(b_lo, s_lo, hn::Mul(a_lo, c_lo)));
-  const auto y2_lo = RoundToBf16Bits(du, hn::MulAdd(a_lo, s_lo, hn::Mul(b_lo, c_lo)));
-  const auto y1_hi = RoundToBf16Bits(du, hn::NegMulAdd(b_hi, s_hi, hn::Mul(a_hi, c_hi)));
-  const auto y2_hi = RoundToBf16Bits(du, hn::MulAdd(a_hi, s_hi, hn::Mul(b_hi, c_hi)));
-  a = hn::Or(hn::ShiftRight<16>(y1_lo), hn::And(y1_hi, hi_mask));
-  b = hn::Or(hn::ShiftRight<16>(y2_lo), hn::And(y2_hi, hi_mask));
+  VF a_lo = hn::BitCast(df, hn::ShiftLeft<16>(a)), a_hi = hn::BitCast(df, hn::And(a, hi_mask));
+  VF b_lo = hn::BitCast(df, hn::ShiftLeft<16>(b)), b_hi = hn::BitCast(df, hn::And(b, hi_mask));
+  RotatePairLanes<Turn::Forward>(df, a_lo, b_lo, c_lo, s_lo);
+  RotatePairLanes<Turn::Forward>(df, a_hi, b_hi, c_hi, s_hi);
+  a = hn::Or(hn::ShiftRight<16>(RoundToBf16Bits(du, a_lo)), hn::And(RoundToBf16Bits(du, a_hi), hi_mask));
+  b = hn::Or(hn::ShiftRight<16>(RoundToBf16Bits(du, b_lo)), hn::And(RoundToBf16Bits(du, b_hi), hi_mask));
 }
 
 // Interleaved bf16: lane j of a vector holds pair (2j, 2j+1), so x1 is the low half and x2 the high half and the
@@ -133,11 +74,10 @@ HWY_INLINE void RotateHeadBf16Interleaved(DF df, const uint16_t* x, uint16_t* y,
   auto one = [&](const uint16_t* xp, uint16_t* yp, size_t i) {
     auto v = hn::LoadU(du, reinterpret_cast<const uint32_t*>(xp));
     const auto vc = hn::LoadU(df, c + i), vs = hn::LoadU(df, s + i);
-    // Rotating (low, high) of one lane as (x1, x2): y1 = x1 c - x2 s into the low half, y2 into the high half.
-    const auto x1 = hn::BitCast(df, hn::ShiftLeft<16>(v)), x2 = hn::BitCast(df, hn::And(v, hn::Set(du, 0xffff0000u)));
-    const auto y1 = RoundToBf16Bits(du, hn::NegMulAdd(x2, vs, hn::Mul(x1, vc)));
-    const auto y2 = RoundToBf16Bits(du, hn::MulAdd(x1, vs, hn::Mul(x2, vc)));
-    v = hn::Or(hn::ShiftRight<16>(y1), hn::And(y2, hn::Set(du, 0xffff0000u)));
+    // (low, high) of one lane is the pair (x_a, x_b): rotated x_a goes back to the low half, x_b to the high half.
+    auto xa = hn::BitCast(df, hn::ShiftLeft<16>(v)), xb = hn::BitCast(df, hn::And(v, hn::Set(du, 0xffff0000u)));
+    RotatePairLanes<Turn::Forward>(df, xa, xb, vc, vs);
+    v = hn::Or(hn::ShiftRight<16>(RoundToBf16Bits(du, xa)), hn::And(RoundToBf16Bits(du, xb), hn::Set(du, 0xffff0000u)));
     hn::StoreU(v, du, reinterpret_cast<uint32_t*>(yp));
   };
   const size_t half = r / 2;
@@ -241,9 +181,9 @@ void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64
         else
           RotateHeadBf16HalfSplit(dc, xb, yb, half, cd, sd);
       } else if (interleaved) {
-        RotateHeadInterleaved(dc, x, y, r, cd, sd, c, s);
+        RotateInterleavedRow<Turn::Forward>(dc, x, y, r, cd, sd);
       } else {
-        RotateHeadHalfSplit(dc, x, y, half, c, s);
+        RotateHalfSplitRow<Turn::Forward>(dc, x, y, half, c, s);
       }
       if (y != x && D > r) std::memcpy(y + r, x + r, (D - r) * sizeof(TS));  // pass-through features
     }
@@ -260,11 +200,7 @@ void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64
           sd[blk + N + j] = s[blk + 2 * j + 1];
         }
     } else if (!kBf16 && interleaved) {
-      for (size_t i = 0; i < half; ++i) {
-        cd[2 * i] = cd[2 * i + 1] = c[i];
-        sd[2 * i] = -s[i];
-        sd[2 * i + 1] = s[i];
-      }
+      SpreadToFeatures(c, s, half, cd, sd);
     }
     rotate_view(p.q_in, p.q_out, t);
     if (p.k_in.data != nullptr) rotate_view(p.k_in, p.k_out, t);
@@ -315,10 +251,10 @@ namespace rotary {
 HWY_EXPORT(RopeApplyImpl);
 HWY_EXPORT(ChosenTargetName);
 
-void rope_apply(const RopeFreqs& f, const RopeParams& p) {
-  validate_rope_params(f, p);
+void rope_apply(const RopeParams& p) {
+  validate_rope_params(p);
   if (p.tokens == 0) return;
-  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(f, p);
+  HWY_DYNAMIC_DISPATCH(RopeApplyImpl)(*p.freqs, p);
 }
 
 const char* rope_simd_target() { return HWY_DYNAMIC_DISPATCH(ChosenTargetName)(); }

@@ -25,7 +25,9 @@ void RopeFreqs::validate() const {
         "a finite value > 0");
 }
 
-void validate_rope_params(const RopeFreqs& f, const RopeParams& p) {
+void validate_rope_params(const RopeParams& p) {
+  if (p.freqs == nullptr) fail("freqs", "null", "a pointer to the RopeFreqs of the rotation");
+  const RopeFreqs& f = *p.freqs;
   f.validate();
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   if (p.tokens == 0) return;

@@ -1,4 +1,6 @@
 // The float64 oracle: one token, one head, one pair at a time, straight from the definition.
+// Its pair rotation is written out here, not taken from rotate_pair.h / rotate_pairs-inl.h: an oracle that shared
+// the fast path's code would share its mistakes.
 #include <cmath>
 #include <vector>
 
@@ -37,9 +39,10 @@ void rotate_view_reference(const RopeFreqs& f, const RopeParams& p, const HeadsV
 
 }  // namespace
 
-void rope_apply_reference(const RopeFreqs& f, const RopeParams& p) {
-  validate_rope_params(f, p);
+void rope_apply_reference(const RopeParams& p) {
+  validate_rope_params(p);
   if (p.tokens == 0) return;
+  const RopeFreqs& f = *p.freqs;
   rotate_view_reference(f, p, p.q_in, p.q_out);
   if (p.k_in.data != nullptr) rotate_view_reference(f, p, p.k_in, p.k_out);
 }

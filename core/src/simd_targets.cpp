@@ -1,5 +1,6 @@
 // core/src/simd_targets.cpp: the one place that reads and applies the SIMD target settings of the process
-// (see simd_targets.h). Which targets each kernel file compiles is set by HWY_DISABLED_TARGETS in that file.
+// (see simd_targets.h). Which targets the kernels compile is one policy for the whole library (HWY_DISABLED_TARGETS
+// in core/CMakeLists.txt), so the list here is the list of every kernel.
 #include "simd_targets.h"
 
 #include <algorithm>

@@ -24,6 +24,14 @@ std::vector<int64_t> simd_targets();
 void force_simd_target(int64_t target);
 const char* simd_target_name(int64_t target);
 
+// The Highway target each kernel file dispatches to now (a name, as simd_target_name), so a test can check that every
+// kernel runs every target simd_targets() lists instead of quietly falling back to a target it was compiled for.
+// The rotation kernel's is the public rotary::rope_simd_target().
+const char* angles_simd_target();
+const char* decode_simd_target();
+const char* attention_forward_simd_target();
+const char* attention_backward_simd_target();
+
 // The target ROTARY_SIMD_TARGET caps dispatch at (a Highway bit), or 0 when it is unset or "best".
 int64_t simd_target_ceiling();
 // Parses a ROTARY_SIMD_TARGET value against the targets compiled and supported here (`available`, Highway bits).

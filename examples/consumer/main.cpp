@@ -19,12 +19,13 @@ int main() {
   const std::vector<int64_t> positions = {0, 17, 123456};
 
   rotary::RopeParams p;
+  p.freqs = &freqs;
   p.tokens = tokens;
   p.positions = positions.data();
   p.q_in = p.q_out = rotary::HeadsView{q.data(), heads, heads * D, D};
-  rotary::rope_apply(freqs, p);
+  rotary::rope_apply(p);
   p.q_in = p.q_out = rotary::HeadsView{ref.data(), heads, heads * D, D};
-  rotary::rope_apply_reference(freqs, p);
+  rotary::rope_apply_reference(p);
 
   double worst = 0;
   for (size_t i = 0; i < q.size(); ++i) worst = std::fmax(worst, std::fabs(q[i] - ref[i]));

@@ -24,6 +24,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <string>
 #include <tuple>
@@ -582,6 +583,31 @@ TEST(Decode, CapacityIsEnforcedWithAClearError) {
 
 // Keys and values handed over head-major ([1, Hkv, n, D] transposed to [n, Hkv, D]: token_stride = D) fill the
 // cache exactly as the same rows handed over token-major: the decode outputs are bitwise equal.
+// KvCacheConfig::threads (the Params convention of rope.h): an append split over 2 threads stores bitwise what one
+// thread stores, in every array the cache keeps (LeakyRerope with RoPER keeps all four).
+TEST(Decode, AppendThreadsStoreTheSameBits) {
+  Case c;
+  c.mode = PositionMode::LeakyRerope;
+  c.roper = true;
+  const RopeFreqs f = make_freqs(c);
+  const int64_t n = 64;  // n * kv_heads >= 64: append goes parallel
+  Rows rows(c.dtype, c.Hq, c.Hkv, n, c.D);
+  test::fill_uniform(rows.k, 2), test::fill_uniform(rows.v, 3);
+  const std::vector<int64_t> pos = make_positions(n, 5);
+  KvCacheConfig cfg{n, c.Hkv, c.D, c.dtype, make_pos(c, &f)};
+  cfg.threads = 1;
+  KvCache one(cfg);
+  cfg.threads = 2;
+  KvCache two(cfg);
+  for (KvCache* cache : {&one, &two})
+    cache->append(n, view(rows.k, c.Hkv, c.D), view(rows.v, c.Hkv, c.D), pos.data());
+  const size_t bytes = size_t(c.Hkv * n * one.layout().row_stride) * dtype_size(c.dtype);
+  for (auto get : {&KvCache::keys, &KvCache::keys_far, &KvCache::values, &KvCache::values_far}) {
+    ASSERT_NE((one.*get)(), nullptr);
+    EXPECT_EQ(std::memcmp((one.*get)(), (two.*get)(), bytes), 0);
+  }
+}
+
 TEST(Decode, HeadMajorAppendEqualsTokenMajor) {
   for (PositionMode mode : {PositionMode::Rope, PositionMode::LeakyRerope}) {
     Case c;
@@ -649,6 +675,9 @@ TEST(Decode, BadInputNamesTheField) {
   cfg = config(PositionMode::Rope);
   cfg.capacity = 0;
   expect_error([&] { KvCache x(cfg); }, "capacity");
+  cfg = config(PositionMode::Rope);
+  cfg.threads = -1;
+  expect_error([&] { KvCache x(cfg); }, "threads");
 
   KvCache cache(config(PositionMode::Rope));
   const std::vector<int64_t> bad{3, 3, 5, 6};

@@ -158,9 +158,10 @@ ViewBuffers make_view_buffers(const Case& c, int64_t heads, uint64_t seed) {
   return v;
 }
 
-RopeParams make_params(const Case& c, const std::vector<int64_t>& pos, ViewBuffers& q, ViewBuffers* k,
-                       GuardedBuffer& q_out, GuardedBuffer* k_out) {
+RopeParams make_params(const Case& c, const RopeFreqs& f, const std::vector<int64_t>& pos, ViewBuffers& q,
+                       ViewBuffers* k, GuardedBuffer& q_out, GuardedBuffer* k_out) {
   RopeParams p;
+  p.freqs = &f;
   p.tokens = c.tokens;
   p.positions = pos.data();
   p.dtype = c.dtype;
@@ -214,7 +215,7 @@ double run_case(const Case& c, const std::vector<int64_t>& targets) {
   std::optional<ViewBuffers> k;
   if (c.k_heads > 0) k = make_view_buffers(c, c.k_heads, c.seed * 7 + 2);
 
-  rope_apply_reference(f, make_params(c, pos, q, k ? &*k : nullptr, *q.ref, k ? &*k->ref : nullptr));
+  rope_apply_reference(make_params(c, f, pos, q, k ? &*k : nullptr, *q.ref, k ? &*k->ref : nullptr));
   const double s = c.direction == RopeDirection::Inverse ? 1.0 / f.attention_factor : f.attention_factor;
   const double tol = element_tol(c.dtype, s, 1.0);  // fill_uniform draws from [-1, 1)
 
@@ -231,7 +232,7 @@ double run_case(const Case& c, const std::vector<int64_t>& targets) {
     detail::force_simd_target(target);
     std::memcpy(q.fast->data(), q_fast0.data(), q_fast0.size());  // in place: start from the input again
     if (k) std::memcpy(k->fast->data(), k_fast0.data(), k_fast0.size());
-    rope_apply(f, make_params(c, pos, q, k ? &*k : nullptr, *q.fast, k ? &*k->fast : nullptr));
+    rope_apply(make_params(c, f, pos, q, k ? &*k : nullptr, *q.fast, k ? &*k->fast : nullptr));
     worst = std::max(worst, compare_view(c, q, tol));
     if (k) worst = std::max(worst, compare_view(c, *k, tol));
     if (!c.in_place) {  // out of place, the input is read only
@@ -641,6 +642,55 @@ TEST(rope_kernels, PositionsUpTo2Pow24AndBeyond) {
     c.k_heads = 0;
     c.positions = &pos;
     EXPECT_LE(run_case(c, detail::simd_targets()), 1.0);
+  }
+}
+
+// The Params convention (rope.h): the frequencies travel in RopeParams::freqs, required even for zero tokens; the
+// earlier rope_apply(freqs, params) form gives bitwise the same result, its argument taking the place of p.freqs.
+TEST(rope_kernels, FreqsInParamsAndTheEarlierFormAgree) {
+  const int D = 64, H = 2;
+  const int64_t T = 5;
+  const RopeFreqs f = make_freqs(D, 48, RopeLayout::Interleaved, 1.25);
+  const RopeFreqs other = make_freqs(D, D, RopeLayout::HalfSplit);
+  GuardedBuffer x(DType::F32, T * H * D), y_new(DType::F32, T * H * D), y_old(DType::F32, T * H * D),
+      y_ref_new(DType::F32, T * H * D), y_ref_old(DType::F32, T * H * D);
+  test::fill_uniform(x, 11);
+  const std::vector<int64_t> pos = {0, 3, 70, 1000, 123456};
+  RopeParams p;
+  p.tokens = T;
+  p.positions = pos.data();
+  p.q_in = {x.data(), H, H * D, D};
+  auto out = [&](GuardedBuffer& b) {
+    RopeParams q = p;
+    q.q_out = {b.data(), H, H * D, D};
+    return q;
+  };
+  RopeParams with = out(y_new);
+  with.freqs = &f;
+  rope_apply(with);
+  rope_apply(f, out(y_old));  // p.freqs null here
+  EXPECT_EQ(y_new.to_double(), y_old.to_double());
+  RopeParams ref = out(y_ref_new);
+  ref.freqs = &f;
+  rope_apply_reference(ref);
+  RopeParams ref_old = out(y_ref_old);
+  ref_old.freqs = &other;  // replaced by the argument
+  rope_apply_reference(f, ref_old);
+  EXPECT_EQ(y_ref_new.to_double(), y_ref_old.to_double());
+  EXPECT_NE(y_new.to_double(), x.to_double());  // it did rotate
+  EXPECT_NO_THROW(validate_rope_params(with));
+  EXPECT_NO_THROW(validate_rope_params(f, out(y_old)));
+
+  RopeParams none;  // tokens = 0, freqs null
+  for (const RopeParams& bad : {none, out(y_new)}) {
+    for (int reference = 0; reference < 2; ++reference) {
+      try {
+        reference ? rope_apply_reference(bad) : rope_apply(bad);
+        ADD_FAILURE() << "no rotary::Error for a null freqs";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("freqs = null"), std::string::npos) << e.what();
+      }
+    }
   }
 }
 

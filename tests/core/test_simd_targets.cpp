@@ -60,5 +60,23 @@ TEST(simd_targets, CeilingFromTheEnvironmentReachesDispatch) {
   EXPECT_STREQ(rope_simd_target(), detail::simd_target_name(targets.front()));
 }
 
+// Every kernel file is compiled for the same targets (the one policy in core/CMakeLists.txt), so forcing any target
+// simd_targets() lists runs that target's code in each of them; a kernel compiled for fewer targets would fall back
+// to another one here (attention used to run its scalar fallback under sse4).
+TEST(simd_targets, EveryKernelRunsEveryListedTarget) {
+  const std::vector<int64_t> targets = detail::simd_targets();
+  ASSERT_FALSE(targets.empty());
+  for (int64_t t : targets) {
+    const std::string want = detail::simd_target_name(t);
+    detail::force_simd_target(t);
+    EXPECT_EQ(rope_simd_target(), want);
+    EXPECT_EQ(detail::angles_simd_target(), want);
+    EXPECT_EQ(detail::decode_simd_target(), want);
+    EXPECT_EQ(detail::attention_forward_simd_target(), want);
+    EXPECT_EQ(detail::attention_backward_simd_target(), want);
+  }
+  detail::force_simd_target(0);
+}
+
 }  // namespace
 }  // namespace rotary

@@ -31,13 +31,14 @@ at::Tensor rope_cpu(const at::Tensor& x, const at::Tensor& positions, const at::
   const RopeFreqs f = freqs_from(inv_freq, attention_factor, std::string(layout), x3.size(2));
   at::Tensor out = at::empty_like(x3, at::MemoryFormat::Contiguous);
   RopeParams p;
+  p.freqs = &f;
   p.tokens = tokens;
   p.positions = pos.data_ptr<int64_t>();
   p.dtype = core_dtype(x, "x");
   p.q_in = heads_view(x3);
   p.q_out = heads_view(out);
   p.direction = parse_direction(std::string(direction));
-  rope_apply(f, p);
+  rope_apply(p);
   return out.view(x.sizes());
 }
 

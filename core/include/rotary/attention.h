@@ -33,7 +33,8 @@ enum class PositionMode : uint8_t { None, Rope, Rerope, LeakyRerope };
 
 struct PositionParams {
   PositionMode mode = PositionMode::None;
-  const RopeFreqs* freqs = nullptr;  // required unless mode == None; freqs->head_dim must equal head_dim
+  const RopeFreqs* freqs = nullptr;  // required unless mode == None; freqs->head_dim must equal head_dim (rope.h: the
+                                     // Params convention)
   bool roper = false;                // RoPER value/output rotation (pure rotation: no attention factor); needs mode != None
   int64_t window = 0;                // w > 0 for Rerope / LeakyRerope
   double leaky_k = 1.0;              // k > 0 for LeakyRerope (k = 1 is plain RoPE)
@@ -56,7 +57,7 @@ struct AttentionParams {
   bool causal = true;                  // key j visible to query i iff j <= i (by index inside the sequence)
   double softmax_scale = 0;            // 0 means 1/sqrt(D)
   PositionParams pos;
-  int threads = 0;                     // OpenMP threads (forward and backward); 0: omp_get_max_threads()
+  int threads = 0;                     // OpenMP threads at most (forward and backward); 0: omp_get_max_threads()
 };
 
 struct AttentionGradParams {

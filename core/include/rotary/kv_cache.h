@@ -40,6 +40,7 @@ struct KvCacheConfig {
   int head_dim = 0;          // D, 1..4096
   DType dtype = DType::F32;  // storage of keys, values, q and o
   PositionParams pos;        // as attention.h; *pos.freqs is copied into the cache
+  int threads = 0;           // OpenMP threads of append at most; 0: omp_get_max_threads() (short appends use one)
 };
 
 // How the cache lays out a stored key or value row (element offsets; every pad holds zeros). Rotary pair i of the
@@ -101,7 +102,7 @@ struct DecodeParams {
   const int64_t* q_positions = nullptr;  // [batch], each >= its cache's last position; null: the last position
                                          // (the new token's k, v already appended, the usual decode step)
   double softmax_scale = 0;              // 0 means 1/sqrt(D)
-  int threads = 0;                       // OpenMP threads; 0: omp_get_max_threads()
+  int threads = 0;                       // OpenMP threads at most; 0: omp_get_max_threads()
   int64_t split_keys = 0;                // keys per split-K chunk; 0: automatic (enough chunks for the threads)
 };
 

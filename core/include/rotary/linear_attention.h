@@ -34,7 +34,7 @@ struct LinearAttentionParams {
   const int64_t* positions = nullptr;   // [tokens], |pos| <= 2^53; null: index inside its sequence
   bool causal = true;
   const RopeFreqs* freqs = nullptr;  // null: no rotation (plain linear attention); else head_dim must match
-  int threads = 0;                   // OpenMP threads over (sequence, head); 0: omp_get_max_threads()
+  int threads = 0;                   // OpenMP threads at most, over (sequence, head); 0: omp_get_max_threads()
 };
 
 struct LinearAttentionGradParams {

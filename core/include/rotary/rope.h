@@ -7,6 +7,14 @@
 // Each token has its own int64 position (packed sequences, left padding, speculative trees).
 // rope_apply is the fast kernel (Highway SIMD, runtime dispatch, OpenMP over tokens);
 // rope_apply_reference is the float64 scalar oracle with the same contract.
+//
+// The convention of every Params struct of the core (RopeParams here, AttentionParams / PositionParams in
+// attention.h, LinearAttentionParams, KvCacheConfig / DecodeParams in kv_cache.h):
+//   - the frequencies are a member `const RopeFreqs* freqs` (in PositionParams where a position mode picks how
+//     they are used), never a separate argument; the caller keeps them alive for the call (a KvCache copies them);
+//   - `int threads`: OpenMP threads at most, 0: omp_get_max_threads() (a kernel may use fewer when the work is
+//     small); the gradient Params use their `fwd.threads`.
+// rope_apply(freqs, params), the form before this rule, stays as an inline overload below.
 #pragma once
 
 #include <cstdint>
@@ -31,6 +39,7 @@ enum class RopeDirection : uint8_t {
 };
 
 struct RopeParams {
+  const RopeFreqs* freqs = nullptr;    // required: the rotation's frequencies, layout and attention factor
   int64_t tokens = 0;
   const int64_t* positions = nullptr;  // [tokens]
   DType dtype = DType::F32;            // storage of q, k and their outputs; arithmetic in fp32 (fp64 for F64)
@@ -40,12 +49,30 @@ struct RopeParams {
   int threads = 0;                     // OpenMP threads at most; 0: omp_get_max_threads() (small calls use fewer)
 };
 
-// Throws rotary::Error on any field that does not fit (null data, heads < 1, strides that overlap, ...).
-void validate_rope_params(const RopeFreqs& f, const RopeParams& p);
+// Throws rotary::Error on any field that does not fit (null freqs or data, heads < 1, strides that overlap, ...).
+void validate_rope_params(const RopeParams& p);
 
 // Features [0, rotary_dim) rotate; [rotary_dim, head_dim) are copied (out of place) or left alone (in place).
-void rope_apply(const RopeFreqs& f, const RopeParams& p);
-void rope_apply_reference(const RopeFreqs& f, const RopeParams& p);
+void rope_apply(const RopeParams& p);
+void rope_apply_reference(const RopeParams& p);
+
+// The earlier form with the frequencies as a separate argument (lab/bench and older callers): `f` takes the place
+// of p.freqs, whatever that holds.
+inline void validate_rope_params(const RopeFreqs& f, const RopeParams& p) {
+  RopeParams with = p;
+  with.freqs = &f;
+  validate_rope_params(with);
+}
+inline void rope_apply(const RopeFreqs& f, const RopeParams& p) {
+  RopeParams with = p;
+  with.freqs = &f;
+  rope_apply(with);
+}
+inline void rope_apply_reference(const RopeFreqs& f, const RopeParams& p) {
+  RopeParams with = p;
+  with.freqs = &f;
+  rope_apply_reference(with);
+}
 
 // The Highway target rope_apply dispatches to on this CPU ("AVX3", "AVX2", ...), for benchmark reports.
 const char* rope_simd_target();

@@ -1,4 +1,4 @@
-// core/src/attention_forward_kernels-inl.h (internal, per Highway target): the tile products and the online
+// core/src/attention_kernels-inl.h (internal, per Highway target): the tile products and the online
 // softmax row step shared by the fused forward and backward.
 //
 // TileGemm: C[M, ncols] (=|+=) A[M, K] * B[K, ncols] with A read through strides (so A can be a transposed

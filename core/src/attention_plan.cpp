@@ -1,5 +1,6 @@
-// The O(N) part of the fused attention: resolving the call into a Plan and rotating q, k, v (and do) once into
-// padded scratch rows, in the form each tile product needs (attention_forward_plan.h).
+// core/src/attention_plan.cpp: the per-call part of the fused attention compiled once (not per SIMD target): the call
+// resolved into a Plan, the row transform of each input in each mode, the scratch arena and a token's cos/sin
+// (attention_plan.h). The per-target pre-rotation that uses them is attention_prep-inl.h.
 #include <omp.h>
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include <mutex>
 #include <new>
 
-#include "attention_forward_plan.h"
+#include "attention_plan.h"
 #include "rotary/angles.h"
 
 namespace rotary::attn {

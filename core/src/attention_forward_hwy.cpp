@@ -1,15 +1,12 @@
 // Fused attention forward (flash-attention-2 on the CPU): per (sequence, query head, query tile) an online
-// softmax over key tiles, no N x N buffer. q and k are rotated once into scratch (attention_forward_plan.h):
+// softmax over key tiles, no N x N buffer. q and k are rotated once into scratch (attention_plan.h):
 // Qn/Kn for RoPE scores, and for ReRoPE/Leaky also Qf/Kf for scores beyond the window. Each (query tile, key
 // tile) pair is classified by its distance range: entirely inside the window -> one product Qn Kn^T, entirely
 // beyond -> one product Qf Kf^T, straddling -> both, selected per element by pos_i - pos_j < w.
 // RoPER keeps two accumulators under ReRoPE/Leaky (values R(pos_j) v_j inside, the far form beyond) and
 // rotates each back once per row at the end.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention_forward.cpp"
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)  // AVX2, AVX-512 and the scalar fallback suffice
-#endif
+#define HWY_TARGET_INCLUDE "attention_forward_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <omp.h>
@@ -19,10 +16,11 @@
 #include <limits>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_prep-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_prep-inl.h"
+#include "attention_plan.h"
 #include "hwy/highway.h"
+#include "simd_targets.h"
 
 #ifndef ROTARY_ATTENTION_FORWARD_SHARED_
 #define ROTARY_ATTENTION_FORWARD_SHARED_
@@ -215,6 +213,8 @@ void ForwardTyped(const AttentionParams& p, const Plan& pl, Arena& arena, int th
 void ForwardF32(const AttentionParams& p, const Plan& pl, Arena& arena, int threads) {
   ForwardTyped<float>(p, pl, arena, threads);
 }
+const char* ForwardTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 void ForwardF64(const AttentionParams& p, const Plan& pl, Arena& arena, int threads) {
   ForwardTyped<double>(p, pl, arena, threads);
 }
@@ -228,6 +228,7 @@ namespace rotary {
 namespace attn {
 HWY_EXPORT(ForwardF32);
 HWY_EXPORT(ForwardF64);
+HWY_EXPORT(ForwardTargetName);
 
 namespace {
 int forward_threads(const Plan& pl, int threads) {
@@ -247,6 +248,10 @@ void run_forward(const AttentionParams& p, const Plan& pl, Arena& arena, int thr
 }
 }  // namespace
 }  // namespace attn
+
+const char* detail::attention_forward_simd_target() {
+  return HWY_DYNAMIC_DISPATCH(attn::ForwardTargetName)();
+}
 
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads) {
   validate_attention_params(p);

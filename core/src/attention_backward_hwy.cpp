@@ -9,10 +9,7 @@
 // atomics; at the end they go back through the transposes of the rotations (and of the log-n and softmax
 // scales) and dk/dv sum over the query heads of their group.
 #undef HWY_TARGET_INCLUDE
-#define HWY_TARGET_INCLUDE "attention_backward.cpp"
-#ifndef HWY_DISABLED_TARGETS
-#define HWY_DISABLED_TARGETS (HWY_SSSE3 | HWY_SSE4)  // AVX2, AVX-512 and the scalar fallback suffice
-#endif
+#define HWY_TARGET_INCLUDE "attention_backward_hwy.cpp"
 #include "hwy/foreach_target.h"  // IWYU pragma: keep
 
 #include <omp.h>
@@ -22,10 +19,11 @@
 #include <cstring>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_prep-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_prep-inl.h"
+#include "attention_plan.h"
 #include "hwy/highway.h"
+#include "simd_targets.h"
 
 #ifndef ROTARY_ATTENTION_BACKWARD_SHARED_
 #define ROTARY_ATTENTION_BACKWARD_SHARED_
@@ -269,6 +267,8 @@ void BackwardTyped(const AttentionGradParams& g, const Plan& pl, Arena& arena, i
 void BackwardF32(const AttentionGradParams& g, const Plan& pl, Arena& arena, int threads) {
   BackwardTyped<float>(g, pl, arena, threads);
 }
+const char* BackwardTargetName() { return hwy::TargetName(HWY_TARGET); }
+
 void BackwardF64(const AttentionGradParams& g, const Plan& pl, Arena& arena, int threads) {
   BackwardTyped<double>(g, pl, arena, threads);
 }
@@ -282,6 +282,7 @@ namespace rotary {
 namespace attn {
 HWY_EXPORT(BackwardF32);
 HWY_EXPORT(BackwardF64);
+HWY_EXPORT(BackwardTargetName);
 
 namespace {
 int backward_threads(const Plan& pl, int threads) {
@@ -300,6 +301,10 @@ void run_backward(const AttentionGradParams& g, const Plan& pl, Arena& arena, in
 }
 }  // namespace
 }  // namespace attn
+
+const char* detail::attention_backward_simd_target() {
+  return HWY_DYNAMIC_DISPATCH(attn::BackwardTargetName)();
+}
 
 int64_t attention_backward_scratch_bytes(const AttentionGradParams& g, int threads) {
   validate_attention_grad_params(g);

@@ -1,4 +1,4 @@
-// core/src/attention_forward_plan.h (internal): what the fused attention kernels share - the resolved call
+// core/src/attention_plan.h (internal): what the fused attention kernels share - the resolved call
 // (sequences, positions, mode), the scratch layout, and the O(N) pre-rotation of q, k, v (and do) into padded
 // fp32 (fp64 for F64) rows in the form each tile product needs.
 //

@@ -1,10 +1,10 @@
-// core/src/attention_forward_prep-inl.h (internal, per Highway target): the pre-rotation of q, k, v (and do)
-// into scratch (PrepJob, attention_forward_plan.h), vectorised: it is O(N) work but at N = 1024 a scalar
+// core/src/attention_prep-inl.h (internal, per Highway target): the pre-rotation of q, k, v (and do)
+// into scratch (PrepJob, attention_plan.h), vectorised: it is O(N) work but at N = 1024 a scalar
 // version took ~10% of a forward call.
 //
-// A row through a transform: y[a] = x[a] C[a] + x[partner(a)] S[a] for rotated features a < r, with C and S
-// the token's cos/sin expanded to feature order and pre-multiplied by the row's factor (sign folded into S);
-// y[a] = qs x[a] for pass-through features; y[D:Dp] = 0.
+// A row through a transform: its rotated pairs turned by the shared pair rotation (rotate_pairs-inl.h) with the
+// token's cos/sin pre-multiplied by the row's factor (the sign of a transpose folded into the sin); y[a] = qs x[a]
+// for pass-through features; y[D:Dp] = 0.
 #if defined(ROTARY_ATTENTION_PREP_INL_H_) == defined(HWY_TARGET_TOGGLE)
 #ifdef ROTARY_ATTENTION_PREP_INL_H_
 #undef ROTARY_ATTENTION_PREP_INL_H_
@@ -18,8 +18,9 @@
 #include <cstring>
 #include <vector>
 
-#include "attention_forward_kernels-inl.h"
-#include "attention_forward_plan.h"
+#include "attention_kernels-inl.h"
+#include "attention_plan.h"
+#include "rotate_pairs-inl.h"
 #include "storage-inl.h"
 #include "storage.h"
 #include "hwy/highway.h"
@@ -30,27 +31,33 @@ namespace HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 
 using simd::HWY_NAMESPACE::LoadRow;
+using simd::HWY_NAMESPACE::RotateHalfSplitRow;
+using simd::HWY_NAMESPACE::RotateInterleavedRow;
+using simd::HWY_NAMESPACE::Turn;
 
-// C, S [r] for one token and transform (see the file comment); returns the pass-through factor qs.
+// The token's cos/sin for one transform, times the row's factor, sign of a transpose folded into S, in the
+// tables the shared pair rotation reads (rotate_pairs-inl.h): per pair (C, S [half]) for half-split, per feature
+// (C, S [r]) for interleaved. Returns the pass-through factor qs.
 template <class T>
 HWY_INLINE T ExpandAngles(const Plan& pl, const RowTransform& tr, int64_t t, const T* c, const T* s, T* C, T* S) {
   const T qs = tr.query_scale ? T(pl.query_scale(t)) : T(1);
   if (tr.angle == Angle::None || pl.pairs == 0) return qs;
   const double af = pl.freqs->attention_factor;
   const T mr = T(double(qs) * (tr.factor_power == 0 ? 1.0 : tr.factor_power == 1 ? af : af * af));
-  const T sg = tr.transpose ? T(-1) : T(1);
-  const int half = pl.pairs;
+  const T ms = tr.transpose ? -mr : mr;
+  const int half = pl.pairs, NL = int(hn::Lanes(Tag<T>()));
+  int n = half;
   if (pl.freqs->layout == RopeLayout::Interleaved) {
     for (int i = 0; i < half; ++i) {
       C[2 * i] = C[2 * i + 1] = c[i] * mr;
-      S[2 * i] = -s[i] * mr * sg, S[2 * i + 1] = s[i] * mr * sg;
+      S[2 * i] = -(s[i] * ms), S[2 * i + 1] = s[i] * ms;
     }
+    n = 2 * half;
   } else {
-    for (int i = 0; i < half; ++i) {
-      C[i] = C[i + half] = c[i] * mr;
-      S[i] = -s[i] * mr * sg, S[i + half] = s[i] * mr * sg;
-    }
+    for (int i = 0; i < half; ++i) C[i] = c[i] * mr, S[i] = s[i] * ms;
   }
+  // A partial last vector reads the tables up to a whole vector (its extra lanes discarded): they must be numbers.
+  for (int i = n; i < (n + NL - 1) / NL * NL; ++i) C[i] = S[i] = T(0);
   return qs;
 }
 
@@ -59,33 +66,13 @@ template <class T>
 HWY_INLINE void RotateRow(const Plan& pl, bool rotate, const T* HWY_RESTRICT C, const T* HWY_RESTRICT S, T qs,
                           const T* HWY_RESTRICT x, T* HWY_RESTRICT y) {
   const Tag<T> d;
-  const int NL = int(hn::Lanes(d));
   const int r = rotate ? pl.freqs->rotary_dim : 0, D = pl.D;
   if (r > 0) {
-    if (pl.freqs->layout == RopeLayout::Interleaved) {
-      int a = 0;
-#if HWY_TARGET != HWY_SCALAR
-      for (; a + NL <= r; a += NL) {
-        const auto xv = hn::LoadU(d, x + a);
-        hn::StoreU(hn::MulAdd(xv, hn::LoadU(d, C + a), hn::Mul(hn::Reverse2(d, xv), hn::LoadU(d, S + a))), d, y + a);
-      }
-#endif
-      for (; a < r; ++a) y[a] = x[a] * C[a] + x[a ^ 1] * S[a];
-    } else {
-      const int half = r / 2;
-      int a = 0;
-      for (; a + NL <= half; a += NL) {
-        const auto x1 = hn::LoadU(d, x + a), x2 = hn::LoadU(d, x + a + half);
-        hn::StoreU(hn::MulAdd(x1, hn::LoadU(d, C + a), hn::Mul(x2, hn::LoadU(d, S + a))), d, y + a);
-        hn::StoreU(hn::MulAdd(x2, hn::LoadU(d, C + a + half), hn::Mul(x1, hn::LoadU(d, S + a + half))), d,
-                   y + a + half);
-      }
-      for (; a < half; ++a) {
-        const T x1 = x[a], x2 = x[a + half];
-        y[a] = x1 * C[a] + x2 * S[a];
-        y[a + half] = x2 * C[a + half] + x1 * S[a + half];
-      }
-    }
+    // C, S hold the per-pair tables (half-split) or the per-feature ones (interleaved): ExpandAngles.
+    if (pl.freqs->layout == RopeLayout::Interleaved)
+      RotateInterleavedRow<Turn::Forward>(d, x, y, size_t(r), C, S);
+    else
+      RotateHalfSplitRow<Turn::Forward>(d, x, y, size_t(r / 2), C, S);
   }
   for (int a = r; a < D; ++a) y[a] = qs * x[a];
   for (int a = D; a < pl.Dp; ++a) y[a] = T(0);
