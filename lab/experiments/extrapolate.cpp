@@ -13,6 +13,7 @@
 #include "experiments/extrapolate_eval.h"
 #include "experiments/extrapolate_report.h"
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 #include "rotary_nn/model.h"
 #include "train/checkpoint.h"
 #include "train/summary.h"
@@ -44,23 +45,6 @@ struct Prepared {
   TrainConfig config;
   nn::Transformer model{nullptr};
 };
-
-nn::Transformer load_model(const std::string& path, TrainConfig& config, int64_t& step) {
-  CheckpointMeta meta = read_checkpoint_meta(path);
-  from_json(meta.config, config);
-  nn::Transformer model(config.model);
-  load_checkpoint(path, *model, nullptr, /*restore_torch_rng=*/false);
-  model->eval();
-  step = meta.step;
-  return model;
-}
-
-// A checkpoint file, or a run directory holding checkpoint.pt.
-std::string resolve_checkpoint(const std::string& where) {
-  const std::string path = lab::file_exists(where) ? where : checkpoint_path(where);
-  if (!lab::file_exists(path)) throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
-  return path;
-}
 
 // Trains the run (or reuses a finished one, or continues an interrupted one) unless a checkpoint is given, then
 // loads it. Returns false when training was interrupted.
@@ -103,8 +87,11 @@ bool prepare(const TrainConfig& run, const std::string& checkpoint, const std::s
   } else {
     path = resolve_checkpoint(path);
   }
-  out.model = load_model(path, out.config, out.info.step);
-  out.info.checkpoint = path;
+  train::TrainedModel loaded = load_trained_model(path);
+  out.model = loaded.model;
+  out.config = loaded.config;
+  out.info.step = loaded.step;
+  out.info.checkpoint = loaded.checkpoint;
   out.info.train_len = out.config.seq_len;
   out.info.trained_logn = out.config.model.encoding.logn_train_len > 0;
   const nn::ModelConfig& m = out.config.model;
@@ -190,7 +177,11 @@ class CellRunner {
       return same;
     }
     if (lab::file_exists(path)) {
-      nlohmann::json stored = nlohmann::json::parse(lab::read_file(path), nullptr, false);
+      nlohmann::json stored;  // stays null (computed again below) if the file is not readable JSON
+      try {
+        stored = parse_json(lab::read_file(path), path);
+      } catch (const Error&) {
+      }
       bool readable = false;
       if (stored.is_object() && stored.value("settings", nlohmann::json()) == settings && stored.contains("result")) {
         try {

@@ -9,6 +9,7 @@
 #include "common/files.h"
 #include "rotary/error.h"
 #include "train/config.h"
+#include "train/trainer.h"
 
 namespace rotary::train {
 
@@ -35,14 +36,15 @@ CheckpointMeta read_checkpoint_meta(const std::string& path) {
   return decode_checkpoint(path, read_checkpoint_bytes(path)).meta;
 }
 
-CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
-                               bool restore_torch_rng) {
-  const std::string bytes = read_checkpoint_bytes(path);
-  const DecodedCheckpoint d = decode_checkpoint(path, bytes);
+namespace {
+
+// The payload (a torch archive) into the model, the optimizer and the torch generator.
+void load_payload(const std::string& path, std::string_view payload, torch::nn::Module& model,
+                  torch::optim::Optimizer* optimizer, bool restore_torch_rng) {
   torch::serialize::InputArchive root, model_ar, optim_ar;
   bool has_optimizer = false;
   try {
-    root.load_from(d.payload.data(), d.payload.size());
+    root.load_from(payload.data(), payload.size());
     root.read("model", model_ar);
     model.load(model_ar);
     has_optimizer = optimizer && root.try_read("optimizer", optim_ar);
@@ -64,7 +66,38 @@ CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model
       gen.set_state(state);
     }
   }
+}
+
+}  // namespace
+
+CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
+                               bool restore_torch_rng) {
+  const std::string bytes = read_checkpoint_bytes(path);
+  const DecodedCheckpoint d = decode_checkpoint(path, bytes);
+  load_payload(path, d.payload, model, optimizer, restore_torch_rng);
   return d.meta;
+}
+
+std::string resolve_checkpoint(const std::string& where) {
+  const std::string path = lab::file_exists(where) ? where : checkpoint_path(where);
+  if (!lab::file_exists(path))
+    throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
+  return path;
+}
+
+TrainedModel load_trained_model(const std::string& where) {
+  TrainedModel t;
+  t.checkpoint = resolve_checkpoint(where);
+  const auto slash = t.checkpoint.find_last_of('/');
+  t.run_dir = slash == std::string::npos ? "." : t.checkpoint.substr(0, slash);
+  const std::string bytes = read_checkpoint_bytes(t.checkpoint);
+  const DecodedCheckpoint d = decode_checkpoint(t.checkpoint, bytes);
+  from_json(d.meta.config, t.config);
+  t.step = d.meta.step;
+  t.model = nn::Transformer(t.config.model);
+  load_payload(t.checkpoint, d.payload, *t.model, nullptr, /*restore_torch_rng=*/false);
+  t.model->eval();
+  return t;
 }
 
 void check_config_matches(const std::string& path, const nlohmann::json& checkpoint_config,

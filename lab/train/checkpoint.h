@@ -10,7 +10,9 @@
 
 #include <string>
 
+#include "rotary_nn/model.h"
 #include "train/checkpoint_file.h"
+#include "train/config.h"
 
 namespace rotary::train {
 
@@ -27,6 +29,22 @@ CheckpointMeta read_checkpoint_meta(const std::string& path);
 // module shapes fit.
 CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model, torch::optim::Optimizer* optimizer,
                                bool restore_torch_rng);
+
+// A trained model ready to score or generate: what `rotary eval`, `generate`, `decay` and `extrapolate` load.
+struct TrainedModel {
+  std::string checkpoint;  // the file
+  std::string run_dir;     // its directory
+  TrainConfig config;      // the run's settings, as stored (validated when read)
+  int64_t step = 0;
+  nn::Transformer model{nullptr};  // in eval mode
+};
+
+// The checkpoint file of `where`: the file itself, or <where>/checkpoint.pt for a run directory. rotary::Error
+// naming `where` if neither exists.
+std::string resolve_checkpoint(const std::string& where);
+// Reads the checkpoint of `where` once (all of checkpoint_file.h's checks), builds the model its config describes
+// and loads its parameters.
+TrainedModel load_trained_model(const std::string& where);
 
 // rotary::Error "checkpoint <path> was written for a different run: model.encoding.kind = "roper" there,
 // "rope" here" for the first differing non-bookkeeping field (config.h: first_difference).

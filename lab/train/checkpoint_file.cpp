@@ -8,6 +8,7 @@
 
 #include "common/files.h"
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 #include "train/config.h"
 
 namespace rotary::train {
@@ -51,11 +52,7 @@ T get_le(const char* p) {
 }
 
 // A metadata field for a message: short, whatever the file holds.
-std::string shown(const nlohmann::json& v) {
-  if (v.is_structured()) return v.is_object() ? "{...}" : "[...]";
-  std::string s = v.dump();
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
-}
+std::string shown(const nlohmann::json& v) { return json_excerpt(v, 60); }
 
 // Every metadata field range-checked; `known` lists the keys this version writes.
 CheckpointMeta meta_from_json(const std::string& path, const nlohmann::json& j, uint32_t version,
@@ -105,9 +102,11 @@ CheckpointMeta meta_from_json(const std::string& path, const nlohmann::json& j, 
 }
 
 nlohmann::json parse_meta(const std::string& path, std::string_view text) {
-  nlohmann::json j = nlohmann::json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) bad(path, "has unreadable metadata (not JSON)");
-  return j;
+  try {
+    return parse_json(text, "checkpoint " + path + " metadata");  // nesting bounded (rotary/json_guard.h)
+  } catch (const Error& e) {
+    bad(path, "has unreadable metadata: " + std::string(e.what()));
+  }
 }
 
 DecodedCheckpoint decode_v1(const std::string& path, std::string_view bytes) {

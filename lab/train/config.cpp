@@ -259,7 +259,7 @@ void TrainConfig::validate() const {
   check(eval_batches >= 0, "eval_batches", eval_batches, "an integer >= 0");
   check(eval_problems >= 0, "eval_problems", eval_problems, "an integer >= 0");
   check(checkpoint_interval >= 0, "checkpoint_interval", checkpoint_interval, "an integer >= 0");
-  check(threads >= 0, "threads", threads, "an integer >= 0 (0 = automatic)");
+  check(threads >= 0 && threads <= 4096, "threads", threads, "an integer in [0, 4096] (0 = automatic)");
   check(!out_dir.empty(), "out_dir", "\"\"", "a directory path");
   check(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "0 (from the task) or the task's vocabulary size");
   nn::ModelConfig m = model;

@@ -79,7 +79,7 @@ int64_t stop_token(const lab::Task& task) {
 }
 
 void check_positions_suffice(const nn::ModelConfig& model, const lab::Task& task, int seq_len, int n, uint64_t seed) {
-  if (model.encoding.kind != "learned") return;  // every other encoding takes any position
+  if (model.encoding.kind != nn::EncodingKind::Learned) return;  // every other encoding takes any position
   const std::string allowed = "<= model.max_seq_len = " + std::to_string(model.max_seq_len) +
                               " with learned absolute positions (raise --max-seq-len)";
   check(seq_len <= model.max_seq_len, "seq_len", seq_len, allowed);

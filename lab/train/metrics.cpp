@@ -11,6 +11,7 @@
 
 #include "common/files.h"
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 
 namespace rotary::train {
 namespace {
@@ -40,7 +41,11 @@ std::string to_jsonl(const MetricsRow& r) {
 }
 
 MetricsRow from_jsonl(const std::string& line) {
-  nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  nlohmann::json j;
+  try {
+    j = parse_json(line, "metrics line");
+  } catch (const Error&) {
+  }  // not an object: refused below with the line itself
   if (!j.is_object() || !j.contains("step") || !j["step"].is_number_integer() || !j.contains("loss"))
     fail("metrics line", line.substr(0, 80), "a JSON object with an integer step and a loss");
   MetricsRow r;

@@ -5,6 +5,7 @@
 
 #include "common/files.h"
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 
 namespace rotary::train {
 
@@ -35,8 +36,12 @@ void from_json(const nlohmann::json& j, RunSummary& s) {
 std::optional<RunSummary> read_summary(const std::string& dir) {
   const std::string path = lab::join_path(dir, "summary.json");
   if (!lab::file_exists(path)) return std::nullopt;
-  nlohmann::json j = nlohmann::json::parse(lab::read_file(path), nullptr, false);
-  if (j.is_discarded()) throw Error("rotary: " + path + " is not valid JSON; delete it to rerun that run");
+  nlohmann::json j;
+  try {
+    j = parse_json(lab::read_file(path), path);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + "; delete " + path + " to rerun that run");
+  }
   try {
     return j.get<RunSummary>();
   } catch (const nlohmann::json::exception& e) {

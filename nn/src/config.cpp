@@ -7,6 +7,7 @@
 #include <span>
 
 #include "rotary/error.h"
+#include "rotary/json_guard.h"
 #include "rotary_nn/config.h"
 
 namespace rotary::nn {
@@ -29,29 +30,30 @@ template <class T>
 void read(const json& j, const char* key, const std::string& prefix, T& out) {
   if (!j.contains(key)) return;
   const json& v = j.at(key);
-  const std::string field = prefix + key;
+  // Messages are built only on failure, and show the value shortened (json_excerpt), however large or deep.
+  auto refuse = [&](std::string_view allowed) { fail(prefix + key, json_excerpt(v), allowed); };
   if constexpr (std::is_same_v<T, bool>) {
-    check(v.is_boolean(), field, v.dump(), "true or false");
+    if (!v.is_boolean()) refuse("true or false");
   } else if constexpr (std::is_integral_v<T>) {
-    check(v.is_number_integer(), field, v.dump(), "an integer");
+    if (!v.is_number_integer()) refuse("an integer");
     const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
                                              : v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
                                                    v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
-    check(fits, field, v.dump(), "an integer in range of " + std::string(sizeof(T) == 8 ? "int64" : "int32"));
+    if (!fits) refuse("an integer in range of " + std::string(sizeof(T) == 8 ? "int64" : "int32"));
   } else if constexpr (std::is_floating_point_v<T>) {
-    check(v.is_number(), field, v.dump(), "a number");
+    if (!v.is_number()) refuse("a number");
   } else if constexpr (std::is_same_v<T, std::string>) {
-    check(v.is_string(), field, v.dump(), "a string");
+    if (!v.is_string()) refuse("a string");
   }
   if constexpr (std::is_same_v<T, std::vector<double>>) {
-    check(v.is_array() && std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number(); }), field,
-          v.dump(), "an array of numbers");
+    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number(); }))
+      refuse("an array of numbers");
   }
   out = v.get<T>();
 }
 
 void reject_unknown(const json& j, std::initializer_list<const char*> known, const std::string& prefix) {
-  check(j.is_object(), prefix.empty() ? "config" : prefix.substr(0, prefix.size() - 1), j.dump(), "a JSON object");
+  if (!j.is_object()) fail(prefix.empty() ? "config" : prefix.substr(0, prefix.size() - 1), json_excerpt(j), "a JSON object");
   std::set<std::string> names(known.begin(), known.end());
   std::string list;
   for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);

@@ -132,7 +132,9 @@ TEST_F(Trainer, NonFiniteLossStopsTheRunAndKeepsTheLastCheckpoint) {
   const std::vector<MetricsRow> rows = read_metrics(lab::join_path(dir, "metrics.jsonl"));
   EXPECT_EQ(static_cast<int64_t>(rows.size()), r.step);
   for (const MetricsRow& row : rows) EXPECT_TRUE(std::isfinite(row.loss));
-  if (r.step > 0) EXPECT_EQ(read_checkpoint_meta(checkpoint_path(dir)).step, r.step);
+  if (r.step > 0) {
+    EXPECT_EQ(read_checkpoint_meta(checkpoint_path(dir)).step, r.step);
+  }
   std::optional<RunSummary> s = read_summary(dir);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->status, "non_finite");

@@ -18,30 +18,16 @@
 
 namespace rotary::cli {
 
-struct LoadedRun {
-  std::string checkpoint;  // the file
-  std::string run_dir;     // its directory
-  train::TrainConfig config;
-  int64_t step = 0;
+// A trained model (train/checkpoint.h) with its task, for commands that feed it text.
+struct LoadedRun : train::TrainedModel {
   std::unique_ptr<lab::Task> task;
-  nn::Transformer model{nullptr};
 };
 
 // `where` is a checkpoint file or a run directory holding checkpoint.pt.
 inline LoadedRun load_run(const std::string& where) {
   LoadedRun run;
-  run.checkpoint = lab::file_exists(where) ? where : train::checkpoint_path(where);
-  if (!lab::file_exists(run.checkpoint))
-    throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");
-  const auto slash = run.checkpoint.find_last_of('/');
-  run.run_dir = slash == std::string::npos ? "." : run.checkpoint.substr(0, slash);
-  train::CheckpointMeta meta = train::read_checkpoint_meta(run.checkpoint);
-  train::from_json(meta.config, run.config);
+  static_cast<train::TrainedModel&>(run) = train::load_trained_model(where);
   run.task = lab::make_task(run.config.task, run.config.task_options);
-  run.model = nn::Transformer(run.config.model);
-  train::load_checkpoint(run.checkpoint, *run.model, nullptr, /*restore_torch_rng=*/false);
-  run.model->eval();
-  run.step = meta.step;
   return run;
 }
 
