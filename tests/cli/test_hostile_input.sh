@@ -9,26 +9,10 @@ set -u
 ROTARY=${1:?usage: test_hostile_input.sh <rotary binary> <source dir>}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-pass() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/cli_helpers.sh"
 
 [ -x "$ROTARY" ] || { echo "FAIL: no rotary binary at $ROTARY"; exit 1; }
 
-# expect_error <what> <exit code> <text the message must hold> -- command...
-expect_error() {
-  local what=$1 code=$2 text=$3
-  shift 4
-  "$@" > "$W/err.out" 2> "$W/err.txt"
-  local got=$?
-  if [ "$got" != "$code" ]; then
-    fail "$what: exit $got, expected $code ($(head -c 300 "$W/err.txt"))"
-  elif ! grep -qF -- "$text" "$W/err.txt"; then
-    fail "$what: message lacks '$text': $(head -c 300 "$W/err.txt")"
-  else
-    pass "$what"
-  fi
-}
 
 # --- 1. every numeric option of every command states a range ----------------------------------------------------
 # The subcommands, recursively, from the "Subcommands:" sections of --help.

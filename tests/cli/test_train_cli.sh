@@ -9,9 +9,7 @@ set -u
 ROTARY=${1:?usage: test_train_cli.sh <rotary binary> <source dir>}
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
-fails=0
-fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
-pass() { echo "ok: $*"; }
+source "$(dirname "${BASH_SOURCE[0]}")/cli_helpers.sh"
 
 [ -x "$ROTARY" ] || { echo "FAIL: no rotary binary at $ROTARY"; exit 1; }
 if ! "$ROTARY" train --help > /dev/null 2>&1; then
@@ -23,20 +21,6 @@ TINY_SHOWN=(--task addition --max-digits 2 --d-model 16 --n-layers 1 --n-heads 1
             --eval-batches 1 --eval-problems 2 --threads 1)
 TINY=("${TINY_SHOWN[@]}" --no-progress)
 
-# expect_error <what> <exit code> <text the message must hold> -- command...
-expect_error() {
-  local what=$1 code=$2 text=$3
-  shift 4
-  "$@" > "$W/err.out" 2> "$W/err.txt"
-  local got=$?
-  if [ "$got" != "$code" ]; then
-    fail "$what: exit $got, expected $code ($(head -c 300 "$W/err.txt"))"
-  elif ! grep -qF -- "$text" "$W/err.txt"; then
-    fail "$what: message lacks '$text': $(head -c 300 "$W/err.txt")"
-  else
-    pass "$what"
-  fi
-}
 
 # --- 1. a run and its files ------------------------------------------------------------------------------------
 if "$ROTARY" train "${TINY_SHOWN[@]}" --steps 10 --eval-interval 5 --out "$W/run" > "$W/train.out" 2> "$W/train.err"; then
