@@ -10,6 +10,7 @@
 #include <string>
 #include <string_view>
 
+#include "common/files.h"
 #include "rotary/error.h"
 #include "train/checkpoint_file.h"
 
@@ -55,9 +56,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   put(payload.size(), 8);
   frame += text;
   frame += payload;
-  uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a 64, as checkpoint_file.cpp computes it
-  for (unsigned char c : frame) h = (h ^ c) * 0x100000001b3ull;
-  put(h, 8);
+  put(rotary::lab::fnv1a64(frame), 8);
   try {
     check_round_trip(rotary::train::decode_checkpoint("framed.pt", frame));
   } catch (const rotary::Error&) {

@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -42,12 +43,18 @@ void make_dirs(const std::string& path) {
   if (ec) throw Error("rotary: cannot create directory " + path + ": " + ec.message());
 }
 
-std::string read_file(const std::string& path) {
+std::string read_file(const std::filesystem::path& path) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io("read", path);
+  if (!in) fail_io("read", path.string());
   std::ostringstream os;
   os << in.rdbuf();
   return os.str();
+}
+
+uint64_t fnv1a64(std::string_view bytes) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
+  return h;
 }
 
 int remove_stale_temp_files(const std::string& dir) {
@@ -61,7 +68,13 @@ int remove_stale_temp_files(const std::string& dir) {
     const std::string name = it->path().filename().string();
     const size_t at = name.rfind(".tmp.");
     if (at == std::string::npos || at == 0) continue;
-    const std::string pid_text = name.substr(at + 5);
+    // "<pid>" or "<pid>.<n>" (write_file_atomic's own counter)
+    std::string pid_text = name.substr(at + 5);
+    if (const size_t dot = pid_text.find('.'); dot != std::string::npos) {
+      const std::string n = pid_text.substr(dot + 1);
+      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
+      pid_text.resize(dot);
+    }
     if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos)
       continue;
     const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
@@ -74,10 +87,13 @@ int remove_stale_temp_files(const std::string& dir) {
   return removed;
 }
 
-void write_file_atomic(const std::string& path, std::string_view bytes) {
+void write_file_atomic(const std::filesystem::path& target, std::string_view bytes, Durability durability) {
   // The temp file lives in the target's directory so that rename() is atomic (same file system); the pid keeps
-  // concurrent writers (data-parallel ranks, two compares) from sharing a temp file.
-  const std::string tmp = fmt::format("{}.tmp.{}", path, ::getpid());
+  // concurrent writers (data-parallel ranks, two compares) apart, the counter two threads of one process.
+  static std::atomic<unsigned> counter{0};
+  const std::string path = target.string();
+  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
+  const bool durable = durability == Durability::Durable;
   int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) fail_io("create", tmp);
   size_t done = 0;
@@ -91,7 +107,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
     }
     done += static_cast<size_t>(n);
   }
-  if (::fsync(fd) != 0) {
+  if (durable && ::fsync(fd) != 0) {
     ::close(fd);
     ::unlink(tmp.c_str());
     fail_io("fsync", tmp);
@@ -101,6 +117,7 @@ void write_file_atomic(const std::string& path, std::string_view bytes) {
     ::unlink(tmp.c_str());
     fail_io("rename onto", path);
   }
+  if (!durable) return;
   // The rename itself is durable only once the directory entry is on disk.
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   const std::string dir = parent.empty() ? std::string(".") : parent.string();

@@ -5,17 +5,28 @@
 // at any point leaves either the old file or the new one, never a torn one.
 #pragma once
 
+#include <cstdint>
+#include <filesystem>
 #include <string>
 #include <string_view>
 
 namespace rotary::lab {
 
-// Writes `bytes` to `path` atomically (temp + fsync + rename + fsync of the directory). Throws rotary::Error.
-void write_file_atomic(const std::string& path, std::string_view bytes);
+// How long a written file must survive: Durable files (checkpoints, metrics, reports) are fsync'ed with their
+// directory entry before the call returns; Cache files (the text task's corpus, tokenizer and ids, which are
+// rebuilt when missing, and temporary inputs of other programs) skip the fsyncs but are still replaced atomically.
+enum class Durability { Durable, Cache };
+
+// Writes `bytes` to `path` atomically: a temporary "<path>.tmp.<pid>.<n>" in the same directory, renamed over it
+// (plus fsyncs when Durable). Throws rotary::Error naming the path.
+void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
+                       Durability durability = Durability::Durable);
 // The whole file; throws rotary::Error naming the path if it cannot be read.
-std::string read_file(const std::string& path);
+std::string read_file(const std::filesystem::path& path);
+// FNV-1a 64 of `bytes`: the checksum of checkpoints and the identity of a tokenizer model (not cryptographic).
+uint64_t fnv1a64(std::string_view bytes);
 bool file_exists(const std::string& path);
-// Removes the temporary files ("<name>.tmp.<pid>") that write_file_atomic left under `dir` (recursively) when its
+// Removes the temporary files ("<name>.tmp.<pid>[.<n>]") that write_file_atomic left under `dir` (recursively) when its
 // process was killed mid-write: only those whose process no longer runs, so a concurrent writer keeps its own.
 // Returns how many were removed; a missing `dir` is not an error. Runs and experiments call it when they start.
 int remove_stale_temp_files(const std::string& dir);

@@ -8,7 +8,9 @@
 #include "rotary/error.h"
 #include "train/trainer.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 
 CompareSpec default_compare_spec() {
   CompareSpec s;
@@ -86,7 +88,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
       opts.resume = ResumeMode::IfPresent;
       opts.progress = progress;
       opts.label = label;
-      TrainResult r = train(c, opts);
+      TrainResult r = train::train(c, opts);
       if (r.status == TrainStatus::Interrupted) {
         result.interrupted = true;
         result.signal = r.signal;
@@ -114,4 +116,4 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
   return result;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -12,10 +12,10 @@
 #include "experiments/report.h"
 #include "train/config.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 struct CompareSpec {
-  TrainConfig base;                    // encoding kind, seed and out_dir are set per run
+  train::TrainConfig base;                    // encoding kind, seed and out_dir are set per run
   std::vector<std::string> encodings;  // model.encoding.kind values
   int seeds = 3;                       // seeds base.seed, base.seed + 1, ...
   std::string out_dir = "runs/compare";
@@ -37,4 +37,4 @@ struct CompareResult {
 // rotary::Error for an unknown encoding (before anything runs), or a run directory that holds a different run.
 CompareResult run_compare(const CompareSpec& spec, bool progress);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -10,7 +10,7 @@
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 std::vector<double> decay_bound(const RopeFreqs& freqs, int64_t max_distance) {
   freqs.validate();
@@ -210,4 +210,4 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
   return made;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -18,7 +18,7 @@
 #include "rotary_nn/model.h"
 #include "tasks/task.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 // The largest distance a decay curve is computed to: 4 x the longest training length (2^20) the lab accepts;
 // beyond it the CSV alone would grow past a hundred megabytes.
@@ -59,4 +59,4 @@ struct DecayCurve {
 std::vector<std::string> write_decay_outputs(const std::string& out_dir, const std::vector<DecayCurve>& curves,
                                              const MeasuredDecay* measured, std::string& problem);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -19,7 +19,9 @@
 #include "train/summary.h"
 #include "train/trainer.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -71,7 +73,7 @@ bool prepare(const TrainConfig& run, const std::string& checkpoint, const std::s
       opts.resume = ResumeMode::IfPresent;
       opts.progress = progress;
       opts.label = role + " model";
-      TrainResult r = train(run, opts);
+      TrainResult r = train::train(run, opts);
       if (r.status == TrainStatus::Interrupted) {
         result.interrupted = true;
         result.signal = r.signal;
@@ -379,4 +381,4 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
   return result;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -18,14 +18,14 @@
 #include "experiments/extrapolate_methods.h"
 #include "train/config.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 struct ExtrapolateSpec {
-  TrainConfig text;                 // the text model's run (task text, encoding rope; seq_len = L; log-n 0 or L)
+  train::TrainConfig text;                 // the text model's run (task text, encoding rope; seq_len = L; log-n 0 or L)
   std::string text_checkpoint;      // non-empty: load this RoPE model (file or run dir) instead of training
   bool retrieval = false;           // also the kv_retrieval model and its table (off by default: a model that
                                     // retrieves takes far longer to train than the default's budget)
-  TrainConfig kv;                   // the retrieval model's run (task kv_retrieval, same L)
+  train::TrainConfig kv;                   // the retrieval model's run (task kv_retrieval, same L)
   std::string kv_checkpoint;
   std::vector<int> multiples{1, 2, 4, 8};  // test lengths L * m
   std::vector<std::string> methods{std::begin(kExtrapolateMethods), std::end(kExtrapolateMethods)};
@@ -89,4 +89,4 @@ struct ExtrapolateResult {
 
 ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec, bool progress);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -7,7 +7,9 @@
 #include "rotary/error.h"
 #include "train/evaluate.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 
 std::string mode_name(WindowMode m) { return m == WindowMode::Plain ? "text" : "repeated"; }
 
@@ -129,4 +131,4 @@ RetrievalScore score_retrieval(nn::Transformer& model, int test_len, int problem
   return r;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -18,7 +18,7 @@
 #include "rotary_nn/model.h"
 #include "tasks/task.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 enum class WindowMode { Plain, Repeated };
 std::string mode_name(WindowMode m);  // "text", "repeated"
@@ -57,4 +57,4 @@ RetrievalScore score_retrieval(nn::Transformer& model, int test_len, int problem
 // Pairs of a kv_retrieval prompt that fits in test_len tokens.
 int kv_pairs_for_length(int test_len);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

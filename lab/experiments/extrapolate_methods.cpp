@@ -6,7 +6,7 @@
 
 #include "rotary/error.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 namespace {
 
 std::string method_choices() {
@@ -100,4 +100,4 @@ nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& 
   return o;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

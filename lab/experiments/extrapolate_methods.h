@@ -21,7 +21,7 @@
 
 #include "rotary_nn/config.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 inline constexpr std::string_view kExtrapolateMethods[] = {"rope", "pi",     "ntk",    "ntk_mixed",
                                                            "dynamic", "yarn", "rerope", "leaky_rerope"};
@@ -54,4 +54,4 @@ nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& 
 // give every token the frequencies of the whole window, so it is scored by decoding instead.
 bool length_dependent_method(const Method& m);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -10,7 +10,9 @@
 #include "common/files.h"
 #include "common/plots.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 namespace {
 
 // One colour per method name (the log-n variant is dashed).
@@ -323,4 +325,4 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
   return out;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -6,7 +6,7 @@
 
 #include "experiments/extrapolate.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 struct ReportInput {
   const ExtrapolateSpec& spec;
@@ -38,4 +38,4 @@ std::string sweep_table(const ReportInput& in);
 // retrieval_vs_length, window_sweep; data and script in <out>/plots/) and <out>/report.md.
 ReportOutput write_extrapolate_report(const ReportInput& in);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

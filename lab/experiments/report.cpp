@@ -12,7 +12,9 @@
 #include "rotary/error.h"
 #include "train/metrics.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 namespace {
 
 // Tableau colours: one per encoding; runs get the same colour, mostly transparent.
@@ -237,4 +239,4 @@ ReportFiles write_report(const ReportInputs& in) {
   return files;
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

@@ -9,7 +9,7 @@
 
 #include "train/summary.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 
 // Seed 000's protocol: "the mean of the 9 after removing the worst session". With n >= 2 values the worst one
 // (highest when lower is better, lowest when higher is better; a NaN - a diverged run - is always the worst) is
@@ -20,7 +20,7 @@ struct CompareRun {
   std::string encoding;
   uint64_t seed = 0;
   std::string dir;      // the run's out_dir
-  RunSummary summary;
+  train::RunSummary summary;
   bool reused = false;  // finished by an earlier invocation
 };
 
@@ -29,7 +29,7 @@ struct ReportInputs {
   std::string task;
   std::vector<std::string> encodings;  // in the order asked for
   std::vector<CompareRun> runs;
-  nlohmann::json base_config;          // the TrainConfig shared by all runs (encoding and seed vary)
+  nlohmann::json base_config;          // the train::TrainConfig shared by all runs (encoding and seed vary)
   std::string command_line;
 };
 
@@ -52,4 +52,4 @@ struct ReportFiles {
 // <out_dir>/plots/ so they can be re-plotted by hand).
 ReportFiles write_report(const ReportInputs& in);
 
-}  // namespace rotary::train
+}  // namespace rotary::experiments

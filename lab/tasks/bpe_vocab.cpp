@@ -68,7 +68,7 @@ std::vector<int32_t> BpeVocab::encode(const std::string& text) const {
   static std::atomic<unsigned> counter{0};
   const fs::path tmp = fs::temp_directory_path() /
                        ("rotary-encode." + std::to_string(getpid()) + "." + std::to_string(counter++) + ".txt");
-  write_atomically(tmp, text + "\n");
+  write_file_atomic(tmp, text + "\n", Durability::Cache);
   std::vector<int32_t> ids;
   try {
     ids = spm_encode_file(model_, tmp, size());

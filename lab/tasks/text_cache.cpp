@@ -24,14 +24,6 @@ std::string resolve_cache_dir(const std::string& configured) {
   fail("cache_dir", "\"\"", "a directory (neither XDG_CACHE_HOME nor HOME is set)");
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("cache file", path.string(), "a readable file");
-  std::ostringstream bytes;
-  bytes << in.rdbuf();
-  return bytes.str();
-}
-
 std::vector<std::string> read_lines(const fs::path& path) {
   std::istringstream in(read_file(path));
   std::vector<std::string> lines;
@@ -43,33 +35,6 @@ std::string join_lines(const std::vector<std::string>& lines) {
   std::string out;
   for (const std::string& line : lines) out.append(line).push_back('\n');
   return out;
-}
-
-void write_atomically(const fs::path& path, const std::string& bytes) {
-  static std::atomic<unsigned> counter{0};
-  const fs::path tmp = path.string() + ".tmp." + std::to_string(getpid()) + "." + std::to_string(counter++);
-  {
-    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-    out.write(bytes.data(), std::streamsize(bytes.size()));
-    out.close();
-    if (!out) {
-      std::error_code ignored;
-      fs::remove(tmp, ignored);
-      fail("cache file", tmp.string(), "a writable path");
-    }
-  }
-  std::error_code ec;
-  fs::rename(tmp, path, ec);
-  if (ec) {
-    fs::remove(tmp, ec);
-    fail("cache file", path.string(), "a path we can rename onto");
-  }
-}
-
-uint64_t fnv1a64(const std::string& bytes) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (const char c : bytes) h = (h ^ static_cast<unsigned char>(c)) * 0x100000001b3ULL;
-  return h;
 }
 
 namespace {
@@ -84,7 +49,7 @@ void write_ids(const fs::path& path, uint64_t model_hash, const std::vector<int3
   std::memcpy(bytes.data() + 8, &model_hash, 8);
   std::memcpy(bytes.data() + 16, &count, 8);
   if (!ids.empty()) std::memcpy(bytes.data() + kHeader, ids.data(), ids.size() * sizeof(int32_t));
-  write_atomically(path, bytes);
+  write_file_atomic(path, bytes, Durability::Cache);
 }
 
 bool read_ids(const fs::path& path, uint64_t model_hash, std::vector<int32_t>& ids) {

@@ -6,19 +6,16 @@
 #include <string>
 #include <vector>
 
+#include "common/files.h"
+
 namespace rotary::lab {
 
 // `configured` if not empty, else $XDG_CACHE_HOME/rotary, else $HOME/.cache/rotary; throws if none is known.
 std::string resolve_cache_dir(const std::string& configured);
 
-std::string read_file(const std::filesystem::path& path);  // throws rotary::Error if unreadable
+// Files go through common/files.h (read_file, write_file_atomic with Durability::Cache, fnv1a64).
 std::vector<std::string> read_lines(const std::filesystem::path& path);
 std::string join_lines(const std::vector<std::string>& lines);  // each line followed by '\n'
-
-// Writes `path.tmp.<pid>.<n>` and renames it over `path`: readers see the old file or the whole new one.
-void write_atomically(const std::filesystem::path& path, const std::string& bytes);
-
-uint64_t fnv1a64(const std::string& bytes);
 
 // Token ids with a header: magic "RTIDS001", the hash of the model that made them, the count; then int32s
 // (little-endian, as the host). read_ids returns false for a missing, truncated or other-model file.

@@ -109,8 +109,8 @@ std::unique_ptr<Task> make_text_task(const TaskOptions& o) {
   const fs::path train_txt = dir / "corpus_train.txt", heldout_txt = dir / "corpus_heldout.txt";
   if (!fs::exists(train_txt) || !fs::exists(heldout_txt)) {
     const KjvSplit corpus = parse_kjv(run_bible());
-    write_atomically(train_txt, join_lines(corpus.train));
-    write_atomically(heldout_txt, join_lines(corpus.heldout));
+    write_file_atomic(train_txt, join_lines(corpus.train), Durability::Cache);
+    write_file_atomic(heldout_txt, join_lines(corpus.heldout), Durability::Cache);
   }
 
   const std::string stem = "bpe" + std::to_string(o.text_vocab);

@@ -14,20 +14,13 @@
 namespace rotary::train {
 namespace {
 
+using lab::fnv1a64;
+
 constexpr char kMagic[8] = {'R', 'O', 'T', 'A', 'R', 'Y', 'C', 'K'};
 constexpr size_t kHeaderV1 = 8 + 4 + 8;      // magic, version, metadata length
 constexpr size_t kHeaderV2 = 8 + 4 + 8 + 8;  // ... and the payload length
 constexpr size_t kTrailerV2 = 8;              // checksum
 constexpr uint64_t kMaxFileBytes = uint64_t{64} << 30;
-
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    h ^= c;
-    h *= 0x100000001b3ull;
-  }
-  return h;
-}
 
 std::string hex64(uint64_t v) {
   char buf[17];

@@ -10,7 +10,9 @@
 #include "experiments/report.h"
 #include "train/metrics.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
+
+using namespace train;  // the training engine these experiments run on
 namespace {
 
 namespace fs = std::filesystem;
@@ -145,4 +147,4 @@ TEST(Report, WritesMarkdownTableAndPlots) {
 }
 
 }  // namespace
-}  // namespace rotary::train
+}  // namespace rotary::experiments

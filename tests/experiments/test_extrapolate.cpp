@@ -12,7 +12,7 @@
 #include "experiments/extrapolate_methods.h"
 #include "rotary/error.h"
 
-namespace rotary::train {
+namespace rotary::experiments {
 namespace {
 
 constexpr int64_t kL = 16;  // the "training length" of the untrained test model
@@ -217,4 +217,4 @@ TEST(extrapolate_decay, MeasuredAttentionSumsToOneAndRejectsRerope) {
 }
 
 }  // namespace
-}  // namespace rotary::train
+}  // namespace rotary::experiments

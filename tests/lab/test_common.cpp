@@ -96,7 +96,7 @@ TEST(Files, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   int status = 0;
   ASSERT_EQ(::waitpid(dead, &status, 0), dead);
   const std::string stale1 = dir + "/checkpoint.pt.tmp." + std::to_string(dead);
-  const std::string stale2 = dir + "/run/seed0/summary.json.tmp." + std::to_string(dead);
+  const std::string stale2 = dir + "/run/seed0/summary.json.tmp." + std::to_string(dead) + ".3";
   const std::string live = dir + "/metrics.csv.tmp." + std::to_string(::getpid());
   const std::string other = dir + "/notes.tmp.txt";  // not ours: the suffix is not a pid
   for (const std::string& f : {stale1, stale2, live, other}) std::ofstream(f) << "x";

@@ -579,12 +579,12 @@ TEST(tasks, CacheFilesReadBackOrAreRefusedCleanly) {
   std::string bytes = read_file(path);
   const uint64_t wrapping_count = (uint64_t(1) << 62) + 3;  // times 4: 2^64 + 12, i.e. the 12 bytes there are
   bytes.replace(16, 8, reinterpret_cast<const char*>(&wrapping_count), 8);
-  write_atomically(path, bytes);
+  write_file_atomic(path, bytes);
   ids = {1};
   EXPECT_FALSE(read_ids(path, hash, ids));
   EXPECT_EQ(ids, std::vector<int32_t>{1}) << "a refused file leaves the ids alone";
   write_ids(path, hash, {5});
-  write_atomically(path, read_file(path) + '\x00');  // one id and a stray byte
+  write_file_atomic(path, read_file(path) + '\x00');  // one id and a stray byte
   EXPECT_FALSE(read_ids(path, hash, ids));
   fs::remove(path);
 

@@ -19,22 +19,22 @@ struct CompareCommand {
   CLI::Option* seeds_opt = nullptr;
 
   void run() {
-    train::CompareSpec spec = train::default_compare_spec();
+    experiments::CompareSpec spec = experiments::default_compare_spec();
     spec.base = flags.resolve(spec.base);
     if (encodings_opt->count()) spec.encodings = parse_name_list(encodings, "--encodings");
     if (seeds_opt->count()) spec.seeds = seeds;
     spec.out_dir = spec.base.out_dir;
     spec.command_line = quoted_command_line();
 
-    train::CompareResult r = train::run_compare(spec, !no_progress);
+    experiments::CompareResult r = experiments::run_compare(spec, !no_progress);
     if (r.interrupted) {
       std::fprintf(stderr, "rotary compare: %s\n", r.message.c_str());
       throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
     }
-    train::ReportInputs in;
+    experiments::ReportInputs in;
     in.encodings = spec.encodings;
     in.runs = r.runs;
-    std::printf("%s\n", train::results_table(in).c_str());
+    std::printf("%s\n", experiments::results_table(in).c_str());
     if (!r.report.plot_problem.empty()) std::printf("note: %s\n", r.report.plot_problem.c_str());
     std::printf("report: %s\n", r.report.report_md.c_str());
   }

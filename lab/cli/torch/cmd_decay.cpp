@@ -58,19 +58,19 @@ struct DecayCommand {
     const int64_t dmax = max_distance > 0 ? max_distance : run ? 4 * run->config.seq_len : 1024;
     const int64_t freq_len = std::max<int64_t>(dmax + 1, base_spec.max_position_embeddings);
 
-    std::vector<train::DecayCurve> curves;
+    std::vector<experiments::DecayCurve> curves;
     for (const std::string& name : names) {
-      train::DecayCurve c;
+      experiments::DecayCurve c;
       c.spec = spec_for(name, base_spec);
       c.spec.validate();
       // Short column / legend names; the full specs are printed below.
       c.name = c.spec.scaling == RopeScaling::None ? std::string("none")
                                                    : fmt::format("{} x{:g}", scaling_name(c.spec.scaling), c.spec.factor);
       // Dynamic NTK and longrope depend on the length: take the frequencies for the longest distance shown.
-      c.bound = train::decay_bound(c.spec.freqs(freq_len), dmax);
+      c.bound = experiments::decay_bound(c.spec.freqs(freq_len), dmax);
       curves.push_back(c);
     }
-    std::optional<train::MeasuredDecay> measured;
+    std::optional<experiments::MeasuredDecay> measured;
     if (run) {
       if (given("--scaling") || given("--factor") || given("--max-position-embeddings") || given("--original-max")) {
         nn::EncodingOverride o;
@@ -78,10 +78,10 @@ struct DecayCommand {
         run->model->set_override(o);
       }
       const int len = seq_len > 0 ? seq_len : run->config.seq_len;
-      measured = train::measure_decay(run->model, *run->task, windows, len, dmax, samples, seed);
+      measured = experiments::measure_decay(run->model, *run->task, windows, len, dmax, samples, seed);
     }
     std::string problem;
-    const std::vector<std::string> pngs = train::write_decay_outputs(out, curves, measured ? &*measured : nullptr, problem);
+    const std::vector<std::string> pngs = experiments::write_decay_outputs(out, curves, measured ? &*measured : nullptr, problem);
 
     for (const auto& c : curves) std::printf("%s: %s\n", c.name.c_str(), c.spec.describe().c_str());
     std::printf("%8s", "distance");
@@ -120,7 +120,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--factor", cmd->factor, "scaling factor")->transform(finite());
   sub->add_option("--max-position-embeddings", cmd->max_position, "the model's context (dynamic, yarn)")->transform(integer_in(0, int64_t{1} << 53));
   sub->add_option("--original-max", cmd->original_max, "pre-extension context (yarn, llama3)")->transform(integer_in(0, int64_t{1} << 53));
-  sub->add_option("--max-distance", cmd->max_distance, "largest distance (default 1024, or 4 x L with --checkpoint)")->transform(integer_in(0, train::kMaxDecayDistance));
+  sub->add_option("--max-distance", cmd->max_distance, "largest distance (default 1024, or 4 x L with --checkpoint)")->transform(integer_in(0, experiments::kMaxDecayDistance));
   sub->add_option("--checkpoint", cmd->checkpoint, "also measure this RoPE model (file or run directory)");
   sub->add_option("--windows", cmd->windows, "held-out windows for the measurement (default 8)")->transform(integer_in(1, 1 << 16));
   sub->add_option("--seq-len", cmd->seq_len, "window length (default: the model's training length)")->transform(integer_in(0, kMaxSequenceLength));

@@ -24,8 +24,8 @@ struct ExtrapolateCommand {
 
   bool given(const std::string& name) const { return app->get_option(name)->count() > 0; }
 
-  train::ExtrapolateSpec resolve() const {
-    train::ExtrapolateSpec spec = train::default_extrapolate_spec();
+  experiments::ExtrapolateSpec resolve() const {
+    experiments::ExtrapolateSpec spec = experiments::default_extrapolate_spec();
     spec.text = flags.resolve(spec.text);
     spec.kv = flags.resolve(spec.kv);
     // The shared training flags --window, --leaky-k and --threads mean the test-time window, k and threads here;
@@ -63,8 +63,8 @@ struct ExtrapolateCommand {
   }
 
   void run() {
-    const train::ExtrapolateSpec spec = resolve();
-    train::ExtrapolateResult r = train::run_extrapolate(spec, !no_progress);
+    const experiments::ExtrapolateSpec spec = resolve();
+    experiments::ExtrapolateResult r = experiments::run_extrapolate(spec, !no_progress);
     if (r.interrupted) {
       std::fprintf(stderr, "rotary extrapolate: %s\n", r.message.c_str());
       throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
@@ -73,8 +73,8 @@ struct ExtrapolateCommand {
     for (int m : spec.multiples) lengths.push_back(spec.text.seq_len * m);
     std::sort(lengths.begin(), lengths.end());
     lengths.erase(std::unique(lengths.begin(), lengths.end()), lengths.end());
-    train::ReportInput in{spec, spec.text.seq_len, lengths, {}, r.models, r.cells, r.seconds};
-    std::printf("%s\n", train::seed_table(in).c_str());
+    experiments::ReportInput in{spec, spec.text.seq_len, lengths, {}, r.models, r.cells, r.seconds};
+    std::printf("%s\n", experiments::seed_table(in).c_str());
     if (!r.plot_problem.empty()) std::printf("note: %s\n", r.plot_problem.c_str());
     std::printf("report: %s (%.0f s)\n", r.report_md.c_str(), r.seconds);
   }
