@@ -15,6 +15,8 @@
 #include <string_view>
 #include <vector>
 
+#include "common/limits.h"
+
 namespace rotary::cli {
 
 // A decimal integer (optional '-', digits) that fits [lo, hi]; rotary::Error naming `field`, the text and the range.
@@ -36,8 +38,8 @@ inline CLI::Validator finite() {
 std::vector<std::string> parse_name_list(const std::string& text, std::string_view field);
 std::vector<int64_t> parse_integer_list(const std::string& text, std::string_view field, int64_t lo, int64_t hi);
 
-// Limits shared by several commands, each stated once.
-constexpr int64_t kMaxThreads = 4096;          // torch / OpenMP threads of one process
-constexpr int64_t kMaxSequenceLength = 1 << 20;  // tokens of one row (training, eval, generation)
+// Limits shared with the run config and the experiments (common/limits.h).
+using lab::kMaxSequenceLength;
+using lab::kMaxThreads;
 
 }  // namespace rotary::cli

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "common/files.h"
+#include "common/limits.h"
 #include "common/lists.h"
 #include "experiments/extrapolate_eval.h"
 #include "experiments/extrapolate_report.h"
@@ -285,7 +286,8 @@ void validate(const ExtrapolateSpec& spec) {
   check(spec.windows >= 1, "windows", spec.windows, ">= 1");
   check(spec.batch_size >= 1, "eval_batch_size", spec.batch_size, ">= 1");
   check(spec.problems >= 1, "problems", spec.problems, ">= 1");
-  check(spec.threads >= 0 && spec.threads <= 4096, "threads", spec.threads, "an integer in [0, 4096] (0 = all cores)");
+  check(spec.threads >= 0 && spec.threads <= lab::kMaxThreads, "threads", spec.threads,
+        "an integer in [0, " + std::to_string(lab::kMaxThreads) + "] (0 = all cores)");
   for (const TrainConfig* c : {&spec.text, &spec.kv}) {
     if (c == &spec.kv && !spec.retrieval) continue;
     const std::string who = c == &spec.text ? "text." : "kv.";

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "common/files.h"
+#include "common/limits.h"
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
 
@@ -242,7 +243,8 @@ void TrainConfig::validate() const {
     for (const std::string& t : tasks) allowed += (allowed.empty() ? "" : ", ") + t;
     fail("task", task, allowed);
   }
-  check(seq_len >= 2 && seq_len <= (1 << 20), "seq_len", seq_len, "an integer in [2, 1048576]");
+  check(seq_len >= 2 && seq_len <= lab::kMaxSequenceLength, "seq_len", seq_len,
+        "an integer in [2, " + std::to_string(lab::kMaxSequenceLength) + "]");
   check(batch_size >= 1, "batch_size", batch_size, "an integer >= 1");
   check(steps >= 1, "steps", steps, "an integer >= 1");
   check(std::isfinite(optim.lr) && optim.lr > 0, "optim.lr", optim.lr, "a finite number > 0");
@@ -259,7 +261,8 @@ void TrainConfig::validate() const {
   check(eval_batches >= 0, "eval_batches", eval_batches, "an integer >= 0");
   check(eval_problems >= 0, "eval_problems", eval_problems, "an integer >= 0");
   check(checkpoint_interval >= 0, "checkpoint_interval", checkpoint_interval, "an integer >= 0");
-  check(threads >= 0 && threads <= 4096, "threads", threads, "an integer in [0, 4096] (0 = automatic)");
+  check(threads >= 0 && threads <= lab::kMaxThreads, "threads", threads,
+        "an integer in [0, " + std::to_string(lab::kMaxThreads) + "] (0 = automatic)");
   check(!out_dir.empty(), "out_dir", "\"\"", "a directory path");
   check(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "0 (from the task) or the task's vocabulary size");
   nn::ModelConfig m = model;
