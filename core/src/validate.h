@@ -12,8 +12,7 @@
 
 namespace rotary::detail {
 
-// Positions, distances and windows stay exact as doubles (angles are computed from double(pos)).
-inline constexpr int64_t kMaxAbsPosition = int64_t(1) << 53;
+using rotary::kMaxAbsPosition;  // rotary/rope_spec.h
 
 // A strided [tokens, heads, row] view (the row's `row` elements contiguous) must address `tokens * heads` rows
 // that do not overlap, in any order of its two strided dims: the dim with the smaller stride must fit, with its

@@ -85,6 +85,15 @@ CLI::Validator finite_in(double lo, double hi) {
       "finite in " + range);
 }
 
+CLI::Validator range_of(const settings::Allowed& a) {
+  switch (a.kind) {
+    case settings::Kind::Integer: return integer_in(a.int_lo, a.int_hi);
+    case settings::Kind::Unsigned: return unsigned_up_to(a.uint_hi);
+    case settings::Kind::Real: return finite_in(a.lo, a.hi);
+    default: return CLI::Validator();
+  }
+}
+
 std::vector<std::string> parse_name_list(const std::string& text, std::string_view field) {
   std::vector<std::string> out;
   std::set<std::string> seen;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "common/limits.h"
+#include "rotary/settings.h"
 
 namespace rotary::cli {
 
@@ -32,6 +33,10 @@ CLI::Validator finite_in(double lo, double hi);  // rejects nan and inf
 inline CLI::Validator finite() {
   return finite_in(-std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
 }
+
+// The validator of a declared setting's range (rotary/settings.h): integer_in, unsigned_up_to or finite_in (an open
+// end such as lr > 0 is then refused when the value is applied). Non-numeric kinds: no validator.
+CLI::Validator range_of(const settings::Allowed& allowed);
 
 // "a,b,c" -> items; empty items skipped; rotary::Error if there is none or one repeats (a list of settings that
 // names one twice would run or count it twice).

@@ -4,9 +4,11 @@
 
 #include <cstdint>
 
+#include "rotary_nn/limits.h"
+
 namespace rotary::lab {
 
 constexpr int64_t kMaxThreads = 4096;             // torch / OpenMP threads of one process
-constexpr int64_t kMaxSequenceLength = 1 << 20;   // tokens of one row (training, eval, generation)
+using nn::kMaxSequenceLength;                     // tokens of one row (training, eval, generation)
 
 }  // namespace rotary::lab

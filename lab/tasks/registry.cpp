@@ -2,6 +2,7 @@
 #include <string>
 
 #include "rotary/error.h"
+#include "rotary/settings.h"
 #include "tasks/char_task.h"
 
 namespace rotary::lab {
@@ -10,7 +11,36 @@ std::vector<std::string> task_names() {
   return {"addition", "substring_index", "substring_search", "kv_retrieval", "text"};
 }
 
+const settings::Table<TaskOptions>& task_option_settings() {
+  using namespace settings;
+  static const Table<TaskOptions> table = [] {
+    using O = TaskOptions;
+    Table<O> t;
+    t.push_back(field<O>("max_digits", "--max-digits", "addition: operands have up to this many digits",
+                         [](auto& o) -> auto& { return o.max_digits; }, integers(1, 200)));
+    t.push_back(field<O>("min_string", "--min-string", "substring_index: shortest string",
+                         [](auto& o) -> auto& { return o.min_string; }, integers(1, 1000)));
+    t.push_back(field<O>("max_string", "--max-string", "substring_index: longest string (>= min_string)",
+                         [](auto& o) -> auto& { return o.max_string; }, integers(1, 1000)));
+    t.push_back(field<O>("search_substring", "--search-substring", "substring_search: copied substring length",
+                         [](auto& o) -> auto& { return o.search_substring; }, integers(2, 64)));
+    t.push_back(field<O>("search_eval_len", "--search-eval-len",
+                         "substring_search: context before an eval problem's '>' (>= search_substring)",
+                         [](auto& o) -> auto& { return o.search_eval_len; }, integers(2, 1 << 20)));
+    t.push_back(field<O>("kv_pairs", "--kv-pairs", "kv_retrieval: pairs per object",
+                         [](auto& o) -> auto& { return o.kv_pairs; }, integers(1, 8192)));
+    t.push_back(field<O>("text_vocab", "--text-vocab", "text: sentencepiece vocabulary size",
+                         [](auto& o) -> auto& { return o.text_vocab; }, integers(128, 32000)));
+    t.push_back(field<O>("cache_dir", "--cache-dir", "text: corpus and tokenizer cache",
+                         [](auto& o) -> auto& { return o.cache_dir; },
+                         text(false, "empty = $XDG_CACHE_HOME/rotary or ~/.cache/rotary")));
+    return t;
+  }();
+  return table;
+}
+
 std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& options) {
+  settings::check(task_option_settings(), options);  // each option in its range; the tasks check the rest
   if (name == "addition") return make_addition_task(options);
   if (name == "substring_index") return make_substring_index_task(options);
   if (name == "substring_search") return make_substring_search_task(options);

@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include "rotary/settings.h"
+
 namespace rotary::lab {
 
 // Maps text to token ids and back. Character vocabularies for the algorithmic tasks; BPE for text.
@@ -83,6 +85,10 @@ class Task {
   // substring_search, whose copies are followed by random text, and text).
   virtual std::string stop() const = 0;
 };
+
+// Every task option declared once (JSON path, flag, help, allowed values): the run config, its flags and TOML
+// files and make_task's checks all use it.
+const settings::Table<TaskOptions>& task_option_settings();
 
 // The task names, for error messages and --help.
 std::vector<std::string> task_names();

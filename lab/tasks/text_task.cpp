@@ -100,7 +100,6 @@ class TextTask final : public Task {
 }  // namespace
 
 std::unique_ptr<Task> make_text_task(const TaskOptions& o) {
-  check(o.text_vocab >= 128 && o.text_vocab <= 32000, "text_vocab", o.text_vocab, "[128, 32000]");
   const fs::path dir = fs::path(resolve_cache_dir(o.cache_dir)) / "kjv";
   std::error_code ec;
   fs::create_directories(dir, ec);

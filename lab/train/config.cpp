@@ -20,6 +20,7 @@
 #include <toml++/toml.h>
 
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -32,97 +33,12 @@
 #include "common/limits.h"
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
+#include "rotary/settings.h"
 
 namespace rotary::train {
 namespace {
 
 using nlohmann::json;
-
-// Whether an integral double converts to T without overflow. The bound above is 2^digits, exclusive: for 64-bit
-// types max() rounds up to 2^digits as a double, so a `<= max()` test lets that value through to an undefined
-// conversion (steps = 9223372036854775808.0 in a TOML file).
-template <class T>
-bool double_in_range_of(double integral) {
-  return integral >= static_cast<double>(std::numeric_limits<T>::lowest()) &&
-         integral < std::ldexp(1.0, std::numeric_limits<T>::digits);
-}
-
-// Reads the known fields of one JSON object and rejects the rest, so a typo in a TOML file is an error rather
-// than a silently ignored setting.
-class FieldReader {
- public:
-  FieldReader(const json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {
-    if (!j_.is_object()) fail(prefix_.empty() ? "config" : prefix_, json_excerpt(j_), "a table of fields");
-  }
-
-  template <class T>
-  void get(const std::string& key, T& out) {
-    known_.insert(key);
-    auto it = j_.find(key);
-    if (it == j_.end()) return;
-    const json& v = *it;
-    const std::string field = prefix_ + key;
-    if constexpr (std::is_same_v<T, bool>) {
-      check(v.is_boolean(), field, json_excerpt(v), "true or false");
-      out = v.get<bool>();
-    } else if constexpr (std::is_integral_v<T>) {
-      // TOML writers sometimes give 1000.0 for 1000; accept numbers with an integral value. Integers compare
-      // exactly (through a double, 2^64 - 1 would not fit a uint64).
-      bool ok = false;
-      if (v.is_number_unsigned()) {
-        ok = std::in_range<T>(v.get<uint64_t>());
-      } else if (v.is_number_integer()) {
-        ok = std::in_range<T>(v.get<int64_t>());
-      } else if (v.is_number_float()) {
-        const double d = v.get<double>();
-        ok = std::floor(d) == d && double_in_range_of<T>(d);
-      }
-      check(ok, field, json_excerpt(v), std::is_unsigned_v<T> ? "a non-negative integer" : "an integer");
-      out = v.is_number_integer() ? v.get<T>() : static_cast<T>(v.get<double>());
-    } else if constexpr (std::is_floating_point_v<T>) {
-      check(v.is_number(), field, json_excerpt(v), "a number");
-      out = v.get<T>();
-    } else {
-      check(v.is_string(), field, json_excerpt(v), "a string");
-      out = v.get<std::string>();
-    }
-  }
-
-  // Every key must have been asked for (or be one of `also_known`, handled by the caller).
-  void finish(std::initializer_list<const char*> also_known = {}) {
-    for (const char* k : also_known) known_.insert(k);
-    for (auto it = j_.begin(); it != j_.end(); ++it) {
-      if (known_.count(it.key())) continue;
-      std::string allowed;
-      for (const std::string& k : known_) allowed += (allowed.empty() ? "" : ", ") + k;
-      fail("config field", prefix_ + it.key(), "one of " + allowed);
-    }
-  }
-
- private:
-  const json& j_;
-  std::string prefix_;
-  std::set<std::string> known_;
-};
-
-void task_options_to_json(json& j, const lab::TaskOptions& o) {
-  j = json{{"max_digits", o.max_digits},       {"min_string", o.min_string}, {"max_string", o.max_string},
-           {"search_substring", o.search_substring}, {"search_eval_len", o.search_eval_len}, {"kv_pairs", o.kv_pairs},     {"text_vocab", o.text_vocab},
-           {"cache_dir", o.cache_dir}};
-}
-
-void task_options_from_json(const json& j, lab::TaskOptions& o) {
-  FieldReader r(j, "task_options.");
-  r.get("max_digits", o.max_digits);
-  r.get("min_string", o.min_string);
-  r.get("max_string", o.max_string);
-  r.get("search_substring", o.search_substring);
-  r.get("search_eval_len", o.search_eval_len);
-  r.get("kv_pairs", o.kv_pairs);
-  r.get("text_vocab", o.text_vocab);
-  r.get("cache_dir", o.cache_dir);
-  r.finish();
-}
 
 // The deepest nesting of tables and arrays under `root` (root alone: 1, as json_nesting_depth counts), walked with an explicit stack so that
 // no depth can overflow ours. toml++ bounds inline nesting but not dotted keys (a.b.c... makes one table per part).
@@ -164,110 +80,82 @@ json toml_node_to_json(const toml::node& node, const std::string& where) {
 
 }  // namespace
 
-void to_json(json& j, const OptimConfig& c) {
-  j = json{{"lr", c.lr},
-           {"beta1", c.beta1},
-           {"beta2", c.beta2},
-           {"eps", c.eps},
-           {"weight_decay", c.weight_decay},
-           {"warmup_steps", c.warmup_steps},
-           {"min_lr_ratio", c.min_lr_ratio},
-           {"grad_clip", c.grad_clip}};
+const settings::Table<TrainConfig>& train_settings() {
+  using namespace settings;
+  static const Table<TrainConfig> table = [] {
+    using C = TrainConfig;
+    constexpr int64_t kMaxSteps = int64_t{1} << 40;
+    Table<C> t;
+    t.push_back(choice<C>("task", "--task", "what the model learns", [](auto& c) -> auto& { return c.task; },
+                          names(lab::task_names), [](const std::string& n) { return n; },
+                          [](const std::string& n) {
+                            const std::vector<std::string> tasks = lab::task_names();
+                            if (std::find(tasks.begin(), tasks.end(), n) == tasks.end()) fail("task", n, "");
+                            return n;
+                          }));
+    nest(t, "task_options", lab::task_option_settings(), [](auto& c) -> auto& { return c.task_options; });
+    nest(t, "model", nn::model_settings(), [](auto& c) -> auto& { return c.model; });
+    t.push_back(field<C>("seq_len", "--seq-len", "training sequence length", [](auto& c) -> auto& { return c.seq_len; },
+                         integers(2, lab::kMaxSequenceLength)));
+    t.push_back(field<C>("batch_size", "--batch-size", "global batch (rows per step, over all processes)",
+                         [](auto& c) -> auto& { return c.batch_size; }, integers(1, 1 << 20)));
+    t.push_back(field<C>("steps", "--steps", "optimizer steps", [](auto& c) -> auto& { return c.steps; },
+                         integers(1, kMaxSteps)));
+    t.push_back(field<C>("seed", "--seed", "parameters, data order, dropout", [](auto& c) -> auto& { return c.seed; },
+                         unsigned_up_to(UINT64_MAX)));
+    t.push_back(field<C>("optim.lr", "--lr", "AdamW peak learning rate", [](auto& c) -> auto& { return c.optim.lr; },
+                         real_above(0)));
+    t.push_back(field<C>("optim.beta1", "--beta1", "AdamW beta1", [](auto& c) -> auto& { return c.optim.beta1; },
+                         reals(0, 1, false, true)));
+    t.push_back(field<C>("optim.beta2", "--beta2", "AdamW beta2", [](auto& c) -> auto& { return c.optim.beta2; },
+                         reals(0, 1, false, true)));
+    t.push_back(field<C>("optim.eps", "--adam-eps", "AdamW epsilon", [](auto& c) -> auto& { return c.optim.eps; },
+                         real_above(0)));
+    t.push_back(field<C>("optim.weight_decay", "--weight-decay", "AdamW decoupled weight decay (matrices only)",
+                         [](auto& c) -> auto& { return c.optim.weight_decay; }, reals(0, DBL_MAX)));
+    t.push_back(field<C>("optim.warmup_steps", "--warmup", "linear warm-up steps",
+                         [](auto& c) -> auto& { return c.optim.warmup_steps; }, integers(0, kMaxSteps)));
+    t.push_back(field<C>("optim.min_lr_ratio", "--min-lr-ratio", "cosine floor as a fraction of the peak lr",
+                         [](auto& c) -> auto& { return c.optim.min_lr_ratio; }, reals(0, 1)));
+    t.push_back(field<C>("optim.grad_clip", "--grad-clip", "max global gradient norm",
+                         [](auto& c) -> auto& { return c.optim.grad_clip; }, reals(0, DBL_MAX, false, false, "0 = off")));
+    t.push_back(field<C>("eval_interval", "--eval-interval", "evaluate every N steps",
+                         [](auto& c) -> auto& { return c.eval_interval; }, integers(0, kMaxSteps, "0 = at the end only")));
+    t.push_back(field<C>("eval_batches", "--eval-batches", "held-out rows = this x batch_size",
+                         [](auto& c) -> auto& { return c.eval_batches; }, integers(0, 1 << 20)));
+    t.push_back(field<C>("eval_problems", "--eval-problems", "exact-match problems per evaluation",
+                         [](auto& c) -> auto& { return c.eval_problems; }, integers(0, 1 << 20)));
+    t.push_back(field<C>("eval_seed", "--eval-seed", "seed of the held-out rows and problems",
+                         [](auto& c) -> auto& { return c.eval_seed; }, unsigned_up_to(UINT64_MAX)));
+    t.push_back(field<C>("checkpoint_interval", "--checkpoint-interval", "checkpoint every N steps",
+                         [](auto& c) -> auto& { return c.checkpoint_interval; },
+                         integers(0, kMaxSteps, "0 = at each evaluation")));
+    t.push_back(field<C>("out_dir", "--out", "output directory", [](auto& c) -> auto& { return c.out_dir; },
+                         text(true)));
+    t.push_back(field<C>("threads", "--threads", "torch threads per process",
+                         [](auto& c) -> auto& { return c.threads; },
+                         integers(0, lab::kMaxThreads, "0 = cores / processes")));
+    return t;
+  }();
+  return table;
 }
 
-void from_json(const json& j, OptimConfig& c) {
-  FieldReader r(j, "optim.");
-  r.get("lr", c.lr);
-  r.get("beta1", c.beta1);
-  r.get("beta2", c.beta2);
-  r.get("eps", c.eps);
-  r.get("weight_decay", c.weight_decay);
-  r.get("warmup_steps", c.warmup_steps);
-  r.get("min_lr_ratio", c.min_lr_ratio);
-  r.get("grad_clip", c.grad_clip);
-  r.finish();
-}
+void to_json(json& j, const TrainConfig& c) { j = settings::to_json(train_settings(), c); }
 
-void to_json(json& j, const TrainConfig& c) {
-  json task_options, model;
-  task_options_to_json(task_options, c.task_options);
-  nn::to_json(model, c.model);
-  j = json{{"task", c.task},
-           {"task_options", task_options},
-           {"model", model},
-           {"seq_len", c.seq_len},
-           {"batch_size", c.batch_size},
-           {"steps", c.steps},
-           {"seed", c.seed},
-           {"optim", c.optim},
-           {"eval_interval", c.eval_interval},
-           {"eval_batches", c.eval_batches},
-           {"eval_problems", c.eval_problems},
-           {"eval_seed", c.eval_seed},
-           {"checkpoint_interval", c.checkpoint_interval},
-           {"out_dir", c.out_dir},
-           {"threads", c.threads}};
-}
-
-void from_json(const json& j, TrainConfig& c) {
-  FieldReader r(j, "");
-  r.get("task", c.task);
-  r.get("seq_len", c.seq_len);
-  r.get("batch_size", c.batch_size);
-  r.get("steps", c.steps);
-  r.get("seed", c.seed);
-  r.get("eval_interval", c.eval_interval);
-  r.get("eval_batches", c.eval_batches);
-  r.get("eval_problems", c.eval_problems);
-  r.get("eval_seed", c.eval_seed);
-  r.get("checkpoint_interval", c.checkpoint_interval);
-  r.get("out_dir", c.out_dir);
-  r.get("threads", c.threads);
-  r.finish({"task_options", "model", "optim"});
-  if (j.contains("task_options")) task_options_from_json(j["task_options"], c.task_options);
-  if (j.contains("optim")) from_json(j["optim"], c.optim);
-  if (j.contains("model")) {
-    // Missing model fields keep their current values: merge the given ones over the current config's JSON.
-    json model;
-    nn::to_json(model, c.model);
-    if (!j["model"].is_object()) fail("model", json_excerpt(j["model"]), "a table of model fields");
-    model.merge_patch(j["model"]);
-    nn::from_json(model, c.model);
-  }
-}
+void from_json(const json& j, TrainConfig& c) { settings::from_json(train_settings(), j, c); }
 
 void TrainConfig::validate() const {
-  const std::vector<std::string> tasks = lab::task_names();
-  if (std::find(tasks.begin(), tasks.end(), task) == tasks.end()) {
-    std::string allowed;
-    for (const std::string& t : tasks) allowed += (allowed.empty() ? "" : ", ") + t;
-    fail("task", task, allowed);
-  }
-  check(seq_len >= 2 && seq_len <= lab::kMaxSequenceLength, "seq_len", seq_len,
-        "an integer in [2, " + std::to_string(lab::kMaxSequenceLength) + "]");
-  check(batch_size >= 1, "batch_size", batch_size, "an integer >= 1");
-  check(steps >= 1, "steps", steps, "an integer >= 1");
-  check(std::isfinite(optim.lr) && optim.lr > 0, "optim.lr", optim.lr, "a finite number > 0");
-  check(optim.beta1 >= 0 && optim.beta1 < 1, "optim.beta1", optim.beta1, "a number in [0, 1)");
-  check(optim.beta2 >= 0 && optim.beta2 < 1, "optim.beta2", optim.beta2, "a number in [0, 1)");
-  check(optim.eps > 0, "optim.eps", optim.eps, "a number > 0");
-  check(optim.weight_decay >= 0 && std::isfinite(optim.weight_decay), "optim.weight_decay", optim.weight_decay,
-        "a finite number >= 0");
-  check(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "an integer >= 0");
-  check(optim.min_lr_ratio >= 0 && optim.min_lr_ratio <= 1, "optim.min_lr_ratio", optim.min_lr_ratio,
-        "a number in [0, 1]");
-  check(optim.grad_clip >= 0, "optim.grad_clip", optim.grad_clip, "a number >= 0 (0 = no clipping)");
-  check(eval_interval >= 0, "eval_interval", eval_interval, "an integer >= 0 (0 = only at the end)");
-  check(eval_batches >= 0, "eval_batches", eval_batches, "an integer >= 0");
-  check(eval_problems >= 0, "eval_problems", eval_problems, "an integer >= 0");
-  check(checkpoint_interval >= 0, "checkpoint_interval", checkpoint_interval, "an integer >= 0");
-  check(threads >= 0 && threads <= lab::kMaxThreads, "threads", threads,
-        "an integer in [0, " + std::to_string(lab::kMaxThreads) + "] (0 = automatic)");
-  check(!out_dir.empty(), "out_dir", "\"\"", "a directory path");
+  settings::check(train_settings(), *this);  // every field inside its declared range
   check(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "0 (from the task) or the task's vocabulary size");
   nn::ModelConfig m = model;
   if (m.vocab_size == 0) m.vocab_size = 2;  // the task fills it in; validate the rest now
   m.validate();
+}
+
+std::string to_toml(const TrainConfig& c) {
+  return settings::to_toml(train_settings(), c,
+                           "rotary train --config FILE: every setting of the run, with its flag and allowed values.\n"
+                           "Flags given on the command line override the file.");
 }
 
 json toml_to_json(const std::string& toml_text, const std::string& source_name) {

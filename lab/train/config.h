@@ -39,15 +39,22 @@ struct TrainConfig {
   std::string out_dir = "runs/train";
   int threads = 0;                 // torch intra-op threads; 0 = cores / processes
 
-  // rotary::Error naming the first bad field (the model's own fields through ModelConfig::validate).
+  // rotary::Error naming the first bad field: each inside its declared range (train_settings), then the rules
+  // between fields (the model's through ModelConfig::validate).
   void validate() const;
 };
 
-void to_json(nlohmann::json& j, const OptimConfig& c);
-void from_json(const nlohmann::json& j, OptimConfig& c);
+// Every setting of a run declared once - JSON path, flag, help, allowed values (rotary/settings.h): the task's
+// options (lab::task_option_settings), the model's (nn::model_settings) and the run's own. JSON, TOML files, the
+// flags of `rotary train` / `compare` / `extrapolate`, validate() and --print-config all come from it.
+const settings::Table<TrainConfig>& train_settings();
+
 void to_json(nlohmann::json& j, const TrainConfig& c);
-// Fields missing from `j` keep their defaults; unknown or ill-typed fields are a rotary::Error naming them.
+// Fields missing from `j` keep their values; unknown or ill-typed fields, unknown names and values outside their
+// declared range are a rotary::Error naming the field ("optim.lr").
 void from_json(const nlohmann::json& j, TrainConfig& c);
+// The config as a commented TOML file (every setting, its flag and allowed values) that --config reads back.
+std::string to_toml(const TrainConfig& c);
 
 // A TOML document as JSON (tables -> objects, arrays -> arrays, scalars -> scalars; dates are rejected).
 nlohmann::json toml_to_json(const std::string& toml_text, const std::string& source_name);

@@ -8,6 +8,7 @@
 
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
+#include "rotary/settings.h"
 #include "rotary_nn/config.h"
 
 namespace rotary::nn {
@@ -25,51 +26,19 @@ bool is_one_of(std::string_view v, std::span<const std::string_view> names) {
   return std::find(names.begin(), names.end(), v) != names.end();
 }
 
-// Typed field readers: a wrong JSON type is a rotary::Error naming the field, not a nlohmann type_error.
-template <class T>
-void read(const json& j, const char* key, const std::string& prefix, T& out) {
-  if (!j.contains(key)) return;
-  const json& v = j.at(key);
-  // Messages are built only on failure, and show the value shortened (json_excerpt), however large or deep.
-  auto refuse = [&](std::string_view allowed) { fail(prefix + key, json_excerpt(v), allowed); };
-  if constexpr (std::is_same_v<T, bool>) {
-    if (!v.is_boolean()) refuse("true or false");
-  } else if constexpr (std::is_integral_v<T>) {
-    if (!v.is_number_integer()) refuse("an integer");
-    const bool fits = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(std::numeric_limits<T>::max())
-                                             : v.get<int64_t>() >= int64_t(std::numeric_limits<T>::min()) &&
-                                                   v.get<int64_t>() <= int64_t(std::numeric_limits<T>::max());
-    if (!fits) refuse("an integer in range of " + std::string(sizeof(T) == 8 ? "int64" : "int32"));
-  } else if constexpr (std::is_floating_point_v<T>) {
-    if (!v.is_number()) refuse("a number");
-  } else if constexpr (std::is_same_v<T, std::string>) {
-    if (!v.is_string()) refuse("a string");
-  }
-  if constexpr (std::is_same_v<T, std::vector<double>>) {
-    if (!v.is_array() || !std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number(); }))
-      refuse("an array of numbers");
-  }
-  out = v.get<T>();
-}
-
-void reject_unknown(const json& j, std::initializer_list<const char*> known, const std::string& prefix) {
-  if (!j.is_object()) fail(prefix.empty() ? "config" : prefix.substr(0, prefix.size() - 1), json_excerpt(j), "a JSON object");
-  std::set<std::string> names(known.begin(), known.end());
-  std::string list;
-  for (const char* k : known) list += (list.empty() ? "" : ", ") + std::string(k);
-  for (auto it = j.begin(); it != j.end(); ++it)
-    check(names.count(it.key()) > 0, prefix + it.key(), "(unknown field)", "one of " + list);
-}
-
 int derived_rotary_dim(int head_dim, double fraction) { return int(std::floor(head_dim * fraction / 2.0)) * 2; }
 
 // Checks one encoding against the model's head dim; `prefix` ("encoding." or "override.") starts every field name.
 void validate_encoding(const EncodingConfig& e, int head_dim, const std::string& prefix) {
+  // First each field inside its declared range (an override built in code has not been through from_json).
+  ModelConfig m;
+  m.encoding = e;
+  for (const auto& s : model_settings())
+    if (s.path.starts_with("encoding.") && !s.path.starts_with("encoding.rope."))
+      settings::checked_value(s.allowed, s.get(m), prefix + s.path.substr(std::string("encoding.").size()));
   const bool rotary = is_rotary(e.kind);
   const bool windowed = is_windowed(e.kind);
   if (rotary) {
-    check(std::isfinite(e.rotary_fraction) && e.rotary_fraction > 0 && e.rotary_fraction <= 1,
-          prefix + "rotary_fraction", e.rotary_fraction, "a value in (0, 1]");
     check(e.rope.head_dim == 0 || e.rope.head_dim == head_dim, prefix + "rope.head_dim", e.rope.head_dim,
           "0 (filled from the model) or d_model / n_heads = " + std::to_string(head_dim));
     const int from_fraction = derived_rotary_dim(head_dim, e.rotary_fraction);
@@ -94,11 +63,10 @@ void validate_encoding(const EncodingConfig& e, int head_dim, const std::string&
   } else {
     check(e.window == 0, prefix + "window", e.window, "0 (only rerope and leaky_rerope use a window)");
   }
-  if (e.kind == EncodingKind::LeakyRerope) {
-    check(std::isfinite(e.leaky_k) && e.leaky_k > 0, prefix + "leaky_k", e.leaky_k, "a finite value > 0");
-  } else {
+  // The ranges of window, leaky_k and logn_train_len are declared with the fields (model_settings); what each
+  // kind allows of them is checked here.
+  if (e.kind != EncodingKind::LeakyRerope)
     check(e.leaky_k == 1.0, prefix + "leaky_k", e.leaky_k, "1 (only leaky_rerope uses leaky_k)");
-  }
   check(e.logn_train_len == 0 || e.logn_train_len > 1, prefix + "logn_train_len", e.logn_train_len,
         "0 (off) or a training length > 1");
 }
@@ -147,17 +115,11 @@ FusedPositionMode fused_position_mode(EncodingKind kind) {
 }
 
 void ModelConfig::validate() const {
+  settings::check(model_settings(), *this);  // every field inside its declared range
   check(vocab_size >= 1, "vocab_size", vocab_size, ">= 1");
-  check(d_model >= 1, "d_model", d_model, ">= 1");
-  check(n_layers >= 1, "n_layers", n_layers, ">= 1");
-  check(n_heads >= 1 && d_model % n_heads == 0, "n_heads", n_heads,
-        "a divisor of d_model = " + std::to_string(d_model));
-  check(n_kv_heads == 0 || (n_kv_heads >= 1 && n_heads % n_kv_heads == 0), "n_kv_heads", n_kv_heads,
+  check(d_model % n_heads == 0, "n_heads", n_heads, "a divisor of d_model = " + std::to_string(d_model));
+  check(n_kv_heads == 0 || n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
         "0 (= n_heads) or a divisor of n_heads = " + std::to_string(n_heads));
-  check(d_ff >= 0, "d_ff", d_ff, ">= 0 (0: 4 * d_model)");
-  check(std::isfinite(dropout) && dropout >= 0 && dropout < 1, "dropout", dropout, "a value in [0, 1)");
-  check(max_seq_len >= 1, "max_seq_len", max_seq_len, ">= 1");
-  check(is_one_of(attention, kAttentionKinds), "attention", attention, choices(kAttentionKinds));
   validate_encoding(encoding, head_dim(), "encoding.");
   if (attention == "linear") {
     const bool ok = encoding.kind == EncodingKind::None || encoding.kind == EncodingKind::Learned ||
@@ -228,137 +190,154 @@ EncodingConfig apply_override(const ModelConfig& trained, const EncodingOverride
   return e;
 }
 
-// ---- JSON ----------------------------------------------------------------------------------------------------
+// ---- JSON: every field declared once (rotary/settings.h) -------------------------------------------------------
 
-json rope_spec_to_json(const RopeSpec& s) {
-  json j = {{"head_dim", s.head_dim},
-            {"rotary_dim", s.rotary_dim},
-            {"base", s.base},
-            {"layout", std::string(layout_name(s.layout))},
-            {"scaling", std::string(scaling_name(s.scaling))},
-            {"factor", s.factor},
-            {"max_position_embeddings", s.max_position_embeddings},
-            {"original_max_position_embeddings", s.original_max_position_embeddings},
-            {"ntk_mixed_exponent", s.ntk_mixed_exponent},
-            {"yarn", {{"beta_fast", s.yarn.beta_fast}, {"beta_slow", s.yarn.beta_slow}, {"truncate", s.yarn.truncate}}},
-            {"llama3", {{"low_freq_factor", s.llama3.low_freq_factor}, {"high_freq_factor", s.llama3.high_freq_factor}}},
-            {"short_factor", s.short_factor},
-            {"long_factor", s.long_factor},
-            {"freq_factors", s.freq_factors}};
-  if (s.yarn.mscale) j["yarn"]["mscale"] = *s.yarn.mscale;
-  if (s.yarn.mscale_all_dim) j["yarn"]["mscale_all_dim"] = *s.yarn.mscale_all_dim;
-  if (s.attention_factor) j["attention_factor"] = *s.attention_factor;
-  return j;
+const settings::Table<RopeSpec>& rope_settings() {
+  using namespace settings;
+  static const Table<RopeSpec> table = [] {
+    using S = RopeSpec;
+    Table<S> t;
+    // Ranges and cross-field rules belong to RopeSpec::validate() (the core's one check of a rotation); these
+    // declare types, names and flags.
+    t.push_back(field<S>("head_dim", "", "head dimension (0 = from the model)", [](auto& s) -> auto& { return s.head_dim; },
+                         integers(0, std::numeric_limits<int>::max())));
+    t.push_back(field<S>("rotary_dim", "", "rotated features per head (0 = from rotary_fraction)",
+                         [](auto& s) -> auto& { return s.rotary_dim; }, integers(0, std::numeric_limits<int>::max())));
+    t.push_back(field<S>("base", "--rope-base", "RoPE base (theta)", [](auto& s) -> auto& { return s.base; }, any_real()));
+    t.push_back(choice<S>("layout", "--rope-layout", "which features form a rotation pair",
+                          [](auto& s) -> auto& { return s.layout; },
+                          names([] { return std::vector<std::string>{"half_split", "interleaved"}; }),
+                          layout_name, parse_layout));
+    t.push_back(choice<S>("scaling", "--rope-scaling", "context-extension scaling",
+                          [](auto& s) -> auto& { return s.scaling; },
+                          names([] {
+                            return std::vector<std::string>{"none", "linear", "ntk_fixed", "ntk_mixed", "dynamic",
+                                                            "yarn", "llama3", "longrope", "explicit"};
+                          }),
+                          scaling_name, parse_scaling));
+    t.push_back(field<S>("factor", "--rope-factor", "context-extension factor of the scaling",
+                         [](auto& s) -> auto& { return s.factor; }, any_real()));
+    t.push_back(field<S>("max_position_embeddings", "", "the configured context (dynamic, yarn, longrope)",
+                         [](auto& s) -> auto& { return s.max_position_embeddings; }, integers(0, kMaxAbsPosition)));
+    t.push_back(field<S>("original_max_position_embeddings", "--rope-original-max",
+                         "pre-extension context (yarn, llama3, longrope; 0 = not given)",
+                         [](auto& s) -> auto& { return s.original_max_position_embeddings; }, integers(0, kMaxAbsPosition)));
+    t.push_back(field<S>("ntk_mixed_exponent", "", "ntk_mixed: exponent b of exp(a i^b)",
+                         [](auto& s) -> auto& { return s.ntk_mixed_exponent; }, any_real()));
+    t.push_back(field<S>("yarn.beta_fast", "", "yarn: fast boundary of the ramp",
+                         [](auto& s) -> auto& { return s.yarn.beta_fast; }, any_real()));
+    t.push_back(field<S>("yarn.beta_slow", "", "yarn: slow boundary of the ramp",
+                         [](auto& s) -> auto& { return s.yarn.beta_slow; }, any_real()));
+    t.push_back(field<S>("yarn.truncate", "", "yarn: round the correction range to integers",
+                         [](auto& s) -> auto& { return s.yarn.truncate; }, boolean()));
+    t.push_back(field<S>("yarn.mscale", "", "yarn: DeepSeek-style mscale",
+                         [](auto& s) -> auto& { return s.yarn.mscale; }, optional_real()));
+    t.push_back(field<S>("yarn.mscale_all_dim", "", "yarn: DeepSeek-style mscale_all_dim",
+                         [](auto& s) -> auto& { return s.yarn.mscale_all_dim; }, optional_real()));
+    t.push_back(field<S>("llama3.low_freq_factor", "", "llama3: low-frequency factor",
+                         [](auto& s) -> auto& { return s.llama3.low_freq_factor; }, any_real()));
+    t.push_back(field<S>("llama3.high_freq_factor", "", "llama3: high-frequency factor",
+                         [](auto& s) -> auto& { return s.llama3.high_freq_factor; }, any_real()));
+    t.push_back(field<S>("short_factor", "", "longrope: per-pair factors up to the original context",
+                         [](auto& s) -> auto& { return s.short_factor; }, real_list()));
+    t.push_back(field<S>("long_factor", "", "longrope: per-pair factors beyond it",
+                         [](auto& s) -> auto& { return s.long_factor; }, real_list()));
+    t.push_back(field<S>("freq_factors", "", "explicit: per-pair frequency divisors",
+                         [](auto& s) -> auto& { return s.freq_factors; }, real_list()));
+    t.push_back(field<S>("attention_factor", "", "overrides the computed attention factor",
+                         [](auto& s) -> auto& { return s.attention_factor; }, optional_real()));
+    return t;
+  }();
+  return table;
 }
 
+const settings::Table<ModelConfig>& model_settings() {
+  using namespace settings;
+  static const Table<ModelConfig> table = [] {
+    using M = ModelConfig;
+    constexpr int kIntMax = std::numeric_limits<int>::max();
+    Table<M> t;
+    t.push_back(field<M>("vocab_size", "", "token ids (0 = from the task)", [](auto& c) -> auto& { return c.vocab_size; },
+                         integers(0, kIntMax)));
+    t.push_back(field<M>("d_model", "--d-model", "model width", [](auto& c) -> auto& { return c.d_model; }, integers(1, 1 << 16)));
+    t.push_back(field<M>("n_layers", "--n-layers", "transformer blocks", [](auto& c) -> auto& { return c.n_layers; },
+                         integers(1, 1024)));
+    t.push_back(field<M>("n_heads", "--n-heads", "attention heads", [](auto& c) -> auto& { return c.n_heads; },
+                         integers(1, 4096)));
+    t.push_back(field<M>("n_kv_heads", "--n-kv-heads", "key/value heads", [](auto& c) -> auto& { return c.n_kv_heads; },
+                         integers(0, 4096, "0 = n_heads")));
+    t.push_back(field<M>("d_ff", "--d-ff", "MLP width", [](auto& c) -> auto& { return c.d_ff; },
+                         integers(0, 1 << 20, "0 = 4 * d_model")));
+    Setting<M> norm = field<M>("pre_norm", "--norm", "LayerNorm before (pre) or after (post) each block",
+                               [](auto& c) -> auto& { return c.pre_norm; }, boolean());
+    norm.flag_words = {"post", "pre"};
+    t.push_back(std::move(norm));
+    t.push_back(field<M>("dropout", "--dropout", "dropout rate", [](auto& c) -> auto& { return c.dropout; },
+                         reals(0, 1, false, true)));
+    t.push_back(field<M>("tie_embeddings", "--tie-embeddings", "share the input embedding and the LM head",
+                         [](auto& c) -> auto& { return c.tie_embeddings; }, boolean()));
+    t.push_back(field<M>("max_seq_len", "--max-seq-len", "learned positions: table size",
+                         [](auto& c) -> auto& { return c.max_seq_len; }, integers(1, kMaxSequenceLength)));
+    t.push_back(choice<M>("attention", "--attention", "softmax, or linear (RoPE as in RoFormer eq. 19)",
+                          [](auto& c) -> auto& { return c.attention; },
+                          names([] { return std::vector<std::string>(std::begin(kAttentionKinds), std::end(kAttentionKinds)); }),
+                          [](const std::string& a) { return a; },
+                          [](const std::string& a) {
+                            if (!is_one_of(a, kAttentionKinds)) fail("attention", a, choices(kAttentionKinds));
+                            return a;
+                          }));
+    t.push_back(field<M>("fused", "--fused", "rotary's fused ops (true) or plain torch ops (false)",
+                         [](auto& c) -> auto& { return c.fused; }, boolean()));
+    t.push_back(choice<M>("encoding.kind", "--encoding", "how positions enter the model",
+                          [](auto& c) -> auto& { return c.encoding.kind; }, names([] {
+                            std::vector<std::string> n;
+                            for (EncodingKind k : kEncodingKinds) n.emplace_back(encoding_kind_name(k));
+                            return n;
+                          }),
+                          encoding_kind_name, [](const std::string& n) { return parse_encoding_kind(n, "encoding.kind"); }));
+    nest(t, "encoding.rope", rope_settings(), [](auto& c) -> auto& { return c.encoding.rope; });
+    t.push_back(field<M>("encoding.rotary_fraction", "--rotary-fraction", "fraction of each head that rotates",
+                         [](auto& c) -> auto& { return c.encoding.rotary_fraction; }, reals(0, 1, true, false)));
+    t.push_back(field<M>("encoding.window", "--window", "rerope / leaky_rerope window",
+                         [](auto& c) -> auto& { return c.encoding.window; }, integers(0, kMaxAbsPosition, "0 = no window")));
+    t.push_back(field<M>("encoding.leaky_k", "--leaky-k", "leaky_rerope: slope 1/k beyond the window",
+                         [](auto& c) -> auto& { return c.encoding.leaky_k; }, real_above(0)));
+    t.push_back(field<M>("encoding.logn_train_len", "--logn",
+                         "log-n query scaling relative to this training length",
+                         [](auto& c) -> auto& { return c.encoding.logn_train_len; }, integers(0, kMaxAbsPosition, "0 = off")));
+    return t;
+  }();
+  return table;
+}
+
+json rope_spec_to_json(const RopeSpec& s) { return settings::to_json(rope_settings(), s); }
+
 RopeSpec rope_spec_from_json(const json& j, const std::string& field) {
-  const std::string p = field + ".";
-  reject_unknown(j,
-                 {"head_dim", "rotary_dim", "base", "layout", "scaling", "factor", "max_position_embeddings",
-                  "original_max_position_embeddings", "ntk_mixed_exponent", "yarn", "llama3", "short_factor",
-                  "long_factor", "freq_factors", "attention_factor"},
-                 p);
   RopeSpec s;
-  read(j, "head_dim", p, s.head_dim);
-  read(j, "rotary_dim", p, s.rotary_dim);
-  read(j, "base", p, s.base);
-  std::string name;
-  if (j.contains("layout")) {
-    read(j, "layout", p, name);
-    s.layout = parse_layout(name);
-  }
-  if (j.contains("scaling")) {
-    read(j, "scaling", p, name);
-    s.scaling = parse_scaling(name);
-  }
-  read(j, "factor", p, s.factor);
-  read(j, "max_position_embeddings", p, s.max_position_embeddings);
-  read(j, "original_max_position_embeddings", p, s.original_max_position_embeddings);
-  read(j, "ntk_mixed_exponent", p, s.ntk_mixed_exponent);
-  if (j.contains("yarn")) {
-    const json& y = j.at("yarn");
-    const std::string yp = p + "yarn.";
-    reject_unknown(y, {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "truncate"}, yp);
-    read(y, "beta_fast", yp, s.yarn.beta_fast);
-    read(y, "beta_slow", yp, s.yarn.beta_slow);
-    read(y, "truncate", yp, s.yarn.truncate);
-    double m = 0;
-    if (y.contains("mscale")) read(y, "mscale", yp, m), s.yarn.mscale = m;
-    if (y.contains("mscale_all_dim")) read(y, "mscale_all_dim", yp, m), s.yarn.mscale_all_dim = m;
-  }
-  if (j.contains("llama3")) {
-    const json& l = j.at("llama3");
-    const std::string lp = p + "llama3.";
-    reject_unknown(l, {"low_freq_factor", "high_freq_factor"}, lp);
-    read(l, "low_freq_factor", lp, s.llama3.low_freq_factor);
-    read(l, "high_freq_factor", lp, s.llama3.high_freq_factor);
-  }
-  read(j, "short_factor", p, s.short_factor);
-  read(j, "long_factor", p, s.long_factor);
-  read(j, "freq_factors", p, s.freq_factors);
-  if (j.contains("attention_factor")) {
-    double a = 0;
-    read(j, "attention_factor", p, a);
-    s.attention_factor = a;
-  }
+  settings::from_json(rope_settings(), j, s, field);
   return s;
 }
 
 void to_json(json& j, const EncodingConfig& e) {
-  j = {{"kind", encoding_kind_name(e.kind)},
-       {"rope", rope_spec_to_json(e.rope)},
-       {"rotary_fraction", e.rotary_fraction},
-       {"window", e.window},
-       {"leaky_k", e.leaky_k},
-       {"logn_train_len", e.logn_train_len}};
+  ModelConfig m;
+  m.encoding = e;
+  j = settings::to_json(model_settings(), m).at("encoding");
 }
 
 void from_json(const json& j, EncodingConfig& e) {
-  const std::string p = "encoding.";
-  reject_unknown(j, {"kind", "rope", "rotary_fraction", "window", "leaky_k", "logn_train_len"}, p);
-  e = EncodingConfig{};
-  if (j.contains("kind")) {
-    std::string kind;
-    read(j, "kind", p, kind);
-    e.kind = parse_encoding_kind(kind, p + "kind");
-  }
-  if (j.contains("rope")) e.rope = rope_spec_from_json(j.at("rope"), p + "rope");
-  read(j, "rotary_fraction", p, e.rotary_fraction);
-  read(j, "window", p, e.window);
-  read(j, "leaky_k", p, e.leaky_k);
-  read(j, "logn_train_len", p, e.logn_train_len);
+  ModelConfig m;
+  settings::from_json(model_settings(), json{{"encoding", j}}, m);
+  e = m.encoding;
 }
 
-void to_json(json& j, const ModelConfig& c) {
-  j = {{"vocab_size", c.vocab_size}, {"d_model", c.d_model},       {"n_layers", c.n_layers},
-       {"n_heads", c.n_heads},       {"n_kv_heads", c.n_kv_heads}, {"d_ff", c.d_ff},
-       {"pre_norm", c.pre_norm},     {"dropout", c.dropout},       {"tie_embeddings", c.tie_embeddings},
-       {"max_seq_len", c.max_seq_len}, {"attention", c.attention}, {"fused", c.fused},
-       {"encoding", c.encoding}};
-}
+void to_json(json& j, const ModelConfig& c) { j = settings::to_json(model_settings(), c); }
 
-// Missing fields keep their defaults; unknown fields, wrong types and unknown names throw rotary::Error. Values are
-// left to validate(): a config may be completed later (the lab fills vocab_size 0 from its task).
+// Missing fields keep their defaults; unknown fields, wrong types, unknown names and values outside a field's own
+// range throw rotary::Error. Rules between fields are left to validate(): a config may be completed later (the lab
+// fills vocab_size 0 from its task).
 void from_json(const json& j, ModelConfig& c) {
-  reject_unknown(j,
-                 {"vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff", "pre_norm", "dropout",
-                  "tie_embeddings", "max_seq_len", "attention", "fused", "encoding"},
-                 "");
   c = ModelConfig{};
-  read(j, "vocab_size", "", c.vocab_size);
-  read(j, "d_model", "", c.d_model);
-  read(j, "n_layers", "", c.n_layers);
-  read(j, "n_heads", "", c.n_heads);
-  read(j, "n_kv_heads", "", c.n_kv_heads);
-  read(j, "d_ff", "", c.d_ff);
-  read(j, "pre_norm", "", c.pre_norm);
-  read(j, "dropout", "", c.dropout);
-  read(j, "tie_embeddings", "", c.tie_embeddings);
-  read(j, "max_seq_len", "", c.max_seq_len);
-  read(j, "attention", "", c.attention);
-  check(is_one_of(c.attention, kAttentionKinds), "attention", c.attention, choices(kAttentionKinds));
-  read(j, "fused", "", c.fused);
-  if (j.contains("encoding")) from_json(j.at("encoding"), c.encoding);
+  settings::from_json(model_settings(), j, c);
 }
 
 void to_json(json& j, const EncodingOverride& o) {
@@ -371,17 +350,23 @@ void to_json(json& j, const EncodingOverride& o) {
 }
 
 void from_json(const json& j, EncodingOverride& o) {
-  const std::string p = "override.";
-  reject_unknown(j, {"kind", "rope", "window", "leaky_k", "logn_train_len"}, p);
+  const std::string p = "override";
+  settings::reject_unknown_fields(j, {"kind", "rope", "window", "leaky_k", "logn_train_len"}, p);
   o = EncodingOverride{};
-  std::string kind;
-  int64_t n = 0;
-  double k = 0;
-  if (j.contains("kind")) read(j, "kind", p, kind), o.kind = parse_encoding_kind(kind, p + "kind");
-  if (j.contains("rope")) o.rope = rope_spec_from_json(j.at("rope"), p + "rope");
-  if (j.contains("window")) read(j, "window", p, n), o.window = n;
-  if (j.contains("leaky_k")) read(j, "leaky_k", p, k), o.leaky_k = k;
-  if (j.contains("logn_train_len")) read(j, "logn_train_len", p, n), o.logn_train_len = n;
+  // Each field is read by the trained encoding's own declaration (model_settings), so both take the same values.
+  ModelConfig m;
+  auto read = [&](const std::string& key) {
+    const json* v = settings::find_path(j, key);
+    if (!v) return false;
+    const auto& s = settings::find_setting(model_settings(), "encoding." + key);
+    s.set(m, settings::checked_value(s.allowed, *v, p + "." + key), p + "." + key);
+    return true;
+  };
+  if (read("kind")) o.kind = m.encoding.kind;
+  if (j.contains("rope")) o.rope = rope_spec_from_json(j.at("rope"), p + ".rope");
+  if (read("window")) o.window = m.encoding.window;
+  if (read("leaky_k")) o.leaky_k = m.encoding.leaky_k;
+  if (read("logn_train_len")) o.logn_train_len = m.encoding.logn_train_len;
 }
 
 }  // namespace rotary::nn

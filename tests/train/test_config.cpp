@@ -2,10 +2,12 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <set>
 
 #include "cli/torch/train_flags.h"
 #include "common/files.h"
 #include "rotary/error.h"
+#include "tasks/task.h"
 #include "train/config.h"
 
 namespace rotary::train {
@@ -183,7 +185,8 @@ TEST(Config, BadFlagValuesAreNamed) {
     return error_of([&] { flags.resolve(TrainConfig{}).validate(); });
   };
   EXPECT_NE(resolve_with({"--rope-scaling", "squash"}).find("squash"), std::string::npos);
-  EXPECT_NE(resolve_with({"--norm", "middle"}).find("--norm = middle"), std::string::npos);
+  const std::string norm = resolve_with({"--norm", "middle"});
+  EXPECT_NE(norm.find("--norm: middle not in {post,pre}"), std::string::npos) << norm;
   EXPECT_NE(resolve_with({"--steps", "0"}).find("--steps: value 0 is not a decimal integer in [1, "), std::string::npos);
   EXPECT_NE(resolve_with({"--seed", "-1"}).find("--seed"), std::string::npos);  // not 2^64 - 1
   EXPECT_NE(resolve_with({"--warmup", "9223372036854775808"}).find("--warmup"), std::string::npos);  // not clamped
@@ -207,12 +210,14 @@ TEST(Config, IntegersBeyondTheirTypeAreRefusedNotCast) {
     EXPECT_NE(e.find(std::string(toml).substr(0, std::string(toml).find(' '))), std::string::npos) << toml << ": " << e;
   }
   TrainConfig c;
-  from_json(nlohmann::json::parse(R"({"seed": 18446744073709551615, "steps": 9223372036854775807})"), c);
+  from_json(nlohmann::json::parse(R"({"seed": 18446744073709551615, "steps": 1099511627776})"), c);
   EXPECT_EQ(c.seed, UINT64_MAX);  // integers compare exactly, not through a double
-  EXPECT_EQ(c.steps, INT64_MAX);
-  from_json(toml_to_json("steps = 9223372036854774784.0\nseed = 18446744073709549568.0", "t.toml"), c);
-  EXPECT_EQ(c.steps, int64_t(9223372036854774784));  // the largest doubles below 2^63 and 2^64 still fit
-  EXPECT_EQ(c.seed, uint64_t(18446744073709549568ULL));
+  EXPECT_EQ(c.steps, int64_t{1} << 40);  // the top of steps' declared range
+  EXPECT_NE(error_of([&] { from_json(nlohmann::json::parse(R"({"steps": 1099511627777})"), c); })
+                .find("steps = 1099511627777 is invalid; allowed: an integer in [1, 1099511627776]"),
+            std::string::npos);
+  from_json(toml_to_json("seed = 18446744073709549568.0", "t.toml"), c);
+  EXPECT_EQ(c.seed, uint64_t(18446744073709549568ULL));  // the largest double below 2^64 still fits
 }
 
 TEST(Config, DeepNestingIsRefusedByDepthNotByTheStack) {
@@ -254,6 +259,86 @@ TEST(Config, TomlParserEdgeCasesAreSyntaxErrorsOrValues) {
             std::string::npos);
   const nlohmann::json j = toml_to_json("out_dir = \"\"\"\\\n  \xc2\xa7runs\"\"\"\n", "t.toml");
   EXPECT_EQ(j.at("out_dir"), "\xc2\xa7runs");
+}
+
+// ---- Every setting declared once (train_settings): JSON, TOML, flags, validate() and --print-config -----------
+
+TEST(Settings, PathsAndFlagsAreUniqueAndEveryFlagIsOnTheCommandLine) {
+  CLI::App app;
+  cli::TrainFlags flags;
+  flags.add_to(app);
+  std::set<std::string> paths, flag_names;
+  for (const auto& s : train_settings()) {
+    EXPECT_TRUE(paths.insert(s.path).second) << "declared twice: " << s.path;
+    EXPECT_FALSE(s.help.empty()) << s.path;
+    if (s.flag.empty()) continue;
+    EXPECT_TRUE(flag_names.insert(s.flag).second) << "flag used twice: " << s.flag;
+    EXPECT_NE(app.get_option_no_throw(s.flag), nullptr) << s.flag;
+  }
+  EXPECT_EQ(flag_names.size(), 49u);  // the 49 flags `rotary train` had before the table (d12db00)
+}
+
+TEST(Settings, TheJsonFormIsTheOneEarlierVersionsStored) {
+  // `rotary train --print-config` before the settings were declared in one table (commit d12db00): checkpoints
+  // store this form, and compare it field by field on --resume.
+  const nlohmann::json before = nlohmann::json::parse(
+      lab::read_file(ROTARY_SOURCE_DIR "/tests/data/train_configs/default_before_settings_table.json"));
+  EXPECT_EQ(nlohmann::json(TrainConfig{}), before);
+  TrainConfig c;
+  c.steps = 5;
+  from_json(before, c);
+  EXPECT_EQ(nlohmann::json(c), before);
+  for (const auto& s : train_settings())
+    EXPECT_TRUE(settings::find_path(before, s.path) != nullptr || s.allowed.optional) << s.path;
+}
+
+TEST(Settings, TheTomlFileOfAConfigReadsBackToTheSameConfig) {
+  TrainConfig c = load_config_file(temp_file("rt_in.toml", kToml));
+  c.model.encoding.rope.yarn.mscale = 0.7;
+  c.model.encoding.rope.short_factor = {1.0, 2.5};
+  c.seed = UINT64_MAX;  // beyond TOML's int64: written as a string, read back exactly
+  c.optim.eps = 1e-9;
+  c.task_options.cache_dir = "a \"quoted\" dir";
+  const std::string toml = to_toml(c);
+  const TrainConfig back = load_config_file(temp_file("rt_out.toml", toml));
+  EXPECT_EQ(nlohmann::json(back), nlohmann::json(c)) << toml;
+  EXPECT_NE(toml.find("# AdamW peak learning rate [--lr]; a number > 0\nlr = 0.002"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("[model.encoding.rope.yarn]"), std::string::npos) << toml;
+  EXPECT_NE(toml.find("# attention_factor = (unset)"), std::string::npos) << toml;  // optional, not set
+}
+
+// A range is declared once and the file, the flag and validate() refuse the same values with it.
+TEST(Settings, EachRangeIsTheSameForTheFileTheFlagAndValidate) {
+  const std::string file = error_of([] { load_config_file(temp_file("lr0.toml", "[optim]\nlr = 0\n")); });
+  EXPECT_NE(file.find("optim.lr = 0 is invalid; allowed: a number > 0"), std::string::npos) << file;
+  CLI::App app;
+  cli::TrainFlags flags;
+  flags.add_to(app);
+  app.parse(std::vector<std::string>{"0", "--lr"});
+  const std::string flag = error_of([&] { flags.resolve(TrainConfig{}); });
+  EXPECT_NE(flag.find("--lr = 0.0 is invalid; allowed: a number > 0"), std::string::npos) << flag;
+  TrainConfig c;
+  c.optim.lr = 0;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("optim.lr = 0.0 is invalid; allowed: a number > 0"), std::string::npos);
+
+  c = TrainConfig{};
+  c.model.n_heads = 5000;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("model.n_heads = 5000 is invalid; allowed: an integer in [1, 4096]"),
+            std::string::npos);
+  CLI::App app2;
+  cli::TrainFlags flags2;
+  flags2.add_to(app2);
+  try {
+    app2.parse(std::vector<std::string>{"5000", "--n-heads"});
+    ADD_FAILURE() << "--n-heads 5000 was accepted";
+  } catch (const CLI::ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("[1, 4096]"), std::string::npos) << e.what();
+  }
+  // A task option's range is the task's own: make_task refuses what the config refuses.
+  c = TrainConfig{};
+  c.task_options.max_digits = 201;
+  EXPECT_NE(error_of([&] { c.validate(); }).find("task_options.max_digits = 201"), std::string::npos);
+  EXPECT_NE(error_of([&] { lab::make_task("addition", c.task_options); }).find("max_digits = 201"), std::string::npos);
 }
 
 }  // namespace

@@ -14,6 +14,10 @@
 
 namespace rotary {
 
+// The largest |position| (and distance, window, context length) any kernel takes: positions stay exact as doubles,
+// from which the angles are computed.
+inline constexpr int64_t kMaxAbsPosition = int64_t(1) << 53;
+
 // Which features form rotation pair i (r = rotary_dim).
 enum class RopeLayout : uint8_t {
   Interleaved,  // (2i, 2i+1): RoFormer, GPT-J, Meta's Llama code ("rotate every two")

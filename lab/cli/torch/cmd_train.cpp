@@ -18,7 +18,7 @@ namespace {
 
 struct TrainCommand {
   TrainFlags flags;
-  bool resume = false, overwrite = false, no_progress = false, print_config = false;
+  bool resume = false, overwrite = false, no_progress = false, print_config = false, print_toml = false;
   int nproc = 1, nnodes = 1, node_rank = 0;
 
   // defaults <- file <- flags; with --resume the checkpoint's config takes the place of the defaults, so
@@ -44,6 +44,10 @@ struct TrainCommand {
       nlohmann::json j;
       train::to_json(j, config);
       std::printf("%s\n", j.dump(2).c_str());
+      return;
+    }
+    if (print_toml) {  // the same, as a commented TOML file for --config
+      std::fputs(train::to_toml(config).c_str(), stdout);
       return;
     }
 
@@ -106,6 +110,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_flag("--no-progress", cmd->no_progress, "no progress bar / lines on stderr");
   sub->add_flag("--print-config", cmd->print_config,
                 "print the resolved settings (defaults <- --config <- flags) as JSON, validated, and exit");
+  sub->add_flag("--print-config-toml", cmd->print_toml,
+                "print them as a commented TOML file (every setting, its flag and allowed values) for --config, and exit");
   sub->add_option("--nproc", cmd->nproc, "data-parallel processes on this machine (torch c10d, Gloo)")->transform(integer_in(1, 256));
   sub->add_option("--nnodes", cmd->nnodes, "machines taking part (needs MASTER_ADDR, MASTER_PORT)")->transform(integer_in(1, 4096));
   sub->add_option("--node-rank", cmd->node_rank, "this machine's index in [0, nnodes)")->transform(integer_in(0, 4095));

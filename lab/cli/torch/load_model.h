@@ -8,6 +8,7 @@
 #include <optional>
 #include <string>
 
+#include "cli/options.h"
 #include "common/files.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
@@ -39,14 +40,19 @@ struct OverrideFlags {
   CLI::Option *kind_opt, *scaling_opt, *factor_opt, *base_opt, *original_opt, *window_opt, *leaky_opt, *logn_opt;
 
   void add_to(CLI::App& app) {
+    // The ranges are the trained fields' own (nn::model_settings); whether a value fits the trained model is
+    // nn::apply_override's to say.
+    auto range = [](const std::string& path) { return range_of(settings::find_setting(nn::model_settings(), path).allowed); };
     kind_opt = app.add_option("--kind", kind, "run as another rope-family kind (rope -> rerope, leaky_rerope)");
     scaling_opt = app.add_option("--scaling", scaling, "rope scaling: none, linear, ntk, ntk_mixed, dynamic, yarn, llama3");
-    factor_opt = app.add_option("--factor", factor, "rope scaling factor")->transform(finite());
-    base_opt = app.add_option("--base", base, "rope base")->transform(finite());
-    original_opt = app.add_option("--original-max", original_max, "pre-extension context (yarn, llama3, dynamic)")->transform(integer_in(0, int64_t{1} << 53));
-    window_opt = app.add_option("--window", window, "rerope / leaky_rerope window")->transform(integer_in(0, int64_t{1} << 53));
-    leaky_opt = app.add_option("--leaky-k", leaky_k, "leaky_rerope k")->transform(finite());
-    logn_opt = app.add_option("--logn", logn, "log-n query scaling training length (0 = off)")->transform(integer_in(0, int64_t{1} << 53));
+    factor_opt = app.add_option("--factor", factor, "rope scaling factor")->transform(range("encoding.rope.factor"));
+    base_opt = app.add_option("--base", base, "rope base")->transform(range("encoding.rope.base"));
+    original_opt = app.add_option("--original-max", original_max, "pre-extension context (yarn, llama3, dynamic)")
+                       ->transform(range("encoding.rope.original_max_position_embeddings"));
+    window_opt = app.add_option("--window", window, "rerope / leaky_rerope window")->transform(range("encoding.window"));
+    leaky_opt = app.add_option("--leaky-k", leaky_k, "leaky_rerope k")->transform(range("encoding.leaky_k"));
+    logn_opt = app.add_option("--logn", logn, "log-n query scaling training length (0 = off)")
+                   ->transform(range("encoding.logn_train_len"));
   }
 
   bool any() const {

@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "rotary/rope_spec.h"
+#include "rotary/settings.h"
+#include "rotary_nn/limits.h"
 
 namespace rotary::nn {
 
@@ -74,6 +76,12 @@ struct ModelConfig {
   // The encoding with rope.head_dim and rope.rotary_dim filled in from the model (call after validate()).
   EncodingConfig resolved_encoding() const;
 };
+
+// Every model field declared once - JSON path, flag, help, allowed values (rotary/settings.h) - which JSON, the
+// ranges of validate(), the lab's flags and TOML files all use. rope_settings() declares RopeSpec's fields (their
+// ranges are RopeSpec::validate()'s).
+const settings::Table<ModelConfig>& model_settings();
+const settings::Table<RopeSpec>& rope_settings();
 
 void to_json(nlohmann::json& j, const ModelConfig& c);
 // from_json: rotary::Error on unknown or ill-typed fields and unknown names (kind, layout, scaling); the values
