@@ -19,9 +19,11 @@ class LinearAttentionCase : public OpCase {
                     (c_.rotate ? " rope" : " plain") + (c_.layout == RopeLayout::Interleaved ? " interleaved" : " half") +
                     " D" + std::to_string(c_.D) + " r" + std::to_string(c_.rotary_dim) + " Dv" + std::to_string(c_.Dv) +
                     " H" + std::to_string(c_.H) + " lengths";
-    for (int64_t l : c_.lengths) s += " " + std::to_string(l);
-    return identifier((c_.finite_differences ? "gradcheck " : "") + s + (c_.positions ? " positions" : "") + " pad" +
-                      std::to_string(c_.pad) + " a" + std::to_string(c_.attention_factor));
+    for (int64_t l : c_.lengths) s.append(" ").append(std::to_string(l));
+    if (c_.finite_differences) s.insert(0, "gradcheck ");
+    if (c_.positions) s += " positions";
+    s.append(" pad").append(std::to_string(c_.pad)).append(" a").append(std::to_string(c_.attention_factor));
+    return identifier(s);
   }
   void setup() override {
     fast_ = std::make_unique<LinearProblem>(c_);

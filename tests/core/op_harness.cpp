@@ -256,7 +256,8 @@ std::string check_output(const Output& o) {
   return s.str();
 }
 
-std::vector<std::string> compare_at_targets(OpCase& c, const std::vector<int64_t>& targets) {
+std::vector<std::string> compare_at_targets(OpCase& c, const std::vector<int64_t>& targets,
+                                            const std::function<void(int64_t, const Output&)>& observe) {
   std::vector<std::string> failures;
   c.setup();
   c.run_reference();
@@ -264,8 +265,10 @@ std::vector<std::string> compare_at_targets(OpCase& c, const std::vector<int64_t
     detail::force_simd_target(target);
     c.run_fast();
     if (std::string v = c.memory_violations(); !v.empty()) failures.push_back(target_prefix(target) + v);
-    for (const Output& o : c.outputs())
+    for (const Output& o : c.outputs()) {
+      if (observe) observe(target, o);
       if (std::string f = check_output(o); !f.empty()) failures.push_back(target_prefix(target) + f);
+    }
   }
   detail::force_simd_target(0);
   c.release();

@@ -186,7 +186,9 @@ std::string check_output(const Output& o);
 double error_over_bound(const Output& o);
 
 // compare: the reference once, the fast path at every SIMD target in `targets` (detail::simd_targets()).
-std::vector<std::string> compare_at_targets(OpCase& c, const std::vector<int64_t>& targets);
+// `observe`, when given, sees every output at every target (the runner records the margins).
+std::vector<std::string> compare_at_targets(OpCase& c, const std::vector<int64_t>& targets,
+                                            const std::function<void(int64_t, const Output&)>& observe = {});
 // nonfinite: every site of `kind`, at every target.
 std::vector<std::string> nonfinite_parity(OpCase& c, NonFinite kind, const std::vector<int64_t>& targets);
 // gradient: central differences (step h) of reference_loss() against both backward passes.

@@ -3,10 +3,13 @@
 //   core_test_ops --gtest_filter='*/rope_f32_half_split_D128*'
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <set>
 
 #include "op_harness.h"
+#include "rotary/error.h"
 #include "simd_targets.h"
 
 namespace rotary::test {
@@ -31,7 +34,13 @@ void expect_none(const std::vector<std::string>& failures) {
 class op_compare : public testing::TestWithParam<OpCase*> {};
 TEST_P(op_compare, FastMatchesReferenceOnEveryTarget) {
   ASSERT_FALSE(detail::simd_targets().empty());
-  expect_none(compare_at_targets(*GetParam(), detail::simd_targets()));
+  // The worst error of each output over its bound, across targets, goes to the test report
+  // (--gtest_output=json, properties "<output>_over_tol") to show the margin to each tolerance.
+  std::map<std::string, double> worst;
+  expect_none(compare_at_targets(*GetParam(), detail::simd_targets(), [&](int64_t, const Output& o) {
+    worst[o.name] = std::max(worst[o.name], error_over_bound(o));
+  }));
+  for (const auto& [name, ratio] : worst) RecordProperty(name + "_over_tol", to_text(ratio));
 }
 INSTANTIATE_TEST_SUITE_P(All, op_compare, testing::ValuesIn(cases_where([](const OpCase&) { return true; })),
                          param_name);
