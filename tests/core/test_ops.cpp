@@ -45,24 +45,27 @@ TEST_P(op_compare, FastMatchesReferenceOnEveryTarget) {
 INSTANTIATE_TEST_SUITE_P(All, op_compare, testing::ValuesIn(cases_where([](const OpCase&) { return true; })),
                          param_name);
 
-// nonfinite: a NaN (op_nan) or an Inf (op_inf) in one input element at a time.
-class op_nan : public testing::TestWithParam<OpCase*> {};
-TEST_P(op_nan, NonFiniteWhereTheReferenceIs) {
-  expect_none(nonfinite_parity(*GetParam(), NonFinite::NaN, detail::simd_targets()));
+// nonfinite: a NaN, then an Inf, in one input element at a time (cases with poison sites of that kind).
+struct NonFiniteParam {
+  OpCase* c;
+  NonFinite kind;
+};
+std::vector<NonFiniteParam> nonfinite_params() {
+  std::vector<NonFiniteParam> out;
+  for (NonFinite kind : {NonFinite::NaN, NonFinite::Inf})
+    for (OpCase* c : cases_where([kind](const OpCase& c) { return !c.poison_sites(kind).empty(); }))
+      out.push_back({c, kind});
+  return out;
 }
-INSTANTIATE_TEST_SUITE_P(All, op_nan, testing::ValuesIn(cases_where([](const OpCase& c) {
-                           return !c.poison_sites(NonFinite::NaN).empty();
-                         })),
-                         param_name);
-
-class op_inf : public testing::TestWithParam<OpCase*> {};
-TEST_P(op_inf, NonFiniteWhereTheReferenceIs) {
-  expect_none(nonfinite_parity(*GetParam(), NonFinite::Inf, detail::simd_targets()));
+class op_nonfinite : public testing::TestWithParam<NonFiniteParam> {};
+TEST_P(op_nonfinite, NonFiniteWhereTheReferenceIs) {
+  expect_none(nonfinite_parity(*GetParam().c, GetParam().kind, detail::simd_targets()));
 }
-INSTANTIATE_TEST_SUITE_P(All, op_inf, testing::ValuesIn(cases_where([](const OpCase& c) {
-                           return !c.poison_sites(NonFinite::Inf).empty();
-                         })),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(All, op_nonfinite, testing::ValuesIn(nonfinite_params()),
+                         [](const testing::TestParamInfo<NonFiniteParam>& info) {
+                           return info.param.c->op() + "_" + info.param.c->name() +
+                                  (info.param.kind == NonFinite::NaN ? "_nan" : "_inf");
+                         });
 
 // gradient: both backward passes against central differences of the float64 reference (best target: the
 // compare mode covers the kernel's backward on every target).
