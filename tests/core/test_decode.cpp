@@ -8,9 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <random>
 #include <string>
-#include <tuple>
 #include <vector>
 
 #include "cases_decode.h"

@@ -7,11 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstdio>
-#include <cstring>
 #include <functional>
-#include <limits>
-#include <optional>
 #include <random>
 #include <string>
 #include <vector>
