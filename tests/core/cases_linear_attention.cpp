@@ -50,6 +50,21 @@ class LinearAttentionCase : public OpCase {
     return "";
   }
 
+  // One element of q, k and v at a time, in the forward of the unpadded rotating cases (parity only).
+  std::vector<PoisonSite> poison_sites(NonFinite) const override {
+    if (backward_ || !c_.rotate || c_.pad != 0) return {};
+    const int64_t last = c_.lengths.back() - 1;
+    return {{"q", last / 2, 0, 1}, {"k", 0, c_.H - 1, c_.D - 1}, {"v", last, 1, 0}};
+  }
+  void poison(const PoisonSite& s, double value) override {
+    for (LinearProblem* p : {fast_.get(), ref_.get()}) {
+      WatchedBuffer& b = s.input == "q" ? *p->q : s.input == "k" ? *p->k : *p->v;
+      const HeadsView v = p->view(b, s.input == "v" ? c_.Dv : c_.D);
+      b.set(s.token * v.token_stride + s.head * v.head_stride + s.feature, value);
+      b.snapshot();
+    }
+  }
+
   bool finite_differences() const override { return c_.finite_differences; }
   // L = sum dout . o of the reference forward (on the reference problem, whose inputs the mode perturbs).
   double reference_loss() override {
