@@ -94,7 +94,8 @@ TEST(op_cases, NamesAreUniqueIdentifiersAndEveryOpHasCases) {
     if (!c->poison_sites(NonFinite::NaN).empty()) nan_ops.insert(c->op());
   }
   EXPECT_EQ(gradient_ops, (std::set<std::string>{"attention_backward", "linear_attention_backward"}));
-  for (const char* op : {"rope", "attention_forward", "decode"}) EXPECT_TRUE(nan_ops.count(op)) << op;
+  for (const char* op : {"rope", "attention_forward", "decode", "linear_attention_forward"})
+    EXPECT_TRUE(nan_ops.count(op)) << op;
 }
 
 // The harness can fail: a wrong output, a NaN where the reference has none and a stray write are all caught.
