@@ -27,7 +27,7 @@ using test::decode_oracle;
 using test::make_freqs;
 using test::make_pos;
 using test::make_positions;
-using test::nmse;
+using test::rms_error;
 using test::turn;
 
 // The rms error relative to the oracle's rms that a decode step may have (the harness's DecodeOutput bound).
@@ -70,7 +70,7 @@ TEST(Decode, ConsecutiveSteps) {
         std::vector<double> o_ref, lse_ref;
         decode_oracle(pp, c.D, c.Hq, c.Hkv, rows, pos.data(), t + 1, pos[size_t(t)], 1 / std::sqrt(double(c.D)), o_ref,
                       lse_ref);
-        EXPECT_LE(std::sqrt(nmse(o.to_double(), o_ref)), tolerance(c.dtype, pos.back()));
+        EXPECT_LE(rms_error(o.to_double(), o_ref), tolerance(c.dtype, pos.back()));
       }
     }
 }
@@ -105,7 +105,7 @@ TEST(Decode, MatchesAttentionForwardReferenceLastRow) {
       attention_decode(cache, p);
       const std::vector<double> all = o.to_double();
       const std::vector<double> last(all.end() - c.Hq * c.D, all.end());
-      EXPECT_LE(std::sqrt(nmse(o_dec.to_double(), last)), tolerance(c.dtype, pos.back()));
+      EXPECT_LE(rms_error(o_dec.to_double(), last), tolerance(c.dtype, pos.back()));
     }
 }
 
@@ -131,7 +131,7 @@ TEST(Decode, LongCacheSplitAcrossThreads) {
     return o.to_double();
   };
   EXPECT_EQ(run(1, 256), run(2, 256));
-  EXPECT_LE(std::sqrt(nmse(run(2, 256), run(1, c.n))), tolerance(c.dtype, 0));
+  EXPECT_LE(rms_error(run(2, 256), run(1, c.n)), tolerance(c.dtype, 0));
   EXPECT_EQ(run(2, 0), run(2, 0));  // automatic split is deterministic for a thread count
 }
 
@@ -168,7 +168,7 @@ TEST(Decode, BatchOfCachesWithOwnLengthsAndModes) {
                   pos[size_t(b)].back(), 1 / std::sqrt(double(D)), o_ref, lse_ref);
     const std::vector<double> all = o.to_double();
     const std::vector<double> got(all.begin() + b * Hq * D, all.begin() + (b + 1) * Hq * D);
-    EXPECT_LE(std::sqrt(nmse(got, o_ref)), tolerance(DType::F32, 0)) << "sequence " << b;
+    EXPECT_LE(rms_error(got, o_ref), tolerance(DType::F32, 0)) << "sequence " << b;
   }
 }
 
@@ -201,8 +201,8 @@ TEST(Decode, RoperRotatesValuesOnce) {
       }
     }
   decode_oracle(pp, c.D, c.Hq, c.Hkv, wrong, pos.data(), c.n, pos.back(), 1 / std::sqrt(double(c.D)), twice, lse);
-  EXPECT_LE(std::sqrt(nmse(o.to_double(), good)), tolerance(c.dtype, 0));
-  EXPECT_GT(std::sqrt(nmse(o.to_double(), twice)), 0.1);
+  EXPECT_LE(rms_error(o.to_double(), good), tolerance(c.dtype, 0));
+  EXPECT_GT(rms_error(o.to_double(), twice), 0.1);
 }
 
 template <class F>

@@ -20,8 +20,6 @@ namespace {
 using test::LinearCaseSpec;
 using test::LinearProblem;
 
-double rms_err(const std::vector<double>& a, const std::vector<double>& ref) { return std::sqrt(test::nmse(a, ref)); }
-
 // The rms error relative to the reference's rms allowed for a case (the harness's LinearAttention bound).
 double tolerance(const LinearCaseSpec& c) {
   int64_t n = 1;
@@ -40,10 +38,10 @@ TEST(LinearAttention, F32MatchesF64) {
     for (int64_t i = 0; i < (p32.*in)->size(); ++i) (p64.*in)->set(i, (p32.*in)->get(i));
   linear_attention_forward(p32.params()), linear_attention_forward(p64.params());
   linear_attention_backward(p32.grad_params()), linear_attention_backward(p64.grad_params());
-  EXPECT_LE(rms_err(p32.gather(*p32.o, c.Dv), p64.gather(*p64.o, c.Dv)), tolerance(c));
-  EXPECT_LE(rms_err(p32.gather(*p32.dq, c.D), p64.gather(*p64.dq, c.D)), tolerance(c));
-  EXPECT_LE(rms_err(p32.gather(*p32.dk, c.D), p64.gather(*p64.dk, c.D)), tolerance(c));
-  EXPECT_LE(rms_err(p32.gather(*p32.dv, c.Dv), p64.gather(*p64.dv, c.Dv)), tolerance(c));
+  EXPECT_LE(test::rms_error(p32.gather(*p32.o, c.Dv), p64.gather(*p64.o, c.Dv)), tolerance(c));
+  EXPECT_LE(test::rms_error(p32.gather(*p32.dq, c.D), p64.gather(*p64.dq, c.D)), tolerance(c));
+  EXPECT_LE(test::rms_error(p32.gather(*p32.dk, c.D), p64.gather(*p64.dk, c.D)), tolerance(c));
+  EXPECT_LE(test::rms_error(p32.gather(*p32.dv, c.Dv), p64.gather(*p64.dv, c.Dv)), tolerance(c));
 }
 
 // Two tokens, D = 2 (one pair, inv_freq 1), written out by hand: token 1 (causal) sees keys 0 and 1,
