@@ -13,6 +13,7 @@
 
 #include "cases_decode.h"
 #include "rotary/attention.h"
+#include "expect.h"
 #include "rotary/error.h"
 #include "rotary/kv_cache.h"
 #include "rotary/rope_spec.h"
@@ -20,6 +21,7 @@
 namespace rotary {
 namespace {
 
+using test::expect_error;
 using test::DecodeRows;
 using test::DecodeSpec;
 using test::GuardedBuffer;
@@ -203,16 +205,6 @@ TEST(Decode, RoperRotatesValuesOnce) {
   decode_oracle(pp, c.D, c.Hq, c.Hkv, wrong, pos.data(), c.n, pos.back(), 1 / std::sqrt(double(c.D)), twice, lse);
   EXPECT_LE(rms_error(o.to_double(), good), tolerance(c.dtype, 0));
   EXPECT_GT(rms_error(o.to_double(), twice), 0.1);
-}
-
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no rotary::Error; expected one naming " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
 }
 
 TEST(Decode, CapacityIsEnforcedWithAClearError) {

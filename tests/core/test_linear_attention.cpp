@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "cases_linear_attention.h"
+#include "expect.h"
 #include "rotary/error.h"
 #include "rotary/linear_attention.h"
 #include "rotary/rope_spec.h"
@@ -17,6 +18,7 @@
 namespace rotary {
 namespace {
 
+using test::expect_error;
 using test::LinearCaseSpec;
 using test::LinearProblem;
 
@@ -68,16 +70,6 @@ TEST(LinearAttention, WorkedTwoTokenExample) {
     fn(p);
     EXPECT_NEAR(ob[1], num / den, 1e-14);
     EXPECT_NEAR(ob[0], v[0], 1e-14);  // one key, both turned by R(5): numerator = denominator * v_0
-  }
-}
-
-template <class F>
-void expect_error(F&& f, const std::string& needle) {
-  try {
-    f();
-    ADD_FAILURE() << "no rotary::Error; expected one naming " << needle;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 
