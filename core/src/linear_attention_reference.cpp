@@ -83,7 +83,8 @@ Head build(const LinearAttentionParams& p, int64_t b, int64_t h) {
     }
   for (int64_t i = 0; i < L; ++i) {
     Vec o(static_cast<size_t>(Dv), 0.0);
-    for (int64_t j = 0; j < L; ++j) {
+    // Only the keys row i sees: a masked entry's zero weight times a later NaN value would still be NaN.
+    for (int64_t j = 0; j < (p.causal ? i + 1 : L); ++j) {
       m.den[size_t(i)] += m.B[size_t(i * L + j)];
       for (int e = 0; e < Dv; ++e) o[size_t(e)] += m.A[size_t(i * L + j)] * m.v[size_t(j)][size_t(e)];
     }

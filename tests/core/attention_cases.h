@@ -1,5 +1,6 @@
 // tests/core/attention_cases.h: one attention problem (case description + guarded tensors in a chosen memory
-// layout) for the fused-vs-reference tests of test_attention.cpp.
+// layout): the state of the attention op cases (cases_attention.cpp) and of the identity, scratch and bad-input
+// tests of test_attention.cpp.
 #pragma once
 
 #include <algorithm>
@@ -10,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "harness.h"
+#include "op_harness.h"
 #include "rotary/attention.h"
 #include "rotary/rope_spec.h"
 
@@ -55,6 +56,21 @@ inline std::string describe(const AttnCase& c) {
   return c.name + " [" + mode + (c.roper ? "+roper" : "") + (c.logn_train ? "+logn" : "") +
          " D=" + std::to_string(c.D) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
          " seqs=" + lens + (c.causal ? " causal" : " full") + " " + dtype_name(c.dtype) + "]";
+}
+
+// The largest position the angles see (explicit positions grow by index / 5 gaps past the offset).
+inline int64_t max_position(const AttnCase& c) {
+  int64_t longest = 0;
+  for (int64_t l : c.seqlens) longest = std::max(longest, l);
+  return std::max<int64_t>(0, c.position_offset) + longest + longest / 5;
+}
+
+// A mid-size problem of one mode: D = 64, 4 query heads on 2 kv heads, sequences 130 and 33 (causal).
+inline AttnCase identity_case(PositionMode mode, int64_t w, double k, bool roper) {
+  AttnCase c;
+  c.mode = mode, c.window = w, c.leaky_k = k, c.roper = roper;
+  c.D = 64, c.Hq = 4, c.Hkv = 2, c.seqlens = {130, 33};
+  return c;
 }
 
 // Buffers and views of one problem; q, k, v, dout filled with uniform [-1, 1) values.
@@ -144,16 +160,7 @@ class AttnProblem {
   }
 
   // Elements of a view, in [token][head][d] order, as doubles.
-  static std::vector<double> gather(const HeadsView& v, DType t, int64_t tokens, int D) {
-    std::vector<double> x;
-    x.reserve(size_t(tokens * v.heads * D));
-    for (int64_t tok = 0; tok < tokens; ++tok)
-      for (int64_t h = 0; h < v.heads; ++h)
-        for (int d = 0; d < D; ++d)
-          x.push_back(load_as_double(v.data, t, tok * v.token_stride + h * v.head_stride + d));
-    return x;
-  }
-  std::vector<double> gather(const HeadsView& v) const { return gather(v, c_.dtype, tokens_, c_.D); }
+  std::vector<double> gather(const HeadsView& v) const { return gather_view(v, c_.dtype, tokens_, c_.D); }
   // Sets element (token, head, d) of an input view.
   void set(const HeadsView& v, int64_t tok, int64_t h, int d, double x) {
     store_from_double(v.data, c_.dtype, tok * v.token_stride + h * v.head_stride + d, x);

@@ -43,15 +43,6 @@ double nmse(const std::vector<double>& a, const std::vector<double>& b) {
   return num / den;
 }
 
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b) {
-  double m = a.size() == b.size() ? 0 : INFINITY;
-  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
-    const double d = std::fabs(a[i] - b[i]);
-    if (!(d <= m)) m = d;  // NaN propagates as the maximum
-  }
-  return m;
-}
-
 double dtype_eps(DType t) {
   switch (t) {
     case DType::F32: return std::ldexp(1.0, -24);

@@ -1,10 +1,12 @@
 // tests/core/harness.h: shared pieces of the core test suites (ggml test-backend-ops style).
 //   GuardedBuffer  - a typed buffer with sentinel guard zones before and after, to catch stray writes
 //   fill_uniform   - deterministic random contents for any storage dtype
-//   nmse           - normalised mean squared error sum((a-b)^2) / sum(b^2) against a float64 reference
+//   nmse           - normalised mean squared error sum((a-b)^2) / sum(b^2) against a float64 reference, and its
+//                    square root rms_error (the rms error relative to the reference's rms)
 //   dtype_eps      - unit roundoff of a storage dtype, the base of every tolerance
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <random>
 #include <string>
@@ -39,7 +41,7 @@ void fill_uniform(GuardedBuffer& b, uint64_t seed, double lo = -1.0, double hi =
 
 // sum((a-b)^2) / sum(b^2); b is the reference. 0 when both are all zero.
 double nmse(const std::vector<double>& a, const std::vector<double>& b);
-double max_abs_diff(const std::vector<double>& a, const std::vector<double>& b);
+inline double rms_error(const std::vector<double>& a, const std::vector<double>& b) { return std::sqrt(nmse(a, b)); }
 
 // Unit roundoff (half an ulp at 1) of the storage type: 2^-24 f32, 2^-11 f16, 2^-8 bf16, 2^-53 f64.
 double dtype_eps(DType t);

@@ -9,6 +9,7 @@
 #include <random>
 #include <vector>
 
+#include "expect.h"
 #include "harness.h"
 #include "rotary/angles.h"
 #include "rotary/error.h"
@@ -18,6 +19,8 @@ namespace rotary {
 namespace {
 
 using test::dtype_eps;
+using test::expect_error_naming;
+using test::for_each_target;
 
 // inv_freq[i] = base^(-2i/r), written out here rather than taken from RopeSpec (an independent computation).
 std::vector<double> default_inv_freq(int pairs, double base = 10000.0) {
@@ -33,17 +36,6 @@ std::vector<double> default_inv_freq(int pairs, double base = 10000.0) {
 const double kU32 = dtype_eps(DType::F32);
 const double kU64 = dtype_eps(DType::F64);
 const double kTol = kU32 + 16 * kU64;
-
-// Runs the body once per SIMD target compiled into rotary_core (and supported here), then restores dispatch.
-template <class F>
-void for_each_target(F&& body) {
-  for (int64_t target : detail::simd_targets()) {
-    SCOPED_TRACE(detail::simd_target_name(target));
-    detail::force_simd_target(target);
-    body();
-  }
-  detail::force_simd_target(0);
-}
 
 // Largest |fast - float64| / |scale| over the row.
 double row_error(const std::vector<double>& inv, int64_t pos, double scale) {
@@ -135,15 +127,6 @@ TEST(angles, FractionalPositions) {
 TEST(angles, ZeroCountWritesNothing) {
   EXPECT_NO_THROW(rope_cos_sin(nullptr, 0, 5, 1.0, nullptr, nullptr));
   EXPECT_NO_THROW(rope_cos_sin_at(nullptr, 0, 5.0, 1.0, nullptr, nullptr));
-}
-
-void expect_error_naming(const std::function<void()>& call, const std::string& field) {
-  try {
-    call();
-    ADD_FAILURE() << "no rotary::Error for " << field;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(field + " = "), std::string::npos) << e.what();
-  }
 }
 
 TEST(angles, BadInputThrowsNamingTheField) {

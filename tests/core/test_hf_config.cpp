@@ -10,6 +10,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "expect.h"
 #include "rotary/error.h"
 #include "rotary/hf_config.h"
 #include "rotary/rope_spec.h"
@@ -23,19 +24,9 @@ RopeSpec load(const std::string& name) {
   return rope_spec_from_hf_config_file(std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_configs/" + name);
 }
 
-template <class F>
-void expect_error_naming(F&& f, const std::string& field) {
-  try {
-    f();
-    ADD_FAILURE() << "no rotary::Error for " << field;
-  } catch (const Error& e) {
-    const std::string m = e.what();
-    EXPECT_NE(m.find(field), std::string::npos) << "message: " << m;
-    EXPECT_NE(m.find("allowed"), std::string::npos) << "message: " << m;
-  }
-}
+// The message names the field and what is allowed.
 void expect_bad(const std::string& json, const std::string& field) {
-  expect_error_naming([&] { rope_spec_from_hf_config(json); }, field);
+  test::expect_error([&] { rope_spec_from_hf_config(json); }, {field, "allowed"});
 }
 
 TEST(hf_config, EveryRealConfigParsesAndYieldsValidFreqs) {
@@ -286,7 +277,7 @@ TEST(hf_config, FilesAndDirectories) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();  // says which file
   }
-  expect_error_naming([&] { rope_spec_from_hf_config_file((dir / "missing.json").string()); }, "hf_config");
+  test::expect_error([&] { rope_spec_from_hf_config_file((dir / "missing.json").string()); }, {"hf_config", "allowed"});
   fs::remove_all(dir);
 }
 

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "expect.h"
 #include "rotary/error.h"
 #include "rotary/rope_spec.h"
 
@@ -42,17 +43,6 @@ RopeSpec make(int head_dim, double base, RopeScaling scaling, double factor = 1.
   s.scaling = scaling;
   s.factor = factor;
   return s;
-}
-
-// Runs `f`, expects a rotary::Error whose message names `field`.
-template <class F>
-void expect_error_naming(F&& f, const std::string& field) {
-  try {
-    f();
-    ADD_FAILURE() << "no rotary::Error for " << field;
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << "message: " << e.what();
-  }
 }
 
 TEST(rope_spec, DefaultMatchesFormulaAndUsesRotaryDimInExponent) {
@@ -287,9 +277,9 @@ TEST(rope_spec, NamesRoundTripAndAcceptHuggingFaceAliases) {
   for (RopeLayout l : {RopeLayout::Interleaved, RopeLayout::HalfSplit}) EXPECT_EQ(parse_layout(layout_name(l)), l);
   EXPECT_EQ(parse_layout("neox"), RopeLayout::HalfSplit);
   EXPECT_EQ(parse_layout("gptj"), RopeLayout::Interleaved);
-  expect_error_naming([] { parse_scaling("ntk-by-parts"); }, "scaling");
-  expect_error_naming([] { parse_scaling("ntk-by-parts"); }, "yarn");  // the choices are listed
-  expect_error_naming([] { parse_layout("diagonal"); }, "half_split");
+  test::expect_error([] { parse_scaling("ntk-by-parts"); }, "scaling");
+  test::expect_error([] { parse_scaling("ntk-by-parts"); }, "yarn");  // the choices are listed
+  test::expect_error([] { parse_layout("diagonal"); }, "half_split");
 }
 
 TEST(rope_spec, DescribeNamesTheTypeAndItsParameters) {
@@ -305,8 +295,8 @@ TEST(rope_spec, BadInputNamesTheField) {
   auto bad = [](auto edit, const std::string& field) {
     RopeSpec s = make(64, 10000.0, RopeScaling::None);
     edit(s);
-    expect_error_naming([&] { s.validate(); }, field);
-    expect_error_naming([&] { s.freqs(); }, field);
+    test::expect_error([&] { s.validate(); }, field);
+    test::expect_error([&] { s.freqs(); }, field);
   };
   bad([](RopeSpec& s) { s.head_dim = 1; }, "head_dim");
   bad([](RopeSpec& s) { s.head_dim = 65; }, "head_dim");  // odd, all features rotating
@@ -357,7 +347,7 @@ TEST(rope_spec, BadInputNamesTheField) {
   bad([](RopeSpec& s) { s.scaling = RopeScaling(42); }, "scaling");
 
   RopeSpec ok = make(64, 10000.0, RopeScaling::None);
-  expect_error_naming([&] { ok.freqs(-1); }, "seq_len");
+  test::expect_error([&] { ok.freqs(-1); }, "seq_len");
 }
 
 TEST(rope_spec, ErrorMessagesSayValueAndWhatIsAllowed) {

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "expect.h"
 #include "rotary/error.h"
 #include "validate.h"
 
@@ -16,16 +17,7 @@ namespace rotary {
 namespace {
 
 using detail::check_view;
-
-void expect_error(const std::function<void()>& f, const std::vector<std::string>& parts) {
-  try {
-    f();
-    ADD_FAILURE() << "no error; expected one naming " << parts[0];
-  } catch (const Error& e) {
-    const std::string msg = e.what();
-    for (const std::string& p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  }
-}
+using test::expect_error;
 
 float buf[4];  // any non-null address: check_view never dereferences
 
