@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "expect.h"
 #include "rotary/error.h"
 #include "rotary/settings.h"
 
@@ -13,15 +14,7 @@ namespace rotary::settings {
 namespace {
 
 using nlohmann::json;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using test::expect_error;
 
 struct Inner {
   double rate = 0.5;
@@ -78,18 +71,18 @@ TEST(settings, ValuesAreCheckedAgainstTheirTypeAndRange) {
   const Allowed count = integers(1, 10);
   EXPECT_EQ(checked_value(count, json(4), "count"), json(4));
   EXPECT_EQ(checked_value(count, json(4.0), "count"), json(4));  // TOML's 4.0
-  EXPECT_NE(error_of([&] { checked_value(count, json(4.5), "count"); }).find("count = 4.5 is invalid; allowed: an integer in [1, 10]"), std::string::npos);
-  EXPECT_NE(error_of([&] { checked_value(count, json(11), "count"); }).find("count = 11"), std::string::npos);
-  EXPECT_NE(error_of([&] { checked_value(count, json("4"), "count"); }).find("count = \"4\""), std::string::npos);
+  expect_error([&] { checked_value(count, json(4.5), "count"); }, "count = 4.5 is invalid; allowed: an integer in [1, 10]");
+  expect_error([&] { checked_value(count, json(11), "count"); }, "count = 11");
+  expect_error([&] { checked_value(count, json("4"), "count"); }, "count = \"4\"");
   // 2^63 as a double is beyond every int64 (INT64_MAX rounds up to it): refused, never cast.
-  EXPECT_FALSE(error_of([&] { checked_value(integers(0, INT64_MAX), json(9223372036854775808.0), "n"); }).empty());
+  EXPECT_THROW([&] { checked_value(integers(0, INT64_MAX), json(9223372036854775808.0), "n"); }(), Error);
   EXPECT_EQ(checked_value(unsigned_up_to(UINT64_MAX), json(UINT64_MAX), "s"), json(UINT64_MAX));
-  EXPECT_FALSE(error_of([&] { checked_value(unsigned_up_to(UINT64_MAX), json(-1), "s"); }).empty());
-  EXPECT_FALSE(error_of([&] { checked_value(real_above(0), json(0.0), "lr"); }).empty());
-  EXPECT_FALSE(error_of([&] { checked_value(any_real(), json(std::nan("")), "x"); }).empty());
-  EXPECT_FALSE(error_of([&] { checked_value(text(true), json(""), "out"); }).empty());
-  EXPECT_FALSE(error_of([&] { checked_value(real_list(), json{1.0, "2"}, "w"); }).empty());
-  EXPECT_FALSE(error_of([&] { checked_value(any_real(), json(), "x"); }).empty());  // null only where optional
+  EXPECT_THROW([&] { checked_value(unsigned_up_to(UINT64_MAX), json(-1), "s"); }(), Error);
+  EXPECT_THROW([&] { checked_value(real_above(0), json(0.0), "lr"); }(), Error);
+  EXPECT_THROW([&] { checked_value(any_real(), json(std::nan("")), "x"); }(), Error);
+  EXPECT_THROW([&] { checked_value(text(true), json(""), "out"); }(), Error);
+  EXPECT_THROW([&] { checked_value(real_list(), json{1.0, "2"}, "w"); }(), Error);
+  EXPECT_THROW([&] { checked_value(any_real(), json(), "x"); }(), Error);  // null only where optional
   EXPECT_EQ(checked_value(optional_real(), json(), "x"), json());
 }
 
@@ -113,26 +106,21 @@ TEST(settings, JsonRoundTripKeepsAbsentFieldsAndNests) {
 
 TEST(settings, UnknownFieldsAndBadNamesAreNamedWithTheirPrefix) {
   Outer o;
-  const std::string unknown = error_of([&] { from_json(outer_settings(), json{{"inner", {{"rat", 1}}}}, o, "cfg"); });
-  EXPECT_NE(unknown.find("config field = cfg.inner.rat is invalid; allowed: one of rate, scale"), std::string::npos) << unknown;
-  const std::string top = error_of([&] { from_json(outer_settings(), json{{"cont", 1}}, o); });
-  EXPECT_NE(top.find("config field = cont"), std::string::npos) << top;
-  const std::string table = error_of([&] { from_json(outer_settings(), json{{"inner", 3}}, o); });
-  EXPECT_NE(table.find("inner = 3 is invalid; allowed: a table of fields"), std::string::npos) << table;
-  const std::string color = error_of([&] { from_json(outer_settings(), json{{"color", "blue"}}, o); });
-  EXPECT_NE(color.find("color = blue is invalid; allowed: one of red, green"), std::string::npos) << color;
-  const std::string range = error_of([&] { from_json(outer_settings(), json{{"inner", {{"rate", 0}}}}, o, "cfg"); });
-  EXPECT_NE(range.find("cfg.inner.rate = 0 is invalid; allowed: a number in (0, 1]"), std::string::npos) << range;
+  expect_error([&] { from_json(outer_settings(), json{{"inner", {{"rat", 1}}}}, o, "cfg"); }, "config field = cfg.inner.rat is invalid; allowed: one of rate, scale");
+  expect_error([&] { from_json(outer_settings(), json{{"cont", 1}}, o); }, "config field = cont");
+  expect_error([&] { from_json(outer_settings(), json{{"inner", 3}}, o); }, "inner = 3 is invalid; allowed: a table of fields");
+  expect_error([&] { from_json(outer_settings(), json{{"color", "blue"}}, o); }, "color = blue is invalid; allowed: one of red, green");
+  expect_error([&] { from_json(outer_settings(), json{{"inner", {{"rate", 0}}}}, o, "cfg"); }, "cfg.inner.rate = 0 is invalid; allowed: a number in (0, 1]");
 }
 
 TEST(settings, CheckFindsAValueSetInCodeOutsideItsRange) {
   Outer o;
-  EXPECT_EQ(error_of([&] { check(outer_settings(), o); }), "");
+  EXPECT_NO_THROW(check(outer_settings(), o));
   o.inner.rate = 2;
-  EXPECT_NE(error_of([&] { check(outer_settings(), o); }).find("inner.rate = 2.0"), std::string::npos);
+  expect_error([&] { check(outer_settings(), o); }, "inner.rate = 2.0");
   o = Outer{};
   o.name = "";
-  EXPECT_NE(error_of([&] { check(outer_settings(), o); }).find("name"), std::string::npos);
+  expect_error([&] { check(outer_settings(), o); }, "name");
 }
 
 TEST(settings, PathsAreSetAndFound) {
