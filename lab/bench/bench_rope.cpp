@@ -313,6 +313,155 @@ void run_bench_rope(const BenchRopeArgs& a) {
   }
 }
 
+// ---- `rotary bench rope-cost`: seed 002's runtime claim --------------------------------------------------------
+//
+// Seed 002 (EleutherAI) measured, for q and k of [2048, 16, 12, 64] (seq, batch, heads, head dim), rotary applied
+// naively in PyTorch at 4-5x the cost of an additive position embedding (5.3 ms against 2.1 ms), 2-2.5x with
+// TorchScript fusion. Here, in one run, the same threads, q and k both, in that shape:
+//   rope_apply     - our kernel, in place (the positions of [seq, batch] rows: row t is at position t / batch);
+//   additive       - x += pe[position] into q and k, in place, a plain loop the compiler vectorizes: the floor of
+//                    any position encoding that touches q and k (read once, written once);
+//   torch_rotary   - the seed's composition q * cos + rotate_half(q) * sin (and for k), cos/sin [seq, 1, 1, dim];
+//   torch_additive - q + pe, k + pe with pe [seq, 1, 1, dim], as PyTorch code writes it (allocating).
+struct RopeCostArgs {
+  BenchRopeArgs timing;
+  int64_t seq = 2048, batch = 16, heads = 12, dim = 64;
+  std::string dtype = "f32";
+};
+
+void run_bench_rope_cost(const RopeCostArgs& a) {
+  const BenchRopeArgs& t = a.timing;
+  check(t.stat == "median" || t.stat == "min", "--stat", t.stat, "median, min");
+  const DType dtype = parse_dtype(a.dtype);
+  check(dtype == DType::F32 || dtype == DType::BF16, "--dtype", a.dtype, "f32, bf16");
+  check(a.dim % 2 == 0, "--dim", a.dim, "an even number");
+  const int threads = t.threads > 0 ? t.threads : omp_get_max_threads();
+  omp_set_num_threads(threads);
+#ifdef ROTARY_HAVE_TORCH
+  const bool torch = !t.no_torch;
+#else
+  const bool torch = false;
+#endif
+  const int64_t tokens = a.seq * a.batch, n = tokens * a.heads * a.dim;
+  const size_t bytes = size_t(n) * dtype_size(dtype);
+  std::vector<int64_t> pos(static_cast<size_t>(tokens));
+  for (int64_t r = 0; r < tokens; ++r) pos[size_t(r)] = r / a.batch;
+  RopeSpec spec;
+  spec.head_dim = int(a.dim);
+  const RopeFreqs f = spec.freqs();
+  auto alloc = [&](int64_t count, uint32_t seed) {
+    std::unique_ptr<char, decltype(&std::free)> b(
+        static_cast<char*>(std::aligned_alloc(64, (size_t(count) * dtype_size(dtype) + 63) / 64 * 64)), &std::free);
+    std::mt19937 rng(seed);
+    std::uniform_real_distribution<float> u(-1, 1);
+    for (int64_t i = 0; i < count; ++i) store_from_double(b.get(), dtype, i, u(rng));
+    return b;
+  };
+  auto q = alloc(n, 1), k = alloc(n, 2), pe = alloc(a.seq * a.dim, 3);
+
+  std::vector<Method> methods;
+  RopeParams p;
+  p.tokens = tokens;
+  p.positions = pos.data();
+  p.dtype = dtype;
+  p.q_in = {q.get(), a.heads, a.heads * a.dim, a.dim};
+  p.q_out = p.q_in;
+  p.k_in = {k.get(), a.heads, a.heads * a.dim, a.dim};
+  p.k_out = p.k_in;
+  methods.push_back({"rope_apply", [&] { rope_apply(f, p); }, {}});
+  auto add_pe = [&](auto* x, const auto* table, auto load, auto store) {
+    split_range(tokens, threads, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const auto* e = table + (r / a.batch) * a.dim;
+        for (int64_t h = 0; h < a.heads; ++h) {
+          auto* row = x + (r * a.heads + h) * a.dim;
+          for (int64_t d = 0; d < a.dim; ++d) store(row + d, load(row + d) + load(e + d));
+        }
+      }
+    });
+  };
+  if (dtype == DType::F32) {
+    auto ld = [](const float* v) { return *v; };
+    auto st = [](float* v, float x) { *v = x; };
+    methods.push_back({"additive", [&] {
+                         add_pe(reinterpret_cast<float*>(q.get()), reinterpret_cast<const float*>(pe.get()), ld, st);
+                         add_pe(reinterpret_cast<float*>(k.get()), reinterpret_cast<const float*>(pe.get()), ld, st);
+                       }, {}});
+  } else {
+    auto ld = [](const uint16_t* v) { return bf16_to_float(*v); };
+    auto st = [](uint16_t* v, float x) { *v = float_to_bf16(x); };
+    methods.push_back({"additive", [&] {
+                         add_pe(reinterpret_cast<uint16_t*>(q.get()), reinterpret_cast<const uint16_t*>(pe.get()), ld, st);
+                         add_pe(reinterpret_cast<uint16_t*>(k.get()), reinterpret_cast<const uint16_t*>(pe.get()), ld, st);
+                       }, {}});
+  }
+  if (torch) {
+    const bench::TorchQkCase tc{a.seq, a.batch, a.heads, a.dim, dtype == DType::BF16, threads};
+    methods.push_back({"torch_rotary", bench::make_torch_rotary_qk(tc), {}});
+    methods.push_back({"torch_additive", bench::make_torch_additive_qk(tc), {}});
+  }
+  time_methods(methods, t);
+
+  auto seconds = [&](const std::string& name) {
+    for (const Method& m : methods)
+      if (m.name == name) return t.stat == "min" ? m.t.min_s : m.t.median_s;
+    return 0.0;
+  };
+  const double moved = 4.0 * double(bytes);  // q and k, each read once and written once
+  const std::string cpu = lab::cpu_model(), target = rope_simd_target();
+  if (t.json) {
+    nlohmann::json j;
+    j["machine"] = {{"cpu", cpu}, {"threads", threads}, {"simd_target", target}, {"torch", torch},
+                    {"load_average", load_average()}};
+    j["shape"] = {{"seq", a.seq}, {"batch", a.batch}, {"heads", a.heads}, {"dim", a.dim}, {"dtype", a.dtype}};
+    j["stat"] = t.stat;
+    for (const Method& m : methods)
+      j["results"].push_back({{"method", m.name}, {"median_s", m.t.median_s}, {"min_s", m.t.min_s},
+                              {"reps", m.t.reps}, {"gb_per_s", moved / seconds(m.name) * 1e-9}});
+    j["rope_apply_over_additive"] = seconds("rope_apply") / seconds("additive");
+    if (torch) {
+      j["rope_apply_over_torch_additive"] = seconds("rope_apply") / seconds("torch_additive");
+      j["torch_rotary_over_torch_additive"] = seconds("torch_rotary") / seconds("torch_additive");
+    }
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("rotary bench rope-cost: q and k of [%lld, %lld, %lld, %lld] %s (seed 002's shape); %s of %d trials\n",
+              (long long)a.seq, (long long)a.batch, (long long)a.heads, (long long)a.dim, a.dtype.c_str(),
+              t.stat.c_str(), t.trials);
+  std::printf("cpu: %s | threads %d | highway target %s | torch %s | load average %s\n\n", cpu.c_str(), threads,
+              target.c_str(), torch ? "yes" : "no", load_average().c_str());
+  std::printf("%-15s %10s %8s %14s\n", "method", "time_ms", "GB/s", "x additive");
+  for (const Method& m : methods)
+    std::printf("%-15s %10.3f %8.2f %14.2f\n", m.name.c_str(), seconds(m.name) * 1e3, moved / seconds(m.name) * 1e-9,
+                seconds(m.name) / seconds("additive"));
+  std::printf("\nrope_apply / additive = %.2f (goal <= 1.2)\n", seconds("rope_apply") / seconds("additive"));
+  if (torch)
+    std::printf("rope_apply / torch_additive = %.2f; torch_rotary / torch_additive = %.2f (seed 002: 4-5x on a GPU)\n",
+                seconds("rope_apply") / seconds("torch_additive"), seconds("torch_rotary") / seconds("torch_additive"));
+}
+
+const CommandRegistrar kRegisterBenchRopeCost([](CLI::App& root) {
+  auto args = std::make_shared<RopeCostArgs>();
+  CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
+  CLI::App* cmd = bench.add_subcommand(
+      "rope-cost", "seed 002's runtime claim: rotating q and k of [2048, 16, 12, 64] against adding a position "
+                   "embedding to them (ours and PyTorch's)");
+  cmd->add_option("--seq", args->seq, "sequence length")->transform(integer_in(1, kMaxSequenceLength));
+  cmd->add_option("--batch", args->batch, "batch")->transform(integer_in(1, 1 << 16));
+  cmd->add_option("--heads", args->heads, "heads")->transform(integer_in(1, 4096));
+  cmd->add_option("--dim", args->dim, "head dimension (even)")->transform(integer_in(2, 1024));
+  cmd->add_option("--dtype", args->dtype, "f32 or bf16");
+  cmd->add_option("--threads", args->timing.threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
+  cmd->add_option("--reps", args->timing.reps, "calls per trial (0: enough for --min-trial-ms)")->transform(integer_in(0, 1 << 30));
+  cmd->add_option("--trials", args->timing.trials, "timed trials per method (taking turns)")->transform(integer_in(1, 100000));
+  cmd->add_option("--min-trial-ms", args->timing.min_trial_ms, "target length of one trial when --reps is 0")->transform(finite_in(0, 1e6));
+  cmd->add_option("--stat", args->timing.stat, "median or min of the trials");
+  cmd->add_flag("--json", args->timing.json, "print machine-readable results");
+  cmd->add_flag("--no-torch", args->timing.no_torch, "skip the torch methods");
+  cmd->callback([args] { run_bench_rope_cost(*args); });
+});
+
 const CommandRegistrar kRegisterBenchRope([](CLI::App& root) {
   auto args = std::make_shared<BenchRopeArgs>();
   CLI::App& bench = subcommand_group(root, "bench", "benchmarks");

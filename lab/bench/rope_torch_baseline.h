@@ -26,4 +26,16 @@ struct TorchRopeCase {
 // A callable that runs one application of the composition on its own (random) q.
 std::function<void()> make_torch_rope(const TorchRopeCase& c);
 
+// Seed 002's runtime comparison (`rotary bench rope-cost`): q and k of [seq, batch, heads, dim] as GPT-NeoX lays
+// them out, each either rotated by the composition above (half-split; cos/sin [seq, 1, 1, dim] broadcast over batch
+// and heads, as the seed's code caches them) or given an additive position embedding, `x + pe` with pe
+// [seq, 1, 1, dim]. Both allocate their results, as written in PyTorch.
+struct TorchQkCase {
+  int64_t seq = 0, batch = 0, heads = 0, dim = 0;
+  bool bf16 = false;
+  int threads = 1;
+};
+std::function<void()> make_torch_rotary_qk(const TorchQkCase& c);
+std::function<void()> make_torch_additive_qk(const TorchQkCase& c);
+
 }  // namespace rotary::bench

@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -28,12 +29,14 @@ struct BenchTrainArgs {
   int seq_len = 512, d_model = 256, n_layers = 4, n_heads = 8, batch = 4, vocab = 256;
   int warmup = 2, steps = 3, trials = 3, threads = 0;
   std::string encoding = "rope";
+  std::string against;  // another encoding, fused too: the whole-model cost of `encoding` over it (seed 002)
   bool json = false;
 };
 
 struct Method {
   std::string name;
   bool fused;
+  nn::EncodingKind encoding;
   nn::Transformer model{nullptr};
   std::unique_ptr<torch::optim::AdamW> optimizer;
   double first_loss = 0;
@@ -57,7 +60,7 @@ void run(const BenchTrainArgs& a) {
   cfg.n_layers = a.n_layers;
   cfg.n_heads = a.n_heads;
   cfg.max_seq_len = a.seq_len;
-  cfg.encoding.kind = nn::parse_encoding_kind(a.encoding, "--encoding");
+  const nn::EncodingKind encoding = nn::parse_encoding_kind(a.encoding, "--encoding");
 
   torch::manual_seed(1234);
   torch::Tensor tokens = torch::randint(0, a.vocab, {a.batch, a.seq_len + 1}, torch::kInt64);  // [B, S+1]
@@ -67,10 +70,22 @@ void run(const BenchTrainArgs& a) {
   std::vector<Method> methods(2);
   methods[0].name = "fused (rotary ops)";
   methods[0].fused = true;
+  methods[0].encoding = encoding;
   methods[1].name = "plain torch ops";
   methods[1].fused = false;
+  methods[1].encoding = encoding;
+  if (!a.against.empty()) {
+    Method other;
+    other.name = "fused, " + a.against;
+    other.fused = true;
+    other.encoding = nn::parse_encoding_kind(a.against, "--against");
+    check(other.encoding != encoding, "--against", a.against, "an encoding other than --encoding " + a.encoding);
+    methods.push_back(std::move(other));
+  }
   for (Method& m : methods) {
     cfg.fused = m.fused;
+    cfg.encoding = nn::EncodingConfig{};
+    cfg.encoding.kind = m.encoding;
     torch::manual_seed(0);  // same parameters for both
     m.model = nn::Transformer(cfg);
     m.model->train();
@@ -92,12 +107,16 @@ void run(const BenchTrainArgs& a) {
     return v[v.size() / 2];
   };
   const double fused = median(methods[0].trial_tokens_per_s), plain = median(methods[1].trial_tokens_per_s);
+  // The whole-model cost of the encoding over --against: how much longer a step takes, in percent.
+  const double overhead =
+      methods.size() > 2 ? 100.0 * (median(methods[2].trial_tokens_per_s) / fused - 1.0) : std::nan("");
 
   if (a.json) {
     nlohmann::json j{{"seq_len", a.seq_len},   {"d_model", a.d_model}, {"n_layers", a.n_layers},
                      {"n_heads", a.n_heads},   {"batch", a.batch},     {"vocab", a.vocab},
                      {"encoding", a.encoding}, {"threads", threads},   {"warmup", a.warmup},
                      {"steps", a.steps},       {"trials", a.trials},   {"ratio", fused / plain}};
+    if (!a.against.empty()) j["against"] = a.against, j["overhead_percent_vs_against"] = overhead;
     for (const Method& m : methods)
       j["methods"].push_back({{"name", m.name},
                               {"fused", m.fused},
@@ -114,6 +133,9 @@ void run(const BenchTrainArgs& a) {
   for (const Method& m : methods)
     std::printf("%-20s %14.0f %16.6f\n", m.name.c_str(), median(m.trial_tokens_per_s), m.first_loss);
   std::printf("fused / plain: %.2fx (median of %d trials of %d steps)\n", fused / plain, a.trials, a.steps);
+  if (!a.against.empty())
+    std::printf("%s over %s, both fused: %+.1f%% time per step (seed 002: 1-3%% for rotary over learned)\n",
+                a.encoding.c_str(), a.against.c_str(), overhead);
 }
 
 const CommandRegistrar kRegister([](CLI::App& root) {
@@ -126,6 +148,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--n-heads", args->n_heads, "heads")->transform(integer_in(1, 256));
   sub->add_option("--batch", args->batch, "rows per step")->transform(integer_in(1, 4096));
   sub->add_option("--encoding", args->encoding, "position encoding of both models");
+  sub->add_option("--against", args->against,
+                  "a third model, fused, with this encoding (e.g. learned): the whole-model cost of --encoding over it");
   sub->add_option("--warmup", args->warmup, "untimed steps per method")->transform(integer_in(1, 1000));
   sub->add_option("--steps", args->steps, "steps per trial")->transform(integer_in(1, 100000));
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->transform(integer_in(1, 1000));

@@ -1,0 +1,51 @@
+#!/bin/bash
+# The benchmarks that make seed 002's runtime claim, at toy sizes: each runs, prints JSON with the fields docs/
+# quotes, and its ratios are finite and positive; the fused and plain models of `bench train` start from the same
+# loss (they compute the same function). Speeds themselves are not tested (docs/bench-*.md hold them).
+#
+# usage: bash test_bench_smoke.sh <rotary binary> <source dir>
+set -u
+ROTARY=${1:?usage: test_bench_smoke.sh <rotary binary> <source dir>}
+SRC=${2:?usage: test_bench_smoke.sh <rotary binary> <source dir>}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+source "$SRC/tests/cli/cli_helpers.sh"
+PY=/usr/bin/python3
+
+# check <what> <json file> <python expression over j that must be true>
+check() {
+  if "$PY" -c "import json,math,sys; j=json.load(open(sys.argv[1])); sys.exit(0 if ($3) else 1)" "$2" 2>"$W/py.txt"; then
+    pass "$1"
+  else
+    fail "$1: $(head -c 300 "$2") $(head -c 300 "$W/py.txt")"
+  fi
+}
+
+if "$ROTARY" bench rope-cost --seq 16 --batch 2 --heads 3 --dim 8 --trials 1 --min-trial-ms 1 --json > "$W/cost.json"; then
+  check "bench rope-cost: methods and ratios" "$W/cost.json" \
+    "[m['method'] for m in j['results']][:2] == ['rope_apply', 'additive'] and 0 < j['rope_apply_over_additive'] < math.inf and (not j['machine']['torch'] or 0 < j['torch_rotary_over_torch_additive'] < math.inf)"
+else
+  fail "bench rope-cost exited $?"
+fi
+if "$ROTARY" bench rope-cost --dtype bf16 --seq 4 --batch 1 --heads 1 --dim 2 --trials 1 --min-trial-ms 1 --no-torch --json > "$W/cost16.json"; then
+  check "bench rope-cost bf16 without torch" "$W/cost16.json" "len(j['results']) == 2 and 'torch_rotary_over_torch_additive' not in j"
+else
+  fail "bench rope-cost --dtype bf16 exited $?"
+fi
+expect_error "bench rope-cost --dtype f16" 2 "--dtype = f16" -- "$ROTARY" bench rope-cost --dtype f16
+expect_error "bench rope-cost --dim 7" 2 "--dim = 7" -- "$ROTARY" bench rope-cost --dim 7
+
+if "$ROTARY" bench train --seq-len 16 --d-model 32 --n-layers 1 --n-heads 2 --batch 2 --warmup 1 --steps 1 --trials 1 \
+     --against learned --json > "$W/train.json"; then
+  check "bench train --against learned: three models, overhead reported" "$W/train.json" \
+    "len(j['methods']) == 3 and j['methods'][2]['name'] == 'fused, learned' and math.isfinite(j['overhead_percent_vs_against'])"
+  check "bench train: fused and plain start from the same loss" "$W/train.json" \
+    "abs(j['methods'][0]['first_step_loss'] - j['methods'][1]['first_step_loss']) < 1e-4"
+else
+  fail "bench train --against exited $?"
+fi
+expect_error "bench train --against rope (the same encoding)" 2 "--against = rope" -- \
+  "$ROTARY" bench train --against rope --seq-len 16 --d-model 32 --n-layers 1 --n-heads 2
+
+[ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
+echo "all bench smoke checks passed"
