@@ -8,6 +8,7 @@
 #include <limits>
 
 #include "rotary/error.h"
+#include "rotary/t5_bias.h"
 #include "rotary_torch/ops.h"
 
 namespace rotary::nn {
@@ -69,7 +70,8 @@ bool length_dependent(const EncodingConfig& e) {
   return is_rotary(e.kind) && (e.rope.scaling == RopeScaling::Dynamic || e.rope.scaling == RopeScaling::LongRope);
 }
 
-PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len) {
+PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len,
+                                      const torch::Tensor& t5_bias) {
   PositionContext pc;
   pc.enc = enc;
   pc.softmax_scale = 1.0 / std::sqrt(double(head_dim));
@@ -79,7 +81,25 @@ PositionContext make_position_context(const EncodingConfig& enc, int n_heads, in
     pc.attention_factor = f.attention_factor;
   }
   if (enc.kind == EncodingKind::Alibi) pc.alibi_slopes = alibi_slopes(n_heads);
+  if (enc.kind == EncodingKind::T5) {
+    check(t5_bias.defined() && t5_bias.dim() == 2 && t5_bias.size(0) == enc.t5_num_buckets && t5_bias.size(1) == n_heads,
+          "t5_bias", t5_bias.defined() ? to_text(t5_bias.sizes()) : "undefined",
+          "a [t5_num_buckets, n_heads] table for kind t5");
+    pc.t5_bias = t5_bias;
+  }
   return pc;
+}
+
+torch::Tensor t5_buckets(const torch::Tensor& q_positions, const torch::Tensor& k_positions, int num_buckets,
+                         int max_distance) {
+  // Every causal distance at or beyond max_distance lands in the last bucket and every negative one in bucket 0,
+  // so a table over [-1, max_distance] answers all of them through the core's one definition.
+  std::vector<int64_t> table(size_t(max_distance) + 2);
+  for (int64_t d = -1; d <= max_distance; ++d)
+    table[size_t(d + 1)] = t5_relative_bucket(d, 0, /*bidirectional=*/false, num_buckets, max_distance);
+  const torch::Tensor dist = q_positions.unsqueeze(2) - k_positions.unsqueeze(1);  // [B, Sq, Sk]
+  const torch::Tensor lookup = torch::tensor(table, torch::kLong).to(dist.device());
+  return lookup.index({torch::clamp(dist, -1, max_distance) + 1});
 }
 
 torch::Tensor rotate_plain(const torch::Tensor& x, const torch::Tensor& angle, const PositionContext& pc,
@@ -134,6 +154,10 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
   }
   if (e.kind == EncodingKind::Alibi)
     s = s - (pc.alibi_slopes.view({1, -1, 1, 1}) * dist.unsqueeze(1)).to(s.scalar_type());
+  if (e.kind == EncodingKind::T5) {  // bias[bucket, h] -> [B, Hq, Sq, Sk]
+    const torch::Tensor b = t5_buckets(q_positions, k_positions, e.t5_num_buckets, e.t5_max_distance);
+    s = s + pc.t5_bias.index({b}).permute({0, 3, 1, 2}).to(s.scalar_type());
+  }
   s = s.masked_fill(future_mask(Sq, Sk, q.device()), -std::numeric_limits<double>::infinity());
   const torch::Tensor p = torch::softmax(s, -1);
 
@@ -156,8 +180,8 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
 
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc) {
-  check(pc.enc.kind != EncodingKind::Alibi, "encoding.kind", pc.enc.kind,
-        "not alibi in the fused op (it has no bias input)");
+  check(!has_score_bias(pc.enc.kind), "encoding.kind", pc.enc.kind,
+        "not alibi or t5 in the fused op (it has no bias input)");
   return std::get<0>(torch_ops::attention(q, k, v, positions, std::nullopt, /*causal=*/true, pc.softmax_scale,
                                           fused_attention_position(pc)));
 }
@@ -211,7 +235,7 @@ torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused) {
-  fused = fused && pc.enc.kind != EncodingKind::Alibi;
+  fused = fused && !has_score_bias(pc.enc.kind);
   if (attention == "linear")
     return fused ? linear_attention_fused(q, k, v, positions, pc)
                  : linear_attention_plain(q, k, v, positions, positions, pc);

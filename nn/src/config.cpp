@@ -9,6 +9,7 @@
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
 #include "rotary/settings.h"
+#include "rotary/t5_bias.h"
 #include "rotary_nn/config.h"
 
 namespace rotary::nn {
@@ -69,6 +70,19 @@ void validate_encoding(const EncodingConfig& e, int head_dim, const std::string&
     check(e.leaky_k == 1.0, prefix + "leaky_k", e.leaky_k, "1 (only leaky_rerope uses leaky_k)");
   check(e.logn_train_len == 0 || e.logn_train_len > 1, prefix + "logn_train_len", e.logn_train_len,
         "0 (off) or a training length > 1");
+  if (e.kind == EncodingKind::T5) {
+    try {
+      validate_t5_buckets(e.t5_num_buckets, e.t5_max_distance, /*bidirectional=*/false);
+    } catch (const Error& err) {
+      throw Error(std::string(err.what()) + " (in " + prefix + ")");
+    }
+  } else {
+    const EncodingConfig d;
+    check(e.t5_num_buckets == d.t5_num_buckets, prefix + "t5_num_buckets", e.t5_num_buckets,
+          std::to_string(d.t5_num_buckets) + " (only t5 uses buckets)");
+    check(e.t5_max_distance == d.t5_max_distance, prefix + "t5_max_distance", e.t5_max_distance,
+          std::to_string(d.t5_max_distance) + " (only t5 uses buckets)");
+  }
 }
 
 }  // namespace
@@ -79,6 +93,7 @@ std::string_view encoding_kind_name(EncodingKind kind) {
     case EncodingKind::Learned: return "learned";
     case EncodingKind::Sinusoidal: return "sinusoidal";
     case EncodingKind::Alibi: return "alibi";
+    case EncodingKind::T5: return "t5";
     case EncodingKind::Rope: return "rope";
     case EncodingKind::Roper: return "roper";
     case EncodingKind::Rerope: return "rerope";
@@ -106,6 +121,8 @@ bool is_rotary(EncodingKind kind) {
          kind == EncodingKind::LeakyRerope;
 }
 
+bool has_score_bias(EncodingKind kind) { return kind == EncodingKind::Alibi || kind == EncodingKind::T5; }
+
 bool is_windowed(EncodingKind kind) { return kind == EncodingKind::Rerope || kind == EncodingKind::LeakyRerope; }
 
 FusedPositionMode fused_position_mode(EncodingKind kind) {
@@ -130,8 +147,8 @@ void ModelConfig::validate() const {
     check(encoding.logn_train_len == 0, "encoding.logn_train_len", encoding.logn_train_len,
           "0 with attention = linear (log-n sharpens a softmax; linear attention has none)");
   }
-  // The fused attention kernel takes head dims 16..256; ALiBi and linear attention never call it.
-  if (fused && attention == "softmax" && encoding.kind != EncodingKind::Alibi)
+  // The fused attention kernel takes head dims 16..256; the score-bias kinds and linear attention never call it.
+  if (fused && attention == "softmax" && !has_score_bias(encoding.kind))
     check(head_dim() >= 16 && head_dim() <= 256, "d_model / n_heads", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
 }
@@ -302,6 +319,17 @@ const settings::Table<ModelConfig>& model_settings() {
                          [](auto& c) -> auto& { return c.encoding.window; }, integers(0, kMaxAbsPosition, "0 = no window")));
     t.push_back(field<M>("encoding.leaky_k", "--leaky-k", "leaky_rerope: slope 1/k beyond the window",
                          [](auto& c) -> auto& { return c.encoding.leaky_k; }, real_above(0)));
+    // Added with the t5 kind and written only for it, so the stored configs of the other kinds keep their form.
+    auto t5_only = [](Setting<M> s) {
+      s.written = [](const M& c) { return c.encoding.kind == EncodingKind::T5; };
+      return s;
+    };
+    t.push_back(t5_only(field<M>("encoding.t5_num_buckets", "--t5-buckets", "t5: relative position buckets",
+                                 [](auto& c) -> auto& { return c.encoding.t5_num_buckets; }, integers(2, 4096))));
+    t.push_back(t5_only(field<M>("encoding.t5_max_distance", "--t5-max-distance",
+                                 "t5: distances from here on share the last bucket",
+                                 [](auto& c) -> auto& { return c.encoding.t5_max_distance; },
+                                 integers(2, kMaxSequenceLength))));
     t.push_back(field<M>("encoding.logn_train_len", "--logn",
                          "log-n query scaling relative to this training length",
                          [](auto& c) -> auto& { return c.encoding.logn_train_len; }, integers(0, kMaxAbsPosition, "0 = off")));

@@ -1,10 +1,10 @@
 // generate(): prefill the prompt with the full attention, then one token at a time against per-layer caches.
 //
 // Which cache a layer gets:
-//   fused softmax, every kind but alibi -> the core decoder (torch.classes.rotary.KvCache): rope/roper keep
+//   fused softmax, every kind but alibi and t5 -> the core decoder (torch.classes.rotary.KvCache): rope/roper keep
 //     rotated keys; rerope/leaky keep UN-rotated keys and per step rotate only the keys inside the window, scoring
 //     the far ones against R(w) q (core/include/rotary/kv_cache.h).
-//   plain softmax, and alibi always -> un-rotated keys and values in torch tensors; each step runs the plain
+//   plain softmax, and alibi and t5 always -> un-rotated keys and values in torch tensors; each step runs the plain
 //     attention of the one new query over all of them (for rerope: the seed's re-rotation of the whole cache).
 //   fused linear -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (O(1) per step; the prefill
 //     runs the fused op, whose core kernel keeps these sums internally but does not return them);
@@ -119,7 +119,7 @@ struct Decoder {
 
   const ModelConfig& config() const { return model.config_; }
   bool core_cache() const {
-    return config().fused && config().attention == "softmax" && model.active_.kind != EncodingKind::Alibi;
+    return config().fused && config().attention == "softmax" && !has_score_bias(model.active_.kind);
   }
   std::unique_ptr<LayerCache> new_cache() const {
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
@@ -141,7 +141,8 @@ struct Decoder {
     const bool prefill = caches.empty();
     const bool dynamic = length_dependent(model.active_);
     const int64_t seq_len = dynamic ? positions.max().item<int64_t>() + 1 : 0;
-    PositionContext next = make_position_context(model.active_, config().n_heads, config().head_dim(), seq_len);
+    PositionContext next =
+        make_position_context(model.active_, config().n_heads, config().head_dim(), seq_len, model.t5_bias_);
     const bool changed = prefill || (dynamic && (!torch::equal(next.inv_freq, pc.inv_freq) ||
                                                  next.attention_factor != pc.attention_factor));
     pc = std::move(next);

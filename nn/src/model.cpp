@@ -44,6 +44,8 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
   const int64_t d = config_.d_model;
   tok_emb_ = register_module("tok_emb", tnn::Embedding(config_.vocab_size, d));
   if (config_.encoding.kind == EncodingKind::Learned) pos_emb_ = register_module("pos_emb", tnn::Embedding(config_.max_seq_len, d));
+  if (config_.encoding.kind == EncodingKind::T5)
+    t5_bias_ = register_parameter("t5_bias", torch::zeros({config_.encoding.t5_num_buckets, config_.n_heads}));
   for (int i = 0; i < config_.n_layers; ++i)
     blocks_.push_back(register_module("block" + std::to_string(i), Block(config_)));
   // Post-norm blocks already end in a LayerNorm; only pre-norm needs the final one (as GPT-2).
@@ -98,7 +100,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens, const std::o
     check(pos.min().item<int64_t>() >= 0, "positions", pos.min().item<int64_t>(), ">= 0 with log-n (ln(pos + 1))");
   torch::Tensor x = embed(tokens, pos);
   const int64_t seq_len = length_dependent(active_) ? pos.max().item<int64_t>() + 1 : 0;
-  const PositionContext pc = make_position_context(active_, config_.n_heads, config_.head_dim(), seq_len);
+  const PositionContext pc = make_position_context(active_, config_.n_heads, config_.head_dim(), seq_len, t5_bias_);
   const BlockImpl::Attend attend = [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
     return model_attention(q, k, v, pos, pc, config_.attention, config_.fused);
   };

@@ -42,8 +42,14 @@ inline RopeSpec yarn_spec() {
 inline std::vector<Case> all_cases() {
   std::vector<Case> cases;
   auto add = [&](const std::string& name, ModelConfig c) { cases.push_back({name, c}); };
-  for (const char* kind : {"none", "learned", "sinusoidal", "alibi", "rope", "roper", "rerope", "leaky_rerope"})
+  for (const char* kind : {"none", "learned", "sinusoidal", "alibi", "t5", "rope", "roper", "rerope", "leaky_rerope"})
     add(kind, small_config(kind));
+  {
+    ModelConfig c = small_config("t5");  // log buckets reached inside the test rows
+    c.encoding.t5_num_buckets = 8;
+    c.encoding.t5_max_distance = 12;
+    add("t5_8_buckets_to_12", c);
+  }
   {
     ModelConfig c = small_config("rope");
     c.encoding.rope.layout = RopeLayout::Interleaved;
@@ -70,7 +76,7 @@ inline std::vector<Case> all_cases() {
     c.n_kv_heads = 0;  // MHA
     add("leaky_rerope_yarn_interleaved_mha", c);
   }
-  for (const char* kind : {"none", "alibi", "rope", "roper", "rerope", "leaky_rerope"}) {
+  for (const char* kind : {"none", "alibi", "t5", "rope", "roper", "rerope", "leaky_rerope"}) {
     ModelConfig c = small_config(kind);
     c.encoding.logn_train_len = 6;
     add(std::string(kind) + "_logn", c);

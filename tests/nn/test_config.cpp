@@ -90,7 +90,7 @@ TEST(config, JsonErrorsNameTheField) {
   expect_error(parse(R"({"vocab_size": 9, "n_layers": 3000000000})"), {"n_layers"});
   expect_error(parse(R"({"vocab_size": 9, "fused": 1})"), {"fused", "true or false"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"kind": "xpos"}})"),
-               {"encoding.kind", "xpos", "none, learned, sinusoidal, alibi, rope, roper, rerope, leaky_rerope"});
+               {"encoding.kind", "xpos", "none, learned, sinusoidal, alibi, t5, rope, roper, rerope, leaky_rerope"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"kind": "rope", "windw": 3}})"), {"encoding.windw"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"scaling": "stretchy"}}})"), {"stretchy"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"yarn": {"beta": 1}}}})"),
@@ -121,6 +121,11 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.encoding.kind = EncodingKind::LeakyRerope, c.encoding.window = 4, c.encoding.leaky_k = 0; }),
                {"encoding.leaky_k"});
   expect_error(bad([](ModelConfig& c) { c.encoding.leaky_k = 2; }), {"encoding.leaky_k", "only leaky_rerope"});
+  expect_error(bad([](ModelConfig& c) { c.encoding.t5_num_buckets = 16; }), {"encoding.t5_num_buckets", "only t5"});
+  expect_error(bad([](ModelConfig& c) { c.encoding.kind = EncodingKind::T5, c.encoding.t5_max_distance = 8; }),
+               {"t5_max_distance = 8", "> 16", "in encoding."});
+  expect_error(bad([](ModelConfig& c) { c.encoding.kind = EncodingKind::T5, c.encoding.t5_num_buckets = 1; }),
+               {"encoding.t5_num_buckets = 1", "[2, 4096]"});
   expect_error(bad([](ModelConfig& c) { c.encoding.logn_train_len = 1; }), {"encoding.logn_train_len"});
   expect_error(bad([](ModelConfig& c) { c.encoding.rotary_fraction = 0; }), {"encoding.rotary_fraction"});
   expect_error(bad([](ModelConfig& c) { c.encoding.rotary_fraction = 0.05; }), {"encoding.rope.rotary_dim"});

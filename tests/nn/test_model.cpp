@@ -2,12 +2,17 @@
 // the relative-position property of the RoPE family, causality, learned-position limits and overrides.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <set>
+#include <vector>
+
 #include <algorithm>
 #include <cfloat>
 #include <limits>
 
 #include "model_cases.h"
 #include "rotary/error.h"
+#include "rotary/t5_bias.h"
 #include "rotary_nn/attention.h"
 
 namespace rotary::nn {
@@ -195,6 +200,63 @@ TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
 // The fused == plain tests above would pass just as well with a second plain formulation on the fused side; this
 // one fails unless fused linear attention really runs the core op (its autograd node is the op's C++ function).
 // GQA (4 query heads, 2 kv heads) as in small_config.
+// T5's bias, written out element by element: s_ij = q_i . k_j / sqrt(D) + bias[bucket(i - j), h], causal softmax.
+TEST(t5, PlainAttentionAddsTheBiasOfEachPairsBucket) {
+  const int64_t S = 21, H = 2, D = 8;
+  EncodingConfig e;
+  e.kind = EncodingKind::T5;
+  e.t5_num_buckets = 8;
+  e.t5_max_distance = 12;
+  torch::manual_seed(3);
+  const auto f64 = torch::kDouble;
+  const torch::Tensor bias = torch::randn({8, H}, f64);
+  const PositionContext pc = make_position_context(e, int(H), int(D), 0, bias);
+  const torch::Tensor q = torch::randn({1, S, H, D}, f64), k = torch::randn({1, S, H, D}, f64),
+                      v = torch::randn({1, S, H, D}, f64);
+  const torch::Tensor pos = torch::arange(S, torch::kLong).unsqueeze(0) + 5;  // distances 0..20: every bucket
+  const torch::Tensor got = softmax_attention_plain(q, k, v, pos, pos, pc);
+  auto acc = [](const torch::Tensor& t) { return t.accessor<double, 4>(); };
+  const auto qa = acc(q), ka = acc(k), va = acc(v), ga = acc(got);
+  const auto ba = bias.accessor<double, 2>();
+  double worst = 0;
+  std::set<int> buckets_seen;
+  for (int64_t h = 0; h < H; ++h)
+    for (int64_t i = 0; i < S; ++i) {
+      std::vector<double> s(size_t(i + 1));
+      double m = -INFINITY, z = 0;
+      for (int64_t j = 0; j <= i; ++j) {
+        double dot = 0;
+        for (int64_t d = 0; d < D; ++d) dot += qa[0][i][h][d] * ka[0][j][h][d];
+        const int b = t5_relative_bucket(i + 5, j + 5, false, 8, 12);
+        buckets_seen.insert(b);
+        s[size_t(j)] = dot / std::sqrt(double(D)) + ba[b][h];
+        m = std::max(m, s[size_t(j)]);
+      }
+      for (double& x : s) z += (x = std::exp(x - m));
+      for (int64_t d = 0; d < D; ++d) {
+        double o = 0;
+        for (int64_t j = 0; j <= i; ++j) o += s[size_t(j)] / z * va[0][j][h][d];
+        worst = std::max(worst, std::fabs(o - ga[0][i][h][d]));
+      }
+    }
+  EXPECT_LT(worst, 1e-12);
+  EXPECT_EQ(buckets_seen.size(), 8u);  // every bucket took part
+}
+
+TEST(t5, TheBiasTableIsOneParameterThatLearns) {
+  ModelConfig c = testing::small_config("t5");
+  Transformer m(c);
+  int tables = 0;
+  for (const auto& p : m->named_parameters()) tables += p.key().find("t5_bias") != std::string::npos;
+  EXPECT_EQ(tables, 1);  // shared by the layers, as in T5
+  const torch::Tensor tokens = torch::randint(0, c.vocab_size, {2, 16}, torch::kLong);
+  m->forward(tokens).logsumexp(-1).sum().backward();
+  const torch::Tensor g = m->named_parameters()["t5_bias"].grad();
+  ASSERT_TRUE(g.defined());
+  EXPECT_EQ(g.sizes(), (std::vector<int64_t>{c.encoding.t5_num_buckets, c.n_heads}));
+  EXPECT_GT(g.abs().max().item<double>(), 0.0);
+}
+
 TEST(model, FusedLinearAttentionRunsTheCoreOp) {
   ModelConfig c = small_config("rope");
   c.attention = "linear";

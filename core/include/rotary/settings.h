@@ -81,6 +81,9 @@ struct Setting {
   std::vector<std::string> flag_words;  // Boolean flags with words instead of true/false: {false word, true word}
   std::function<json(const C&)> get;    // the current value (null: an unset optional)
   std::function<void(C&, const json&, const std::string& field)> set;  // takes a checked_value
+  // Whether to_json writes the setting (null: always). A field only one kind uses, added after configs of the
+  // other kinds were stored, stays out of their JSON, so stored configs still compare equal field by field.
+  std::function<bool(const C&)> written;
 };
 
 template <class C>
@@ -98,7 +101,7 @@ struct is_optional<std::optional<T>> : std::true_type {};
 template <class C, class Ref>
 Setting<C> field(std::string path, std::string flag, std::string help, Ref ref, Allowed allowed) {
   using T = std::remove_cvref_t<decltype(ref(std::declval<C&>()))>;
-  Setting<C> s{std::move(path), std::move(flag), std::move(help), std::move(allowed), {}, {}, {}};
+  Setting<C> s{std::move(path), std::move(flag), std::move(help), std::move(allowed), {}, {}, {}, {}};
   if constexpr (detail::is_optional<T>::value) {
     s.allowed.optional = true;
     s.get = [ref](const C& c) { const auto& v = ref(c); return v ? json(*v) : json(); };
@@ -117,7 +120,7 @@ Setting<C> field(std::string path, std::string flag, std::string help, Ref ref, 
 template <class C, class Ref, class Name, class Parse>
 Setting<C> choice(std::string path, std::string flag, std::string help, Ref ref, Allowed allowed, Name name,
                   Parse parse) {
-  Setting<C> s{std::move(path), std::move(flag), std::move(help), std::move(allowed), {}, {}, {}};
+  Setting<C> s{std::move(path), std::move(flag), std::move(help), std::move(allowed), {}, {}, {}, {}};
   s.get = [ref, name](const C& c) { return json(std::string(name(ref(c)))); };
   s.set = [ref, parse, a = s.allowed](C& c, const json& v, const std::string& field) {
     const std::string text = v.get<std::string>();
@@ -134,8 +137,9 @@ Setting<C> choice(std::string path, std::string flag, std::string help, Ref ref,
 template <class Outer, class Inner, class Ref>
 void nest(Table<Outer>& out, const std::string& prefix, const Table<Inner>& inner, Ref ref) {
   for (const Setting<Inner>& s : inner) {
-    Setting<Outer> o{prefix + "." + s.path, s.flag, s.help, s.allowed, s.flag_words, {}, {}};
+    Setting<Outer> o{prefix + "." + s.path, s.flag, s.help, s.allowed, s.flag_words, {}, {}, {}};
     o.get = [ref, get = s.get](const Outer& c) { return get(ref(c)); };
+    if (s.written) o.written = [ref, written = s.written](const Outer& c) { return written(ref(c)); };
     o.set = [ref, set = s.set](Outer& c, const json& v, const std::string& field) { set(ref(c), v, field); };
     out.push_back(std::move(o));
   }
@@ -171,6 +175,7 @@ template <class C>
 json to_json(const Table<C>& table, const C& c) {
   json j = json::object();
   for (const Setting<C>& s : table) {
+    if (s.written && !s.written(c)) continue;
     json v = s.get(c);
     if (!v.is_null()) set_path(j, s.path, std::move(v));
   }

@@ -18,6 +18,7 @@ struct PositionContext {
   torch::Tensor inv_freq;          // [rotary_dim / 2] float64 (rotary kinds and linear+rope); undefined otherwise
   double attention_factor = 1.0;   // multiplies cos and sin (RopeFreqs::attention_factor)
   torch::Tensor alibi_slopes;      // [Hq] float64 (alibi); undefined otherwise
+  torch::Tensor t5_bias;           // [t5_num_buckets, Hq], the model's learned parameter (t5); undefined otherwise
   double softmax_scale = 1.0;      // 1 / sqrt(head_dim)
 };
 
@@ -30,7 +31,14 @@ torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc)
 bool length_dependent(const EncodingConfig& e);
 
 // seq_len: the length the frequencies are for (dynamic NTK and longrope depend on it; max position + 1).
-PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len);
+// t5_bias: the model's bias table for kind t5 (shared by every layer, as in T5).
+PositionContext make_position_context(const EncodingConfig& enc, int n_heads, int head_dim, int64_t seq_len,
+                                      const torch::Tensor& t5_bias = {});
+
+// T5's bucket of every query-key pair (rotary/t5_bias.h, causal): q_positions [B, Sq], k_positions [B, Sk] ->
+// int64 [B, Sq, Sk].
+torch::Tensor t5_buckets(const torch::Tensor& q_positions, const torch::Tensor& k_positions, int num_buckets,
+                         int max_distance);
 
 // ALiBi head slopes [n_heads] float64 (Press et al.: 2^(-8 (h + 1) / n) for n a power of two, interleaved with the
 // next power's slopes otherwise).
@@ -53,13 +61,14 @@ torch::Tensor rotate_plain(const torch::Tensor& x, const torch::Tensor& angle, c
 // to the END of the keys (query i sees keys j <= Sk - Sq + i), so the same function runs a full forward
 // (Sq == Sk) and one decode step against a cache of un-rotated keys (Sq == 1). ReRoPE / Leaky ReRoPE: two score
 // matrices selected by pos_i - pos_j < window (the seed's way); RoPER: values turned by R(pos_j), outputs by
-// R(-pos_i) (and the far part by the clipped / leaky distance). ALiBi adds -slope_h (pos_i - pos_j).
+// R(-pos_i) (and the far part by the clipped / leaky distance). ALiBi adds -slope_h (pos_i - pos_j); T5 adds its
+// learned bias[bucket(pos_i - pos_j), h].
 torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& q_positions, const torch::Tensor& k_positions,
                                       const PositionContext& pc);
 
 // The same attention through rotary::torch_ops::attention (the fused kernels; forward and backward). Every kind
-// but alibi (the fused op has no bias input): none/learned/sinusoidal run mode "none" (log-n still applies).
+// but the score-bias kinds alibi and t5 (the fused op has no bias input): none/learned/sinusoidal run mode "none" (log-n still applies).
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc);
 
@@ -74,7 +83,7 @@ torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor
                                      const torch::Tensor& positions, const PositionContext& pc);
 
 // The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "linear" or
-// "softmax"; fused -> the rotary ops, else the plain forms. ALiBi always runs plain.
+// "softmax"; fused -> the rotary ops, else the plain forms. ALiBi and T5 always run plain.
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused);

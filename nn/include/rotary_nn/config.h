@@ -17,18 +17,18 @@ namespace rotary::nn {
 
 // How positions enter the model. The names ("leaky_rerope") appear only at the edges: JSON, TOML, flags and
 // messages (encoding_kind_name / parse_encoding_kind); the code compares the enum.
-enum class EncodingKind { None, Learned, Sinusoidal, Alibi, Rope, Roper, Rerope, LeakyRerope };
+enum class EncodingKind { None, Learned, Sinusoidal, Alibi, T5, Rope, Roper, Rerope, LeakyRerope };
 
 // Every kind, in the order error messages and --help list them.
 inline constexpr EncodingKind kEncodingKinds[] = {EncodingKind::None,  EncodingKind::Learned, EncodingKind::Sinusoidal,
-                                                  EncodingKind::Alibi, EncodingKind::Rope,    EncodingKind::Roper,
-                                                  EncodingKind::Rerope, EncodingKind::LeakyRerope};
+                                                  EncodingKind::Alibi, EncodingKind::T5,      EncodingKind::Rope,
+                                                  EncodingKind::Roper, EncodingKind::Rerope,  EncodingKind::LeakyRerope};
 inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear"};
 
 std::string_view encoding_kind_name(EncodingKind kind);  // "none", "learned", ..., "leaky_rerope"
 // rotary::Error "<field> = <name> is invalid; allowed: none, learned, ..." for an unknown name.
 EncodingKind parse_encoding_kind(std::string_view name, std::string_view field);
-std::string encoding_kind_names();  // "none, learned, sinusoidal, alibi, rope, roper, rerope, leaky_rerope"
+std::string encoding_kind_names();  // "none, learned, sinusoidal, alibi, t5, rope, roper, rerope, leaky_rerope"
 std::ostream& operator<<(std::ostream& os, EncodingKind kind);  // the name, so check() messages show it
 
 // What each kind is, answered in one place.
@@ -36,6 +36,9 @@ std::ostream& operator<<(std::ostream& os, EncodingKind kind);  // the name, so 
 bool is_rotary(EncodingKind kind);
 // Distances past a window are clipped (rerope) or compressed (leaky_rerope): the kind uses EncodingConfig::window.
 bool is_windowed(EncodingKind kind);
+// A bias added to the scores from the query-key distance (alibi; t5's learned bias per head and bucket): the fused
+// attention kernels have no bias input yet, so these kinds run the plain attention.
+bool has_score_bias(EncodingKind kind);
 // The position mode of the fused attention ops for a rotary kind: RoPER is the rope mode with values rotated too.
 struct FusedPositionMode {
   std::string mode;  // "rope", "rerope" or "leaky_rerope" (rotary::attention's `mode` argument)
@@ -52,6 +55,8 @@ struct EncodingConfig {
   int64_t window = 0;            // rerope / leaky_rerope: distances >= window are clipped (ReRoPE) or compressed
   double leaky_k = 1.0;          // leaky_rerope: beyond the window the distance grows by 1/k per token
   int64_t logn_train_len = 0;    // > 1: q *= max(1, ln(pos + 1) / ln(logn_train_len)); 0: off
+  int t5_num_buckets = 32;       // t5: relative position buckets (rotary/t5_bias.h), causal
+  int t5_max_distance = 128;     // t5: distances beyond share the last bucket
 };
 
 struct ModelConfig {

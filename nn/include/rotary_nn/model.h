@@ -61,6 +61,7 @@ class TransformerImpl : public torch::nn::Module {
   ModelConfig config_;
   EncodingConfig active_;  // the trained encoding resolved (rope.head_dim, rope.rotary_dim filled) + override
   torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
+  torch::Tensor t5_bias_;  // [t5_num_buckets, n_heads] (kind t5): one table for every layer, as in T5
   std::vector<Block> blocks_;
   torch::nn::LayerNorm ln_final_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
