@@ -441,6 +441,17 @@ void run_bench_rope_cost(const RopeCostArgs& a) {
                 seconds("rope_apply") / seconds("torch_additive"), seconds("torch_rotary") / seconds("torch_additive"));
 }
 
+// The timing flags both rope benchmarks take.
+void add_timing_flags(CLI::App& cmd, BenchRopeArgs& a) {
+  cmd.add_option("--threads", a.threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
+  cmd.add_option("--reps", a.reps, "calls per trial (0: enough for --min-trial-ms)")->transform(integer_in(0, 1 << 30));
+  cmd.add_option("--trials", a.trials, "timed trials per method (taking turns)")->transform(integer_in(1, 100000));
+  cmd.add_option("--min-trial-ms", a.min_trial_ms, "target length of one trial when --reps is 0")->transform(finite_in(0, 1e6));
+  cmd.add_option("--stat", a.stat, "median or min of the trials for GB/s and ratios");
+  cmd.add_flag("--json", a.json, "print machine-readable results");
+  cmd.add_flag("--no-torch", a.no_torch, "skip the torch methods");
+}
+
 const CommandRegistrar kRegisterBenchRopeCost([](CLI::App& root) {
   auto args = std::make_shared<RopeCostArgs>();
   CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
@@ -452,13 +463,7 @@ const CommandRegistrar kRegisterBenchRopeCost([](CLI::App& root) {
   cmd->add_option("--heads", args->heads, "heads")->transform(integer_in(1, 4096));
   cmd->add_option("--dim", args->dim, "head dimension (even)")->transform(integer_in(2, 1024));
   cmd->add_option("--dtype", args->dtype, "f32 or bf16");
-  cmd->add_option("--threads", args->timing.threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
-  cmd->add_option("--reps", args->timing.reps, "calls per trial (0: enough for --min-trial-ms)")->transform(integer_in(0, 1 << 30));
-  cmd->add_option("--trials", args->timing.trials, "timed trials per method (taking turns)")->transform(integer_in(1, 100000));
-  cmd->add_option("--min-trial-ms", args->timing.min_trial_ms, "target length of one trial when --reps is 0")->transform(finite_in(0, 1e6));
-  cmd->add_option("--stat", args->timing.stat, "median or min of the trials");
-  cmd->add_flag("--json", args->timing.json, "print machine-readable results");
-  cmd->add_flag("--no-torch", args->timing.no_torch, "skip the torch methods");
+  add_timing_flags(*cmd, args->timing);
   cmd->callback([args] { run_bench_rope_cost(*args); });
 });
 
@@ -468,13 +473,7 @@ const CommandRegistrar kRegisterBenchRope([](CLI::App& root) {
   CLI::App* cmd = bench.add_subcommand(
       "rope", "GB/s of rope_apply (f32, bf16; both layouts; prefill 4096x32x128 and decode 1x32x128) beside memcpy, "
               "a naive scalar kernel and the torch composition");
-  cmd->add_option("--threads", args->threads, "threads for every method (0: OpenMP default)")->transform(integer_in(0, kMaxThreads));
-  cmd->add_option("--reps", args->reps, "calls per trial (0: enough for --min-trial-ms)")->transform(integer_in(0, 1 << 30));
-  cmd->add_option("--trials", args->trials, "timed trials per method (taking turns)")->transform(integer_in(1, 100000));
-  cmd->add_option("--min-trial-ms", args->min_trial_ms, "target length of one trial when --reps is 0")->transform(finite_in(0, 1e6));
-  cmd->add_option("--stat", args->stat, "median or min of the trials for GB/s and ratios");
-  cmd->add_flag("--json", args->json, "print machine-readable results");
-  cmd->add_flag("--no-torch", args->no_torch, "skip the torch baseline");
+  add_timing_flags(*cmd, *args);
   cmd->callback([args] { run_bench_rope(*args); });
 });
 
