@@ -1,0 +1,64 @@
+// rotary/safetensors.h: reading Hugging Face safetensors files by memory-mapping them.
+//
+// The format: 8 bytes little-endian N, N bytes of JSON - {"<name>": {"dtype": "BF16", "shape": [4096, 4096],
+// "data_offsets": [begin, end]}, ..., "__metadata__": {"<key>": "<text>"}} - then the data, each tensor row-major
+// at [begin, end) of the data part. Every field is checked before a byte of data is touched: the header length
+// against the file, each tensor's dtype, shape and offsets (inside the data, end - begin = numel x dtype size, no two
+// tensors overlapping), so a truncated file or a header that lies is a rotary::Error naming the file, the tensor
+// and the field, never a read past the mapping. Tensors are views into the mapping (valid while the file object
+// lives); weights stay in their stored dtype (F32, F16, BF16, F64; other dtypes are refused by name).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "rotary/dtype.h"
+
+namespace rotary {
+
+struct SafetensorsTensor {
+  std::string name;
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;  // inside the mapping
+  size_t bytes = 0;
+  int64_t numel() const;
+};
+
+class SafetensorsFile {
+ public:
+  // Maps `path` read-only; rotary::Error naming the path for a missing, unreadable or malformed file.
+  static SafetensorsFile open(const std::string& path);
+  // The same checks on bytes in memory (tests, fuzzing); `source` names them in messages. Keeps its own copy.
+  static SafetensorsFile from_bytes(std::string_view bytes, const std::string& source);
+
+  SafetensorsFile(SafetensorsFile&& other) noexcept;
+  SafetensorsFile& operator=(SafetensorsFile&& other) noexcept;
+  SafetensorsFile(const SafetensorsFile&) = delete;
+  SafetensorsFile& operator=(const SafetensorsFile&) = delete;
+  ~SafetensorsFile();
+
+  const std::vector<SafetensorsTensor>& tensors() const { return tensors_; }  // in data order
+  const SafetensorsTensor* find(std::string_view name) const;                 // nullptr if absent
+  // rotary::Error "<source>: tensor <name> is missing" / "... has shape [a, b]; expected [c, d]".
+  const SafetensorsTensor& get(std::string_view name, const std::vector<int64_t>& expected_shape) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  const std::string& source() const { return source_; }
+
+ private:
+  SafetensorsFile() = default;
+  void parse(const uint8_t* bytes, size_t size);  // fills tensors_ and metadata_ or throws
+
+  std::string source_;
+  void* map_ = nullptr;  // mmap'd file (open), or null
+  size_t map_size_ = 0;
+  std::vector<uint8_t> owned_;  // from_bytes
+  std::vector<SafetensorsTensor> tensors_;
+  std::map<std::string, std::string> metadata_;
+};
+
+}  // namespace rotary
