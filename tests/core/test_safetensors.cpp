@@ -16,8 +16,10 @@ namespace {
 
 using test::expect_error;
 
-// 8-byte little-endian header length, the header, the data.
-std::string safetensors_bytes(const std::string& header, const std::string& data) {
+// 8-byte little-endian header length, the header, the data. The header is padded with spaces to a multiple of 8,
+// as Hugging Face's writer does, so the data is 8-byte aligned in a page-aligned map or buffer.
+std::string safetensors_bytes(std::string header, const std::string& data) {
+  header.append((8 - header.size() % 8) % 8, ' ');
   std::string out(8, '\0');
   uint64_t n = header.size();
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char((n >> (8 * i)) & 0xff);
@@ -43,7 +45,10 @@ TEST(safetensors, ReadsTensorsAndMetadataThroughTheMap) {
   const SafetensorsTensor& w = f.get("w", {2, 3});
   EXPECT_EQ(w.dtype, DType::F32);
   EXPECT_EQ(w.numel(), 6);
-  EXPECT_EQ(static_cast<const float*>(w.data)[5], 6.0f);
+  float last = 0;
+  std::memcpy(&last, static_cast<const char*>(w.data) + 5 * sizeof(float), sizeof last);
+  EXPECT_EQ(last, 6.0f);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(w.data) % 8, 0u);  // padded header: aligned data
   const SafetensorsTensor& b = f.get("b", {2});
   EXPECT_EQ(b.dtype, DType::BF16);
   EXPECT_EQ(load_as_double(b.data, DType::BF16, 0), 1.0);
@@ -81,6 +86,21 @@ TEST(safetensors, TruncatedOrLyingFilesAreRefusedByField) {
   refused(R"({"w": )", {"t"});  // not JSON
   refused(R"({"__metadata__": {"a": 1}})", {"__metadata__.a", "a string"});
   expect_error([] { SafetensorsFile::open("/nonexistent/x.safetensors"); }, "cannot open safetensors file");
+}
+
+// The format does not promise alignment: an unpadded header leaves the data at any address, which the reader
+// accepts; callers copy from it with memcpy (load_as_double and typed pointers need aligned data).
+TEST(safetensors, AnUnpaddedHeaderLeavesTheDataUnalignedAndStillReadable) {
+  const std::string header = R"({"w": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]}})";  // 61 bytes
+  std::string bytes(8, '\0');
+  bytes[0] = char(header.size());
+  bytes += header + floats({3.5f});
+  const SafetensorsFile f = SafetensorsFile::from_bytes(bytes, "t");
+  const SafetensorsTensor& w = f.get("w", {1});
+  EXPECT_NE(reinterpret_cast<uintptr_t>(w.data) % 4, 0u);
+  float v = 0;
+  std::memcpy(&v, w.data, sizeof v);
+  EXPECT_EQ(v, 3.5f);
 }
 
 TEST(safetensors, EmptyTensorsAndAnEmptyFileOfTensorsAreFine) {

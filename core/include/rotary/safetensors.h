@@ -6,7 +6,9 @@
 // against the file, each tensor's dtype, shape and offsets (inside the data, end - begin = numel x dtype size, no two
 // tensors overlapping), so a truncated file or a header that lies is a rotary::Error naming the file, the tensor
 // and the field, never a read past the mapping. Tensors are views into the mapping (valid while the file object
-// lives); weights stay in their stored dtype (F32, F16, BF16, F64; other dtypes are refused by name).
+// lives); weights stay in their stored dtype (F32, F16, BF16, F64; other dtypes are refused by name). The format does
+// not promise alignment (Hugging Face's writer pads the header to 8 bytes, so its files are aligned; others need
+// not be): read a view through memcpy, or check `data`'s alignment before casting it.
 #pragma once
 
 #include <cstddef>
