@@ -72,46 +72,31 @@ class TrainFlags {
     const std::string help = s.help + (a.note.empty() ? "" : " (" + a.note + ")");
     CLI::Option* opt = nullptr;
     std::function<nlohmann::json()> value;
+    // An option holding a T, whose value reaches the setting as JSON.
+    auto typed = [&]<class T>(std::type_identity<T>, const std::string& text) {
+      auto v = std::make_shared<T>();
+      opt = app.add_option(s.flag, *v, text);
+      value = [v] { return nlohmann::json(*v); };
+    };
     switch (a.kind) {
-      case Kind::Integer: {
-        auto v = std::make_shared<int64_t>();
-        opt = app.add_option(s.flag, *v, help)->transform(range_of(a));
-        value = [v] { return nlohmann::json(*v); };
-        break;
-      }
-      case Kind::Unsigned: {
-        auto v = std::make_shared<uint64_t>();
-        opt = app.add_option(s.flag, *v, help)->transform(range_of(a));
-        value = [v] { return nlohmann::json(*v); };
-        break;
-      }
-      case Kind::Real: {
-        // An open end (lr > 0) is refused when the flag is applied, with the flag's name.
-        auto v = std::make_shared<double>();
-        opt = app.add_option(s.flag, *v, help)->transform(range_of(a));
-        value = [v] { return nlohmann::json(*v); };
-        break;
-      }
+      // Numbers: an open end (lr > 0) is refused when the flag is applied, with the flag's name.
+      case Kind::Integer: typed(std::type_identity<int64_t>{}, help), opt->transform(range_of(a)); break;
+      case Kind::Unsigned: typed(std::type_identity<uint64_t>{}, help), opt->transform(range_of(a)); break;
+      case Kind::Real: typed(std::type_identity<double>{}, help), opt->transform(range_of(a)); break;
       case Kind::Boolean:
         if (s.flag_words.size() == 2) {  // --norm pre|post
-          auto v = std::make_shared<std::string>();
-          opt = app.add_option(s.flag, *v, help + ": " + s.flag_words[1] + " | " + s.flag_words[0])
-                    ->check(CLI::IsMember(s.flag_words));
-          value = [v, words = s.flag_words] { return nlohmann::json(*v == words[1]); };
+          typed(std::type_identity<std::string>{}, help + ": " + s.flag_words[1] + " | " + s.flag_words[0]);
+          opt->check(CLI::IsMember(s.flag_words));
+          value = [words = s.flag_words, v = value] { return nlohmann::json(v().get<std::string>() == words[1]); };
         } else {
-          auto v = std::make_shared<bool>();
-          opt = app.add_option(s.flag, *v, help + " (true/false)");
-          value = [v] { return nlohmann::json(*v); };
+          typed(std::type_identity<bool>{}, help + " (true/false)");
         }
         break;
       case Kind::Text:
       case Kind::Choice:
-      case Kind::Reals: {
-        auto v = std::make_shared<std::string>();
-        opt = app.add_option(s.flag, *v, help + (a.kind == Kind::Choice ? ": " + a.text() : ""));
-        value = [v] { return nlohmann::json(*v); };
+      case Kind::Reals:
+        typed(std::type_identity<std::string>{}, help + (a.kind == Kind::Choice ? ": " + a.text() : ""));
         break;
-      }
     }
     // A flag given twice takes its last value, so a script can append an override to a shared flag list.
     opt->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
