@@ -9,6 +9,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <limits>
 
 #include "rotary/error.h"
@@ -175,6 +178,78 @@ const SafetensorsTensor& SafetensorsFile::get(std::string_view name, const std::
   if (t->shape != expected_shape)
     fail(source_ + ": tensor " + std::string(name) + " shape", shape_text(t->shape), shape_text(expected_shape));
   return *t;
+}
+
+// ---- A model directory: one file or an index with shards ------------------------------------------------------
+
+SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  const fs::path dir(model_dir);
+  SafetensorsCheckpoint c;
+  c.source_ = model_dir;
+  std::error_code ec;
+  const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
+  if (fs::exists(index, ec)) {
+    std::ifstream in(index, std::ios::binary);
+    if (!in) throw Error("rotary: cannot read " + index.string());
+    std::stringstream buf;
+    buf << in.rdbuf();
+    const std::string src = index.string();
+    const nlohmann::json j = parse_json(buf.str(), src);
+    const nlohmann::json* map = j.is_object() && j.contains("weight_map") ? &j.at("weight_map") : nullptr;
+    if (!map || !map->is_object() || map->empty())
+      fail(src + ": weight_map", map ? json_excerpt(*map) : "missing", "an object {\"<tensor>\": \"<shard file>\"}");
+    std::map<std::string, size_t> shard_of_file;
+    std::vector<std::pair<std::string, size_t>> listed;  // tensor, shard
+    for (const auto& [name, file] : map->items()) {
+      const std::string field = src + ": weight_map[\"" + name + "\"]";
+      if (!file.is_string()) fail(field, json_excerpt(file), "a shard file name");
+      const std::string f = file.get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == ".." || !f.ends_with(".safetensors"))
+        fail(field, f, "a *.safetensors file name inside the model directory (no '/')");
+      auto [it, added] = shard_of_file.emplace(f, c.shards_.size());
+      if (added) c.shards_.push_back(SafetensorsFile::open((dir / f).string()));
+      listed.emplace_back(name, it->second);
+    }
+    for (const SafetensorsFile& shard : c.shards_)
+      for (const SafetensorsTensor& t : shard.tensors())
+        if (!c.tensors_.emplace(t.name, &t).second)
+          throw Error("rotary: " + src + ": tensor " + t.name + " is in two shards (" + shard.source() + " and another)");
+    for (const auto& [name, shard] : listed)
+      if (c.shards_[shard].find(name) == nullptr)
+        throw Error("rotary: " + src + ": weight_map puts tensor " + name + " in " + c.shards_[shard].source() +
+                    ", which does not hold it");
+  } else if (fs::exists(single, ec)) {
+    c.shards_.push_back(SafetensorsFile::open(single.string()));
+    for (const SafetensorsTensor& t : c.shards_.back().tensors()) c.tensors_.emplace(t.name, &t);
+  } else {
+    std::string other;
+    for (const char* name : {"pytorch_model.bin", "pytorch_model.bin.index.json", "model.gguf"})
+      if (fs::exists(dir / name, ec)) other = std::string(" (it has ") + name + ", a format rotary does not read)";
+    fail("model directory " + model_dir, "without model.safetensors or model.safetensors.index.json" + other,
+         "a Hugging Face model directory with safetensors weights");
+  }
+  return c;
+}
+
+const SafetensorsTensor* SafetensorsCheckpoint::find(std::string_view name) const {
+  auto it = tensors_.find(name);
+  return it == tensors_.end() ? nullptr : it->second;
+}
+
+const SafetensorsTensor& SafetensorsCheckpoint::get(std::string_view name,
+                                                   const std::vector<int64_t>& expected_shape) const {
+  const SafetensorsTensor* t = find(name);
+  if (!t) throw Error("rotary: " + source_ + ": tensor " + std::string(name) + " is missing");
+  if (t->shape != expected_shape)
+    fail(source_ + ": tensor " + std::string(name) + " shape", shape_text(t->shape), shape_text(expected_shape));
+  return *t;
+}
+
+std::vector<std::string> SafetensorsCheckpoint::names() const {
+  std::vector<std::string> out;
+  for (const auto& [name, t] : tensors_) out.push_back(name);
+  return out;
 }
 
 }  // namespace rotary

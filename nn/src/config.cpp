@@ -27,6 +27,20 @@ bool is_one_of(std::string_view v, std::span<const std::string_view> names) {
   return std::find(names.begin(), names.end(), v) != names.end();
 }
 
+// A string field that takes one of `allowed` (declared once: JSON, flags, --help and messages list the same names).
+template <class M, class Ref>
+settings::Setting<M> string_choice(const std::string& path, const std::string& flag, const std::string& help, Ref ref,
+                                   std::span<const std::string_view> allowed) {
+  return settings::choice<M>(
+      path, flag, help, ref,
+      settings::names([allowed] { return std::vector<std::string>(allowed.begin(), allowed.end()); }),
+      [](const std::string& a) { return a; },
+      [path, allowed](const std::string& a) {
+        if (!is_one_of(a, allowed)) fail(path, a, choices(allowed));
+        return a;
+      });
+}
+
 int derived_rotary_dim(int head_dim, double fraction) { return int(std::floor(head_dim * fraction / 2.0)) * 2; }
 
 // Checks one encoding against the model's head dim; `prefix` ("encoding." or "override.") starts every field name.
@@ -41,7 +55,7 @@ void validate_encoding(const EncodingConfig& e, int head_dim, const std::string&
   const bool windowed = is_windowed(e.kind);
   if (rotary) {
     check(e.rope.head_dim == 0 || e.rope.head_dim == head_dim, prefix + "rope.head_dim", e.rope.head_dim,
-          "0 (filled from the model) or d_model / n_heads = " + std::to_string(head_dim));
+          "0 (filled from the model) or the model's head_dim = " + std::to_string(head_dim));
     const int from_fraction = derived_rotary_dim(head_dim, e.rotary_fraction);
     if (e.rope.rotary_dim != 0 && e.rotary_fraction != 1.0)
       check(e.rope.rotary_dim == from_fraction, prefix + "rope.rotary_dim", e.rope.rotary_dim,
@@ -134,7 +148,11 @@ FusedPositionMode fused_position_mode(EncodingKind kind) {
 void ModelConfig::validate() const {
   settings::check(model_settings(), *this);  // every field inside its declared range
   check(vocab_size >= 1, "vocab_size", vocab_size, ">= 1");
-  check(d_model % n_heads == 0, "n_heads", n_heads, "a divisor of d_model = " + std::to_string(d_model));
+  if (head_dim_override == 0)
+    check(d_model % n_heads == 0, "n_heads", n_heads,
+          "a divisor of d_model = " + std::to_string(d_model) + " (or set head_dim)");
+  check(pre_norm || !parallel_residual, "parallel_residual", parallel_residual,
+        "false with pre_norm = false (a parallel block normalises its input)");
   check(n_kv_heads == 0 || n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
         "0 (= n_heads) or a divisor of n_heads = " + std::to_string(n_heads));
   validate_encoding(encoding, head_dim(), "encoding.");
@@ -149,7 +167,7 @@ void ModelConfig::validate() const {
   }
   // The fused attention kernel takes head dims 16..256; the score-bias kinds and linear attention never call it.
   if (fused && attention == "softmax" && !has_score_bias(encoding.kind))
-    check(head_dim() >= 16 && head_dim() <= 256, "d_model / n_heads", head_dim(),
+    check(head_dim() >= 16 && head_dim() <= 256, "head_dim", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
 }
 
@@ -285,24 +303,47 @@ const settings::Table<ModelConfig>& model_settings() {
                          integers(0, 4096, "0 = n_heads")));
     t.push_back(field<M>("d_ff", "--d-ff", "MLP width", [](auto& c) -> auto& { return c.d_ff; },
                          integers(0, 1 << 20, "0 = 4 * d_model")));
+    // Fields added for checkpoints of other architectures are written only when they differ from GPT-2's
+    // defaults, so the configs the lab stored before keep their form.
+    auto if_not_default = [](Setting<M> s) {
+      s.written = [get = s.get](const M& c) { return get(c) != get(M{}); };
+      return s;
+    };
+    t.push_back(if_not_default(field<M>("head_dim", "--head-dim", "per-head width",
+                                        [](auto& c) -> auto& { return c.head_dim_override; },
+                                        integers(0, 1 << 16, "0 = d_model / n_heads"))));
     Setting<M> norm = field<M>("pre_norm", "--norm", "LayerNorm before (pre) or after (post) each block",
                                [](auto& c) -> auto& { return c.pre_norm; }, boolean());
     norm.flag_words = {"post", "pre"};
     t.push_back(std::move(norm));
+    t.push_back(if_not_default(string_choice<M>(
+        "normalization", "--normalization", "the blocks' norm", [](auto& c) -> auto& { return c.normalization; },
+        kNormalizations)));
+    t.push_back(if_not_default(field<M>("norm_eps", "--norm-eps", "epsilon of every norm",
+                                        [](auto& c) -> auto& { return c.norm_eps; }, reals(0, 1, true, false))));
+    t.push_back(if_not_default(string_choice<M>("mlp", "--mlp", "the MLP's form (swiglu: down(silu(gate) * up))",
+                                                [](auto& c) -> auto& { return c.mlp; }, kMlpKinds)));
+    t.push_back(if_not_default(field<M>("qkv_bias", "--qkv-bias", "biases on the q, k, v projections",
+                                        [](auto& c) -> auto& { return c.qkv_bias; }, boolean())));
+    t.push_back(if_not_default(field<M>("out_bias", "--out-bias", "bias on the attention's output projection",
+                                        [](auto& c) -> auto& { return c.out_bias; }, boolean())));
+    t.push_back(if_not_default(field<M>("mlp_bias", "--mlp-bias", "biases on the MLP's projections",
+                                        [](auto& c) -> auto& { return c.mlp_bias; }, boolean())));
+    t.push_back(if_not_default(field<M>("parallel_residual", "--parallel-residual",
+                                        "attention and MLP side by side on the same input (GPT-NeoX)",
+                                        [](auto& c) -> auto& { return c.parallel_residual; }, boolean())));
+    t.push_back(if_not_default(field<M>("sliding_window", "",
+                                        "the checkpoint's attention span (longer sequences are refused)",
+                                        [](auto& c) -> auto& { return c.sliding_window; },
+                                        integers(0, kMaxAbsPosition, "0 = none"))));
     t.push_back(field<M>("dropout", "--dropout", "dropout rate", [](auto& c) -> auto& { return c.dropout; },
                          reals(0, 1, false, true)));
     t.push_back(field<M>("tie_embeddings", "--tie-embeddings", "share the input embedding and the LM head",
                          [](auto& c) -> auto& { return c.tie_embeddings; }, boolean()));
     t.push_back(field<M>("max_seq_len", "--max-seq-len", "learned positions: table size",
                          [](auto& c) -> auto& { return c.max_seq_len; }, integers(1, kMaxSequenceLength)));
-    t.push_back(choice<M>("attention", "--attention", "softmax, or linear (RoPE as in RoFormer eq. 19)",
-                          [](auto& c) -> auto& { return c.attention; },
-                          names([] { return std::vector<std::string>(std::begin(kAttentionKinds), std::end(kAttentionKinds)); }),
-                          [](const std::string& a) { return a; },
-                          [](const std::string& a) {
-                            if (!is_one_of(a, kAttentionKinds)) fail("attention", a, choices(kAttentionKinds));
-                            return a;
-                          }));
+    t.push_back(string_choice<M>("attention", "--attention", "softmax, or linear (RoPE as in RoFormer eq. 19)",
+                                 [](auto& c) -> auto& { return c.attention; }, kAttentionKinds));
     t.push_back(field<M>("fused", "--fused", "rotary's fused ops (true) or plain torch ops (false)",
                          [](auto& c) -> auto& { return c.fused; }, boolean()));
     t.push_back(choice<M>("encoding.kind", "--encoding", "how positions enter the model",

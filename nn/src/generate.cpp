@@ -174,6 +174,8 @@ std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& promp
   if (config_.encoding.kind == EncodingKind::Learned)
     check(S + max_new - 1 <= config_.max_seq_len, "prompt.size() + max_new", S + max_new,
           "<= max_seq_len + 1 = " + std::to_string(config_.max_seq_len + 1) + " with learned absolute positions");
+  if (config_.sliding_window > 0)
+    check_span(torch::tensor({int64_t(0), std::max(S - 1, S + max_new - 2)}));  // the last token sampled is never fed
   std::vector<int64_t> out;
   if (max_new == 0) return out;
   torch::NoGradGuard no_grad;
@@ -202,6 +204,7 @@ std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& promp
 
 torch::Tensor TransformerImpl::decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len) {
   const int64_t S = int64_t(tokens.size());
+  check_span(torch::tensor({int64_t(0), S - 1}));
   check(prefill_len >= 1 && prefill_len <= S, "prefill_len", prefill_len, "1..tokens.size() = " + std::to_string(S));
   torch::NoGradGuard no_grad;
   EvalGuard eval(*this);

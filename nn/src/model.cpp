@@ -9,32 +9,57 @@ namespace {
 
 namespace tnn = torch::nn;
 
+tnn::Linear linear(int64_t in, int64_t out, bool bias) { return tnn::Linear(tnn::LinearOptions(in, out).bias(bias)); }
+
 }  // namespace
 
+NormImpl::NormImpl(const std::string& kind, int64_t dim, double eps) : rms_(kind == "rmsnorm"), eps_(eps) {
+  weight_ = register_parameter("weight", torch::ones({dim}));
+  if (!rms_) bias_ = register_parameter("bias", torch::zeros({dim}));
+}
+
+torch::Tensor NormImpl::forward(const torch::Tensor& x) {
+  if (!rms_) return torch::layer_norm(x, {x.size(-1)}, weight_, bias_, eps_);
+  // Hugging Face's LlamaRMSNorm: the mean of squares in float32 (float64 stays float64), the normalised x back in
+  // the input's dtype, then the weight.
+  const torch::Tensor xf = x.scalar_type() == torch::kDouble ? x : x.to(torch::kFloat);
+  const torch::Tensor normed = xf * torch::rsqrt(xf.pow(2).mean(-1, /*keepdim=*/true) + eps_);
+  return weight_ * normed.to(x.scalar_type());
+}
+
 BlockImpl::BlockImpl(const ModelConfig& c)
-    : n_heads_(c.n_heads), n_kv_heads_(c.kv_heads()), head_dim_(c.head_dim()), pre_norm_(c.pre_norm) {
-  const int64_t d = c.d_model, hd = head_dim_;
-  ln_attn_ = register_module("ln_attn", tnn::LayerNorm(tnn::LayerNormOptions({d})));
-  wq_ = register_module("wq", tnn::Linear(d, n_heads_ * hd));
-  wk_ = register_module("wk", tnn::Linear(d, n_kv_heads_ * hd));
-  wv_ = register_module("wv", tnn::Linear(d, n_kv_heads_ * hd));
-  wo_ = register_module("wo", tnn::Linear(n_heads_ * hd, d));
-  ln_mlp_ = register_module("ln_mlp", tnn::LayerNorm(tnn::LayerNormOptions({d})));
-  fc_in_ = register_module("fc_in", tnn::Linear(d, c.ff_dim()));
-  fc_out_ = register_module("fc_out", tnn::Linear(c.ff_dim(), d));
+    : n_heads_(c.n_heads), n_kv_heads_(c.kv_heads()), head_dim_(c.head_dim()), pre_norm_(c.pre_norm),
+      parallel_(c.parallel_residual), mlp_kind_(c.mlp) {
+  const int64_t d = c.d_model, hd = head_dim_, ff = c.ff_dim();
+  ln_attn_ = register_module("ln_attn", Norm(c.normalization, d, c.norm_eps));
+  wq_ = register_module("wq", linear(d, n_heads_ * hd, c.qkv_bias));
+  wk_ = register_module("wk", linear(d, n_kv_heads_ * hd, c.qkv_bias));
+  wv_ = register_module("wv", linear(d, n_kv_heads_ * hd, c.qkv_bias));
+  wo_ = register_module("wo", linear(n_heads_ * hd, d, c.out_bias));
+  ln_mlp_ = register_module("ln_mlp", Norm(c.normalization, d, c.norm_eps));
+  if (mlp_kind_ == "swiglu") fc_gate_ = register_module("fc_gate", linear(d, ff, c.mlp_bias));
+  fc_in_ = register_module("fc_in", linear(d, ff, c.mlp_bias));
+  fc_out_ = register_module("fc_out", linear(ff, d, c.mlp_bias));
   drop_ = register_module("drop", tnn::Dropout(c.dropout));
+}
+
+torch::Tensor BlockImpl::mlp(const torch::Tensor& h) {
+  if (mlp_kind_ == "swiglu") return fc_out_(torch::silu(fc_gate_(h)) * fc_in_(h));
+  return fc_out_(torch::gelu(fc_in_(h), mlp_kind_ == "gelu_tanh" ? "tanh" : "none"));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const Attend& attend) {
   const int64_t B = x.size(0), S = x.size(1);
-  torch::Tensor h = pre_norm_ ? ln_attn_(x) : x;
-  const torch::Tensor q = wq_(h).view({B, S, n_heads_, head_dim_});
-  const torch::Tensor k = wk_(h).view({B, S, n_kv_heads_, head_dim_});
-  const torch::Tensor v = wv_(h).view({B, S, n_kv_heads_, head_dim_});
-  torch::Tensor y = x + drop_(wo_(attend(q, k, v).reshape({B, S, n_heads_ * head_dim_})));
+  auto attention = [&](const torch::Tensor& h) {
+    const torch::Tensor q = wq_(h).view({B, S, n_heads_, head_dim_});
+    const torch::Tensor k = wk_(h).view({B, S, n_kv_heads_, head_dim_});
+    const torch::Tensor v = wv_(h).view({B, S, n_kv_heads_, head_dim_});
+    return drop_(wo_(attend(q, k, v).reshape({B, S, n_heads_ * head_dim_})));
+  };
+  if (parallel_) return x + attention(ln_attn_(x)) + drop_(mlp(ln_mlp_(x)));
+  torch::Tensor y = x + attention(pre_norm_ ? ln_attn_(x) : x);
   if (!pre_norm_) y = ln_attn_(y);
-  h = pre_norm_ ? ln_mlp_(y) : y;
-  y = y + drop_(fc_out_(torch::gelu(fc_in_(h))));
+  y = y + drop_(mlp(pre_norm_ ? ln_mlp_(y) : y));
   return pre_norm_ ? y : ln_mlp_(y);
 }
 
@@ -49,16 +74,25 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
   for (int i = 0; i < config_.n_layers; ++i)
     blocks_.push_back(register_module("block" + std::to_string(i), Block(config_)));
   // Post-norm blocks already end in a LayerNorm; only pre-norm needs the final one (as GPT-2).
-  if (config_.pre_norm) ln_final_ = register_module("ln_final", tnn::LayerNorm(tnn::LayerNormOptions({d})));
+  if (config_.pre_norm) ln_final_ = register_module("ln_final", Norm(config_.normalization, d, config_.norm_eps));
   if (!config_.tie_embeddings) lm_head_ = register_module("lm_head", tnn::Linear(tnn::LinearOptions(d, config_.vocab_size).bias(false)));
   drop_ = register_module("drop", tnn::Dropout(config_.dropout));
   // GPT-2 initialisation: N(0, 0.02) matrices and embeddings (torch's N(0, 1) embedding would give huge tied
-  // logits), zero biases, LayerNorm at identity.
+  // logits), zero biases, norms at identity.
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters()) {
     if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
     else if (p.key().ends_with("bias")) p.value().zero_();
   }
+}
+
+void TransformerImpl::check_span(const torch::Tensor& positions) const {
+  if (config_.sliding_window == 0 || positions.numel() == 0) return;
+  const int64_t span = positions.max().item<int64_t>() - positions.min().item<int64_t>() + 1;
+  check(span <= config_.sliding_window, "positions (span)", span,
+        "<= sliding_window = " + std::to_string(config_.sliding_window) +
+            ": this checkpoint attends only that far back, and rotary has no sliding-window attention, so longer "
+            "sequences would give other results than the checkpoint's own code");
 }
 
 void TransformerImpl::set_override(const EncodingOverride& o) { active_ = apply_override(config_, o); }
@@ -79,12 +113,17 @@ torch::Tensor TransformerImpl::embed(const torch::Tensor& tokens, const torch::T
   return drop_(x);
 }
 
-torch::Tensor TransformerImpl::head(const torch::Tensor& x) {
-  const torch::Tensor h = ln_final_ ? ln_final_(x) : x;
+torch::Tensor TransformerImpl::final_norm(const torch::Tensor& x) { return ln_final_ ? ln_final_(x) : x; }
+
+torch::Tensor TransformerImpl::project(const torch::Tensor& h) {
   return config_.tie_embeddings ? torch::matmul(h, tok_emb_->weight.t()) : lm_head_(h);
 }
 
 torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens, const std::optional<torch::Tensor>& positions) {
+  return project(hidden_states(tokens, positions));
+}
+
+torch::Tensor TransformerImpl::hidden_states(const torch::Tensor& tokens, const std::optional<torch::Tensor>& positions) {
   check(tokens.dim() == 2 && tokens.scalar_type() == torch::kLong, "tokens", tokens.sizes(), "an int64 [B, S] tensor");
   const int64_t B = tokens.size(0), S = tokens.size(1);
   check(S >= 1, "tokens.shape[1]", S, ">= 1");
@@ -98,6 +137,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens, const std::o
   }
   if (active_.logn_train_len > 0)
     check(pos.min().item<int64_t>() >= 0, "positions", pos.min().item<int64_t>(), ">= 0 with log-n (ln(pos + 1))");
+  check_span(pos);
   torch::Tensor x = embed(tokens, pos);
   const int64_t seq_len = length_dependent(active_) ? pos.max().item<int64_t>() + 1 : 0;
   const PositionContext pc = make_position_context(active_, config_.n_heads, config_.head_dim(), seq_len, t5_bias_);
@@ -105,7 +145,7 @@ torch::Tensor TransformerImpl::forward(const torch::Tensor& tokens, const std::o
     return model_attention(q, k, v, pos, pc, config_.attention, config_.fused);
   };
   for (auto& block : blocks_) x = block->forward(x, attend);
-  return head(x);
+  return final_norm(x);
 }
 
 }  // namespace rotary::nn

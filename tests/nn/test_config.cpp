@@ -5,22 +5,14 @@
 #include <functional>
 #include <string>
 
+#include "expect_error.h"
 #include "rotary/error.h"
 #include "rotary_nn/config.h"
 
 namespace rotary::nn {
 namespace {
 
-// Runs fn, expects a rotary::Error whose message contains every one of `parts` (the field name, the choices...).
-void expect_error(const std::function<void()>& fn, std::initializer_list<std::string> parts) {
-  try {
-    fn();
-  } catch (const rotary::Error& e) {
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
-    return;
-  }
-  ADD_FAILURE() << "no rotary::Error thrown; expected one naming " << *parts.begin();
-}
+using test::expect_error;
 
 ModelConfig valid() {
   ModelConfig c;
@@ -136,7 +128,7 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.kind = EncodingKind::Alibi; }), {"encoding.kind", "linear"});
   expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.logn_train_len = 16; }),
                {"encoding.logn_train_len"});
-  expect_error(bad([](ModelConfig& c) { c.d_model = 32; }), {"d_model / n_heads", "16..256", "fused = false"});
+  expect_error(bad([](ModelConfig& c) { c.d_model = 32; }), {"head_dim = 8", "16..256", "fused = false"});
   // The same shapes are fine where the fused kernel is not used.
   ModelConfig c = valid();
   c.d_model = 32;

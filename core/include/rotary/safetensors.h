@@ -63,4 +63,25 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
+// A Hugging Face model directory's weights: `model.safetensors`, or `model.safetensors.index.json`
+// ({"metadata": {...}, "weight_map": {"<tensor>": "<shard file>", ...}}) and the shards it names, each mapped once.
+// The index is checked before any shard is used: shard names are plain file names inside the directory (no '/',
+// no ".."), every shard exists, every tensor the index lists is in the shard it names, and no tensor is in two
+// shards; anything else is a rotary::Error naming the index file, the tensor and the field.
+class SafetensorsCheckpoint {
+ public:
+  static SafetensorsCheckpoint open(const std::string& model_dir);
+
+  const SafetensorsTensor* find(std::string_view name) const;  // nullptr if absent
+  // rotary::Error "<dir>: tensor <name> is missing" / "<shard>: tensor <name> shape = [a, b] is invalid; ...".
+  const SafetensorsTensor& get(std::string_view name, const std::vector<int64_t>& expected_shape) const;
+  std::vector<std::string> names() const;  // every tensor, sorted
+  const std::string& source() const { return source_; }
+
+ private:
+  std::string source_;
+  std::vector<SafetensorsFile> shards_;
+  std::map<std::string, const SafetensorsTensor*, std::less<>> tensors_;  // into shards_ (stable: moved, not copied)
+};
+
 }  // namespace rotary

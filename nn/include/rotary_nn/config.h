@@ -24,6 +24,10 @@ inline constexpr EncodingKind kEncodingKinds[] = {EncodingKind::None,  EncodingK
                                                   EncodingKind::Alibi, EncodingKind::T5,      EncodingKind::Rope,
                                                   EncodingKind::Roper, EncodingKind::Rerope,  EncodingKind::LeakyRerope};
 inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear"};
+// The block's normalisation and MLP: GPT-2's LayerNorm + GELU by default; Llama, Mistral and Qwen use RMSNorm +
+// SwiGLU (docs/checkpoints.md); GPT-NeoX LayerNorm + GELU with a parallel residual.
+inline constexpr std::string_view kNormalizations[] = {"layernorm", "rmsnorm"};
+inline constexpr std::string_view kMlpKinds[] = {"gelu", "gelu_tanh", "swiglu"};
 
 std::string_view encoding_kind_name(EncodingKind kind);  // "none", "learned", ..., "leaky_rerope"
 // rotary::Error "<field> = <name> is invalid; allowed: none, learned, ..." for an unknown name.
@@ -66,7 +70,17 @@ struct ModelConfig {
   int n_heads = 4;
   int n_kv_heads = 0;      // 0 = n_heads
   int d_ff = 0;            // 0 = 4 * d_model
+  int head_dim_override = 0;  // JSON "head_dim": 0 = d_model / n_heads (Mistral Nemo, Qwen3 set their own)
   bool pre_norm = true;
+  std::string normalization = "layernorm";  // layernorm (weight, bias) | rmsnorm (weight only)
+  double norm_eps = 1e-5;
+  std::string mlp = "gelu";  // gelu (erf) | gelu_tanh | swiglu: down(silu(gate(x)) * up(x))
+  bool qkv_bias = true;      // biases of the q, k, v projections (Llama: none; Qwen2: these only)
+  bool out_bias = true;      // bias of the attention's output projection
+  bool mlp_bias = true;      // biases of the MLP's projections
+  bool parallel_residual = false;  // GPT-NeoX: x + attn(ln_attn(x)) + mlp(ln_mlp(x)) (pre-norm only)
+  int64_t sliding_window = 0;      // > 0: the checkpoint attends only this far back (Mistral v0.1); we have no
+                                   // sliding-window attention, so longer sequences are refused, not run differently
   double dropout = 0.0;
   bool tie_embeddings = true;
   int max_seq_len = 1024;  // learned absolute positions only
@@ -75,7 +89,7 @@ struct ModelConfig {
   EncodingConfig encoding;
 
   void validate() const;  // rotary::Error naming the field
-  int head_dim() const { return d_model / n_heads; }
+  int head_dim() const { return head_dim_override != 0 ? head_dim_override : d_model / n_heads; }
   int kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }
   int ff_dim() const { return d_ff == 0 ? 4 * d_model : d_ff; }
   // The encoding with rope.head_dim and rope.rotary_dim filled in from the model (call after validate()).

@@ -1,8 +1,11 @@
 // rotary_nn/model.h: a decoder-only transformer (libtorch C++ frontend) with pluggable position encodings.
 //
-// tokens -> embedding (+ learned / sinusoidal positions) -> n_layers blocks -> final LayerNorm -> LM head.
-// A block: attention (n_heads query heads, n_kv_heads key/value heads) and an MLP (d_ff, GELU), each a residual
-// branch with dropout, pre- or post-LayerNorm. Where each encoding enters and which kinds run fused: docs/model.md.
+// tokens -> embedding (+ learned / sinusoidal positions) -> n_layers blocks -> final norm -> LM head.
+// A block: attention (n_heads query heads, n_kv_heads key/value heads) and an MLP (d_ff; GELU or SwiGLU), each a
+// residual branch with dropout, pre- or post-norm (LayerNorm or RMSNorm), one after the other or side by side
+// (GPT-NeoX's parallel residual). GPT-2's form is the default; Llama, Mistral, Qwen2 and GPT-NeoX checkpoints load
+// into the same classes (rotary_nn/hf_checkpoint.h). Where each encoding enters and which kinds run fused:
+// docs/model.md.
 #pragma once
 
 #include <torch/torch.h>
@@ -16,6 +19,20 @@
 
 namespace rotary::nn {
 
+// LayerNorm (weight and bias, as torch::nn::LayerNorm, so stored models keep their parameter names) or RMSNorm
+// (Llama: x / sqrt(mean(x^2) + eps) * weight, reduced in float32 at least, as Hugging Face does).
+class NormImpl : public torch::nn::Module {
+ public:
+  NormImpl(const std::string& kind, int64_t dim, double eps);
+  torch::Tensor forward(const torch::Tensor& x);
+
+ private:
+  bool rms_;
+  double eps_;
+  torch::Tensor weight_, bias_;
+};
+TORCH_MODULE(Norm);
+
 // One transformer block. The attention itself is passed in (attend: q, k, v [B, S, H, D] -> [B, S, Hq, D]), so
 // the same weights serve the full forward (fused or plain) and the cached decoder of generate().
 class BlockImpl : public torch::nn::Module {
@@ -25,10 +42,14 @@ class BlockImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x, const Attend& attend);  // x [B, S, d_model] -> [B, S, d_model]
 
  private:
+  torch::Tensor mlp(const torch::Tensor& h);  // [B, S, d_model] -> [B, S, d_model]
+
   int n_heads_, n_kv_heads_, head_dim_;
-  bool pre_norm_;
-  torch::nn::LayerNorm ln_attn_{nullptr}, ln_mlp_{nullptr};
-  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr}, fc_in_{nullptr}, fc_out_{nullptr};
+  bool pre_norm_, parallel_;
+  std::string mlp_kind_;
+  Norm ln_attn_{nullptr}, ln_mlp_{nullptr};
+  torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
+  torch::nn::Linear fc_in_{nullptr}, fc_out_{nullptr}, fc_gate_{nullptr};  // fc_gate_: swiglu only
   torch::nn::Dropout drop_{nullptr};
 };
 TORCH_MODULE(Block);
@@ -39,6 +60,11 @@ class TransformerImpl : public torch::nn::Module {
   // tokens [B, S] int64 -> logits [B, S, V]. positions [B, S] int64 (default 0..S-1 in every row); with a causal
   // rotary kind and fused = true they must increase strictly along each row.
   torch::Tensor forward(const torch::Tensor& tokens, const std::optional<torch::Tensor>& positions = std::nullopt);
+  // forward() in two halves, for callers that take the LM head in chunks of positions (16k positions x a 128k
+  // vocabulary is 8 GB of float32 logits): the final hidden states after the last norm [B, S, d_model], and the
+  // LM head alone (hidden [..., d_model] -> logits [..., V]). project(hidden_states(t, p)) == forward(t, p).
+  torch::Tensor hidden_states(const torch::Tensor& tokens, const std::optional<torch::Tensor>& positions = std::nullopt);
+  torch::Tensor project(const torch::Tensor& hidden);
   const ModelConfig& config() const { return config_; }
   // Replaces the encoding used from now on by the trained one with `o` applied (each call starts again from the
   // trained encoding; an empty override restores it). rotary::Error naming the field if it does not fit.
@@ -56,14 +82,17 @@ class TransformerImpl : public torch::nn::Module {
  private:
   friend struct Decoder;  // generate.cpp
   torch::Tensor embed(const torch::Tensor& tokens, const torch::Tensor& positions);  // -> [B, S, d_model]
-  torch::Tensor head(const torch::Tensor& x);                                         // -> [B, S, V]
+  torch::Tensor final_norm(const torch::Tensor& x);                                   // -> [B, S, d_model]
+  torch::Tensor head(const torch::Tensor& x) { return project(final_norm(x)); }       // -> [B, S, V]
+  // rotary::Error when positions span more than a checkpoint's sliding_window (ModelConfig::sliding_window).
+  void check_span(const torch::Tensor& positions) const;
 
   ModelConfig config_;
   EncodingConfig active_;  // the trained encoding resolved (rope.head_dim, rope.rotary_dim filled) + override
   torch::nn::Embedding tok_emb_{nullptr}, pos_emb_{nullptr};
   torch::Tensor t5_bias_;  // [t5_num_buckets, n_heads] (kind t5): one table for every layer, as in T5
   std::vector<Block> blocks_;
-  torch::nn::LayerNorm ln_final_{nullptr};
+  Norm ln_final_{nullptr};
   torch::nn::Linear lm_head_{nullptr};
   torch::nn::Dropout drop_{nullptr};
 };

@@ -1,0 +1,220 @@
+// Hugging Face config.json -> ModelConfig, and the checkpoint's tensor names for each of our parameters
+// (torch-free). The defaults below are those of transformers' config classes (LlamaConfig, MistralConfig,
+// Qwen2Config, GPTNeoXConfig), used where config.json leaves a key out.
+#include "rotary_nn/hf_model.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <optional>
+#include <sstream>
+
+#include "rotary/error.h"
+#include "rotary/hf_config.h"
+#include "rotary/json_guard.h"
+
+namespace rotary::nn {
+namespace {
+
+using nlohmann::json;
+
+// Reads keys of one config.json, each error naming the source and the key.
+struct ConfigReader {
+  const json& j;
+  const std::string& source;
+
+  const json* present(const std::string& key) const {
+    auto it = j.find(key);
+    return it == j.end() || it->is_null() ? nullptr : &*it;
+  }
+  [[noreturn]] void bad(const std::string& key, const json& v, const std::string& allowed) const {
+    fail(source + ": " + key, json_excerpt(v), allowed);
+  }
+  int64_t integer(const std::string& key, std::optional<int64_t> fallback, int64_t lo, int64_t hi) const {
+    const json* v = present(key);
+    if (!v) {
+      if (!fallback) fail(source + ": " + key, "missing", "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+      return *fallback;
+    }
+    if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi)
+      bad(key, *v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v->get<int64_t>();
+  }
+  double real(const std::string& key, double fallback, double lo, double hi) const {
+    const json* v = present(key);
+    if (!v) return fallback;
+    if (!v->is_number() || !(v->get<double>() > lo) || v->get<double>() > hi)
+      bad(key, *v, "a number in (" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    return v->get<double>();
+  }
+  bool boolean(const std::string& key, bool fallback) const {
+    const json* v = present(key);
+    if (!v) return fallback;
+    if (!v->is_boolean()) bad(key, *v, "true or false");
+    return v->get<bool>();
+  }
+  std::string text(const std::string& key, const std::string& fallback) const {
+    const json* v = present(key);
+    if (!v) return fallback;
+    if (!v->is_string()) bad(key, *v, "a string");
+    return v->get<std::string>();
+  }
+};
+
+constexpr int64_t kIntMax = std::numeric_limits<int>::max();
+
+// Llama, Mistral, Qwen2: RMSNorm + SwiGLU decoders that differ in defaults and biases.
+void read_llama_like(const ConfigReader& r, const std::string& type, ModelConfig& c) {
+  const std::string act = r.text("hidden_act", "silu");
+  if (act != "silu") fail(r.source + ": hidden_act", act, "silu (the " + type + " family's SwiGLU)");
+  c.normalization = "rmsnorm";
+  c.mlp = "swiglu";
+  c.norm_eps = r.real("rms_norm_eps", 1e-6, 0, 1);
+  if (type == "qwen2") {
+    c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o without
+    c.out_bias = false;
+    c.mlp_bias = false;
+    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.integer("sliding_window", 4096, 1, kMaxAbsPosition);
+  } else {
+    c.qkv_bias = c.out_bias = r.boolean("attention_bias", false);
+    c.mlp_bias = r.boolean("mlp_bias", false);
+    if (type == "mistral") c.sliding_window = r.integer("sliding_window", 4096, 1, kMaxAbsPosition);
+  }
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+}
+
+void read_gpt_neox(const ConfigReader& r, ModelConfig& c) {
+  const std::string act = r.text("hidden_act", "gelu");
+  if (act == "gelu") c.mlp = "gelu";
+  else if (act == "gelu_new" || act == "gelu_fast" || act == "gelu_pytorch_tanh") c.mlp = "gelu_tanh";
+  else fail(r.source + ": hidden_act", act, "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh (GPT-NeoX's GELUs)");
+  c.normalization = "layernorm";
+  c.norm_eps = r.real("layer_norm_eps", 1e-5, 0, 1);
+  c.qkv_bias = c.out_bias = r.boolean("attention_bias", true);
+  c.mlp_bias = true;
+  c.parallel_residual = r.boolean("use_parallel_residual", true);
+  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+}
+
+std::string model_types() {
+  std::string s;
+  for (auto t : kHfModelTypes) s += (s.empty() ? "" : ", ") + std::string(t);
+  return s;
+}
+
+}  // namespace
+
+HfModelSpec hf_model_spec(std::string_view config_json, const std::string& source) {
+  const json j = parse_json(config_json, source);
+  if (!j.is_object()) fail(source, json_excerpt(j), "a JSON object (a model's config.json)");
+  const ConfigReader r{j, source};
+  HfModelSpec spec;
+  spec.model_type = r.text("model_type", "");
+  if (std::find(std::begin(kHfModelTypes), std::end(kHfModelTypes), spec.model_type) == std::end(kHfModelTypes))
+    fail(source + ": model_type", spec.model_type.empty() ? "missing" : spec.model_type, model_types());
+
+  ModelConfig& c = spec.config;
+  c.vocab_size = int(r.integer("vocab_size", std::nullopt, 1, kIntMax));
+  c.d_model = int(r.integer("hidden_size", std::nullopt, 1, 1 << 16));
+  c.n_layers = int(r.integer("num_hidden_layers", std::nullopt, 1, 1024));
+  c.n_heads = int(r.integer("num_attention_heads", std::nullopt, 1, 4096));
+  c.n_kv_heads = int(r.integer("num_key_value_heads", c.n_heads, 1, 4096));
+  c.d_ff = int(r.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+  c.pre_norm = true;
+  c.dropout = 0.0;
+  c.attention = "softmax";
+  c.fused = true;
+  if (spec.model_type == "gpt_neox") read_gpt_neox(r, c);
+  else read_llama_like(r, spec.model_type, c);
+
+  // The rotation, read by the core's reader (it also resolves head_dim and partial rotation).
+  RopeSpec rope = rope_spec_from_hf_config(config_json);
+  if (rope.head_dim * c.n_heads != c.d_model) c.head_dim_override = rope.head_dim;
+  c.encoding = EncodingConfig{};
+  c.encoding.kind = EncodingKind::Rope;
+  c.encoding.rope = rope;
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the model " + source + " describes, in rotary's terms)");
+  }
+  const int64_t max_pos = r.integer("max_position_embeddings", 2048, 1, kMaxAbsPosition);
+  spec.trained_context = rope.original_max_position_embeddings > 0 && rope.scaling != RopeScaling::None
+                             ? rope.original_max_position_embeddings
+                             : max_pos;
+  return spec;
+}
+
+HfModelSpec hf_model_spec_file(const std::string& path) {
+  std::filesystem::path p(path);
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
+  std::ifstream in(p, std::ios::binary);
+  if (!in) fail("model config", p.string(), "a readable config.json (or a model directory holding one)");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return hf_model_spec(buf.str(), p.string());
+}
+
+std::vector<HfTensorPlace> hf_tensor_places(const HfModelSpec& spec) {
+  const ModelConfig& c = spec.config;
+  const int64_t d = c.d_model, hd = c.head_dim(), hq = int64_t(c.n_heads) * hd, hkv = int64_t(c.kv_heads()) * hd;
+  const int64_t ff = c.ff_dim(), V = c.vocab_size;
+  std::vector<HfTensorPlace> out;
+  auto add = [&](std::string ours, std::string theirs, std::vector<int64_t> shape, int part = -1) {
+    out.push_back({std::move(ours), std::move(theirs), std::move(shape), part});
+  };
+  auto linear = [&](const std::string& ours, const std::string& theirs, int64_t in, int64_t outf, bool bias) {
+    add(ours + ".weight", theirs + ".weight", {outf, in});
+    if (bias) add(ours + ".bias", theirs + ".bias", {outf});
+  };
+  auto norm = [&](const std::string& ours, const std::string& theirs) {
+    add(ours + ".weight", theirs + ".weight", {d});
+    if (c.normalization == "layernorm") add(ours + ".bias", theirs + ".bias", {d});
+  };
+  if (spec.model_type == "gpt_neox") {
+    add("tok_emb.weight", "gpt_neox.embed_in.weight", {V, d});
+    for (int i = 0; i < c.n_layers; ++i) {
+      const std::string o = "block" + std::to_string(i), t = "gpt_neox.layers." + std::to_string(i);
+      norm(o + ".ln_attn", t + ".input_layernorm");
+      const char* qkv[] = {"wq", "wk", "wv"};
+      for (int part = 0; part < 3; ++part) {
+        add(o + "." + qkv[part] + ".weight", t + ".attention.query_key_value.weight", {3 * hq, d}, part);
+        if (c.qkv_bias) add(o + "." + qkv[part] + ".bias", t + ".attention.query_key_value.bias", {3 * hq}, part);
+      }
+      linear(o + ".wo", t + ".attention.dense", hq, d, c.out_bias);
+      norm(o + ".ln_mlp", t + ".post_attention_layernorm");
+      linear(o + ".fc_in", t + ".mlp.dense_h_to_4h", d, ff, c.mlp_bias);
+      linear(o + ".fc_out", t + ".mlp.dense_4h_to_h", ff, d, c.mlp_bias);
+    }
+    norm("ln_final", "gpt_neox.final_layer_norm");
+    if (!c.tie_embeddings) add("lm_head.weight", "embed_out.weight", {V, d});
+    return out;
+  }
+  add("tok_emb.weight", "model.embed_tokens.weight", {V, d});
+  for (int i = 0; i < c.n_layers; ++i) {
+    const std::string o = "block" + std::to_string(i), t = "model.layers." + std::to_string(i);
+    norm(o + ".ln_attn", t + ".input_layernorm");
+    linear(o + ".wq", t + ".self_attn.q_proj", d, hq, c.qkv_bias);
+    linear(o + ".wk", t + ".self_attn.k_proj", d, hkv, c.qkv_bias);
+    linear(o + ".wv", t + ".self_attn.v_proj", d, hkv, c.qkv_bias);
+    linear(o + ".wo", t + ".self_attn.o_proj", hq, d, c.out_bias);
+    norm(o + ".ln_mlp", t + ".post_attention_layernorm");
+    linear(o + ".fc_gate", t + ".mlp.gate_proj", d, ff, c.mlp_bias);
+    linear(o + ".fc_in", t + ".mlp.up_proj", d, ff, c.mlp_bias);
+    linear(o + ".fc_out", t + ".mlp.down_proj", ff, d, c.mlp_bias);
+  }
+  norm("ln_final", "model.norm");
+  if (!c.tie_embeddings) add("lm_head.weight", "lm_head.weight", {V, d});
+  return out;
+}
+
+bool hf_ignored_tensor(std::string_view name) {
+  // Buffers some checkpoints carry: the rotary inverse frequencies (recomputed from config.json), GPT-NeoX's
+  // causal-mask buffers. A tied checkpoint may also store lm_head.weight as a copy of the embedding.
+  return name.ends_with(".rotary_emb.inv_freq") || name.ends_with(".attention.bias") ||
+         name.ends_with(".attention.masked_bias");
+}
+
+}  // namespace rotary::nn

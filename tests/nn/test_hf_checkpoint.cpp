@@ -1,0 +1,254 @@
+// Hugging Face checkpoints: every fixture family (tests/data/hf_checkpoints, made by
+// tests/hf/make_checkpoint_fixtures.py) loads and gives the logits of the independent transcription of
+// transformers' modeling code - in float64 to the rounding of the stored float32 logits, in float32 to float32
+// rounding; through the full forward, the KV-cache decoder, and a ReRoPE override. Then every way a checkpoint
+// directory can be wrong gives an error that names the tensor or field.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "expect_error.h"
+#include "rotary/safetensors.h"
+#include "rotary_nn/hf_checkpoint.h"
+
+namespace rotary::nn {
+namespace {
+
+namespace fs = std::filesystem;
+using test::expect_error;
+using test::expect_error_naming;
+
+const fs::path kFixtures = fs::path(ROTARY_SOURCE_DIR) / "tests/data/hf_checkpoints";
+const char* kFamilies[] = {"llama2", "llama3", "mistral", "qwen2", "gpt_neox"};
+
+struct Expected {
+  std::vector<int64_t> tokens;
+  std::map<std::string, torch::Tensor> logits;  // "logits", "logits_rerope_w8": float64 [S, V]
+};
+
+Expected read_expected(const fs::path& dir) {
+  const SafetensorsFile f = SafetensorsFile::open((dir / "expected.safetensors").string());
+  Expected e;
+  for (const SafetensorsTensor& t : f.tensors()) {
+    torch::Tensor v = torch::empty(t.shape, torch::kFloat);
+    std::memcpy(v.data_ptr(), t.data, t.bytes);
+    if (t.name == "tokens") {
+      for (float x : std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel())) e.tokens.push_back(int64_t(x));
+    } else {
+      e.logits[t.name] = v.to(torch::kDouble);
+    }
+  }
+  return e;
+}
+
+// max |a - b| / max |b|: the logits' scale differs by family (tied heads give logits ~30, untied ~3).
+double relative_error(const torch::Tensor& a, const torch::Tensor& b) {
+  return (a.to(torch::kDouble) - b).abs().max().item<double>() / b.abs().max().item<double>();
+}
+
+torch::Tensor forward(Transformer& m, const std::vector<int64_t>& tokens, torch::ScalarType dtype) {
+  torch::NoGradGuard no_grad;
+  m->to(dtype);
+  return m->forward(torch::tensor(tokens).view({1, -1}))[0];
+}
+
+// Tolerances. The reference is float64 rounded to float32 when stored (2^-24 relative to each logit, <= 6e-8 of
+// the largest), with the rotary frequencies transformers computes in float32 (hf_rope_reference.py): their
+// rounding, 2^-24 relative, turns position p's angle by p * 6e-8 of itself - at p = 40 and theta 5e5 the logits
+// move by up to ~3e-7 of the largest (llama3, measured). The float64 model adds nothing visible, so 2e-6; a wrong
+// architecture detail (a bias, a norm, an activation, a rope pair) moves the logits by 1e-2 or more.
+// The float32 model also rounds each of its ~10 matrix products and norms at 2^-24 relative, on sums of 32 to 96
+// terms whose partial sums are at most a few times the result: measured <= 7e-7 of the largest logit; 5e-6.
+constexpr double kTolF64 = 2e-6, kTolF32 = 5e-6;
+
+class HfFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfFixture, LogitsMatchTheTranscriptionOfTransformers) {
+  const fs::path dir = kFixtures / GetParam();
+  HfCheckpoint c = load_hf_checkpoint(dir.string());
+  EXPECT_EQ(c.spec.model_type, std::string(GetParam()).starts_with("llama") ? "llama" : GetParam());
+  const Expected e = read_expected(dir);
+  const torch::Tensor& want = e.logits.at("logits");
+  ASSERT_EQ(want.size(0), int64_t(e.tokens.size()));
+  EXPECT_LT(relative_error(forward(c.model, e.tokens, torch::kDouble), want), kTolF64);
+  EXPECT_LT(relative_error(forward(c.model, e.tokens, torch::kFloat), want), kTolF32);
+}
+
+TEST_P(HfFixture, PlainAttentionAndTheDecoderGiveTheSameLogits) {
+  const fs::path dir = kFixtures / GetParam();
+  HfCheckpoint c = load_hf_checkpoint(dir.string());
+  const Expected e = read_expected(dir);
+  const torch::Tensor& want = e.logits.at("logits");
+  c.model->to(torch::kDouble);
+  // The KV-cache decoder: prefill 5 tokens, then one at a time.
+  EXPECT_LT(relative_error(c.model->decode_logits(e.tokens, 5), want), kTolF64);
+  // The plain torch attention (the baseline path) on the same weights.
+  ModelConfig plain = c.spec.config;
+  plain.fused = false;
+  Transformer p(plain);
+  {
+    torch::NoGradGuard no_grad;
+    p->to(torch::kDouble);
+    auto dst = p->named_parameters();
+    for (const auto& src : c.model->named_parameters()) dst[src.key()].copy_(src.value());
+  }
+  EXPECT_LT(relative_error(forward(p, e.tokens, torch::kDouble), want), kTolF64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfFixture, ::testing::ValuesIn(kFamilies),
+                         [](const auto& info) { return std::string(info.param); });
+
+// The fixtures with a ReRoPE reference: a full-rotation family and the partial-rotation one.
+class HfRerope : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfRerope, OverrideMatchesTheTranscription) {
+  const fs::path dir = kFixtures / GetParam();
+  const Expected e = read_expected(dir);
+  auto it = e.logits.find("logits_rerope_w8");
+  ASSERT_NE(it, e.logits.end()) << GetParam() << " has no ReRoPE reference";
+  HfCheckpoint c = load_hf_checkpoint(dir.string());
+  EncodingOverride o;
+  o.kind = EncodingKind::Rerope;
+  o.window = 8;
+  c.model->set_override(o);
+  const torch::Tensor got = forward(c.model, e.tokens, torch::kDouble);
+  EXPECT_LT(relative_error(got, it->second), kTolF64);
+  // ...and the override changes the logits (the sequence is longer than the window), so the check has power.
+  EXPECT_GT(relative_error(got, e.logits.at("logits")), 1e-3);
+  EXPECT_LT(relative_error(c.model->decode_logits(e.tokens, 3), it->second), kTolF64);
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfRerope, ::testing::Values("llama2", "gpt_neox"),
+                         [](const auto& info) { return std::string(info.param); });
+
+TEST(HfModelSpec, ReadsEachFamilysArchitecture) {
+  const HfModelSpec llama = hf_model_spec_file((kFixtures / "llama3").string());
+  EXPECT_EQ(llama.config.normalization, "rmsnorm");
+  EXPECT_EQ(llama.config.mlp, "swiglu");
+  EXPECT_FALSE(llama.config.qkv_bias);
+  EXPECT_TRUE(llama.config.tie_embeddings);
+  EXPECT_EQ(llama.config.kv_heads(), 1);
+  EXPECT_EQ(llama.config.encoding.rope.scaling, RopeScaling::Llama3);
+  EXPECT_EQ(llama.trained_context, 16);  // original_max_position_embeddings of the scaled rope
+  const HfModelSpec qwen = hf_model_spec_file((kFixtures / "qwen2").string());
+  EXPECT_TRUE(qwen.config.qkv_bias);
+  EXPECT_FALSE(qwen.config.out_bias);
+  EXPECT_EQ(qwen.config.sliding_window, 0);  // use_sliding_window false
+  const HfModelSpec mistral = hf_model_spec_file((kFixtures / "mistral").string());
+  EXPECT_EQ(mistral.config.head_dim(), 32);
+  EXPECT_EQ(mistral.trained_context, 64);
+  const HfModelSpec neox = hf_model_spec_file((kFixtures / "gpt_neox").string());
+  EXPECT_TRUE(neox.config.parallel_residual);
+  EXPECT_EQ(neox.config.resolved_encoding().rope.rotary_dim, 4);
+  EXPECT_EQ(neox.config.normalization, "layernorm");
+}
+
+// ---- Bad checkpoints ---------------------------------------------------------------------------------------------
+
+// A scratch copy of a fixture whose files a test may change.
+struct ScratchModel {
+  fs::path dir;
+  explicit ScratchModel(const std::string& family) {
+    dir = fs::temp_directory_path() / ("rotary_hf_" + family + "_" + std::to_string(::getpid()) + "_" +
+                                       ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir);
+    fs::copy(kFixtures / family, dir, fs::copy_options::recursive);
+  }
+  ~ScratchModel() { fs::remove_all(dir); }
+  nlohmann::json config() const {
+    std::ifstream in(dir / "config.json");
+    return nlohmann::json::parse(in);
+  }
+  void set_config(const nlohmann::json& j) const { std::ofstream(dir / "config.json") << j.dump(2); }
+  void edit(const std::string& key, const nlohmann::json& value) const {
+    nlohmann::json j = config();
+    j[key] = value;
+    set_config(j);
+  }
+  std::string load() const { return load_hf_checkpoint(dir.string()).spec.model_type; }
+};
+
+TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
+  ScratchModel more_layers("llama2");
+  more_layers.edit("num_hidden_layers", 3);
+  expect_error([&] { more_layers.load(); }, {"model.layers.2.input_layernorm.weight", "is missing"});
+  ScratchModel wider("llama2");
+  wider.edit("intermediate_size", 65);
+  expect_error([&] { wider.load(); }, {"model.layers.0.mlp.gate_proj.weight shape = [64, 32]", "[65, 32]"});
+  ScratchModel fewer_layers("qwen2");
+  fewer_layers.edit("num_hidden_layers", 1);
+  expect_error([&] { fewer_layers.load(); }, {"tensors = model.layers.1.", "qwen2"});
+}
+
+TEST(HfCheckpointErrors, ConfigFieldsAreChecked) {
+  ScratchModel bert("llama2");
+  bert.edit("model_type", "bert");
+  expect_error([&] { bert.load(); }, {"model_type = bert", "llama, mistral, qwen2, gpt_neox"});
+  ScratchModel act("mistral");
+  act.edit("hidden_act", "gelu");
+  expect_error_naming([&] { act.load(); }, "hidden_act");
+  ScratchModel heads("llama2");
+  heads.edit("num_attention_heads", "two");
+  expect_error([&] { heads.load(); }, {"num_attention_heads = \"two\"", "an integer"});
+  ScratchModel gqa("llama3");
+  gqa.edit("num_key_value_heads", 3);
+  expect_error_naming([&] { gqa.load(); }, "n_kv_heads");
+  ScratchModel rope("qwen2");
+  rope.edit("rope_scaling", nlohmann::json{{"type", "yarn"}, {"factor", -4.0}});
+  expect_error([&] { rope.load(); }, "factor");
+}
+
+TEST(HfCheckpointErrors, BrokenFilesAreRefusedBeforeAnyRead) {
+  ScratchModel truncated("mistral");
+  fs::resize_file(truncated.dir / "model.safetensors", fs::file_size(truncated.dir / "model.safetensors") - 100);
+  expect_error([&] { truncated.load(); }, "model.safetensors");
+  ScratchModel none("llama3");
+  fs::rename(none.dir / "model.safetensors", none.dir / "pytorch_model.bin");
+  expect_error([&] { none.load(); }, {"without model.safetensors", "pytorch_model.bin"});
+  ScratchModel no_config("llama3");
+  fs::remove(no_config.dir / "config.json");
+  expect_error([&] { no_config.load(); }, "config.json");
+}
+
+TEST(HfCheckpointErrors, ShardIndexIsChecked) {
+  const auto edit_index = [](const ScratchModel& m, const std::function<void(nlohmann::json&)>& f) {
+    std::ifstream in(m.dir / "model.safetensors.index.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    f(j);
+    std::ofstream(m.dir / "model.safetensors.index.json") << j.dump();
+  };
+  ScratchModel escape("llama2");
+  edit_index(escape, [](auto& j) { j["weight_map"]["model.norm.weight"] = "../model-00001-of-00002.safetensors"; });
+  expect_error([&] { escape.load(); }, {"weight_map[\"model.norm.weight\"]", "no '/'"});
+  ScratchModel missing_shard("llama2");
+  fs::remove(missing_shard.dir / "model-00002-of-00002.safetensors");
+  expect_error([&] { missing_shard.load(); }, "model-00002-of-00002.safetensors");
+  ScratchModel wrong_shard("llama2");
+  edit_index(wrong_shard, [](auto& j) {
+    for (auto& [name, file] : j["weight_map"].items())
+      if (name == "model.norm.weight") file = file == "model-00001-of-00002.safetensors"
+                                                   ? "model-00002-of-00002.safetensors"
+                                                   : "model-00001-of-00002.safetensors";
+  });
+  expect_error([&] { wrong_shard.load(); }, {"model.norm.weight", "which does not hold it"});
+  ScratchModel empty_map("llama2");
+  edit_index(empty_map, [](auto& j) { j["weight_map"] = nlohmann::json::object(); });
+  expect_error_naming([&] { empty_map.load(); }, "weight_map");
+}
+
+TEST(HfCheckpointErrors, SequencesBeyondASlidingWindowAreRefused) {
+  ScratchModel windowed("mistral");
+  windowed.edit("sliding_window", 16);
+  HfCheckpoint c = load_hf_checkpoint(windowed.dir.string());
+  EXPECT_EQ(c.spec.config.sliding_window, 16);
+  std::vector<int64_t> tokens(16, 3);
+  EXPECT_NO_THROW(forward(c.model, tokens, torch::kFloat));  // within the window the model is exact
+  tokens.push_back(4);
+  expect_error([&] { forward(c.model, tokens, torch::kFloat); }, {"positions (span) = 17", "sliding_window = 16"});
+  expect_error([&] { c.model->generate({1, 2, 3}, 20, 0.0, -1, 0); }, "sliding_window = 16");
+}
+
+}  // namespace
+}  // namespace rotary::nn
