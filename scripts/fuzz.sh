@@ -13,7 +13,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: seconds-per-target = '$seconds' is invalid; allowed: an integer >= 1" >&2; exit 2; }
 shift $(($# > 0 ? 1 : 0))
-all=(hf_config hf_model train_config_toml train_config_json checkpoint task_vocab text_cache safetensors)
+all=(hf_config hf_model train_config_toml train_config_json checkpoint task_vocab text_cache safetensors tokenizer_json
+     spm_model)
 targets=("${@:-${all[@]}}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: target = '$t' is invalid; allowed: ${all[*]}" >&2; exit 2; }
@@ -38,12 +39,13 @@ seeds() {
   case "$1" in
     hf_config) echo "$root/tests/data/hf_configs" ;;
     train_config_toml) echo "$root/examples/runs" ;;
+    tokenizer_json) echo "$root/tests/data/hf_tokenizers/llama3_style $root/tests/data/hf_tokenizers/gpt2_style" ;;
   esac
 }
 # Longest input tried: a little over the largest real file of the kind (Phi-3's config.json is 3 KB).
 max_len() {
   case "$1" in
-    hf_config | train_config_toml | train_config_json | checkpoint) echo 8192 ;;
+    hf_config | train_config_toml | train_config_json | checkpoint | tokenizer_json | spm_model) echo 8192 ;;
     *) echo 4096 ;;
   esac
 }

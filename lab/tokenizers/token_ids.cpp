@@ -1,0 +1,45 @@
+// lab/tokenizers/token_ids.cpp: read_token_id_file, the way in for users whose checkpoint has no tokenizer we
+// support: they tokenize elsewhere and hand us the ids as text.
+#include <cctype>
+#include <fstream>
+#include <iterator>
+
+#include "rotary/error.h"
+#include "tokenizers/tokenizer.h"
+
+namespace rotary::lab {
+
+std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64_t vocab_size) {
+  check(vocab_size > 0, "vocab_size", vocab_size, "at least 1");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("token id file", path.string(), "a readable file");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) fail("token id file", path.string(), "a readable file");
+  const std::string allowed = "decimal token ids in [0, " + std::to_string(vocab_size) + ") separated by whitespace";
+  std::vector<int64_t> ids;
+  size_t line = 1;
+  for (size_t at = 0; at < text.size();) {
+    const unsigned char c = static_cast<unsigned char>(text[at]);
+    if (std::isspace(c)) {
+      line += c == '\n';
+      ++at;
+      continue;
+    }
+    size_t end = at;
+    while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
+    const std::string token = text.substr(at, end - at);
+    const std::string where = path.string() + ": token " + std::to_string(ids.size() + 1) + " (line " +
+                              std::to_string(line) + ")";
+    // Digits only (no sign, no hex), at most 18 of them so the value fits before the range check.
+    bool digits = token.size() <= 18;
+    for (const char d : token) digits = digits && d >= '0' && d <= '9';
+    if (!digits) fail(where, "\"" + token.substr(0, 40) + (token.size() > 40 ? "...\"" : "\""), allowed);
+    const int64_t id = std::stoll(token);
+    if (id >= vocab_size) fail(where, token, allowed);
+    ids.push_back(id);
+    at = end;
+  }
+  return ids;
+}
+
+}  // namespace rotary::lab
