@@ -2,6 +2,7 @@
 #include "experiments/extrapolate_methods.h"
 
 #include <algorithm>
+#include <span>
 #include <fmt/format.h>
 
 #include "rotary/error.h"
@@ -9,9 +10,9 @@
 namespace rotary::experiments {
 namespace {
 
-std::string method_choices() {
+std::string method_choices(std::span<const std::string_view> names) {
   std::string s;
-  for (std::string_view n : kExtrapolateMethods) s += (s.empty() ? "" : ", ") + std::string(n);
+  for (std::string_view n : names) s += (s.empty() ? "" : ", ") + std::string(n);
   return s;
 }
 
@@ -20,10 +21,10 @@ std::string short_number(double v) { return fmt::format("{:g}", v); }
 
 }  // namespace
 
-void check_method_name(const std::string& name, const std::string& field) {
-  const bool known = std::find(std::begin(kExtrapolateMethods), std::end(kExtrapolateMethods), name) !=
-                     std::end(kExtrapolateMethods);
-  check(known, field, name, method_choices());
+void check_method_name(const std::string& name, const std::string& field, bool checkpoint) {
+  const std::span<const std::string_view> names =
+      checkpoint ? std::span<const std::string_view>(kCheckpointMethods) : std::span<const std::string_view>(kExtrapolateMethods);
+  check(std::find(names.begin(), names.end(), name) != names.end(), field, name, method_choices(names));
 }
 
 std::string Method::key() const {
@@ -36,7 +37,8 @@ std::string Method::key() const {
 
 std::string Method::label(bool trained_logn) const {
   std::string l;
-  if (name == "rope") l = "RoPE";
+  if (name == "native") l = "native";
+  else if (name == "rope") l = "RoPE";
   else if (name == "pi") l = "PI";
   else if (name == "ntk") l = "NTK-fixed";
   else if (name == "ntk_mixed") l = "NTK-mixed";
@@ -52,20 +54,29 @@ bool length_dependent_method(const Method& m) { return m.name == "dynamic"; }
 
 nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& trained, int64_t train_len,
                                      int64_t test_len) {
-  check_method_name(m.name, "method");
+  check_method_name(m.name, "method", /*checkpoint=*/true);
   check(trained.kind == nn::EncodingKind::Rope, "encoding.kind", trained.kind,
         "rope (extrapolate applies inference-time methods to a RoPE model)");
-  check(trained.rope.scaling == RopeScaling::None, "encoding.rope.scaling", scaling_name(trained.rope.scaling),
-        "none (the methods set the scaling themselves)");
   check(train_len >= 2, "train_len", train_len, ">= 2");
   check(test_len >= 1, "test_len", test_len, ">= 1");
 
   nn::EncodingOverride o;
+  o.logn_train_len = m.logn ? train_len : 0;
+  if (m.name == "native") return o;
   o.kind = m.name == "rerope" || m.name == "leaky_rerope" ? nn::parse_encoding_kind(m.name, "method")
                                                            : nn::EncodingKind::Rope;
   // The seed sets the factor of the fixed scalings from the test length; at test_len <= L it is 1 (no change).
   const double factor = std::max(1.0, static_cast<double>(test_len) / static_cast<double>(train_len));
+  const bool windowed = m.name == "rerope" || m.name == "leaky_rerope";
   RopeSpec s = trained.rope;
+  if (!windowed) {  // the factor methods start from the unscaled frequencies (a checkpoint's scaling removed)
+    RopeSpec unscaled;
+    unscaled.head_dim = s.head_dim;
+    unscaled.rotary_dim = s.rotary_dim;
+    unscaled.base = s.base;
+    unscaled.layout = s.layout;
+    s = unscaled;
+  }
   if (m.name == "pi") {
     s.scaling = RopeScaling::Linear;
     s.factor = factor;
@@ -96,7 +107,6 @@ nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& 
     check(m.leaky_k >= 1, "leaky_k", m.leaky_k, "a number >= 1 (k = 1 is plain RoPE)");
     o.leaky_k = m.leaky_k;
   }
-  o.logn_train_len = m.logn ? train_len : 0;
   return o;
 }
 

@@ -25,6 +25,12 @@ namespace rotary::experiments {
 
 inline constexpr std::string_view kExtrapolateMethods[] = {"rope", "pi",     "ntk",    "ntk_mixed",
                                                            "dynamic", "yarn", "rerope", "leaky_rerope"};
+// `rotary perplexity` on a real checkpoint adds "native": the checkpoint's own rope as its config.json says
+// (Llama 3.1's llama3 scaling, Qwen's yarn, or none). There the factor methods replace the checkpoint's scaling
+// (they start from its unscaled frequencies, "rope" included), and rerope / leaky_rerope keep it (their windows
+// sit on the checkpoint's own frequencies).
+inline constexpr std::string_view kCheckpointMethods[] = {"native",  "rope", "pi",     "ntk",         "ntk_mixed",
+                                                          "dynamic", "yarn", "rerope", "leaky_rerope"};
 
 struct Method {
   std::string name;     // one of kExtrapolateMethods
@@ -40,13 +46,15 @@ struct Method {
   std::string label(bool trained_logn) const;
 };
 
-// Throws rotary::Error listing the choices for an unknown name.
-void check_method_name(const std::string& name, const std::string& field);
+// Throws rotary::Error listing the choices for an unknown name (checkpoint: kCheckpointMethods, else
+// kExtrapolateMethods).
+void check_method_name(const std::string& name, const std::string& field, bool checkpoint = false);
 
-// The override that runs `m` on a model whose trained encoding is `trained` (kind rope, no scaling; rope.head_dim
-// and rotary_dim resolved) at test length test_len, trained at train_len. Every field the method does not change
+// The override that runs `m` on a model whose trained encoding is `trained` (kind rope; rope.head_dim and
+// rotary_dim resolved) at test length test_len, trained at train_len. Every field the method does not change
 // is the trained one, so at test_len == train_len the factor-based methods (pi, ntk, ntk_mixed, dynamic, yarn)
-// compute plain RoPE.
+// compute plain RoPE. A trained scaling (a real checkpoint's) is replaced by the factor methods and kept by
+// native, rerope and leaky_rerope; the lab's own models train without one.
 nn::EncodingOverride method_override(const Method& m, const nn::EncodingConfig& trained, int64_t train_len,
                                      int64_t test_len);
 

@@ -28,25 +28,23 @@ std::atomic<int> g_stop_signal{0};
 
 void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// Installs the flag-setting handlers for the lifetime of a train() call.
-class SignalGuard {
- public:
-  SignalGuard() {
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sa.sa_flags = SA_RESTART;  // blocking calls (gloo sockets, file writes) carry on; the loop reads the flag
-    ::sigaction(SIGINT, &sa, &old_int_);
-    ::sigaction(SIGTERM, &sa, &old_term_);
-  }
-  ~SignalGuard() {
-    ::sigaction(SIGINT, &old_int_, nullptr);
-    ::sigaction(SIGTERM, &old_term_, nullptr);
-  }
+}  // namespace
 
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
+StopSignalGuard::StopSignalGuard() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;  // blocking calls (gloo sockets, file writes) carry on; the loop reads the flag
+  ::sigaction(SIGINT, &sa, &old_int_);
+  ::sigaction(SIGTERM, &sa, &old_term_);
+}
+
+StopSignalGuard::~StopSignalGuard() {
+  ::sigaction(SIGINT, &old_int_, nullptr);
+  ::sigaction(SIGTERM, &old_term_, nullptr);
+}
+
+namespace {
 
 using Clock = std::chrono::steady_clock;
 
@@ -211,7 +209,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
   const double tokens_per_step = static_cast<double>(config.batch_size) * config.seq_len;
   int64_t saved_step = resuming ? step : -1;
   const auto run_start = Clock::now();
-  SignalGuard signals;
+  StopSignalGuard signals;
 
   auto save = [&]() {
     if (leader) {

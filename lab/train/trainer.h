@@ -6,6 +6,8 @@
 // torch generator, so the loss curve is the same as without the interruption.
 #pragma once
 
+#include <csignal>
+
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -52,6 +54,18 @@ TrainResult train(TrainConfig config, const TrainOptions& options);
 bool stop_requested();
 int stop_signal();
 void clear_stop_request();
+// Installs the flag-setting SIGINT/SIGTERM handlers for its lifetime (train() holds one; so do experiments that
+// run long loops of their own, such as `rotary perplexity`), restoring the previous handlers after.
+class StopSignalGuard {
+ public:
+  StopSignalGuard();
+  ~StopSignalGuard();
+  StopSignalGuard(const StopSignalGuard&) = delete;
+  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
+
+ private:
+  struct sigaction old_int_ {}, old_term_ {};
+};
 
 // Threads per process for torch (and the core's OpenMP kernels): `requested` if > 0, else this machine's cores
 // shared among `processes` ranks. Debian's libtorch would otherwise default to 1 thread on some machines.

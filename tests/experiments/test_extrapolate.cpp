@@ -116,13 +116,37 @@ TEST(extrapolate_methods, BadInputNamesTheField) {
     }
     return std::string("(no error)");
   };
-  EXPECT_NE(message(method("rerope2"), trained).find("method = rerope2 is invalid; allowed: rope, pi"), std::string::npos);
+  EXPECT_NE(message(method("rerope2"), trained).find("method = rerope2 is invalid; allowed: native, rope, pi"), std::string::npos);
   EXPECT_NE(message(method("rerope", false, 0), trained).find("window = 0"), std::string::npos);
   EXPECT_NE(message(method("rerope", false, 129), trained).find("window = 129"), std::string::npos);
   EXPECT_NE(message(method("leaky_rerope", false, 64, 0.5), trained).find("leaky_k = 0.5"), std::string::npos);
   nn::EncodingConfig roper = trained;
   roper.kind = nn::EncodingKind::Roper;
   EXPECT_NE(message(method("rope"), roper).find("encoding.kind = roper"), std::string::npos);
+}
+
+// On a checkpoint with its own scaling (Llama 3.1's llama3): native keeps it, the factor methods replace it
+// (starting from the unscaled frequencies), and rerope keeps it under its window.
+TEST(extrapolate_methods, ACheckpointsOwnScalingIsKeptOrReplaced) {
+  nn::Transformer m = small_model();
+  nn::EncodingConfig scaled = m->config().resolved_encoding();
+  scaled.rope.scaling = RopeScaling::Llama3;
+  scaled.rope.factor = 8;
+  scaled.rope.original_max_position_embeddings = 64;
+  const nn::EncodingOverride native = method_override(method("native"), scaled, 64, 256);
+  EXPECT_FALSE(native.rope.has_value());
+  EXPECT_FALSE(native.kind.has_value());
+  const nn::EncodingOverride rope = method_override(method("rope"), scaled, 64, 256);
+  ASSERT_TRUE(rope.rope.has_value());
+  EXPECT_EQ(rope.rope->scaling, RopeScaling::None);
+  EXPECT_EQ(rope.rope->base, scaled.rope.base);
+  const nn::EncodingOverride yarn = method_override(method("yarn"), scaled, 64, 256);
+  EXPECT_EQ(yarn.rope->scaling, RopeScaling::Yarn);
+  EXPECT_EQ(yarn.rope->factor, 4.0);
+  const nn::EncodingOverride rerope = method_override(method("rerope", true, 32), scaled, 64, 256);
+  EXPECT_EQ(rerope.rope->scaling, RopeScaling::Llama3);
+  EXPECT_EQ(*rerope.window, 32);
+  EXPECT_EQ(*rerope.logn_train_len, 64);
 }
 
 TEST(extrapolate_windows, PlainIsTheRowsEndAndRepeatedTilesTheLastL) {

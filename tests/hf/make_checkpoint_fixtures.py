@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import struct
 import sys
 
@@ -274,13 +275,16 @@ FIXTURES = {
     "llama2": dict(config=dict(BASE, model_type="llama", architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5,
                                max_position_embeddings=64, rope_theta=10000.0, tie_word_embeddings=False),
                    dtype="F32", shards=2, seq=24, rerope=8),
-    # Llama 3.2 shape: GQA, tied head, llama3 rope scaling (original context 16, run at 40); BF16.
+    # Llama 3.2 shape: GQA, tied head, llama3 rope scaling (original context 16, run at 40); BF16. With the
+    # Llama-3-style byte-level BPE tokenizer of tests/data/hf_tokenizers (ids < 302), so `rotary perplexity
+    # --text` runs end to end on it.
     "llama3": dict(config=dict(BASE, model_type="llama", architectures=["LlamaForCausalLM"], rms_norm_eps=1e-5,
+                               vocab_size=302, bos_token_id=300, eos_token_id=301,
                                num_key_value_heads=1, max_position_embeddings=128, rope_theta=500000.0,
                                tie_word_embeddings=True,
                                rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}),
-                   dtype="BF16", shards=1, seq=40),
+                   dtype="BF16", shards=1, seq=40, tokenizer="llama3_style"),
     # Mistral shape: GQA 2:1, an explicit head_dim (32, not hidden / heads = 16), no sliding window; F16.
     "mistral": dict(config=dict(BASE, model_type="mistral", architectures=["MistralForCausalLM"], rms_norm_eps=1e-6,
                                 num_key_value_heads=1, head_dim=32, max_position_embeddings=64,
@@ -315,6 +319,10 @@ def write_fixture(out_dir, name, spec, seed):
         S_max = cfg["max_position_embeddings"]
         stored["gpt_neox.layers.0.attention.bias"] = torch.ones(1, 1, S_max, S_max).tril()
         stored["gpt_neox.layers.0.attention.masked_bias"] = torch.tensor(-1e4)
+    if spec.get("tokenizer"):
+        src = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "data", "hf_tokenizers", spec["tokenizer"])
+        for f in sorted(os.listdir(src)):
+            shutil.copyfile(os.path.join(src, f), os.path.join(d, f))
     names = list(stored)
     if spec["shards"] == 1:
         write_safetensors(os.path.join(d, "model.safetensors"), stored, spec["dtype"], {"format": "pt"})

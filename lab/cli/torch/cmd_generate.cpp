@@ -1,9 +1,12 @@
-// rotary generate: sample from a trained model through the KV-cache decoder.
+// rotary generate: sample from a trained model, or a Hugging Face checkpoint, through the KV-cache decoder.
 #include <cstdio>
+#include <filesystem>
 
 #include "cli/command.h"
 #include "cli/torch/load_model.h"
 #include "train/evaluate.h"
+#include "rotary_nn/hf_checkpoint.h"
+#include "tokenizers/tokenizer.h"
 #include "train/trainer.h"
 
 namespace rotary::cli {
@@ -18,8 +21,29 @@ struct GenerateCommand {
   int threads = 0;
   OverrideFlags overrides;
 
+  // A Hugging Face model directory (config.json and safetensors, no checkpoint.pt of ours): its own tokenizer
+  // (BOS as the model expects), stop at its EOS.
+  static bool is_hf_model(const std::string& where) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    return fs::is_directory(where, ec) && fs::exists(fs::path(where) / "config.json", ec) &&
+           !fs::exists(fs::path(where) / "checkpoint.pt", ec);
+  }
+
+  void run_hf() {
+    nn::HfCheckpoint c = nn::load_hf_checkpoint(checkpoint);
+    overrides.apply(c.model, c.spec.config);
+    const auto tokenizer = lab::load_tokenizer(checkpoint);
+    const std::vector<int64_t> ids = tokenizer->encode_for_model(prompt);
+    check(!ids.empty(), "--prompt", "\"\"", "at least one token");
+    const int64_t stop = no_stop || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
+    const std::vector<int64_t> out = c.model->generate(ids, max_new, temperature, stop, seed);
+    std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode(out).c_str());
+  }
+
   void run() {
     train::use_threads(threads);
+    if (is_hf_model(checkpoint)) return run_hf();
     LoadedRun r = load_run(checkpoint);
     overrides.apply(r);
     std::vector<int32_t> ids32 = r.task->vocab().encode(prompt);  // rotary::Error names an unknown character
@@ -35,7 +59,7 @@ struct GenerateCommand {
 const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<GenerateCommand>();
   CLI::App* sub = root.add_subcommand("generate", "sample from a trained model (KV-cache decoder)");
-  sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file or run directory")->required();
+  sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file, run directory, or Hugging Face model directory")->required();
   sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)")->required();
   sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->transform(integer_in(1, kMaxSequenceLength));
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));

@@ -62,12 +62,13 @@ struct OverrideFlags {
   }
 
   // Applies the override to the model (rotary::Error from the model if it does not fit what was trained).
-  void apply(LoadedRun& run) const {
+  void apply(LoadedRun& run) const { apply(run.model, run.config.model); }
+  void apply(nn::Transformer& model, const nn::ModelConfig& trained) const {
     if (!any()) return;
     nn::EncodingOverride o;
     if (kind_opt->count()) o.kind = nn::parse_encoding_kind(kind, "--kind");
     if (scaling_opt->count() || factor_opt->count() || base_opt->count() || original_opt->count()) {
-      RopeSpec s = run.config.model.resolved_encoding().rope;
+      RopeSpec s = trained.resolved_encoding().rope;
       if (scaling_opt->count()) s.scaling = parse_scaling(scaling);
       if (factor_opt->count()) s.factor = factor;
       if (base_opt->count()) s.base = base;
@@ -77,7 +78,7 @@ struct OverrideFlags {
     if (window_opt->count()) o.window = window;
     if (leaky_opt->count()) o.leaky_k = leaky_k;
     if (logn_opt->count()) o.logn_train_len = logn;
-    run.model->set_override(o);
+    model->set_override(o);
   }
 };
 

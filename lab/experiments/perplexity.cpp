@@ -1,0 +1,363 @@
+// lab/experiments/perplexity.cpp
+#include "experiments/perplexity.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <fmt/format.h>
+#include <sstream>
+#include <thread>
+
+#include "common/files.h"
+#include "common/plots.h"
+#include "rotary/error.h"
+#include "rotary/json_guard.h"
+#include "rotary_nn/hf_checkpoint.h"
+#include "tokenizers/tokenizer.h"
+#include "train/progress.h"
+#include "train/trainer.h"
+
+namespace rotary::experiments {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr int kPositionBins = 64;
+
+std::vector<Method> methods_of(const PerplexitySpec& spec, int64_t L) {
+  std::vector<Method> out;
+  for (const std::string& name : spec.methods)
+    for (bool logn : spec.logn) {
+      Method m;
+      m.name = name;
+      m.logn = logn;
+      if (name == "rerope" || name == "leaky_rerope") m.window = spec.window > 0 ? spec.window : L / 2;
+      if (name == "leaky_rerope") m.leaky_k = spec.leaky_k;
+      if (name == "dynamic") m.dynamic_factor = spec.dynamic_factor;
+      out.push_back(m);
+    }
+  return out;
+}
+
+// The token stream: the text through the checkpoint's tokenizer (BOS first where the model expects it), or ids.
+std::vector<int64_t> read_stream(const PerplexitySpec& spec, int64_t vocab_size) {
+  if (!spec.tokens_file.empty()) return lab::read_token_id_file(spec.tokens_file, vocab_size);
+  const auto tokenizer = lab::load_tokenizer(spec.model_dir);
+  std::vector<int64_t> ids = tokenizer->encode_for_model(lab::read_file(spec.text_file));
+  for (int64_t id : ids)
+    check(id >= 0 && id < vocab_size, "token id of " + spec.text_file, id,
+          fmt::format("[0, {}) (the model's vocab_size; is the tokenizer from another checkpoint?)", vocab_size));
+  return ids;
+}
+
+std::string g(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "NaN"; }
+
+nlohmann::json cell_to_json(const PerplexityCell& c) {
+  nlohmann::json bins = nlohmann::json::array();
+  for (double v : c.loss_by_bin) bins.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
+  return {{"method", c.method.key()}, {"length", c.length},           {"tail_loss", c.tail_loss},
+          {"full_loss", c.full_loss}, {"tail_tokens", c.tail_tokens}, {"full_tokens", c.full_tokens},
+          {"loss_by_bin", bins},      {"seconds", c.seconds},         {"tokens_per_s", c.tokens_per_s}};
+}
+
+void cell_from_json(const nlohmann::json& j, PerplexityCell& c) {
+  c.tail_loss = j.at("tail_loss").get<double>();
+  c.full_loss = j.at("full_loss").get<double>();
+  c.tail_tokens = j.at("tail_tokens").get<int64_t>();
+  c.full_tokens = j.at("full_tokens").get<int64_t>();
+  c.seconds = j.at("seconds").get<double>();
+  c.tokens_per_s = j.at("tokens_per_s").get<double>();
+  c.loss_by_bin.clear();
+  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(v.is_number() ? v.get<double>() : std::nan(""));
+}
+
+// The table printed and put in report.md: tail loss per method (rows) and length (columns).
+std::string tail_table(const PerplexityResult& r, const std::vector<Method>& methods, bool markdown) {
+  std::ostringstream t;
+  auto header = [&](int64_t T) {
+    return T == r.train_len ? fmt::format("{} (L)", T) : fmt::format("{} ({:.3g}L)", T, double(T) / double(r.train_len));
+  };
+  if (markdown) {
+    t << "| method |";
+    for (int64_t T : r.lengths) t << " " << header(T) << " |";
+    t << "\n|---|";
+    for (size_t i = 0; i < r.lengths.size(); ++i) t << "---:|";
+    t << "\n";
+  } else {
+    t << fmt::format("{:<28}", "loss on the last L tokens");
+    for (int64_t T : r.lengths) t << fmt::format("{:>16}", header(T));
+    t << "\n";
+  }
+  for (const Method& m : methods) {
+    t << (markdown ? "| " + m.label(false) + " |" : fmt::format("{:<28}", m.label(false)));
+    for (int64_t T : r.lengths) {
+      std::string v = "-";
+      for (const PerplexityCell& c : r.cells)
+        if (c.length == T && c.method.key() == m.key()) v = fmt::format("{:.4f}", c.tail_loss);
+      t << (markdown ? " " + v + " |" : fmt::format("{:>16}", v));
+    }
+    t << "\n";
+  }
+  return t.str();
+}
+
+void write_report(const PerplexitySpec& spec, const std::vector<Method>& methods, PerplexityResult& r) {
+  // results.csv
+  std::ostringstream csv;
+  csv << "method,logn,length,train_len,tail_loss,tail_ppl,full_loss,full_ppl,tail_tokens,full_tokens,seconds,tokens_per_s\n";
+  for (const PerplexityCell& c : r.cells)
+    csv << fmt::format("{},{},{},{},{},{},{},{},{},{},{},{}\n", c.method.key(), c.method.logn ? 1 : 0, c.length,
+                       r.train_len, g(c.tail_loss), g(std::exp(c.tail_loss)), g(c.full_loss), g(std::exp(c.full_loss)),
+                       c.tail_tokens, c.full_tokens, g(c.seconds), g(c.tokens_per_s));
+  r.csv = lab::join_path(spec.out_dir, "results.csv");
+  lab::write_file_atomic(r.csv, csv.str());
+
+  // Plots: tail loss against length per method, and loss against position at the longest length.
+  std::ostringstream data, script;
+  int block = 0;
+  std::string by_length, by_position;
+  const int64_t longest = r.lengths.back();
+  for (const Method& m : methods) {
+    data << "# " << m.key() << "\n";
+    for (int64_t T : r.lengths)
+      for (const PerplexityCell& c : r.cells)
+        if (c.length == T && c.method.key() == m.key()) data << T << " " << g(c.tail_loss) << "\n";
+    data << "\n\n";
+    by_length += fmt::format("{}'perplexity.dat' index {} with linespoints lw 2 title '{}'", by_length.empty() ? "" : ", ",
+                             block++, m.label(false));
+  }
+  for (const Method& m : methods)
+    for (const PerplexityCell& c : r.cells)
+      if (c.length == longest && c.method.key() == m.key()) {
+        data << "# " << m.key() << " by position\n";
+        for (size_t b = 0; b < c.loss_by_bin.size(); ++b)
+          if (std::isfinite(c.loss_by_bin[b]))
+            data << (double(b) + 0.5) * double(longest) / double(c.loss_by_bin.size()) << " " << g(c.loss_by_bin[b]) << "\n";
+        data << "\n\n";
+        by_position += fmt::format("{}'perplexity.dat' index {} with lines lw 2 title '{}'",
+                                   by_position.empty() ? "" : ", ", block++, m.label(false));
+      }
+  lab::write_file_atomic(lab::join_path(spec.out_dir, "perplexity.dat"), data.str());
+  script << "set grid\nset key top left\n"
+         << "set output 'loss_vs_length.png'\nset title 'Loss on the last L = " << r.train_len
+         << " tokens against the window length'\nset xlabel 'window length (tokens)'\nset ylabel 'loss (nats)'\n"
+         << "set logscale x 2\n"
+         << fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3\n", r.train_len) << "plot "
+         << by_length << "\nunset logscale x\nunset arrow\n"
+         << "set output 'loss_vs_position.png'\nset title 'Loss by position at length " << longest
+         << " (mean of " << kPositionBins << " stretches)'\nset xlabel 'position'\n"
+         << fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3\n", r.train_len) << "plot "
+         << by_position << "\n";
+  r.plot_problem = lab::run_gnuplot(spec.out_dir, script.str());
+
+  std::ostringstream md;
+  md << "# rotary perplexity: a checkpoint past its context (seed 004's measurement)\n\n";
+  if (!spec.command_line.empty()) md << "Command: `" << spec.command_line << "`\n\n";
+  md << fmt::format("Model: {}. Trained context L = {}. Token stream: {} tokens, {} window(s) per length.\n\n",
+                    r.model_description, r.train_len, r.stream_tokens, spec.windows);
+  md << "Loss (nats) on the last L targets of each window - the same tokens at every length, only the context "
+        "before them grows:\n\n"
+     << tail_table(r, methods, true) << "\nLoss over the whole window:\n\n| method |";
+  for (int64_t T : r.lengths) md << " " << T << " |";
+  md << "\n|---|";
+  for (size_t i = 0; i < r.lengths.size(); ++i) md << "---:|";
+  md << "\n";
+  for (const Method& m : methods) {
+    md << "| " << m.label(false) << " |";
+    for (int64_t T : r.lengths)
+      for (const PerplexityCell& c : r.cells)
+        if (c.length == T && c.method.key() == m.key()) md << fmt::format(" {:.4f} |", c.full_loss);
+    md << "\n";
+  }
+  md << "\nSpeed (input tokens per second through the model, one full forward per window):\n\n| method |";
+  for (int64_t T : r.lengths) md << " " << T << " |";
+  md << "\n|---|";
+  for (size_t i = 0; i < r.lengths.size(); ++i) md << "---:|";
+  md << "\n";
+  for (const Method& m : methods) {
+    md << "| " << m.label(false) << " |";
+    for (int64_t T : r.lengths)
+      for (const PerplexityCell& c : r.cells)
+        if (c.length == T && c.method.key() == m.key())
+          md << (c.reused ? std::string(" (earlier run) |") : fmt::format(" {:.0f} |", c.tokens_per_s));
+    md << "\n";
+  }
+  md << fmt::format("\nMachine: {} cores. This invocation: {:.0f} s.\n",
+                    std::max(1u, std::thread::hardware_concurrency()), r.seconds);
+  if (r.plot_problem.empty()) md << "\n![loss vs length](loss_vs_length.png)\n\n![loss vs position](loss_vs_position.png)\n";
+  else md << "\nNo plots: " << r.plot_problem << "\n";
+  r.report_md = lab::join_path(spec.out_dir, "report.md");
+  lab::write_file_atomic(r.report_md, md.str());
+}
+
+}  // namespace
+
+void validate(const PerplexitySpec& spec) {
+  check(!spec.model_dir.empty(), "model", "(empty)", "a Hugging Face model directory");
+  check(spec.text_file.empty() != spec.tokens_file.empty(), "--text / --tokens",
+        spec.text_file.empty() ? "neither" : "both", "exactly one: a text file or a token-id file");
+  for (const std::string& m : spec.methods) check_method_name(m, "methods", /*checkpoint=*/true);
+  check(!spec.methods.empty(), "methods", "(none)", "at least one method");
+  check(!spec.logn.empty(), "logn", "(none)", "off, on or both");
+  for (int64_t T : spec.lengths) check(T >= 2 && T <= kMaxAbsPosition, "lengths", T, ">= 2");
+  check(spec.train_len >= 0, "train_len", spec.train_len, ">= 0 (0: the checkpoint's trained context)");
+  check(spec.window >= 0, "window", spec.window, ">= 0 (0: L / 2)");
+  check(spec.leaky_k >= 1, "leaky_k", spec.leaky_k, ">= 1");
+  check(spec.dynamic_factor >= 1, "dynamic_factor", spec.dynamic_factor, ">= 1");
+  check(spec.windows >= 1, "windows", spec.windows, ">= 1");
+  check(spec.head_chunk >= 1, "head_chunk", spec.head_chunk, ">= 1");
+}
+
+WindowLoss window_loss(nn::Transformer& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk) {
+  const int64_t T = int64_t(tokens.size()) - 1;
+  check(T >= 1, "window tokens", int64_t(tokens.size()), ">= 2");
+  check(tail >= 1 && tail <= T, "tail", tail, fmt::format("in [1, {}]", T));
+  torch::NoGradGuard no_grad;
+  const torch::Tensor all = torch::tensor(tokens, torch::kLong);
+  const torch::Tensor hidden = model->hidden_states(all.slice(0, 0, T).view({1, T}))[0];  // [T, d]
+  const torch::Tensor targets = all.slice(0, 1, T + 1);                                     // [T]
+  WindowLoss out;
+  out.loss_by_position.resize(size_t(T));
+  for (int64_t from = 0; from < T; from += head_chunk) {
+    const int64_t n = std::min(head_chunk, T - from);
+    torch::Tensor logits = model->project(hidden.slice(0, from, from + n));  // [n, V]
+    if (logits.scalar_type() != torch::kDouble) logits = logits.to(torch::kFloat);
+    const torch::Tensor ce = torch::nn::functional::cross_entropy(
+                                 logits, targets.slice(0, from, from + n),
+                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
+                                 .to(torch::kDouble)
+                                 .contiguous();
+    std::copy(ce.data_ptr<double>(), ce.data_ptr<double>() + n, out.loss_by_position.begin() + from);
+  }
+  double full = 0, last = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    full += out.loss_by_position[size_t(t)];
+    if (t >= T - tail) last += out.loss_by_position[size_t(t)];
+  }
+  out.full_loss = full / double(T);
+  out.tail_loss = last / double(tail);
+  return out;
+}
+
+PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
+  validate(spec);
+  const auto t_start = Clock::now();
+  PerplexityResult r;
+  train::use_threads(spec.threads);
+  nn::HfCheckpoint ckpt = nn::load_hf_checkpoint(spec.model_dir);
+  const nn::ModelConfig& mc = ckpt.spec.config;
+  r.train_len = spec.train_len > 0 ? spec.train_len : ckpt.spec.trained_context;
+  r.model_description = fmt::format("{} ({}), d_model {} x {} layers, {} heads ({} kv), vocab {}, {}", spec.model_dir,
+                                    ckpt.spec.model_type, mc.d_model, mc.n_layers, mc.n_heads, mc.kv_heads(),
+                                    mc.vocab_size, mc.resolved_encoding().rope.describe());
+  r.lengths = spec.lengths;
+  if (r.lengths.empty()) r.lengths = {r.train_len, 2 * r.train_len, 4 * r.train_len};
+  std::sort(r.lengths.begin(), r.lengths.end());
+  r.lengths.erase(std::unique(r.lengths.begin(), r.lengths.end()), r.lengths.end());
+  check(r.lengths.front() >= r.train_len, "lengths", r.lengths.front(),
+        fmt::format(">= L = {} (the loss is taken on the last L tokens of each window)", r.train_len));
+  const int64_t longest = r.lengths.back();
+  if (mc.sliding_window > 0)
+    check(longest <= mc.sliding_window, "lengths", longest,
+          fmt::format("<= sliding_window = {} (this checkpoint's attention span; rotary has no sliding-window "
+                      "attention)", mc.sliding_window));
+
+  const std::vector<int64_t> stream = read_stream(spec, mc.vocab_size);
+  r.stream_tokens = int64_t(stream.size());
+  const int64_t row = longest + 1;
+  check(int64_t(stream.size()) >= row * spec.windows, "windows x (longest length + 1)", row * spec.windows,
+        fmt::format("<= the {} tokens of {} (fewer --windows, shorter --lengths, or a longer text)", stream.size(),
+                    spec.text_file.empty() ? spec.tokens_file : spec.text_file));
+
+  const std::vector<Method> methods = methods_of(spec, r.train_len);
+  // Every (method, length) checked before the first cell runs (a window beyond L, ...), so a refused run writes
+  // nothing.
+  for (const Method& m : methods)
+    for (int64_t T : r.lengths) ckpt.model->set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+  const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
+  const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
+                                                             stream.size() * sizeof(int64_t)));
+  train::StopSignalGuard signals;
+  train::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
+  int64_t step = 0;
+  for (int64_t T : r.lengths) {
+    for (const Method& m : methods) {
+      PerplexityCell c;
+      c.method = m;
+      c.length = T;
+      ckpt.model->set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+      const nlohmann::json settings{{"model_config_json", lab::fnv1a64(model_key)},
+                                    {"model_dir", spec.model_dir},
+                                    {"stream", stream_hash},
+                                    {"windows", spec.windows},
+                                    {"longest", longest},
+                                    {"train_len", r.train_len},
+                                    {"encoding", nlohmann::json(ckpt.model->active_encoding())}};
+      const std::string path =
+          lab::join_path(lab::join_path(lab::join_path(spec.out_dir, "cells"), m.key()), fmt::format("T{}.json", T));
+      if (lab::file_exists(path)) {
+        try {
+          const nlohmann::json stored = parse_json(lab::read_file(path), path);
+          if (stored.at("settings") == settings) {
+            cell_from_json(stored.at("result"), c);
+            c.reused = true;
+          }
+        } catch (const std::exception&) {
+          // An unreadable or foreign cell file is computed again, like a missing one.
+        }
+      }
+      if (c.reused) {
+        step += spec.windows;
+        bar.message(fmt::format("T={} {}: done earlier (loss {:.4f})", T, m.label(false), c.tail_loss));
+        r.cells.push_back(c);
+        continue;
+      }
+      const auto t0 = Clock::now();
+      std::vector<double> by_pos(size_t(T), 0.0);
+      for (int w = 0; w < spec.windows; ++w) {
+        const auto row_end = stream.begin() + (w + 1) * row;
+        const std::vector<int64_t> window(row_end - (T + 1), row_end);
+        const auto tw = Clock::now();
+        const WindowLoss loss = window_loss(ckpt.model, window, r.train_len, spec.head_chunk);
+        c.tail_loss += loss.tail_loss / spec.windows;
+        c.full_loss += loss.full_loss / spec.windows;
+        for (int64_t t = 0; t < T; ++t) by_pos[size_t(t)] += loss.loss_by_position[size_t(t)] / spec.windows;
+        bar.update(++step, loss.tail_loss, double(T) / std::max(1e-9, seconds_since(tw)));
+        if (train::stop_requested()) {
+          bar.finish();
+          r.interrupted = true;
+          r.signal = train::stop_signal();
+          r.seconds = seconds_since(t_start);
+          return r;  // the finished cells are on disk; a rerun continues from here
+        }
+      }
+      c.tail_tokens = r.train_len * spec.windows;
+      c.full_tokens = T * spec.windows;
+      c.loss_by_bin.assign(kPositionBins, 0.0);
+      std::vector<int64_t> n_bin(kPositionBins, 0);
+      for (int64_t t = 0; t < T; ++t) {
+        const size_t b = size_t(t * kPositionBins / T);
+        c.loss_by_bin[b] += by_pos[size_t(t)];
+        ++n_bin[b];
+      }
+      for (int b = 0; b < kPositionBins; ++b)
+        c.loss_by_bin[size_t(b)] = n_bin[size_t(b)] ? c.loss_by_bin[size_t(b)] / double(n_bin[size_t(b)]) : std::nan("");
+      c.seconds = seconds_since(t0);
+      c.tokens_per_s = double(T * spec.windows) / std::max(1e-9, c.seconds);
+      lab::make_dirs(path.substr(0, path.find_last_of('/')));
+      lab::write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", cell_to_json(c)}}.dump() + "\n");
+      bar.message(fmt::format("T={} {}: loss on the last {} tokens {:.4f}, whole window {:.4f} ({:.0f} tokens/s)", T,
+                              m.label(false), r.train_len, c.tail_loss, c.full_loss, c.tokens_per_s));
+      r.cells.push_back(c);
+    }
+  }
+  bar.finish();
+  ckpt.model->set_override({});
+  r.table = tail_table(r, methods, false);
+  r.seconds = seconds_since(t_start);
+  write_report(spec, methods, r);
+  return r;
+}
+
+}  // namespace rotary::experiments

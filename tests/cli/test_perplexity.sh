@@ -1,0 +1,95 @@
+#!/bin/bash
+# rotary perplexity end to end on the fixture checkpoints (tests/data/hf_checkpoints): every method, with and
+# without log-n, from text through the checkpoint's own tokenizer and from a token-id file; the table, CSV and
+# report are written; a rerun reuses every cell; a changed text is scored again; bad settings and inputs are
+# refused naming the setting, before any cell is written. And `rotary generate` on a checkpoint.
+#
+# usage: bash test_perplexity.sh <rotary binary> <source dir>
+set -u
+ROTARY=${1:?usage: test_perplexity.sh <rotary binary> <source dir>}
+SRC=${2:?usage: test_perplexity.sh <rotary binary> <source dir>}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+source "$SRC/tests/cli/cli_helpers.sh"
+FIX="$SRC/tests/data/hf_checkpoints"
+ALL=native,rope,pi,ntk,ntk_mixed,dynamic,yarn,rerope,leaky_rerope
+
+# Text: the README (byte-level BPE of the Llama-3-style fixture tokenizer: ~1 token per byte).
+head -c 3000 "$SRC/README.md" > "$W/text.txt"
+if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods "$ALL" --logn both \
+     --window 8 --windows 2 --out "$W/run" --no-progress > "$W/out.txt" 2> "$W/err.txt"; then
+  pass "perplexity: every method +/- log-n on llama3 from text"
+  rows=$(($(wc -l < "$W/run/results.csv") - 1))
+  [ "$rows" = 54 ] && pass "results.csv: 9 methods x 2 log-n x 3 lengths" || fail "results.csv has $rows rows, not 54"
+  grep -q "^Leaky ReRoPE-w8-k16-log n†" "$W/out.txt" && pass "table printed" || fail "no table: $(head -c 300 "$W/out.txt")"
+  grep -q "^| native |" "$W/run/report.md" && pass "report.md" || fail "report.md lacks the table"
+  # Losses are finite numbers, and at T = L every factor method computes plain RoPE (factor max(1, T / L) = 1).
+  /usr/bin/python3 - "$W/run/results.csv" <<'PY' && pass "losses finite; factor methods = rope at L" || fail "results.csv values"
+import csv, math, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+assert all(math.isfinite(float(r["tail_loss"])) and math.isfinite(float(r["full_loss"])) for r in rows)
+at_l = {r["method"]: float(r["tail_loss"]) for r in rows if r["length"] == "16"}
+for m in ("pi", "ntk", "ntk_mixed", "dynamic", "yarn"):
+    assert abs(at_l[m] - at_l["rope"]) < 1e-9 * abs(at_l["rope"]), (m, at_l[m], at_l["rope"])
+# The windows' scored tokens are the same at every length: whole-window loss at T = L equals the tail loss.
+for r in rows:
+    if r["length"] == "16":
+        assert abs(float(r["full_loss"]) - float(r["tail_loss"])) < 1e-9 * abs(float(r["tail_loss"]))
+PY
+else
+  fail "perplexity exited $?: $(tail -c 500 "$W/err.txt")"
+fi
+
+# A rerun reuses every cell (nothing computed again), and the table is the same.
+if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods "$ALL" --logn both \
+     --window 8 --windows 2 --out "$W/run" > "$W/out2.txt" 2> "$W/err2.txt"; then
+  reused=$(grep -c "done earlier" "$W/err2.txt")
+  [ "$reused" = 54 ] && pass "rerun reuses all 54 cells" || fail "rerun reused $reused of 54 cells"
+  cmp -s "$W/out.txt" "$W/out2.txt" || diff <(head -20 "$W/out.txt") <(head -20 "$W/out2.txt") > /dev/null \
+    && pass "rerun table" || fail "rerun printed another table"
+else
+  fail "rerun exited $?"
+fi
+# Another text: the cells are not reused.
+head -c 3000 "$SRC/docs/testing.md" > "$W/other.txt"
+"$ROTARY" perplexity "$FIX/llama3" --text "$W/other.txt" --lengths 16 --methods native --window 8 --out "$W/run" \
+  > /dev/null 2> "$W/err3.txt"
+grep -q "done earlier" "$W/err3.txt" && fail "a cell of another text was reused" || pass "another text is scored again"
+
+# Token ids, on the partial-rotation family (no tokenizer in that fixture).
+/usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
+if "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W/ids.txt" --train-len 16 --lengths 16,48 --methods "$ALL" \
+     --window 8 --out "$W/neox" --no-progress > /dev/null 2> "$W/err4.txt"; then
+  pass "perplexity: gpt_neox from token ids"
+else
+  fail "perplexity gpt_neox exited $?: $(tail -c 500 "$W/err4.txt")"
+fi
+
+# Bad settings and inputs: refused, naming the setting; no cell written.
+bad() {  # <what grep must find> <flags...>
+  local text=$1
+  shift
+  expect_error "refused: $text" 2 "$text" -- "$ROTARY" perplexity "$FIX/llama3" --out "$W/bad" --no-progress "$@"
+}
+bad "methods = rerope2 is invalid" --text "$W/text.txt" --methods native,rerope2
+bad "--text / --tokens = both" --text "$W/text.txt" --tokens "$W/ids.txt"
+bad "--text / --tokens = neither"
+bad "lengths = 8 is invalid" --text "$W/text.txt" --lengths 8,16
+bad "windows x (longest length + 1)" --text "$W/text.txt" --lengths 4k --windows 1
+bad "window = 40 is invalid" --text "$W/text.txt" --methods rerope --window 40 --lengths 32
+bad "--logn = sometimes" --text "$W/text.txt" --logn sometimes
+printf '1 2 x 4\n' > "$W/bad_ids.txt"
+bad "x" --tokens "$W/bad_ids.txt"
+expect_error "refused: not a checkpoint" 2 "a readable config.json" -- \
+  "$ROTARY" perplexity "$SRC/tests/data/hf_tokenizers/llama3_style" --text "$W/text.txt" --out "$W/bad" 2>/dev/null
+[ ! -d "$W/bad/cells" ] && pass "refused runs wrote no cell" || fail "a refused run wrote cells"
+
+# generate on a checkpoint: its tokenizer in and out, the KV-cache decoder, an override.
+if "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 8 --kind rerope --window 4 > "$W/gen.txt"; then
+  grep -q "^In the beginning" "$W/gen.txt" && pass "generate on a checkpoint" || fail "generate printed $(cat "$W/gen.txt")"
+else
+  fail "generate exited $?"
+fi
+
+echo "$fails failed"
+[ "$fails" = 0 ]
