@@ -47,5 +47,20 @@ fi
 expect_error "bench train --against rope (the same encoding)" 2 "--against = rope" -- \
   "$ROTARY" bench train --against rope --seq-len 16 --d-model 32 --n-layers 1 --n-heads 2
 
+# bench checkpoint: a tiny random Llama-family model, and a fixture checkpoint; both methods give the same greedy
+# tokens, and the rates are finite.
+if "$ROTARY" bench checkpoint --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ff 96 --vocab 128 --prompt 24 --decode 3 \
+     --trials 1 --json > "$W/ckpt.json"; then
+  check "bench checkpoint: same tokens, finite rates" "$W/ckpt.json" \
+    "j['same_greedy_tokens'] and j['parameters'] > 0 and all(0 < m['decode_tokens_per_s'] < math.inf and 0 < m['weight_read_over_memcpy'] < math.inf for m in j['methods'])"
+else
+  fail "bench checkpoint exited $?"
+fi
+if "$ROTARY" bench checkpoint --model "$SRC/tests/data/hf_checkpoints/gpt_neox" --prompt 12 --decode 2 --trials 1 --json > "$W/ckpt2.json"; then
+  check "bench checkpoint --model: same tokens" "$W/ckpt2.json" "j['same_greedy_tokens'] and j['n_heads'] == 2"
+else
+  fail "bench checkpoint --model exited $?"
+fi
+
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all bench smoke checks passed"
