@@ -367,18 +367,25 @@ RopeSpec rope_spec_from_hf_config(std::string_view json_text) {
   return spec;
 }
 
-RopeSpec rope_spec_from_hf_config_file(const std::string& path) {
+std::string read_hf_config_text(const std::string& path, std::string* config_path) {
   std::filesystem::path p(path);
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) p /= "config.json";
   std::ifstream in(p, std::ios::binary);
-  if (!in) fail("hf_config", p.string(), "a readable config.json file (or a directory holding one)");
+  if (!in) fail("hf_config", p.string(), "a readable config.json file (or a model directory holding one)");
   std::stringstream buf;
   buf << in.rdbuf();
+  if (config_path) *config_path = p.string();
+  return buf.str();
+}
+
+RopeSpec rope_spec_from_hf_config_file(const std::string& path) {
+  std::string where;
+  const std::string text = read_hf_config_text(path, &where);
   try {
-    return rope_spec_from_hf_config(buf.str());
+    return rope_spec_from_hf_config(text);
   } catch (const Error& e) {
-    throw Error(std::string(e.what()) + " (in " + p.string() + ")");
+    throw Error(std::string(e.what()) + " (in " + where + ")");
   }
 }
 

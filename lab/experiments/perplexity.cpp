@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <functional>
 #include <fmt/format.h>
 #include <sstream>
 #include <thread>
@@ -72,8 +73,9 @@ void cell_from_json(const nlohmann::json& j, PerplexityCell& c) {
   for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(v.is_number() ? v.get<double>() : std::nan(""));
 }
 
-// The table printed and put in report.md: tail loss per method (rows) and length (columns).
-std::string tail_table(const PerplexityResult& r, const std::vector<Method>& methods, bool markdown) {
+// A methods x lengths table of one value per cell (`cell_text`), plain (printed) or markdown (report.md).
+std::string method_table(const PerplexityResult& r, const std::vector<Method>& methods, bool markdown,
+                         const std::string& corner, const std::function<std::string(const PerplexityCell&)>& cell_text) {
   std::ostringstream t;
   auto header = [&](int64_t T) {
     return T == r.train_len ? fmt::format("{} (L)", T) : fmt::format("{} ({:.3g}L)", T, double(T) / double(r.train_len));
@@ -85,7 +87,7 @@ std::string tail_table(const PerplexityResult& r, const std::vector<Method>& met
     for (size_t i = 0; i < r.lengths.size(); ++i) t << "---:|";
     t << "\n";
   } else {
-    t << fmt::format("{:<28}", "loss on the last L tokens");
+    t << fmt::format("{:<28}", corner);
     for (int64_t T : r.lengths) t << fmt::format("{:>16}", header(T));
     t << "\n";
   }
@@ -94,13 +96,15 @@ std::string tail_table(const PerplexityResult& r, const std::vector<Method>& met
     for (int64_t T : r.lengths) {
       std::string v = "-";
       for (const PerplexityCell& c : r.cells)
-        if (c.length == T && c.method.key() == m.key()) v = fmt::format("{:.4f}", c.tail_loss);
+        if (c.length == T && c.method.key() == m.key()) v = cell_text(c);
       t << (markdown ? " " + v + " |" : fmt::format("{:>16}", v));
     }
     t << "\n";
   }
   return t.str();
 }
+
+std::string tail_loss_text(const PerplexityCell& c) { return fmt::format("{:.4f}", c.tail_loss); }
 
 void write_report(const PerplexitySpec& spec, const std::vector<Method>& methods, PerplexityResult& r) {
   // results.csv
@@ -158,31 +162,12 @@ void write_report(const PerplexitySpec& spec, const std::vector<Method>& methods
                     r.model_description, r.train_len, r.stream_tokens, spec.windows);
   md << "Loss (nats) on the last L targets of each window - the same tokens at every length, only the context "
         "before them grows:\n\n"
-     << tail_table(r, methods, true) << "\nLoss over the whole window:\n\n| method |";
-  for (int64_t T : r.lengths) md << " " << T << " |";
-  md << "\n|---|";
-  for (size_t i = 0; i < r.lengths.size(); ++i) md << "---:|";
-  md << "\n";
-  for (const Method& m : methods) {
-    md << "| " << m.label(false) << " |";
-    for (int64_t T : r.lengths)
-      for (const PerplexityCell& c : r.cells)
-        if (c.length == T && c.method.key() == m.key()) md << fmt::format(" {:.4f} |", c.full_loss);
-    md << "\n";
-  }
-  md << "\nSpeed (input tokens per second through the model, one full forward per window):\n\n| method |";
-  for (int64_t T : r.lengths) md << " " << T << " |";
-  md << "\n|---|";
-  for (size_t i = 0; i < r.lengths.size(); ++i) md << "---:|";
-  md << "\n";
-  for (const Method& m : methods) {
-    md << "| " << m.label(false) << " |";
-    for (int64_t T : r.lengths)
-      for (const PerplexityCell& c : r.cells)
-        if (c.length == T && c.method.key() == m.key())
-          md << (c.reused ? std::string(" (earlier run) |") : fmt::format(" {:.0f} |", c.tokens_per_s));
-    md << "\n";
-  }
+     << method_table(r, methods, true, "", tail_loss_text) << "\nLoss over the whole window:\n\n"
+     << method_table(r, methods, true, "", [](const PerplexityCell& c) { return fmt::format("{:.4f}", c.full_loss); })
+     << "\nSpeed (input tokens per second through the model, one full forward per window):\n\n"
+     << method_table(r, methods, true, "", [](const PerplexityCell& c) {
+          return c.reused ? std::string("(earlier run)") : fmt::format("{:.0f}", c.tokens_per_s);
+        });
   md << fmt::format("\nMachine: {} cores. This invocation: {:.0f} s.\n",
                     std::max(1u, std::thread::hardware_concurrency()), r.seconds);
   if (r.plot_problem.empty()) md << "\n![loss vs length](loss_vs_length.png)\n\n![loss vs position](loss_vs_position.png)\n";
@@ -354,7 +339,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   }
   bar.finish();
   ckpt.model->set_override({});
-  r.table = tail_table(r, methods, false);
+  r.table = method_table(r, methods, false, "loss on the last L tokens", tail_loss_text);
   r.seconds = seconds_since(t_start);
   write_report(spec, methods, r);
   return r;

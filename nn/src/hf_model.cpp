@@ -4,11 +4,8 @@
 #include "rotary_nn/hf_model.h"
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
-#include <sstream>
 
 #include "rotary/error.h"
 #include "rotary/hf_config.h"
@@ -147,14 +144,9 @@ HfModelSpec hf_model_spec(std::string_view config_json, const std::string& sourc
 }
 
 HfModelSpec hf_model_spec_file(const std::string& path) {
-  std::filesystem::path p(path);
-  std::error_code ec;
-  if (std::filesystem::is_directory(p, ec)) p /= "config.json";
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("model config", p.string(), "a readable config.json (or a model directory holding one)");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return hf_model_spec(buf.str(), p.string());
+  std::string where;
+  const std::string text = read_hf_config_text(path, &where);
+  return hf_model_spec(text, where);
 }
 
 std::vector<HfTensorPlace> hf_tensor_places(const HfModelSpec& spec) {

@@ -23,4 +23,8 @@ RopeSpec rope_spec_from_hf_config(std::string_view json_text);
 // `path` is a config.json file or a model directory holding one.
 RopeSpec rope_spec_from_hf_config_file(const std::string& path);
 
+// The text of that config.json (rotary::Error naming the path if it cannot be read); `config_path`, if given,
+// receives the file's path.
+std::string read_hf_config_text(const std::string& path, std::string* config_path = nullptr);
+
 }  // namespace rotary
