@@ -2,9 +2,17 @@
 #include "experiments/compare.h"
 
 #include <fmt/format.h>
+#include <sys/wait.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <csignal>
+#include <cstring>
+
+#include "common/exit_status.h"
 #include "common/files.h"
 #include "common/lists.h"
+#include "common/process.h"
 #include "rotary/error.h"
 #include "train/trainer.h"
 
@@ -39,9 +47,111 @@ CompareSpec default_compare_spec() {
   return s;
 }
 
+namespace {
+
+// One run of the compare: its settings and where it stands.
+struct PlannedRun {
+  CompareRun run;
+  TrainConfig config;
+  std::string label;
+};
+
+// The last `n` bytes of a file (a child's log, for an error message).
+std::string tail_of(const std::string& path, size_t n) {
+  std::string text;
+  try {
+    text = lab::read_file(path);
+  } catch (const Error&) {
+    return "(no log)";
+  }
+  return text.size() > n ? "..." + text.substr(text.size() - n) : text;
+}
+
+// Runs `todo` as `rotary train` processes, `jobs` at a time, each with its own log (<run>/train.log) and threads.
+// The parent only starts, waits and reads the summaries; a SIGINT/SIGTERM (to the terminal's process group, or to
+// this process alone: it is passed on) lets every child save its checkpoint and stop. Returns false if interrupted.
+bool train_in_processes(std::vector<PlannedRun*>& todo, int jobs, bool progress, CompareResult& result) {
+  struct Child {
+    PlannedRun* planned;
+    pid_t pid;
+    std::string log;
+  };
+  std::vector<Child> running;
+  size_t next = 0;
+  bool stopping = false;
+  StopSignalGuard signals;
+  auto start = [&](PlannedRun& p) {
+    lab::make_dirs(p.run.dir);
+    const std::string toml = lab::join_path(p.run.dir, "compare_run.toml");
+    lab::write_file_atomic(toml, to_toml(p.config));
+    std::vector<std::string> argv = {"rotary", "train", "--no-progress"};
+    if (lab::file_exists(checkpoint_path(p.run.dir))) argv.insert(argv.end(), {"--resume", "--out", p.run.dir});
+    else argv.insert(argv.end(), {"--config", toml});
+    lab::SpawnOptions o;
+    o.program = "/proc/self/exe";
+    o.stdout_path = lab::join_path(p.run.dir, "train.log");
+    o.stderr_to_stdout = true;
+    pid_t pid = 0;
+    const int err = lab::spawn_process(argv, o, pid);
+    if (err != 0) throw Error("rotary: cannot start `rotary train` for " + p.label + ": " + std::strerror(err));
+    if (progress) std::fprintf(stderr, "%s: started (%s)\n", p.label.c_str(), p.run.dir.c_str());
+    running.push_back({&p, pid, o.stdout_path});
+  };
+  while (next < todo.size() || !running.empty()) {
+    if (stop_requested() && !stopping) {
+      stopping = true;  // no new runs; each running child saves and stops (it may have had the signal already)
+      for (const Child& c : running) ::kill(c.pid, SIGINT);
+    }
+    while (!stopping && next < todo.size() && int(running.size()) < jobs) start(*todo[next++]);
+    if (running.empty()) break;
+    int status = 0;
+    const pid_t done = ::waitpid(-1, &status, 0);
+    if (done < 0) {
+      if (errno == EINTR) continue;  // a signal: checked at the top
+      throw Error(std::string("rotary: waiting for the training processes: ") + std::strerror(errno));
+    }
+    auto it = std::find_if(running.begin(), running.end(), [&](const Child& c) { return c.pid == done; });
+    if (it == running.end()) continue;
+    const Child c = *it;
+    running.erase(it);
+    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    PlannedRun& p = *c.planned;
+    if (code == 0 || code == lab::kExitNonFiniteLoss) {
+      std::optional<RunSummary> s = read_summary(p.run.dir);
+      if (!s) throw Error("rotary: " + p.label + " ended without a summary.json; its log " + c.log + ": " + tail_of(c.log, 400));
+      p.run.summary = *s;
+      if (progress) {
+        std::string line = fmt::format("{}: finished, final train loss {:.4f}", p.label, s->final_train_loss);
+        if (s->accuracy_greedy) line += fmt::format(", exact match {:.1f}%", 100 * *s->accuracy_greedy);
+        if (code != 0) line += " (stopped: the loss became non-finite)";
+        std::fprintf(stderr, "%s\n", line.c_str());
+      }
+    } else if (code > 128 || stopping) {
+      stopping = true;
+      result.interrupted = true;
+      result.signal = code > 128 ? code - 128 : stop_signal();
+    } else {
+      for (const Child& other : running) ::kill(other.pid, SIGINT);
+      for (const Child& other : running) lab::wait_process(other.pid);
+      throw Error("rotary: " + p.label + ": `rotary train` exited with status " + std::to_string(code) + "; its log " +
+                  c.log + ": " + tail_of(c.log, 400));
+    }
+  }
+  if (stopping) {
+    result.interrupted = true;
+    if (result.signal == 0) result.signal = stop_signal();
+    result.message = "interrupted; the runs saved their checkpoints: rerun the same compare to continue";
+    return false;
+  }
+  return true;
+}
+
+}  // namespace
+
 CompareResult run_compare(const CompareSpec& spec, bool progress) {
   check(!spec.encodings.empty(), "encodings", "\"\"", "a comma-separated list such as rope,roper");
   check(spec.seeds >= 1 && spec.seeds <= 1000, "seeds", spec.seeds, "an integer in [1, 1000]");
+  check(spec.jobs >= 0 && spec.jobs <= 256, "jobs", spec.jobs, "an integer in [0, 256] (0: one per core)");
   lab::check_unique(spec.encodings, "encodings");
   // Every encoding is checked before the first run starts, so a typo does not surface an hour in.
   for (const std::string& enc : spec.encodings) {
@@ -53,19 +163,27 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
 
   CompareResult result;
   const int total = static_cast<int>(spec.encodings.size()) * spec.seeds;
+  const int cores = std::max(1, resolve_threads(0));
+  const int jobs = std::min(total, spec.jobs > 0 ? spec.jobs : std::max(1, cores / std::max(1, spec.base.threads)));
+  std::vector<PlannedRun> planned;
   int index = 0;
   for (const std::string& enc : spec.encodings) {
     for (int k = 0; k < spec.seeds; ++k) {
       ++index;
-      CompareRun run;
+      PlannedRun p;
+      CompareRun& run = p.run;
       run.encoding = enc;
       run.seed = spec.base.seed + static_cast<uint64_t>(k);
       run.dir = lab::join_path(lab::join_path(spec.out_dir, enc), fmt::format("seed{}", run.seed));
-      TrainConfig c = spec.base;
+      TrainConfig& c = p.config;
+      c = spec.base;
       c.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
       c.seed = run.seed;
       c.out_dir = run.dir;
-      const std::string label = fmt::format("[{}/{}] {} seed {}", index, total, enc, run.seed);
+      // Runs side by side share the cores: "all cores" becomes each run's share (threads do not change what a
+      // run computes).
+      if (jobs > 1 && c.threads == 0) c.threads = std::max(1, cores / jobs);
+      p.label = fmt::format("[{}/{}] {} seed {}", index, total, enc, run.seed);
 
       if (std::optional<RunSummary> done = read_summary(run.dir)) {
         // The stored config has the vocabulary size filled in; compare with ours filled the same way.
@@ -79,16 +197,26 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
                       " here; use another --out (or delete that directory)");
         run.summary = *done;
         run.reused = true;
-        if (progress) std::fprintf(stderr, "%s: finished earlier, skipped\n", label.c_str());
-        result.runs.push_back(run);
-        continue;
+        if (progress) std::fprintf(stderr, "%s: finished earlier, skipped\n", p.label.c_str());
       }
-      if (progress) std::fprintf(stderr, "%s: %s\n", label.c_str(), run.dir.c_str());
+      planned.push_back(std::move(p));
+    }
+  }
+
+  std::vector<PlannedRun*> todo;
+  for (PlannedRun& p : planned)
+    if (!p.run.reused) todo.push_back(&p);
+  if (jobs > 1 && todo.size() > 1) {
+    if (progress) std::fprintf(stderr, "%zu runs, %d at a time (each a `rotary train` process)\n", todo.size(), jobs);
+    if (!train_in_processes(todo, jobs, progress, result)) return result;
+  } else {
+    for (PlannedRun* p : todo) {
+      if (progress) std::fprintf(stderr, "%s: %s\n", p->label.c_str(), p->run.dir.c_str());
       TrainOptions opts;
       opts.resume = ResumeMode::IfPresent;
       opts.progress = progress;
-      opts.label = label;
-      TrainResult r = train::train(c, opts);
+      opts.label = p->label;
+      TrainResult r = train::train(p->config, opts);
       if (r.status == TrainStatus::Interrupted) {
         result.interrupted = true;
         result.signal = r.signal;
@@ -96,14 +224,14 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
         return result;
       }
       if (r.status == TrainStatus::NonFinite) {
-        if (progress) std::fprintf(stderr, "%s: %s\n", label.c_str(), r.message.c_str());
-        run.summary = *read_summary(run.dir);
+        if (progress) std::fprintf(stderr, "%s: %s\n", p->label.c_str(), r.message.c_str());
+        p->run.summary = *read_summary(p->run.dir);
       } else {
-        run.summary = *r.summary;
+        p->run.summary = *r.summary;
       }
-      result.runs.push_back(run);
     }
   }
+  for (const PlannedRun& p : planned) result.runs.push_back(p.run);
 
   ReportInputs in;
   in.out_dir = spec.out_dir;

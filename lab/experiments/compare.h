@@ -1,5 +1,6 @@
-// lab/experiments/compare.h: `rotary compare` - several encodings x several seeds of one run description, run one
-// after the other, then the report (report.h).
+// lab/experiments/compare.h: `rotary compare` - several encodings x several seeds of one run description, then the
+// report (report.h). Runs go side by side as `rotary train` processes (--jobs; small models train faster on one
+// core each than on two cores one after the other) or one after the other in this process (--jobs 1).
 //
 // Runs live in <out>/<encoding>/seed<k>/. Rerunning the same compare skips runs that finished (summary.json
 // present, same config), continues runs that were interrupted (checkpoint present) and starts the rest.
@@ -18,6 +19,8 @@ struct CompareSpec {
   train::TrainConfig base;                    // encoding kind, seed and out_dir are set per run
   std::vector<std::string> encodings;  // model.encoding.kind values
   int seeds = 3;                       // seeds base.seed, base.seed + 1, ...
+  int jobs = 0;                        // runs trained at once, each a `rotary train` process (0: cores / threads
+                                       // per run; 1: one after the other in this process)
   std::string out_dir = "runs/compare";
   std::string command_line;            // recorded in the report
 };

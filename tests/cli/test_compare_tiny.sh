@@ -36,6 +36,15 @@ else
   fail "compare exited $?: $(tail -5 "$W/err")"
 fi
 
+# One after the other in this process (--jobs 1) gives the same numbers as side by side in `rotary train`
+# processes (the default on a machine with 2 cores and --threads 1; forced here with --jobs 2).
+"$ROTARY" compare "${TINY[@]}" --jobs 2 --out "$W/cmp_par" > "$W/out_par" 2> "$W/err_par" || fail "compare --jobs 2 exited $?: $(tail -3 "$W/err_par")"
+"$ROTARY" compare "${TINY[@]}" --jobs 1 --out "$W/cmp_seq" > "$W/out_seq" 2> "$W/err_seq" || fail "compare --jobs 1 exited $?"
+grep -q "2 at a time" "$W/err_par" || fail "--jobs 2 did not run side by side: $(head -3 "$W/err_par")"
+[ -s "$W/cmp_par/rope/seed0/train.log" ] || fail "no train.log of a child run"
+cmp -s <(grep '^| ro' "$W/out_par") <(grep '^| ro' "$W/out_seq") && echo "ok: --jobs 2 = --jobs 1" ||
+  fail "side by side differs from one after the other: $(grep '^| ro' "$W/out_par" "$W/out_seq")"
+
 # Rerun: every run is skipped.
 "$ROTARY" compare "${TINY[@]}" --out "$W/cmp" > "$W/out2" 2> "$W/err2" || fail "rerun exited $?"
 [ "$(grep -c "finished earlier, skipped" "$W/err2")" = 4 ] && echo "ok: rerun skips finished runs" ||

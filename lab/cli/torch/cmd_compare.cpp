@@ -13,16 +13,18 @@ namespace {
 struct CompareCommand {
   TrainFlags flags;
   std::string encodings;
-  int seeds = 0;
+  int seeds = 0, jobs = 0;
   bool no_progress = false;
   CLI::Option* encodings_opt = nullptr;
   CLI::Option* seeds_opt = nullptr;
+  CLI::Option* jobs_opt = nullptr;
 
   void run() {
     experiments::CompareSpec spec = experiments::default_compare_spec();
     spec.base = flags.resolve(spec.base);
     if (encodings_opt->count()) spec.encodings = parse_name_list(encodings, "--encodings");
     if (seeds_opt->count()) spec.seeds = seeds;
+    if (jobs_opt->count()) spec.jobs = jobs;
     spec.out_dir = spec.base.out_dir;
     spec.command_line = quoted_command_line();
 
@@ -48,6 +50,10 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   cmd->encodings_opt = sub->add_option("--encodings", cmd->encodings, "comma-separated encodings (default rope,roper)")
                            ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   cmd->seeds_opt = sub->add_option("--seeds", cmd->seeds, "runs per encoding, seeds seed..seed+n-1 (default 3)")->transform(integer_in(1, 1000));
+  cmd->jobs_opt = sub->add_option("--jobs", cmd->jobs,
+                                  "runs trained at once, each a `rotary train` process with its own log (default: "
+                                  "cores / --threads; 1: one after the other)")
+                      ->transform(integer_in(0, 256));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   cmd->flags.add_to(*sub);
   sub->footer(
