@@ -70,7 +70,8 @@ std::string tail_of(const std::string& path, size_t n) {
 // Runs `todo` as `rotary train` processes, `jobs` at a time, each with its own log (<run>/train.log) and threads.
 // The parent only starts, waits and reads the summaries; a SIGINT/SIGTERM (to the terminal's process group, or to
 // this process alone: it is passed on) lets every child save its checkpoint and stop. Returns false if interrupted.
-bool train_in_processes(std::vector<PlannedRun*>& todo, int jobs, bool progress, CompareResult& result) {
+bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& todo, int jobs, bool progress,
+                        CompareResult& result) {
   struct Child {
     PlannedRun* planned;
     pid_t pid;
@@ -88,7 +89,7 @@ bool train_in_processes(std::vector<PlannedRun*>& todo, int jobs, bool progress,
     if (lab::file_exists(checkpoint_path(p.run.dir))) argv.insert(argv.end(), {"--resume", "--out", p.run.dir});
     else argv.insert(argv.end(), {"--config", toml});
     lab::SpawnOptions o;
-    o.program = "/proc/self/exe";
+    o.program = program;
     o.stdout_path = lab::join_path(p.run.dir, "train.log");
     o.stderr_to_stdout = true;
     pid_t pid = 0;
@@ -164,7 +165,9 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
   CompareResult result;
   const int total = static_cast<int>(spec.encodings.size()) * spec.seeds;
   const int cores = std::max(1, resolve_threads(0));
-  const int jobs = std::min(total, spec.jobs > 0 ? spec.jobs : std::max(1, cores / std::max(1, spec.base.threads)));
+  const int jobs = spec.rotary_program.empty()
+                       ? 1
+                       : std::min(total, spec.jobs > 0 ? spec.jobs : std::max(1, cores / std::max(1, spec.base.threads)));
   std::vector<PlannedRun> planned;
   int index = 0;
   for (const std::string& enc : spec.encodings) {
@@ -206,9 +209,9 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
   std::vector<PlannedRun*> todo;
   for (PlannedRun& p : planned)
     if (!p.run.reused) todo.push_back(&p);
-  if (jobs > 1 && todo.size() > 1) {
+  if (jobs > 1 && todo.size() > 1 && !spec.rotary_program.empty()) {
     if (progress) std::fprintf(stderr, "%zu runs, %d at a time (each a `rotary train` process)\n", todo.size(), jobs);
-    if (!train_in_processes(todo, jobs, progress, result)) return result;
+    if (!train_in_processes(spec.rotary_program, todo, jobs, progress, result)) return result;
   } else {
     for (PlannedRun* p : todo) {
       if (progress) std::fprintf(stderr, "%s: %s\n", p->label.c_str(), p->run.dir.c_str());

@@ -21,6 +21,8 @@ struct CompareSpec {
   int seeds = 3;                       // seeds base.seed, base.seed + 1, ...
   int jobs = 0;                        // runs trained at once, each a `rotary train` process (0: cores / threads
                                        // per run; 1: one after the other in this process)
+  std::string rotary_program;          // the `rotary` executable those processes run (the CLI sets its own,
+                                       // /proc/self/exe); empty: always one after the other in this process
   std::string out_dir = "runs/compare";
   std::string command_line;            // recorded in the report
 };

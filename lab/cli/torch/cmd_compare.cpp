@@ -25,6 +25,7 @@ struct CompareCommand {
     if (encodings_opt->count()) spec.encodings = parse_name_list(encodings, "--encodings");
     if (seeds_opt->count()) spec.seeds = seeds;
     if (jobs_opt->count()) spec.jobs = jobs;
+    spec.rotary_program = "/proc/self/exe";  // the side-by-side runs are this program's `train` command
     spec.out_dir = spec.base.out_dir;
     spec.command_line = quoted_command_line();
 
