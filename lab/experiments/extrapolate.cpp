@@ -324,8 +324,7 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
     if (!prepare(spec.kv, spec.kv_checkpoint, "kv", progress, kv, result)) return result;
     check_model(kv, spec, "kv_retrieval");
   }
-  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  torch::set_num_threads(spec.threads > 0 ? spec.threads : cores);
+  use_threads(spec.threads);
 
   const int L = train_len(spec);
   std::vector<int> lengths;

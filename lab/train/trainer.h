@@ -70,8 +70,9 @@ class StopSignalGuard {
 // Threads per process for torch (and the core's OpenMP kernels): `requested` if > 0, else this machine's cores
 // shared among `processes` ranks. Debian's libtorch would otherwise default to 1 thread on some machines.
 int resolve_threads(int requested, int processes = 1);
-// Sets torch's and OpenMP's thread counts to resolve_threads(requested) and returns it.
-int use_threads(int requested);
+// Sets torch's, OpenMP's and OpenBLAS's thread counts to resolve_threads(requested, processes) and returns it
+// (Debian's libtorch multiplies matrices in OpenBLAS, which keeps a pool of its own).
+int use_threads(int requested, int processes = 1);
 
 // The path of the checkpoint of a run directory.
 std::string checkpoint_path(const std::string& out_dir);

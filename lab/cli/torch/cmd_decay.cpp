@@ -34,7 +34,7 @@ struct DecayCommand {
   }
 
   void run() {
-    if (threads > 0) torch::set_num_threads(threads);
+    if (threads > 0) train::use_threads(threads);
     const std::vector<std::string> names = parse_name_list(scalings, "--scaling");
 
     std::optional<LoadedRun> run;
