@@ -129,6 +129,20 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.logn_train_len = 16; }),
                {"encoding.logn_train_len"});
   expect_error(bad([](ModelConfig& c) { c.d_model = 32; }), {"head_dim = 8", "16..256", "fused = false"});
+  // The checkpoint families' block options.
+  expect_error(bad([](ModelConfig& c) { c.normalization = "batchnorm"; }), {"normalization = batchnorm", "layernorm, rmsnorm"});
+  expect_error(bad([](ModelConfig& c) { c.mlp = "relu"; }), {"mlp = relu", "gelu, gelu_tanh, swiglu"});
+  expect_error(bad([](ModelConfig& c) { c.norm_eps = 0; }), {"norm_eps = 0"});
+  expect_error(bad([](ModelConfig& c) { c.pre_norm = false, c.parallel_residual = true; }), {"parallel_residual", "pre_norm"});
+  expect_error(bad([](ModelConfig& c) { c.sliding_window = -1; }), {"sliding_window = -1"});
+  expect_error(bad([](ModelConfig& c) { c.head_dim_override = 8; }), {"head_dim = 8", "16..256"});
+  {
+    ModelConfig explicit_head = valid();  // d_model 64, 4 heads: head_dim 32 instead of 16 is allowed
+    explicit_head.head_dim_override = 32;
+    explicit_head.n_heads = 3;  // no longer needs to divide d_model
+    EXPECT_NO_THROW(explicit_head.validate());
+    EXPECT_EQ(explicit_head.head_dim(), 32);
+  }
   // The same shapes are fine where the fused kernel is not used.
   ModelConfig c = valid();
   c.d_model = 32;
