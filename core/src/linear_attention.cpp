@@ -29,13 +29,15 @@ void store(const HeadsView& v, DType t, int64_t tok, int64_t h, int n, const W* 
   detail::store_row(v.data, t, tok * v.token_stride + h * v.head_stride, n, in);
 }
 
-// phi = elu + 1 and its derivative (both exp(x) for x <= 0).
+// phi = elu + 1 and its derivative (both exp(x) for x <= 0), or the identity (the caller's features).
 template <class W>
-inline W phi(W x) {
+inline W phi(W x, FeatureMap f) {
+  if (f == FeatureMap::Identity) return x;
   return x > 0 ? x + W(1) : std::exp(x);
 }
 template <class W>
-inline W dphi(W x) {
+inline W dphi(W x, FeatureMap f) {
+  if (f == FeatureMap::Identity) return W(1);
   return x > 0 ? W(1) : std::exp(x);
 }
 
@@ -111,10 +113,10 @@ W dot(const W* a, const W* b, int n) {
 
 // Token t of head h: phi(x) and a R(pos) phi(x).
 template <class W>
-void feature(const HeadsView& v, DType dt, int64_t t, int64_t h, int D, Turn<W>& turn, int64_t pos, W* x, W* ph,
-             W* rotated) {
+void feature(const HeadsView& v, DType dt, FeatureMap f, int64_t t, int64_t h, int D, Turn<W>& turn, int64_t pos,
+             W* x, W* ph, W* rotated) {
   load(v, dt, t, h, D, x);
-  for (int d = 0; d < D; ++d) ph[d] = phi(x[d]);
+  for (int d = 0; d < D; ++d) ph[d] = phi(x[d], f);
   turn.at(pos);
   turn.apply(ph, rotated, D, W(1));
 }
@@ -127,7 +129,7 @@ void forward_head(const LinearAttentionParams& p, int64_t b, int64_t h) {
   std::vector<W> S(nD * nV, W(0)), z(nD, W(0)), x(nD), ph(nD), r(nD), v(nV), o(nV);
   Turn<W> turn(p.freqs);
   auto absorb = [&](int64_t t) {  // S += (a R phi(k_t)) v_t^T, z += phi(k_t)
-    feature(p.k, p.dtype, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
+    feature(p.k, p.dtype, p.feature_map, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
     load(p.v, p.dtype, t, h, Dv, v.data());
     add_outer(S.data(), r.data(), v.data(), D, Dv);
     for (int d = 0; d < D; ++d) z[size_t(d)] += ph[size_t(d)];
@@ -136,7 +138,7 @@ void forward_head(const LinearAttentionParams& p, int64_t b, int64_t h) {
     for (int64_t t = sq.begin(b); t < sq.end(b); ++t) absorb(t);
   for (int64_t t = sq.begin(b); t < sq.end(b); ++t) {
     if (p.causal) absorb(t);
-    feature(p.q, p.dtype, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
+    feature(p.q, p.dtype, p.feature_map, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
     left_mul(S.data(), r.data(), D, Dv, o.data());
     const W den = dot(ph.data(), z.data(), D);
     for (int e = 0; e < Dv; ++e) o[size_t(e)] /= den;
@@ -159,7 +161,7 @@ void backward_head(const LinearAttentionGradParams& g, int64_t b, int64_t h) {
 
   // Forward scan: recompute o_m, then dq_m = phi'(q_m) * ((a R)^T S_m g_m + dden_m z_m).
   auto absorb = [&](int64_t t) {
-    feature(p.k, p.dtype, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
+    feature(p.k, p.dtype, p.feature_map, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
     load(p.v, p.dtype, t, h, Dv, v.data());
     add_outer(S.data(), r.data(), v.data(), D, Dv);
     for (int d = 0; d < D; ++d) z[size_t(d)] += ph[size_t(d)];
@@ -169,7 +171,7 @@ void backward_head(const LinearAttentionGradParams& g, int64_t b, int64_t h) {
   for (int64_t m = 0; m < L; ++m) {
     const int64_t t = t0 + m;
     if (p.causal) absorb(t);
-    feature(p.q, p.dtype, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
+    feature(p.q, p.dtype, p.feature_map, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
     left_mul(S.data(), r.data(), D, Dv, o.data());
     const W den = dot(ph.data(), z.data(), D);
     load(g.dout, p.dtype, t, h, Dv, dout.data());
@@ -183,7 +185,7 @@ void backward_head(const LinearAttentionGradParams& g, int64_t b, int64_t h) {
     right_mul(S.data(), gmm, D, Dv, tmp.data());
     turn.apply(tmp.data(), grad.data(), D, W(-1));
     for (int d = 0; d < D; ++d)
-      grad[size_t(d)] = (grad[size_t(d)] + dden[size_t(m)] * z[size_t(d)]) * dphi(x[size_t(d)]);
+      grad[size_t(d)] = (grad[size_t(d)] + dden[size_t(m)] * z[size_t(d)]) * dphi(x[size_t(d)], p.feature_map);
     store(g.dq, p.dtype, t, h, D, grad.data());
   }
 
@@ -194,7 +196,7 @@ void backward_head(const LinearAttentionGradParams& g, int64_t b, int64_t h) {
   std::fill(P.begin(), P.end(), W(0));
   std::fill(u.begin(), u.end(), W(0));
   auto absorb_q = [&](int64_t m) {
-    feature(p.q, p.dtype, t0 + m, h, D, turn, sq.pos(b, t0 + m), x.data(), ph.data(), r.data());
+    feature(p.q, p.dtype, p.feature_map, t0 + m, h, D, turn, sq.pos(b, t0 + m), x.data(), ph.data(), r.data());
     add_outer(P.data(), r.data(), gm.data() + size_t(m) * size_t(Dv), D, Dv);
     for (int d = 0; d < D; ++d) u[size_t(d)] += dden[size_t(m)] * ph[size_t(d)];
   };
@@ -203,20 +205,42 @@ void backward_head(const LinearAttentionGradParams& g, int64_t b, int64_t h) {
   for (int64_t n = L - 1; n >= 0; --n) {
     const int64_t t = t0 + n;
     if (p.causal) absorb_q(n);
-    feature(p.k, p.dtype, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
+    feature(p.k, p.dtype, p.feature_map, t, h, D, turn, sq.pos(b, t), x.data(), ph.data(), r.data());
     load(p.v, p.dtype, t, h, Dv, v.data());
     left_mul(P.data(), r.data(), D, Dv, o.data());  // dv_n
     store(g.dv, p.dtype, t, h, Dv, o.data());
     right_mul(P.data(), v.data(), D, Dv, tmp.data());
     turn.apply(tmp.data(), grad.data(), D, W(-1));
-    for (int d = 0; d < D; ++d) grad[size_t(d)] = (grad[size_t(d)] + u[size_t(d)]) * dphi(x[size_t(d)]);
+    for (int d = 0; d < D; ++d) grad[size_t(d)] = (grad[size_t(d)] + u[size_t(d)]) * dphi(x[size_t(d)], p.feature_map);
     store(g.dk, p.dtype, t, h, D, grad.data());
   }
 }
 
 int resolve_threads(int t) { return t > 0 ? t : omp_get_max_threads(); }
 
+// feature_map = Identity: every value of q and k must be > 0 (NaN passes, as an input NaN does elsewhere).
+void check_positive_features(const HeadsView& v, const char* name, DType t, int64_t tokens, int D) {
+  std::vector<double> row(static_cast<size_t>(D));
+  for (int64_t tok = 0; tok < tokens; ++tok)
+    for (int64_t h = 0; h < v.heads; ++h) {
+      load(v, t, tok, h, D, row.data());
+      for (int d = 0; d < D; ++d)
+        if (row[size_t(d)] <= 0)
+          fail(name, to_text(row[size_t(d)]) + " at token " + std::to_string(tok) + ", head " + std::to_string(h) +
+                         ", feature " + std::to_string(d),
+               "> 0 with feature_map = identity (positive features keep the normaliser positive)");
+    }
+}
+
 }  // namespace
+
+const char* feature_map_name(FeatureMap f) { return f == FeatureMap::Identity ? "identity" : "elu_plus_one"; }
+
+FeatureMap parse_feature_map(const std::string& name) {
+  for (FeatureMap f : {FeatureMap::EluPlusOne, FeatureMap::Identity})
+    if (name == feature_map_name(f)) return f;
+  fail("feature_map", "\"" + name + "\"", "elu_plus_one or identity");
+}
 
 void validate_linear_attention_params(const LinearAttentionParams& p) {
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
@@ -237,6 +261,12 @@ void validate_linear_attention_params(const LinearAttentionParams& p) {
   detail::check_view(p.v, "v", p.tokens, Dv, p.q.heads, "q.heads");
   detail::check_view(p.o, "o", p.tokens, Dv, p.q.heads, "q.heads");
   if (p.positions) detail::check_positions(p.positions, 0, p.tokens, "", false, false);
+  check(p.feature_map == FeatureMap::EluPlusOne || p.feature_map == FeatureMap::Identity, "feature_map",
+        int(p.feature_map), "EluPlusOne or Identity");
+  if (p.feature_map == FeatureMap::Identity) {
+    check_positive_features(p.q, "q", p.dtype, p.tokens, p.head_dim);
+    check_positive_features(p.k, "k", p.dtype, p.tokens, p.head_dim);
+  }
 }
 
 void validate_linear_attention_grad_params(const LinearAttentionGradParams& g) {

@@ -24,8 +24,8 @@ void store(const HeadsView& v, DType t, int64_t tok, int64_t h, const Vec& x) {
     store_from_double(v.data, t, tok * v.token_stride + h * v.head_stride + int64_t(i), x[i]);
 }
 
-double phi(double x) { return x > 0 ? x + 1 : std::exp(x); }
-double dphi(double x) { return x > 0 ? 1 : std::exp(x); }
+double phi(double x, FeatureMap f) { return f == FeatureMap::Identity ? x : x > 0 ? x + 1 : std::exp(x); }
+double dphi(double x, FeatureMap f) { return f == FeatureMap::Identity ? 1 : x > 0 ? 1 : std::exp(x); }
 
 // a R(pos) x (sign +1) or its transpose (sign -1), straight from std::cos/std::sin.
 Vec turn(const RopeFreqs* f, const Vec& x, int64_t pos, double sign) {
@@ -69,8 +69,8 @@ Head build(const LinearAttentionParams& p, int64_t b, int64_t h) {
     m.k.push_back(load(p.k, p.dtype, t, h, D));
     m.v.push_back(load(p.v, p.dtype, t, h, Dv));
     Vec pq(m.q.back()), pk(m.k.back());
-    for (double& x : pq) x = phi(x);
-    for (double& x : pk) x = phi(x);
+    for (double& x : pq) x = phi(x, p.feature_map);
+    for (double& x : pk) x = phi(x, p.feature_map);
     m.phq.push_back(pq), m.phk.push_back(pk);
     m.qr.push_back(turn(p.freqs, pq, pos, 1)), m.kr.push_back(turn(p.freqs, pk, pos, 1));
   }
@@ -136,7 +136,7 @@ void linear_attention_backward_reference(const LinearAttentionGradParams& g) {
         const Vec back = turn(p.freqs, dqr, m.pos[size_t(i)], -1);
         Vec dq(static_cast<size_t>(D));
         for (int d = 0; d < D; ++d)
-          dq[size_t(d)] = (back[size_t(d)] + dph[size_t(d)]) * dphi(m.q[size_t(i)][size_t(d)]);
+          dq[size_t(d)] = (back[size_t(d)] + dph[size_t(d)]) * dphi(m.q[size_t(i)][size_t(d)], p.feature_map);
         store(g.dq, p.dtype, m.t0 + i, h, dq);
       }
       for (int64_t j = 0; j < L; ++j) {  // dk_j, dv_j
@@ -152,7 +152,7 @@ void linear_attention_backward_reference(const LinearAttentionGradParams& g) {
         const Vec back = turn(p.freqs, dkr, m.pos[size_t(j)], -1);
         Vec dk(static_cast<size_t>(D));
         for (int d = 0; d < D; ++d)
-          dk[size_t(d)] = (back[size_t(d)] + dph[size_t(d)]) * dphi(m.k[size_t(j)][size_t(d)]);
+          dk[size_t(d)] = (back[size_t(d)] + dph[size_t(d)]) * dphi(m.k[size_t(j)][size_t(d)], p.feature_map);
         store(g.dk, p.dtype, m.t0 + j, h, dk);
         store(g.dv, p.dtype, m.t0 + j, h, dv);
       }

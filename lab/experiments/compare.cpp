@@ -34,13 +34,15 @@ CompareSpec default_compare_spec() {
   c.model.n_heads = 4;
   c.seq_len = 128;
   c.batch_size = 16;
-  c.steps = 600;
+  // 2000 steps: measured on 2 cores, two runs at a time, d_model 64 x 2 layers solves >= 50% of 3-digit sums
+  // (seeds 1, 2: RoPE 42% / 62%, RoPER 62% / 67% of 64 problems); at 600 steps neither passed 11%.
+  c.steps = 2000;
   c.optim.lr = 3e-3;
   c.optim.warmup_steps = 50;
   c.optim.weight_decay = 0.1;
-  c.eval_interval = 100;
+  c.eval_interval = 250;
   c.eval_batches = 2;
-  c.eval_problems = 32;
+  c.eval_problems = 64;  // one problem = 1.6%
   // One torch thread: at d_model 64 the ops are too small to split, and two threads on two cores measured half the
   // speed of one (150 steps: 19.0 s against 10.1 s). Threads do not change what a run computes.
   c.threads = 1;

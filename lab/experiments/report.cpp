@@ -119,6 +119,16 @@ std::vector<EncodingStats> encoding_stats(const ReportInputs& in) {
     s.eval_loss = drop_worst_mean(eval, false);
     s.accuracy_greedy = drop_worst_mean(greedy, true);
     s.accuracy_sampled = drop_worst_mean(sampled, true);
+    auto range = [](const std::vector<double>& v, double& lo, double& hi) {
+      lo = hi = v.empty() ? std::nan("") : v.front();
+      for (double x : v) {
+        if (std::isnan(x)) lo = hi = std::nan("");
+        if (std::isnan(lo)) return;
+        lo = std::min(lo, x), hi = std::max(hi, x);
+      }
+    };
+    range(eval, s.eval_loss_min, s.eval_loss_max);
+    range(greedy, s.greedy_min, s.greedy_max);
     out.push_back(s);
   }
   return out;
@@ -126,11 +136,13 @@ std::vector<EncodingStats> encoding_stats(const ReportInputs& in) {
 
 std::string results_table(const ReportInputs& in) {
   std::ostringstream os;
-  os << "| encoding | runs | final train loss | held-out loss | exact match (greedy) | exact match (sampled) |\n"
-     << "|---|---:|---:|---:|---:|---:|\n";
+  os << "| encoding | runs | final train loss | held-out loss | held-out loss, every run | exact match (greedy) | "
+        "greedy, every run | exact match (sampled) |\n"
+     << "|---|---:|---:|---:|---:|---:|---:|---:|\n";
   for (const EncodingStats& s : encoding_stats(in))
     os << "| " << s.encoding << " | " << s.runs << " | " << num(s.final_train_loss, 4) << " | " << num(s.eval_loss, 4)
-       << " | " << pct(s.accuracy_greedy) << " | " << pct(s.accuracy_sampled) << " |\n";
+       << " | " << num(s.eval_loss_min, 4) << " - " << num(s.eval_loss_max, 4) << " | " << pct(s.accuracy_greedy)
+       << " | " << pct(s.greedy_min) << " - " << pct(s.greedy_max) << " | " << pct(s.accuracy_sampled) << " |\n";
   return os.str();
 }
 
@@ -209,7 +221,8 @@ ReportFiles write_report(const ReportInputs& in) {
       "Settings: {} steps, sequence length {}, batch {}, model d_model {} x {} layers x {} heads, AdamW lr {} "
       "(warm-up {}, cosine to {}x), seeds {}..{}. Each encoding ran once per seed; the table gives the mean after "
       "dropping each encoding's worst run for that column (seed 000's protocol, \"the mean of the 9 after removing "
-      "the worst session\"; with a single run, that run).\n\n",
+      "the worst session\"; with a single run, that run); the \"every run\" columns give the lowest and highest "
+      "value over all runs, the spread over seeds.\n\n",
       c.value("steps", 0), c.value("seq_len", 0), c.value("batch_size", 0), model.value("d_model", 0),
       model.value("n_layers", 0), model.value("n_heads", 0), optim.value("lr", 0.0),
       optim.value("warmup_steps", 0), optim.value("min_lr_ratio", 0.0),

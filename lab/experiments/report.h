@@ -37,6 +37,8 @@ struct EncodingStats {
   std::string encoding;
   int runs = 0;
   double final_train_loss = 0, eval_loss = 0, accuracy_greedy = 0, accuracy_sampled = 0;  // drop-worst means
+  // The spread over every run (none dropped): min and max; NaN when a run has no value (diverged, not evaluated).
+  double eval_loss_min = 0, eval_loss_max = 0, greedy_min = 0, greedy_max = 0;
 };
 std::vector<EncodingStats> encoding_stats(const ReportInputs& in);
 

@@ -203,42 +203,103 @@ torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc)
   return ap;
 }
 
+LinearFeatures linear_features(const torch::Tensor& x, const torch::Tensor& positions, const PositionContext& pc,
+                               const std::string& attention, const torch::Tensor& projection, bool query) {
+  const bool rope = pc.enc.kind == EncodingKind::Rope;
+  if (attention == "performer") {
+    const torch::Tensor xr = rope ? rotate_plain(x, positions, pc, pc.attention_factor) : x;
+    const torch::Tensor f = performer_features(xr, projection, query);
+    return {f, f};
+  }
+  const torch::Tensor ph = phi(x);
+  return {rope ? rotate_plain(ph, positions, pc, pc.attention_factor) : ph, ph};
+}
+
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
-                                     const PositionContext& pc) {
+                                     const PositionContext& pc, const std::string& attention,
+                                     const torch::Tensor& projection) {
   const int64_t group = q.size(2) / k.size(2);
-  const bool rope = pc.enc.kind == EncodingKind::Rope;
-  const torch::Tensor pq = phi(q), pk = phi(k);
-  const torch::Tensor qr = rope ? rotate_plain(pq, q_positions, pc, pc.attention_factor) : pq;
-  const torch::Tensor kr = rope ? rotate_plain(pk, k_positions, pc, pc.attention_factor) : pk;
+  const LinearFeatures fq = linear_features(q, q_positions, pc, attention, projection, /*query=*/true);
+  const LinearFeatures fk = linear_features(k, k_positions, pc, attention, projection, /*query=*/false);
   const torch::Tensor hidden = future_mask(q.size(1), k.size(1), q.device());
   auto matrix = [&](const torch::Tensor& a, const torch::Tensor& b) {  // [B, Hq, Sq, Sk], future entries 0
     const torch::Tensor m = torch::matmul(heads_first(a), heads_first(repeat_kv(b, group)).transpose(-1, -2));
     return m.masked_fill(hidden, 0.0);
   };
-  const torch::Tensor num = torch::matmul(matrix(qr, kr), heads_first(repeat_kv(v, group)));  // [B, Hq, Sq, Dv]
-  const torch::Tensor den = matrix(pq, pk).sum(-1, /*keepdim=*/true);                         // [B, Hq, Sq, 1]
+  const torch::Tensor num = torch::matmul(matrix(fq.num, fk.num), heads_first(repeat_kv(v, group)));  // [B, Hq, Sq, Dv]
+  const torch::Tensor den = matrix(fq.den, fk.den).sum(-1, /*keepdim=*/true);                         // [B, Hq, Sq, 1]
   return (num / den).transpose(1, 2);
 }
 
 torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const torch::Tensor& positions, const PositionContext& pc) {
+                                     const torch::Tensor& positions, const PositionContext& pc,
+                                     const std::string& attention, const torch::Tensor& projection) {
   // The core kernel has one kv head per query head: GQA repeats k, v (autograd sums their gradients back).
   const int64_t group = q.size(2) / k.size(2);
+  const bool rope = pc.enc.kind == EncodingKind::Rope;
+  const std::string layout(layout_name(pc.enc.rope.layout));
+  if (attention == "performer") {  // rotate (the fused rope op), then FAVOR+, then the kernel on those features
+    auto turned = [&](const torch::Tensor& x) {
+      return rope ? torch_ops::rope(x, positions, pc.inv_freq, pc.attention_factor, layout) : x;
+    };
+    const torch::Tensor fq = performer_features(turned(q), projection, /*query=*/true);
+    const torch::Tensor fk = performer_features(turned(k), projection, /*query=*/false);
+    return torch_ops::linear_attention(fq, repeat_kv(fk, group), repeat_kv(v, group), positions, std::nullopt,
+                                       /*causal=*/true, std::nullopt, 1.0, layout, "identity");
+  }
   std::optional<torch::Tensor> inv_freq;  // none: no rotation
-  if (pc.enc.kind == EncodingKind::Rope) inv_freq = pc.inv_freq;
+  if (rope) inv_freq = pc.inv_freq;
   return torch_ops::linear_attention(q, repeat_kv(k, group), repeat_kv(v, group), positions, std::nullopt,
-                                     /*causal=*/true, inv_freq, pc.attention_factor,
-                                     std::string(layout_name(pc.enc.rope.layout)));
+                                     /*causal=*/true, inv_freq, pc.attention_factor, layout);
+}
+
+torch::Tensor draw_performer_projection(int64_t m, int64_t d, at::Generator gen) {
+  auto f64 = torch::TensorOptions().dtype(torch::kDouble);
+  std::vector<torch::Tensor> blocks;
+  for (int64_t rows = 0; rows < m; rows += d) {
+    const torch::Tensor g = torch::randn({d, d}, gen, f64);
+    auto [qm, r] = at::linalg_qr(g, "reduced");
+    // Signs of R's diagonal into Q: Q is then Haar-distributed (QR alone leaves it biased toward R's sign choice).
+    qm = qm * torch::sign(torch::diagonal(r)).unsqueeze(0);
+    blocks.push_back(qm.t().narrow(0, 0, std::min(d, m - rows)));  // orthonormal rows
+  }
+  const torch::Tensor rows = torch::cat(blocks, 0);                     // [m, d]
+  const torch::Tensor norms = torch::randn({m, d}, gen, f64).norm(2, -1, true);  // chi(d): the lengths of N(0, I) rows
+  return (rows * norms).to(torch::kFloat);
+}
+
+torch::Tensor performer_features(const torch::Tensor& x, const torch::Tensor& projection, bool query) {
+  check(projection.defined() && projection.dim() == 2 && projection.size(1) == x.size(-1), "performer projection",
+        projection.defined() ? projection.sizes() : c10::IntArrayRef{}, "[m, head_dim = " + std::to_string(x.size(-1)) + "]");
+  const auto work = x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
+  const int64_t D = x.size(-1), m = projection.size(0);
+  const torch::Tensor w = projection.to(work);
+  const torch::Tensor xs = x.to(work) * std::pow(double(D), -0.25);            // x' = x D^-1/4
+  const torch::Tensor u = torch::matmul(xs, w.t());                             // [.., m] w_i . x'
+  const torch::Tensor diag = xs.pow(2).sum(-1, /*keepdim=*/true) * 0.5;         // |x'|^2 / 2
+  torch::Tensor shift;
+  if (query) {
+    // Per query: a factor common to its numerator and normaliser. Not detached: the output still depends on it
+    // through eps, and autograd must see that dependence to match finite differences.
+    shift = std::get<0>(u.max(-1, /*keepdim=*/true));
+  } else {
+    // w . x' - |x'|^2/2 <= |w|^2/2 for every x': a constant of the draw bounds every key feature, and nothing of a
+    // key depends on another key (causal; the decoder's running sums equal the full forward).
+    const double bound = (w.pow(2).sum(-1).max().item<double>()) * 0.5;
+    shift = torch::full({1}, std::max(0.0, bound - kPerformerKeyExponentCap), u.options());
+  }
+  const torch::Tensor f = (torch::exp(u - diag - shift) + kPerformerEps) * (1.0 / std::sqrt(double(m)));
+  return f.to(x.scalar_type());
 }
 
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
-                              bool fused) {
+                              bool fused, const torch::Tensor& projection) {
   fused = fused && !has_score_bias(pc.enc.kind);
-  if (attention == "linear")
-    return fused ? linear_attention_fused(q, k, v, positions, pc)
-                 : linear_attention_plain(q, k, v, positions, positions, pc);
+  if (attention != "softmax")
+    return fused ? linear_attention_fused(q, k, v, positions, pc, attention, projection)
+                 : linear_attention_plain(q, k, v, positions, positions, pc, attention, projection);
   return fused ? softmax_attention_fused(q, k, v, positions, pc)
                : softmax_attention_plain(q, k, v, positions, positions, pc);
 }

@@ -156,19 +156,36 @@ void ModelConfig::validate() const {
   check(n_kv_heads == 0 || n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
         "0 (= n_heads) or a divisor of n_heads = " + std::to_string(n_heads));
   validate_encoding(encoding, head_dim(), "encoding.");
-  if (attention == "linear") {
+  if (attention != "softmax") {
     const bool ok = encoding.kind == EncodingKind::None || encoding.kind == EncodingKind::Learned ||
                     encoding.kind == EncodingKind::Sinusoidal || encoding.kind == EncodingKind::Rope;
     check(ok, "encoding.kind", encoding.kind,
-          "none, learned, sinusoidal, rope with attention = linear (RoFormer eq. 19 has no ALiBi bias, clipped "
-          "distances or value rotation)");
+          "none, learned, sinusoidal, rope with attention = " + attention +
+              " (linear attention has no score bias to add, and no clipped distances or value rotation)");
     check(encoding.logn_train_len == 0, "encoding.logn_train_len", encoding.logn_train_len,
-          "0 with attention = linear (log-n sharpens a softmax; linear attention has none)");
+          "0 with attention = " + attention + " (log-n sharpens a softmax's scores, which linear attention has not)");
+  }
+  if (attention == "performer")
+    check(performer_feature_count() <= 1024, "performer_features", performer_feature_count(),
+          "1..1024 (the linear attention kernel's feature width; round(head_dim ln head_dim) passes it from "
+          "head_dim 190 on: set performer_features)");
+  if (attention != "performer") {
+    const ModelConfig d;
+    check(performer_features == d.performer_features, "performer_features", performer_features,
+          std::to_string(d.performer_features) + " (only attention = performer uses random features)");
+    check(performer_redraw == d.performer_redraw, "performer_redraw", performer_redraw,
+          std::to_string(d.performer_redraw) + " (only attention = performer redraws features)");
   }
   // The fused attention kernel takes head dims 16..256; the score-bias kinds and linear attention never call it.
   if (fused && attention == "softmax" && !has_score_bias(encoding.kind))
     check(head_dim() >= 16 && head_dim() <= 256, "head_dim", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
+}
+
+int ModelConfig::performer_feature_count() const {
+  if (performer_features > 0) return performer_features;
+  const double d = head_dim();  // m ~ d ln d (Choromanski et al., Theorem 4: enough for a uniform approximation)
+  return std::max(1, int(std::lround(d * std::log(d))));
 }
 
 EncodingConfig ModelConfig::resolved_encoding() const {
@@ -220,8 +237,9 @@ EncodingConfig apply_override(const ModelConfig& trained, const EncodingOverride
   if (o.leaky_k) e.leaky_k = *o.leaky_k;
   if (o.logn_train_len) e.logn_train_len = *o.logn_train_len;
   validate_encoding(e, trained.head_dim(), "override.");
-  if (trained.attention == "linear")
-    check(e.logn_train_len == 0, "override.logn_train_len", e.logn_train_len, "0 with attention = linear");
+  if (trained.attention != "softmax")
+    check(e.logn_train_len == 0, "override.logn_train_len", e.logn_train_len,
+          "0 with attention = " + trained.attention);
   return e;
 }
 
@@ -342,8 +360,23 @@ const settings::Table<ModelConfig>& model_settings() {
                          [](auto& c) -> auto& { return c.tie_embeddings; }, boolean()));
     t.push_back(field<M>("max_seq_len", "--max-seq-len", "learned positions: table size",
                          [](auto& c) -> auto& { return c.max_seq_len; }, integers(1, kMaxSequenceLength)));
-    t.push_back(string_choice<M>("attention", "--attention", "softmax, or linear (RoPE as in RoFormer eq. 19)",
+    t.push_back(string_choice<M>("attention", "--attention",
+                                 "softmax, linear (RoPE as in RoFormer eq. 19) or performer (FAVOR+, rope before "
+                                 "the feature map)",
                                  [](auto& c) -> auto& { return c.attention; }, kAttentionKinds));
+    // Written only for the performer, so the configs of the other kinds keep their form.
+    auto performer_only = [](Setting<M> s) {
+      s.written = [](const M& c) { return c.attention == "performer"; };
+      return s;
+    };
+    t.push_back(performer_only(field<M>("performer_features", "--performer-features",
+                                        "performer: random features per layer",
+                                        [](auto& c) -> auto& { return c.performer_features; },
+                                        integers(0, 1024, "0 = round(head_dim ln head_dim)"))));
+    t.push_back(performer_only(field<M>("performer_redraw", "--performer-redraw",
+                                        "performer: redraw the random features every N training steps",
+                                        [](auto& c) -> auto& { return c.performer_redraw; },
+                                        integers(0, kMaxAbsPosition, "0 = never"))));
     t.push_back(field<M>("fused", "--fused", "rotary's fused ops (true) or plain torch ops (false)",
                          [](auto& c) -> auto& { return c.fused; }, boolean()));
     t.push_back(choice<M>("encoding.kind", "--encoding", "how positions enter the model",

@@ -6,9 +6,10 @@
 //     the far ones against R(w) q (core/include/rotary/kv_cache.h).
 //   plain softmax, and alibi and t5 always -> un-rotated keys and values in torch tensors; each step runs the plain
 //     attention of the one new query over all of them (for rerope: the seed's re-rotation of the whole cache).
-//   fused linear -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (O(1) per step; the prefill
-//     runs the fused op, whose core kernel keeps these sums internally but does not return them);
-//   plain linear -> keys and values in torch, the materialised form per step.
+//   fused linear / performer -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (performer:
+//     phi(R(n) k_n) in both; O(1) per step; the prefill runs the fused op, whose core kernel keeps these sums
+//     internally but does not return them);
+//   plain linear / performer -> keys and values in torch, the materialised form per step.
 // Dynamic NTK / longrope frequencies change with the length: when they do, the caches are rebuilt from the
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
 #include <ATen/CPUGeneratorImpl.h>
@@ -55,44 +56,49 @@ class CoreCache final : public LayerCache {
 
 class PlainCache final : public LayerCache {
  public:
-  PlainCache(const PositionContext& pc, bool linear) : pc_(pc), linear_(linear) {}
+  PlainCache(const PositionContext& pc, std::string attention, torch::Tensor projection)
+      : pc_(pc), attention_(std::move(attention)), projection_(std::move(projection)) {}
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
     k_ = k_.defined() ? torch::cat({k_, k}, 1) : k;
     v_ = v_.defined() ? torch::cat({v_, v}, 1) : v;
     pos_ = pos_.defined() ? torch::cat({pos_, positions}, 1) : positions;
   }
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
-    return linear_ ? linear_attention_plain(q, k_, v_, q_position, pos_, pc_)
-                   : softmax_attention_plain(q, k_, v_, q_position, pos_, pc_);
+    return attention_ == "softmax" ? softmax_attention_plain(q, k_, v_, q_position, pos_, pc_)
+                                   : linear_attention_plain(q, k_, v_, q_position, pos_, pc_, attention_, projection_);
   }
 
  private:
   PositionContext pc_;
-  bool linear_;
+  std::string attention_;
+  torch::Tensor projection_;
   torch::Tensor k_, v_, pos_;  // [1, L, Hkv, D], [1, L, Hkv, D], [1, L]
 };
 
+// Linear attention's running sums (kinds linear and performer): S = sum_n num(k_n) v_n^T, z = sum_n den(k_n) with
+// the features of linear_features, and o = num(q)^T S / den(q) . z.
 class LinearStateCache final : public LayerCache {
  public:
-  explicit LinearStateCache(const PositionContext& pc) : pc_(pc) {}
+  LinearStateCache(const PositionContext& pc, std::string attention, torch::Tensor projection)
+      : pc_(pc), attention_(std::move(attention)), projection_(std::move(projection)) {}
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
-    const torch::Tensor pk = torch::elu(k[0]) + 1;  // [n, Hkv, D]
-    const torch::Tensor kr = pc_.enc.kind == EncodingKind::Rope ? rotate_plain(pk.unsqueeze(0), positions, pc_, pc_.attention_factor)[0] : pk;
-    const torch::Tensor s = torch::einsum("nhd,nhe->hde", {kr, v[0]}), z = pk.sum(0);
-    state_ = state_.defined() ? state_ + s : s;  // [Hkv, D, Dv]
-    z_ = z_.defined() ? z_ + z : z;              // [Hkv, D]
+    const LinearFeatures f = linear_features(k, positions, pc_, attention_, projection_, /*query=*/false);
+    const torch::Tensor s = torch::einsum("nhd,nhe->hde", {f.num[0], v[0]}), z = f.den[0].sum(0);
+    state_ = state_.defined() ? state_ + s : s;  // [Hkv, F, Dv]
+    z_ = z_.defined() ? z_ + z : z;              // [Hkv, F]
   }
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
-    const int64_t Hq = q.size(2), Hkv = z_.size(0), D = q.size(3);
-    const torch::Tensor pq = torch::elu(q) + 1;  // [1, 1, Hq, D]
-    const torch::Tensor qr = pc_.enc.kind == EncodingKind::Rope ? rotate_plain(pq, q_position, pc_, pc_.attention_factor) : pq;
-    const torch::Tensor num = torch::einsum("hgd,hde->hge", {qr.view({Hkv, Hq / Hkv, D}), state_});
-    const torch::Tensor den = torch::einsum("hgd,hd->hg", {pq.view({Hkv, Hq / Hkv, D}), z_}).unsqueeze(-1);
+    const int64_t Hq = q.size(2), Hkv = z_.size(0), F = z_.size(1);
+    const LinearFeatures f = linear_features(q, q_position, pc_, attention_, projection_, /*query=*/true);
+    const torch::Tensor num = torch::einsum("hgd,hde->hge", {f.num.view({Hkv, Hq / Hkv, F}), state_});
+    const torch::Tensor den = torch::einsum("hgd,hd->hg", {f.den.view({Hkv, Hq / Hkv, F}), z_}).unsqueeze(-1);
     return (num / den).reshape({1, 1, Hq, -1});
   }
 
  private:
   PositionContext pc_;
+  std::string attention_;
+  torch::Tensor projection_;
   torch::Tensor state_, z_;
 };
 
@@ -121,16 +127,18 @@ struct Decoder {
   bool core_cache() const {
     return config().fused && config().attention == "softmax" && !has_score_bias(model.active_.kind);
   }
-  std::unique_ptr<LayerCache> new_cache() const {
+  std::unique_ptr<LayerCache> new_cache(size_t layer) const {
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
-    if (config().fused && config().attention == "linear") return std::make_unique<LinearStateCache>(pc);
-    return std::make_unique<PlainCache>(pc, config().attention == "linear");
+    const torch::Tensor& projection = model.blocks_[layer]->performer_projection();
+    if (config().fused && config().attention != "softmax")
+      return std::make_unique<LinearStateCache>(pc, config().attention, projection);
+    return std::make_unique<PlainCache>(pc, config().attention, projection);
   }
   // Fresh caches for `pc`, refilled from the kept history (empty at the start).
   void rebuild() {
     caches.clear();
     for (size_t i = 0; i < model.blocks_.size(); ++i) {
-      caches.push_back(new_cache());
+      caches.push_back(new_cache(i));
       if (hist_pos.defined()) caches.back()->append(hist_k[i], hist_v[i], hist_pos);
     }
   }
@@ -156,7 +164,9 @@ struct Decoder {
           hist_k[i] = hist_k[i].defined() ? torch::cat({hist_k[i], k}, 1) : k;
           hist_v[i] = hist_v[i].defined() ? torch::cat({hist_v[i], v}, 1) : v;
         }
-        if (prefill) return model_attention(q, k, v, positions, pc, config().attention, config().fused);
+        if (prefill)
+          return model_attention(q, k, v, positions, pc, config().attention, config().fused,
+                                 model.blocks_[i]->performer_projection());
         return caches[i]->attend(q, positions);
       });
     }

@@ -1,6 +1,8 @@
 // The transformer: modules, the full forward (fused or plain attention per ModelConfig::fused) and overrides.
 #include "rotary_nn/model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
 
@@ -41,6 +43,16 @@ BlockImpl::BlockImpl(const ModelConfig& c)
   fc_in_ = register_module("fc_in", linear(d, ff, c.mlp_bias));
   fc_out_ = register_module("fc_out", linear(ff, d, c.mlp_bias));
   drop_ = register_module("drop", tnn::Dropout(c.dropout));
+  if (c.attention == "performer")  // the first draw from torch's generator, seeded like the parameters' init
+    performer_proj_ = register_buffer(
+        "performer_proj", draw_performer_projection(c.performer_feature_count(), hd, at::detail::getDefaultCPUGenerator()));
+}
+
+void BlockImpl::redraw_performer_projection(at::Generator gen) {
+  if (!performer_proj_.defined()) return;
+  torch::NoGradGuard no_grad;
+  const torch::Tensor fresh = draw_performer_projection(performer_proj_.size(0), performer_proj_.size(1), gen);
+  performer_proj_.copy_(fresh);  // in place: the registered buffer (and its device and dtype) stays
 }
 
 torch::Tensor BlockImpl::mlp(const torch::Tensor& h) {
@@ -141,11 +153,23 @@ torch::Tensor TransformerImpl::hidden_states(const torch::Tensor& tokens, const 
   torch::Tensor x = embed(tokens, pos);
   const int64_t seq_len = length_dependent(active_) ? pos.max().item<int64_t>() + 1 : 0;
   const PositionContext pc = make_position_context(active_, config_.n_heads, config_.head_dim(), seq_len, t5_bias_);
-  const BlockImpl::Attend attend = [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
-    return model_attention(q, k, v, pos, pc, config_.attention, config_.fused);
-  };
-  for (auto& block : blocks_) x = block->forward(x, attend);
+  for (auto& block : blocks_) {
+    const BlockImpl::Attend attend = [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+      return model_attention(q, k, v, pos, pc, config_.attention, config_.fused, block->performer_projection());
+    };
+    x = block->forward(x, attend);
+  }
   return final_norm(x);
+}
+
+void TransformerImpl::redraw_performer_features(uint64_t seed) {
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    // splitmix64 of (seed, layer): distinct, well-mixed generator seeds per layer.
+    uint64_t z = seed + 0x9e3779b97f4a7c15ULL * (i + 1);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    blocks_[i]->redraw_performer_projection(at::make_generator<at::CPUGeneratorImpl>(z ^ (z >> 31)));
+  }
 }
 
 }  // namespace rotary::nn

@@ -21,6 +21,7 @@ class LinearAttentionCase : public OpCase {
                     " H" + std::to_string(c_.H) + " lengths";
     for (int64_t l : c_.lengths) s.append(" ").append(std::to_string(l));
     if (c_.finite_differences) s.insert(0, "gradcheck ");
+    if (c_.feature_map == FeatureMap::Identity) s += " identity";
     if (c_.positions) s += " positions";
     s.append(" pad").append(std::to_string(c_.pad)).append(" a").append(std::to_string(c_.attention_factor));
     return identifier(s);
@@ -132,12 +133,19 @@ OpCases linear_attention_cases() {
       specs.push_back(c);
       c.rotate = false, c.lengths = {9}, c.seed += 100;
       specs.push_back(c);
+      // The caller's features (a Performer's): no rotation, as there, and with it (the op allows both).
+      c.feature_map = FeatureMap::Identity, c.lengths = {1, 0, 33, 6}, c.D = 44, c.Dv = 16, c.seed += 100;
+      specs.push_back(c);
+      c.rotate = true, c.rotary_dim = 40, c.seed += 100;
+      specs.push_back(c);
     }
   // Central differences: small float64 problems, both masks.
   for (bool causal : {true, false}) {
     LinearCaseSpec c;
     c.dtype = DType::F64, c.causal = causal, c.D = 6, c.rotary_dim = 4, c.Dv = 5, c.H = 2, c.lengths = {4, 7};
     c.positions = true, c.attention_factor = 1.2, c.layout = RopeLayout::Interleaved, c.finite_differences = true;
+    specs.push_back(c);
+    c.feature_map = FeatureMap::Identity, c.rotate = false;
     specs.push_back(c);
   }
   OpCases cases;

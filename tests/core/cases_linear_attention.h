@@ -25,6 +25,7 @@ struct LinearCaseSpec {
   double attention_factor = 1.0;
   uint64_t seed = 1;
   bool finite_differences = false;
+  FeatureMap feature_map = FeatureMap::EluPlusOne;  // identity: q, k drawn positive, in [0.05, 2)
 };
 
 // Buffers [tokens, H, row + pad] of one problem and the params pointing at them; every output buffer starts as
@@ -54,7 +55,10 @@ struct LinearProblem {
       return b;
     };
     // Inputs of q and k in [-2, 1.5): phi's two branches (x <= 0 and x > 0) both occur.
-    q = make("q", c.D, -2.0, 1.5), k = make("k", c.D, -2.0, 1.5), v = make("v", c.Dv, -1, 1);
+    // With the identity map they are the features themselves, so positive.
+    const bool identity = c.feature_map == FeatureMap::Identity;
+    const double lo = identity ? 0.05 : -2.0, hi = identity ? 2.0 : 1.5;
+    q = make("q", c.D, lo, hi), k = make("k", c.D, lo, hi), v = make("v", c.Dv, -1, 1);
     dout = make("dout", c.Dv, -1, 1);
     o = make("o", c.Dv, -1, 1), dq = make("dq", c.D, -1, 1), dk = make("dk", c.D, -1, 1), dv = make("dv", c.Dv, -1, 1);
     for (auto [b, row] : {std::pair{o.get(), c.Dv}, std::pair{dq.get(), c.D}, std::pair{dk.get(), c.D},
@@ -75,6 +79,7 @@ struct LinearProblem {
     p.cu_seqlens = cu.data();
     p.positions = c.positions ? pos.data() : nullptr;
     p.causal = c.causal;
+    p.feature_map = c.feature_map;
     p.freqs = c.rotate ? &freqs : nullptr;
     return p;
   }

@@ -110,6 +110,31 @@ TEST(LinearAttention, BadInputNamesTheField) {
   g = pr.grad_params();
   g.dout.heads = 5;
   expect_error([&] { linear_attention_backward_reference(g); }, "dout.heads");
+  p = pr.params();
+  p.feature_map = FeatureMap(7);
+  expect_error([&] { linear_attention_forward(p); }, "feature_map");
+  expect_error([] { parse_feature_map("elu"); }, "feature_map");
+  EXPECT_EQ(parse_feature_map("identity"), FeatureMap::Identity);
+  EXPECT_EQ(parse_feature_map(feature_map_name(FeatureMap::EluPlusOne)), FeatureMap::EluPlusOne);
+}
+
+// The identity map takes the caller's features, which must be positive: a zero or negative value in q or k is
+// refused naming the tensor, the token, head and feature (the normaliser could reach 0); NaN passes as NaN.
+TEST(LinearAttention, IdentityFeaturesMustBePositive) {
+  LinearCaseSpec c;
+  c.feature_map = FeatureMap::Identity, c.lengths = {4, 3}, c.H = 2;
+  LinearProblem pr(c);
+  const HeadsView kv = pr.view(*pr.k, c.D);
+  pr.k->set(5 * kv.token_stride + 1 * kv.head_stride + 3, -0.5);
+  expect_error([&] { linear_attention_forward(pr.params()); }, {"k = ", "token 5, head 1, feature 3"});
+  expect_error([&] { linear_attention_backward_reference(pr.grad_params()); }, "token 5, head 1, feature 3");
+  pr.k->set(5 * kv.token_stride + 1 * kv.head_stride + 3, 0.0);
+  expect_error([&] { linear_attention_forward(pr.params()); }, "> 0 with feature_map = identity");
+  pr.k->set(5 * kv.token_stride + 1 * kv.head_stride + 3, std::nan(""));
+  linear_attention_forward(pr.params());
+  const std::vector<double> o = pr.gather(*pr.o, c.Dv);
+  EXPECT_TRUE(std::isnan(o[size_t((5 * c.H + 1) * c.Dv)]));  // token 5, head 1 sees key 5
+  EXPECT_FALSE(std::isnan(o[size_t((4 * c.H + 1) * c.Dv)]));  // token 4 starts the second sequence, before it
 }
 
 }  // namespace

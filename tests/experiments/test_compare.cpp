@@ -99,7 +99,11 @@ TEST(Report, WritesMarkdownTableAndPlots) {
 
   ReportFiles files = write_report(in);
   const std::string md = lab::read_file(files.report_md);
-  EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 75.0% | 50.0% |"), std::string::npos) << md;
+  EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 0.2000 - 1.2000 | 75.0% | 25.0% - 75.0% | 50.0% |"),
+            std::string::npos)
+      << md;
+  EXPECT_DOUBLE_EQ(stats[0].greedy_min, 0.25);
+  EXPECT_DOUBLE_EQ(stats[0].eval_loss_max, 1.2);
   EXPECT_NE(md.find("| roper | 1 | finished | 20 | 1.1500 | 1.2000 | 25.0% | 50.0% |"), std::string::npos) << md;
   if (lab::find_in_path("gnuplot").empty()) GTEST_SKIP() << "gnuplot not installed";
   EXPECT_TRUE(files.plot_problem.empty()) << files.plot_problem;

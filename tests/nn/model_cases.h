@@ -104,6 +104,26 @@ inline std::vector<Case> all_cases() {
     c.attention = "linear";
     add("linear_none", c);
   }
+  {
+    ModelConfig c = small_config("rope");  // rotary before FAVOR+, GQA, m = round(16 ln 16) = 44
+    c.attention = "performer";
+    add("performer_rope", c);
+  }
+  {
+    ModelConfig c = small_config("rope");
+    c.attention = "performer";
+    c.encoding.rope = yarn_spec();
+    c.encoding.rope.layout = RopeLayout::Interleaved;
+    c.encoding.rotary_fraction = 0.5;
+    c.performer_features = 20;  // fewer features than a block of head_dim rows plus a partial block
+    add("performer_rope_yarn_interleaved_partial_m20", c);
+  }
+  {
+    ModelConfig c = small_config("learned");
+    c.attention = "performer";
+    c.n_kv_heads = 0;
+    add("performer_learned_mha", c);
+  }
   return cases;
 }
 

@@ -183,6 +183,9 @@ TEST(every_kind, Causal) { for_every_case(causal); }
 TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
   for (const Case& cs : all_cases()) {
     const ModelConfig& c = cs.config;
+    // A performer with rope is relative only in expectation over its random draw: one fixed projection w is not
+    // rotation-invariant, so phi(R(m) q) . phi(R(n) k) depends on m, n and not only on n - m.
+    if (c.attention == "performer" && is_rotary(c.encoding.kind)) continue;
     const bool relative = is_rotary(c.encoding.kind) && c.encoding.logn_train_len == 0;
     const bool absolute = c.encoding.kind == EncodingKind::Learned || c.encoding.kind == EncodingKind::Sinusoidal || c.encoding.logn_train_len > 0;
     if (!relative && !absolute) continue;

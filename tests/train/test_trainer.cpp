@@ -93,6 +93,35 @@ TEST_F(Trainer, InterruptedAndResumedRunRepeatsTheUninterruptedOne) {
   EXPECT_LT(la.back(), la.front());
 }
 
+// The performer's random features are redrawn every performer_redraw steps from (seed, step), and the current draw
+// is a buffer saved in the checkpoint: interrupted at step 6 (after the redraw at 4, before the one at 8) and
+// resumed, the run repeats the uninterrupted one bitwise. Without redraws the losses differ from step 5 on (the
+// redraw did something).
+TEST_F(Trainer, PerformerRedrawsAndResumesExactly) {
+  auto performer = [](const std::string& out, int64_t redraw) {
+    TrainConfig c = tiny(out);
+    c.model.attention = "performer";
+    c.model.performer_redraw = redraw;
+    return c;
+  };
+  const std::string a = lab::join_path(root, "a"), b = lab::join_path(root, "b"), n = lab::join_path(root, "n");
+  ASSERT_EQ(train(performer(a, 4), quiet()).status, TrainStatus::Finished);
+  TrainOptions stop = quiet();
+  stop.stop_after_step = 6;
+  ASSERT_EQ(train(performer(b, 4), stop).status, TrainStatus::Interrupted);
+  clear_stop_request();
+  TrainOptions resume = quiet();
+  resume.resume = ResumeMode::Required;
+  ASSERT_EQ(train(performer(b, 4), resume).status, TrainStatus::Finished);
+  ASSERT_EQ(train(performer(n, 0), quiet()).status, TrainStatus::Finished);
+  const std::vector<double> la = losses(a), lb = losses(b), ln = losses(n);
+  ASSERT_EQ(la.size(), 12u);
+  ASSERT_EQ(lb.size(), 12u);
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(la[i], ln[i]) << "step " << i + 1;  // the same until the first redraw
+  EXPECT_NE(la[4], ln[4]);
+}
+
 TEST_F(Trainer, ResumingWithDifferentSettingsNamesTheField) {
   const std::string dir = lab::join_path(root, "r");
   TrainOptions stop = quiet();

@@ -2,9 +2,10 @@
 // (rotary/linear_attention.h), with or without RoPE.
 //
 //   torch.ops.rotary.linear_attention(q, k, v, positions?, cu_seqlens?, causal, inv_freq?, attention_factor,
-//                                     layout) -> out
+//                                     layout, feature_map="elu_plus_one") -> out
 //   torch.ops.rotary.linear_attention_backward(dout, q, k, v, positions?, cu_seqlens?, causal, inv_freq?,
-//                                              attention_factor, layout) -> (dq, dk, dv)
+//                                              attention_factor, layout, feature_map="elu_plus_one") -> (dq, dk, dv)
+// feature_map "identity": q and k are the caller's positive features (a Performer's), each value > 0.
 // q, k [B, S, H, D] or packed [T, H, D]; v [.., H, Dv]; out like v. inv_freq none: no rotation (the attention
 // factor then has nowhere to go and is ignored). The binding only validates shapes, builds
 // rotary::LinearAttentionParams and forwards; the autograd function saves q, k, v (the core backward recomputes
@@ -29,7 +30,7 @@ struct Prepared {
 
 void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& positions,
              const OptTensor& cu_seqlens, bool causal, const OptTensor& inv_freq, double attention_factor,
-             c10::string_view layout) {
+             c10::string_view layout, c10::string_view feature_map) {
   check_qkv(q, k, v);
   check(k.size(-1) == q.size(-1), "k.shape[-1]", k.size(-1), "head_dim of q = " + std::to_string(q.size(-1)));
   // Query heads against key heads: the core names the field (k.heads), it has no GQA.
@@ -46,6 +47,7 @@ void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Te
   p.k = heads_view(s.k3);
   p.v = heads_view(s.v3);
   p.causal = causal;
+  p.feature_map = parse_feature_map(std::string(feature_map));
   s.seqs = sequences_from(q, cu_seqlens, positions, p.tokens);
   p.batch = s.seqs.batch;
   p.cu_seqlens = s.seqs.cu_ptr();
@@ -65,9 +67,10 @@ std::vector<int64_t> out_shape(const at::Tensor& q, const at::Tensor& v) {
 
 at::Tensor linear_attention_cpu(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const OptTensor& positions, const OptTensor& cu_seqlens, bool causal,
-                                const OptTensor& inv_freq, double attention_factor, c10::string_view layout) {
+                                const OptTensor& inv_freq, double attention_factor, c10::string_view layout,
+                                c10::string_view feature_map) {
   Prepared s;
-  prepare(s, q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout);
+  prepare(s, q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout, feature_map);
   at::Tensor out = at::empty_like(s.v3, at::MemoryFormat::Contiguous);  // [tokens, H, Dv]
   s.p.o = heads_view(out);
   linear_attention_forward(s.p);
@@ -77,9 +80,9 @@ at::Tensor linear_attention_cpu(const at::Tensor& q, const at::Tensor& k, const 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> linear_attention_backward_cpu(
     const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptTensor& positions,
     const OptTensor& cu_seqlens, bool causal, const OptTensor& inv_freq, double attention_factor,
-    c10::string_view layout) {
+    c10::string_view layout, c10::string_view feature_map) {
   Prepared s;
-  prepare(s, q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout);
+  prepare(s, q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout, feature_map);
   check(dout.sizes().vec() == out_shape(q, v), "dout.shape", dout.sizes(), "the output's shape (q's, last dim Dv)");
   const at::Tensor do3 = as_tokens_heads_dim(dout.to(q.scalar_type()), "dout");
   at::Tensor dq = at::empty_like(s.q3, at::MemoryFormat::Contiguous);
@@ -99,15 +102,17 @@ class LinearAttentionFunction : public torch::autograd::Function<LinearAttention
  public:
   static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                             const at::Tensor& v, const OptTensor& positions, const OptTensor& cu_seqlens, bool causal,
-                            const OptTensor& inv_freq, double attention_factor, c10::string_view layout) {
+                            const OptTensor& inv_freq, double attention_factor, c10::string_view layout,
+                            c10::string_view feature_map) {
     at::AutoDispatchBelowADInplaceOrView guard;
     static auto op = typed_op<decltype(linear_attention_cpu)>("rotary::linear_attention");
-    at::Tensor out = op.call(q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout);
+    at::Tensor out = op.call(q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout, feature_map);
     ctx->save_for_backward({q, k, v, positions.value_or(at::Tensor()), cu_seqlens.value_or(at::Tensor()),
                             inv_freq.value_or(at::Tensor())});
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["attention_factor"] = attention_factor;
     ctx->saved_data["layout"] = std::string(layout);
+    ctx->saved_data["feature_map"] = std::string(feature_map);
     return out;
   }
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
@@ -118,8 +123,9 @@ class LinearAttentionFunction : public torch::autograd::Function<LinearAttention
     static auto op = typed_op<decltype(linear_attention_backward_cpu)>("rotary::linear_attention_backward");
     auto& d = ctx->saved_data;
     auto [dq, dk, dv] = op.call(dout, sv[0], sv[1], sv[2], opt(sv[3]), opt(sv[4]), d["causal"].toBool(), opt(sv[5]),
-                                d["attention_factor"].toDouble(), d["layout"].toStringRef());
-    torch::autograd::variable_list g(9);  // one per forward input; only q, k, v are differentiable
+                                d["attention_factor"].toDouble(), d["layout"].toStringRef(),
+                                d["feature_map"].toStringRef());
+    torch::autograd::variable_list g(10);  // one per forward input; only q, k, v are differentiable
     g[0] = dq, g[1] = dk, g[2] = dv;
     return first_derivative_only(std::move(g), "linear_attention");
   }
@@ -127,8 +133,10 @@ class LinearAttentionFunction : public torch::autograd::Function<LinearAttention
 
 at::Tensor linear_attention_autograd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                      const OptTensor& positions, const OptTensor& cu_seqlens, bool causal,
-                                     const OptTensor& inv_freq, double attention_factor, c10::string_view layout) {
-  return LinearAttentionFunction::apply(q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout);
+                                     const OptTensor& inv_freq, double attention_factor, c10::string_view layout,
+                                     c10::string_view feature_map) {
+  return LinearAttentionFunction::apply(q, k, v, positions, cu_seqlens, causal, inv_freq, attention_factor, layout,
+                                        feature_map);
 }
 
 }  // namespace
@@ -136,10 +144,10 @@ at::Tensor linear_attention_autograd(const at::Tensor& q, const at::Tensor& k, c
 at::Tensor linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
                             bool causal, const std::optional<at::Tensor>& inv_freq, double attention_factor,
-                            const std::string& layout) {
+                            const std::string& layout, const std::string& feature_map) {
   static auto op = typed_op<decltype(linear_attention_cpu)>("rotary::linear_attention");
   auto o = [](const std::optional<at::Tensor>& t) { return t ? OptTensor(*t) : OptTensor(); };
-  return op.call(q, k, v, o(positions), o(cu_seqlens), causal, o(inv_freq), attention_factor, layout);
+  return op.call(q, k, v, o(positions), o(cu_seqlens), causal, o(inv_freq), attention_factor, layout, feature_map);
 }
 
 }  // namespace rotary::torch_ops
@@ -147,10 +155,11 @@ at::Tensor linear_attention(const at::Tensor& q, const at::Tensor& k, const at::
 TORCH_LIBRARY_FRAGMENT(rotary, m) {
   m.def(
       "linear_attention(Tensor q, Tensor k, Tensor v, Tensor? positions, Tensor? cu_seqlens, bool causal, "
-      "Tensor? inv_freq, float attention_factor, str layout) -> Tensor");
+      "Tensor? inv_freq, float attention_factor, str layout, str feature_map=\"elu_plus_one\") -> Tensor");
   m.def(
       "linear_attention_backward(Tensor dout, Tensor q, Tensor k, Tensor v, Tensor? positions, Tensor? cu_seqlens, "
-      "bool causal, Tensor? inv_freq, float attention_factor, str layout) -> (Tensor, Tensor, Tensor)");
+      "bool causal, Tensor? inv_freq, float attention_factor, str layout, str feature_map=\"elu_plus_one\") -> "
+      "(Tensor, Tensor, Tensor)");
 }
 TORCH_LIBRARY_IMPL(rotary, CPU, m) {
   m.impl("linear_attention", rotary::torch_ops::linear_attention_cpu);

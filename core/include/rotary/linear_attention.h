@@ -10,15 +10,27 @@
 // (non-causal: the totals S_N, z_N for every m). The backward re-runs that scan and then a reverse scan of
 // P_n = sum_{m>=n} (a R(pos_m) phi(q_m)) g_m^T with g_m = dO_m / den_m; no N x N buffer anywhere.
 // Reference: float64 with the N x N numerator and denominator matrices materialised.
+//
+// feature_map = Identity: q and k are features already (phi(x) = x), e.g. a Performer's positive random features
+// computed by the caller (rotary_nn's FAVOR+); then every value of q and k must be > 0, so that the normaliser is
+// positive (checked; NaN passes through to the output as NaN, like any input NaN).
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "rotary/dtype.h"
 #include "rotary/rope.h"
 #include "rotary/rope_spec.h"
 
 namespace rotary {
+
+enum class FeatureMap {
+  EluPlusOne,  // phi(x) = elu(x) + 1, RoFormer's choice (Katharopoulos et al.)
+  Identity,    // phi(x) = x: the caller's features, each > 0
+};
+const char* feature_map_name(FeatureMap f);  // "elu_plus_one", "identity"
+FeatureMap parse_feature_map(const std::string& name);  // rotary::Error naming "feature_map" and the names
 
 struct LinearAttentionParams {
   int64_t tokens = 0;                   // all sequences packed
@@ -33,6 +45,7 @@ struct LinearAttentionParams {
   const int64_t* cu_seqlens = nullptr;  // [batch + 1] cumulative lengths; null: one sequence of all tokens
   const int64_t* positions = nullptr;   // [tokens], |pos| <= 2^53; null: index inside its sequence
   bool causal = true;
+  FeatureMap feature_map = FeatureMap::EluPlusOne;
   const RopeFreqs* freqs = nullptr;  // null: no rotation (plain linear attention); else head_dim must match
   int threads = 0;                   // OpenMP threads at most, over (sequence, head); 0: omp_get_max_threads()
 };

@@ -72,21 +72,61 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc);
 
-// RoFormer linear attention (eq. 19), phi = elu + 1, RoPE on phi(q), phi(k) in the numerator only (kind rope;
-// no rotation otherwise), causal. Plain: the materialised [Sq, Sk] numerator and denominator (queries aligned to
-// the end of the keys as above). Fused: rotary::torch_ops::linear_attention (the core's running-state kernel,
-// forward and backward; k, v repeated to the query heads for GQA, as the kernel has no grouping).
+// Linear attention (attention "linear" or "performer"), causal, O(N) memory in the fused form.
+//   linear: RoFormer eq. 19, phi = elu + 1, RoPE on phi(q), phi(k) in the numerator only (kind rope; no rotation
+//     otherwise).
+//   performer: FAVOR+ (Choromanski et al. 2021): RoPE on q and k first (kind rope), then the positive random
+//     features of performer_features(); the numerator and the normaliser use the same features. This is how the
+//     Performer code with rotary does it (rotate, then the feature map); RoFormer eq. 19 rotates AFTER the feature
+//     map and leaves the normaliser un-rotated, which a softmax-kernel approximation cannot do (the rotated
+//     features are no longer positive).
+// projection: the layer's [m, head_dim] random matrix (performer; undefined otherwise).
+// Plain: the materialised [Sq, Sk] numerator and normaliser from linear_features (queries aligned to the end of
+// the keys as above). Fused: rotary::torch_ops::linear_attention (the core's running-state kernel, forward and
+// backward; feature_map "identity" for the performer's features; k, v repeated to the query heads for GQA, as the
+// kernel has no grouping).
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
-                                     const PositionContext& pc);
+                                     const PositionContext& pc, const std::string& attention = "linear",
+                                     const torch::Tensor& projection = {});
 torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                                     const torch::Tensor& positions, const PositionContext& pc);
+                                     const torch::Tensor& positions, const PositionContext& pc,
+                                     const std::string& attention = "linear", const torch::Tensor& projection = {});
 
-// The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "linear" or
-// "softmax"; fused -> the rotary ops, else the plain forms. ALiBi and T5 always run plain.
+// The features of q or k [B, S, H, D] at positions [B, S] for the numerator and the normaliser of linear attention:
+// linear (a R(pos) phi(x), phi(x)); performer (phi(R(pos) x), the same). The plain forms and the decoder's running
+// sums (generate.cpp) both use it.
+struct LinearFeatures {
+  torch::Tensor num, den;  // [B, S, H, D] (linear) or [B, S, H, m] (performer)
+};
+LinearFeatures linear_features(const torch::Tensor& x, const torch::Tensor& positions, const PositionContext& pc,
+                               const std::string& attention, const torch::Tensor& projection, bool query);
+
+// FAVOR+ positive random features of x [..., D] (q or k, already rotated) with projection w [m, D]:
+//   phi(x)_i = m^-1/2 (exp(w_i . x' - |x'|^2 / 2 - c) + eps),   x' = x D^-1/4,
+// so that E[phi(q) . phi(k)] is proportional to exp(q . k / sqrt(D)), the softmax kernel (Choromanski et al.,
+// Lemma 1). c, the stabiliser: for a query, the max of its own w_i . x' (a factor common to its numerator and
+// normaliser, so it cancels up to eps); for keys one constant of the draw, max(0, max_i |w_i|^2/2 - 60): since
+// w . x' - |x'|^2/2 <= |w|^2/2 no key feature can pass e^60 (float32 ends at e^88), and no key's features depend on
+// another key's - causal, and the decoder's running sums equal the full forward (the Performer code instead
+// subtracts the max over all keys of the sequence, future ones included). eps = 1e-4 keeps every feature > 0.
+// Computed in float32 (float64 for float64 x), returned in x's dtype: [..., m].
+inline constexpr double kPerformerEps = 1e-4;
+inline constexpr double kPerformerKeyExponentCap = 60.0;
+torch::Tensor performer_features(const torch::Tensor& x, const torch::Tensor& projection, bool query);
+
+// A [m, d] Gaussian orthogonal random matrix (float32): blocks of d orthonormal rows (QR of a Gaussian matrix,
+// signs fixed so the block is Haar), each row scaled by the length of an independent N(0, I_d) vector, so every row
+// is marginally N(0, I_d) while the rows of a block are exactly orthogonal (the "ORF" of section 2.4, which lowers
+// the variance of the estimate against i.i.d. rows).
+torch::Tensor draw_performer_projection(int64_t m, int64_t d, at::Generator gen);
+
+// The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "softmax",
+// "linear" or "performer" (projection: the layer's random features); fused -> the rotary ops, else the plain
+// forms. ALiBi and T5 always run plain.
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
-                              bool fused);
+                              bool fused, const torch::Tensor& projection = {});
 
 // Repeats kv heads for grouped-query attention: [B, S, Hkv, D] -> [B, S, Hkv * group, D] (head h -> h / group).
 torch::Tensor repeat_kv(const torch::Tensor& x, int64_t group);

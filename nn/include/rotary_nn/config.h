@@ -23,7 +23,9 @@ enum class EncodingKind { None, Learned, Sinusoidal, Alibi, T5, Rope, Roper, Rer
 inline constexpr EncodingKind kEncodingKinds[] = {EncodingKind::None,  EncodingKind::Learned, EncodingKind::Sinusoidal,
                                                   EncodingKind::Alibi, EncodingKind::T5,      EncodingKind::Rope,
                                                   EncodingKind::Roper, EncodingKind::Rerope,  EncodingKind::LeakyRerope};
-inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear"};
+// softmax; linear: RoFormer eq. 19 (phi = elu + 1, RoPE on the features); performer: FAVOR+ (Choromanski et al.),
+// positive orthogonal random features of the (rotated) q and k.
+inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear", "performer"};
 // The block's normalisation and MLP: GPT-2's LayerNorm + GELU by default; Llama, Mistral and Qwen use RMSNorm +
 // SwiGLU (docs/checkpoints.md); GPT-NeoX LayerNorm + GELU with a parallel residual.
 inline constexpr std::string_view kNormalizations[] = {"layernorm", "rmsnorm"};
@@ -84,7 +86,9 @@ struct ModelConfig {
   double dropout = 0.0;
   bool tie_embeddings = true;
   int max_seq_len = 1024;  // learned absolute positions only
-  std::string attention = "softmax";  // softmax | linear (linear: RoPE as in RoFormer eq. 19)
+  std::string attention = "softmax";  // softmax | linear (RoPE as in RoFormer eq. 19) | performer (FAVOR+)
+  int performer_features = 0;         // performer: random features m per layer (0 = round(head_dim ln head_dim))
+  int64_t performer_redraw = 1000;    // performer: training redraws the features every N steps (0 = never)
   bool fused = true;       // true: rotary torch ops (fused kernels); false: plain torch ops (the baseline)
   EncodingConfig encoding;
 
@@ -92,6 +96,8 @@ struct ModelConfig {
   int head_dim() const { return head_dim_override != 0 ? head_dim_override : d_model / n_heads; }
   int kv_heads() const { return n_kv_heads == 0 ? n_heads : n_kv_heads; }
   int ff_dim() const { return d_ff == 0 ? 4 * d_model : d_ff; }
+  // performer: m, the random features per layer (performer_features, or round(head_dim ln head_dim), at least 1).
+  int performer_feature_count() const;
   // The encoding with rope.head_dim and rope.rotary_dim filled in from the model (call after validate()).
   EncodingConfig resolved_encoding() const;
 };

@@ -40,6 +40,10 @@ class BlockImpl : public torch::nn::Module {
   using Attend = std::function<torch::Tensor(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v)>;
   explicit BlockImpl(const ModelConfig& config);
   torch::Tensor forward(const torch::Tensor& x, const Attend& attend);  // x [B, S, d_model] -> [B, S, d_model]
+  // attention = performer: this layer's [m, head_dim] random features (a buffer: saved with the model); else
+  // undefined. redraw_performer_projection replaces it by a fresh draw from `gen`.
+  const torch::Tensor& performer_projection() const { return performer_proj_; }
+  void redraw_performer_projection(at::Generator gen);
 
  private:
   torch::Tensor mlp(const torch::Tensor& h);  // [B, S, d_model] -> [B, S, d_model]
@@ -51,6 +55,7 @@ class BlockImpl : public torch::nn::Module {
   torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
   torch::nn::Linear fc_in_{nullptr}, fc_out_{nullptr}, fc_gate_{nullptr};  // fc_gate_: swiglu only
   torch::nn::Dropout drop_{nullptr};
+  torch::Tensor performer_proj_;
 };
 TORCH_MODULE(Block);
 
@@ -70,6 +75,10 @@ class TransformerImpl : public torch::nn::Module {
   // trained encoding; an empty override restores it). rotary::Error naming the field if it does not fit.
   void set_override(const EncodingOverride& o);
   const EncodingConfig& active_encoding() const { return active_; }
+  // attention = performer: every layer draws new random features, layer i from a generator seeded with a mix of
+  // (seed, i), so data-parallel ranks and a resumed run draw the same (training calls it every performer_redraw
+  // steps). No-op for the other attention kinds.
+  void redraw_performer_features(uint64_t seed);
   // Autoregressive sampling through the KV-cache decoder: prompt [S] -> generated ids (excluding the prompt).
   // temperature 0 = greedy. Stops after max_new tokens or when `stop_id` is produced (not included).
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int max_new, double temperature,

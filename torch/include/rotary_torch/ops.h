@@ -37,10 +37,11 @@ std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tens
 // RoFormer eq. 19 linear attention (rotary/linear_attention.h): phi = elu + 1, the rotation a R(pos) on phi(q),
 // phi(k) in the numerator only. q, k [B, S, H, D] or packed [T, H, D] (cu_seqlens as for attention; one kv head
 // per query head); v [.., H, Dv]. inv_freq: [r/2] float64, or none for no rotation (attention_factor and layout
-// then unused). Returns out [.., H, Dv] in q's dtype; differentiable in q, k, v (the core backward).
+// then unused). feature_map "identity": q and k are the caller's features (each > 0; a Performer's), not
+// passed through elu + 1. Returns out [.., H, Dv] in q's dtype; differentiable in q, k, v (the core backward).
 at::Tensor linear_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                             const std::optional<at::Tensor>& positions, const std::optional<at::Tensor>& cu_seqlens,
                             bool causal, const std::optional<at::Tensor>& inv_freq, double attention_factor = 1.0,
-                            const std::string& layout = "half_split");
+                            const std::string& layout = "half_split", const std::string& feature_map = "elu_plus_one");
 
 }  // namespace rotary::torch_ops
