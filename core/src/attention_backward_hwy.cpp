@@ -24,6 +24,7 @@
 #include "attention_plan.h"
 #include "hwy/highway.h"
 #include "simd_targets.h"
+#include "validate.h"
 
 #ifndef ROTARY_ATTENTION_BACKWARD_SHARED_
 #define ROTARY_ATTENTION_BACKWARD_SHARED_
@@ -41,6 +42,7 @@ struct BwdBuffers {
   T *dKn = nullptr, *dKf = nullptr, *dVn = nullptr, *dVf = nullptr;  // per query head, rows [Hq][tokens][Dp]
   T* thread_base = nullptr;
   int64_t per_thread = 0;                        // four [Br][Bc] tiles
+  double* dlut = nullptr;                        // T5: per thread [Hq][lut_width] sums of dS by clamped distance
 };
 
 template <class T>
@@ -59,6 +61,7 @@ BwdBuffers<T> carve_backward(Arena& a, const Plan& pl, int threads) {
   }
   b.per_thread = 4 * int64_t(kBlockRows) * kBlockKeys;
   b.thread_base = a.take<T>(b.per_thread * threads);
+  if (pl.bias == ScoreBias::T5) b.dlut = a.take<double>(pl.Hq * pl.lut_width() * threads);
   return b;
 }
 
@@ -97,7 +100,7 @@ HWY_INLINE void ProbsAndDs(T* HWY_RESTRICT S, T* HWY_RESTRICT dP, int64_t limit,
 }
 
 template <class T>
-void BackwardItem(const Plan& pl, const BwdBuffers<T>& b, T* th, const BwdItem& it) {
+void BackwardItem(const Plan& pl, const BwdBuffers<T>& b, T* th, double* dlut, const BwdItem& it) {
   constexpr int64_t Br = kBlockRows, Bc = kBlockKeys;
   const int64_t Dp = pl.Dp, h = it.head, hk = h / pl.group, sb = pl.seq_start[size_t(it.seq)];
   const int64_t L = pl.seq_len(it.seq), blk_elems = Dp * Bc;
@@ -151,10 +154,17 @@ void BackwardItem(const Plan& pl, const BwdBuffers<T>& b, T* th, const BwdItem& 
           select_far(pos + j0, kcount, pos[i0 + r] - pl.w, increasing, S + r * Bc, S2 + r * Bc);
           if (two_acc) select_far(pos + j0, kcount, pos[i0 + r] - pl.w, increasing, dP + r * Bc, dP2 + r * Bc);
         }
+      if (pl.bias != ScoreBias::None)
+        for (int64_t r = 0; r < rows; ++r) add_score_bias(pl, h, pos[i0 + r], pos + j0, kcount, S + r * Bc);
       const bool diagonal = pl.causal && j0 + kcount - 1 > i0;
       for (int64_t r = 0; r < rows; ++r) {
         const int64_t limit = diagonal ? std::min(kcount, i0 + r - j0 + 1) : kcount;
         ProbsAndDs(S + r * Bc, dP + r * Bc, limit, b.lse[rq + i0 + r], b.Drow[rq + i0 + r]);
+        // T5: the table entry of (h, bucket) receives dS of every pair in that bucket, gathered by distance.
+        if (dlut) {
+          double* row = dlut + h * pl.lut_width();
+          for (int64_t j = 0; j < limit; ++j) row[pl.lut_index(pos[i0 + r] - pos[j0 + j])] += double(dP[r * Bc + j]);
+        }
       }
       // dV takes the whole P unless RoPER splits the values into near and far forms.
       if (!two_acc) TileGemm(kcount, Dp, rows, S, 1, Bc, dOn, Dp, dVn, Dp, true);
@@ -218,11 +228,22 @@ void BackwardTyped(const AttentionGradParams& g, const Plan& pl, Arena& arena, i
     }
 
   const std::vector<BwdItem> items = backward_items(pl);
+  const int64_t lut_elems = pl.Hq * pl.lut_width();
+  if (b.dlut) std::fill(b.dlut, b.dlut + lut_elems * threads, 0.0);
 #pragma omp parallel num_threads(threads)
   {
     T* th = b.thread_base + b.per_thread * omp_get_thread_num();
+    double* dlut = b.dlut ? b.dlut + lut_elems * omp_get_thread_num() : nullptr;
 #pragma omp for schedule(dynamic, 1)
-    for (size_t i = 0; i < items.size(); ++i) BackwardItem<T>(pl, b, th, items[i]);
+    for (size_t i = 0; i < items.size(); ++i) BackwardItem<T>(pl, b, th, dlut, items[i]);
+  }
+  if (b.dlut) {  // threads summed, then distances into their buckets: d table[bucket][h]
+    std::vector<double> dtable(size_t(p.bias.t5_num_buckets * pl.Hq), 0.0);
+    for (int t = 0; t < threads; ++t)
+      for (int64_t h = 0; h < pl.Hq; ++h)
+        for (int64_t i = 0; i < pl.lut_width(); ++i)
+          dtable[size_t(pl.lut_bucket[size_t(i)] * pl.Hq + h)] += b.dlut[lut_elems * t + h * pl.lut_width() + i];
+    for (size_t e = 0; e < dtable.size(); ++e) store_from_double(g.dt5_table, pl.dtype, int64_t(e), dtable[e]);
   }
 
   // Back through the transposes: dq from both query forms; dk, dv summed over the group's query heads.
@@ -315,7 +336,10 @@ int64_t attention_backward_scratch_bytes(const AttentionGradParams& g, int threa
 
 void attention_backward(const AttentionGradParams& g) {
   validate_attention_grad_params(g);
-  if (g.fwd.tokens == 0) return;
+  if (g.fwd.tokens == 0) {
+    detail::clear_t5_gradient(g);
+    return;
+  }
   const attn::Plan pl = attn::make_plan(g.fwd);
   const int threads = attn::backward_threads(pl, g.fwd.threads);
   attn::Arena arena(attn::backward_bytes(pl, threads));

@@ -122,6 +122,8 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
     if (kind == TileKind::Straddle)
       for (int64_t r = 0; r < rows; ++r)
         select_far(pos + j0, kcount, pos[i0 + r] - pl.w, increasing, S + r * Bc, S2 + r * Bc);
+    if (pl.bias != ScoreBias::None)
+      for (int64_t r = 0; r < rows; ++r) add_score_bias(pl, h, pos[i0 + r], pos + j0, kcount, S + r * Bc);
     const bool diagonal = pl.causal && j0 + kcount - 1 > i0;
     for (int64_t r = 0; r < rows; ++r) {
       const int64_t limit = diagonal ? std::min(kcount, i0 + r - j0 + 1) : kcount;

@@ -5,6 +5,7 @@
 
 #include "rotary/attention.h"
 #include "rotary/error.h"
+#include "rotary/t5_bias.h"
 #include "validate.h"
 
 namespace rotary {
@@ -25,6 +26,19 @@ void validate_attention_params(const AttentionParams& p) {
     fail("k.heads", to_text(p.k.heads), "a divisor of q.heads = " + std::to_string(p.q.heads) + " (MHA, GQA or MQA)");
   check_view(p.v, "v", p.tokens, p.head_dim, p.k.heads, "k.heads");
   check_view(p.o, "o", p.tokens, p.head_dim, p.q.heads, "q.heads");
+  const ScoreBiasParams& b = p.bias;
+  check(b.kind == ScoreBias::None || b.kind == ScoreBias::Alibi || b.kind == ScoreBias::T5, "bias.kind", int(b.kind),
+        "None, Alibi or T5");
+  if (b.kind == ScoreBias::Alibi) {
+    check(b.alibi_slopes != nullptr, "bias.alibi_slopes", "null", "[q.heads] slopes with bias.kind = Alibi");
+    for (int64_t h = 0; h < p.q.heads; ++h)
+      check(std::isfinite(b.alibi_slopes[h]), "bias.alibi_slopes[" + std::to_string(h) + "]", b.alibi_slopes[h],
+            "a finite value");
+  }
+  if (b.kind == ScoreBias::T5) {
+    check(b.t5_table != nullptr, "bias.t5_table", "null", "[t5_num_buckets, q.heads] with bias.kind = T5");
+    validate_t5_buckets(b.t5_num_buckets, b.t5_max_distance, b.t5_bidirectional);
+  }
   if (p.positions != nullptr)
     for (int64_t s = 0; s < p.batch; ++s)
       check_positions(p.positions, p.cu_seqlens ? p.cu_seqlens[s] : 0, p.cu_seqlens ? p.cu_seqlens[s + 1] : p.tokens,
@@ -40,6 +54,16 @@ void validate_attention_grad_params(const AttentionGradParams& g) {
   detail::check_view(g.dq, "dq", p.tokens, p.head_dim, p.q.heads, "q.heads");
   detail::check_view(g.dk, "dk", p.tokens, p.head_dim, p.k.heads, "k.heads");
   detail::check_view(g.dv, "dv", p.tokens, p.head_dim, p.k.heads, "k.heads");
+  if (p.bias.kind == ScoreBias::T5)
+    check(g.dt5_table != nullptr, "dt5_table", "null", "[t5_num_buckets, q.heads] with bias.kind = T5");
+  else
+    check(g.dt5_table == nullptr, "dt5_table", "given", "null unless bias.kind = T5 (only T5's table is learned)");
+}
+
+void detail::clear_t5_gradient(const AttentionGradParams& g) {
+  const ScoreBiasParams& b = g.fwd.bias;
+  if (b.kind != ScoreBias::T5) return;
+  for (int64_t e = 0; e < int64_t(b.t5_num_buckets) * g.fwd.q.heads; ++e) store_from_double(g.dt5_table, g.fwd.dtype, e, 0.0);
 }
 
 }  // namespace rotary

@@ -13,6 +13,7 @@
 
 #include "attention_plan.h"
 #include "rotary/angles.h"
+#include "rotary/t5_bias.h"
 
 namespace rotary::attn {
 
@@ -73,6 +74,22 @@ Plan make_plan(const AttentionParams& p) {
   pl.leaky_k = p.pos.leaky_k;
   pl.freqs = p.pos.mode == PositionMode::None ? nullptr : p.pos.freqs;
   pl.pairs = pl.freqs ? pl.freqs->pairs() : 0;
+  const ScoreBiasParams& sb = p.bias;
+  pl.bias = sb.kind;
+  if (sb.kind == ScoreBias::Alibi) pl.alibi.assign(sb.alibi_slopes, sb.alibi_slopes + pl.Hq);
+  if (sb.kind == ScoreBias::T5) {
+    pl.lut_lo = sb.t5_bidirectional ? -int64_t(sb.t5_max_distance) : -1;
+    pl.lut_hi = sb.t5_max_distance;
+    const int64_t W = pl.lut_width();
+    pl.lut_bucket.resize(size_t(W));
+    pl.lut.resize(size_t(pl.Hq * W));
+    for (int64_t i = 0; i < W; ++i) {
+      const int b = t5_relative_bucket(pl.lut_lo + i, 0, sb.t5_bidirectional, sb.t5_num_buckets, sb.t5_max_distance);
+      pl.lut_bucket[size_t(i)] = b;
+      for (int64_t h = 0; h < pl.Hq; ++h)
+        pl.lut[size_t(h * W + i)] = load_as_double(sb.t5_table, p.dtype, int64_t(b) * pl.Hq + h);
+    }
+  }
   return pl;
 }
 

@@ -67,6 +67,17 @@ struct Plan {
   const RopeFreqs* freqs = nullptr;
   int pairs = 0;       // rotated pairs (0 for mode None)
 
+  // The score bias b_h(d), d = pos_i - pos_j, added to the scaled score (ScoreBiasParams): ALiBi from the slopes;
+  // T5 from a table by distance clamped into [lut_lo, lut_hi], where the bucket is constant outside (causal: every
+  // d < 0 is bucket 0; every d >= max_distance the last bucket; bidirectional likewise for -d).
+  ScoreBias bias = ScoreBias::None;
+  std::vector<double> alibi;        // [Hq] slopes
+  int64_t lut_lo = 0, lut_hi = -1;
+  std::vector<double> lut;          // [Hq][lut_width()] T5 bias by clamped distance
+  std::vector<int32_t> lut_bucket;  // [lut_width()] the bucket of each clamped distance
+  int64_t lut_width() const { return lut_hi - lut_lo + 1; }
+  int64_t lut_index(int64_t d) const { return std::clamp(d, lut_lo, lut_hi) - lut_lo; }
+
   int64_t seq_len(int64_t s) const { return seq_start[size_t(s) + 1] - seq_start[size_t(s)]; }
   int64_t blocks_of(int64_t s) const { return blk_first[size_t(s) + 1] - blk_first[size_t(s)]; }
   // Query scale of a token: softmax_scale * max(1, ln(pos + 1) / ln(L_train)).
@@ -77,6 +88,18 @@ struct Plan {
 Plan make_plan(const AttentionParams& p);
 inline int elem_bytes(DType t) { return t == DType::F64 ? 8 : 4; }
 inline int padded_dim(int D, int elem) { const int per = 64 / elem; return (D + per - 1) / per * per; }
+
+// s[j] += b_h(qpos - kpos[j]) for the kcount keys of a score tile row (no-op without a bias).
+template <class T>
+inline void add_score_bias(const Plan& pl, int64_t h, int64_t qpos, const int64_t* kpos, int64_t kcount, T* s) {
+  if (pl.bias == ScoreBias::Alibi) {
+    const double slope = pl.alibi[size_t(h)];
+    for (int64_t j = 0; j < kcount; ++j) s[j] += T(-slope * double(qpos - kpos[j]));
+  } else if (pl.bias == ScoreBias::T5) {
+    const double* row = pl.lut.data() + h * pl.lut_width();
+    for (int64_t j = 0; j < kcount; ++j) s[j] += T(row[pl.lut_index(qpos - kpos[j])]);
+  }
+}
 
 enum class TileKind : uint8_t { Near, Far, Straddle };
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rotary/attention.h"
+#include "rotary/t5_bias.h"
 
 namespace rotary {
 
@@ -69,6 +70,19 @@ struct Ref {
   // Leaky only: ReRoPE's far keys are not rotated.
   void far_k(int64_t t, double& angle, double& factor) const {
     angle = double(pos[size_t(t)]) / p.pos.leaky_k, factor = A;
+  }
+  // The score bias of query token i, key token j, head h, straight from rotary/t5_bias.h (not the kernels'
+  // table by distance); with it, T5's bucket (-1 without a T5 bias).
+  int bucket(int64_t i, int64_t j) const {
+    const ScoreBiasParams& b = p.bias;
+    if (b.kind != ScoreBias::T5) return -1;
+    return t5_relative_bucket(pos[size_t(i)], pos[size_t(j)], b.t5_bidirectional, b.t5_num_buckets, b.t5_max_distance);
+  }
+  double bias(int64_t h, int64_t i, int64_t j) const {
+    const ScoreBiasParams& b = p.bias;
+    if (b.kind == ScoreBias::Alibi) return -b.alibi_slopes[h] * double(pos[size_t(i)] - pos[size_t(j)]);
+    if (b.kind == ScoreBias::T5) return load_as_double(b.t5_table, p.dtype, int64_t(bucket(i, j)) * p.q.heads + h);
+    return 0.0;
   }
   bool near(int64_t i, int64_t j) const { return !far || pos[size_t(i)] - pos[size_t(j)] < p.pos.window; }
   // The effective relative distance the score of (i, j) sees.
@@ -133,8 +147,9 @@ HeadMatrices head_matrices(const Ref& r, int64_t b, int64_t h) {
   m.lse.assign(size_t(L), 0);
   for (int64_t i = 0; i < L; ++i)
     for (int64_t j = 0; j < L; ++j) {
-      m.s1[size_t(i * L + j)] = r.scale * dot(m.qn[size_t(i)], m.kn[size_t(j)]);
-      if (r.far) m.s2[size_t(i * L + j)] = r.scale * dot(m.qf[size_t(i)], m.kf[size_t(j)]);
+      const double bias = r.bias(h, begin + i, begin + j);
+      m.s1[size_t(i * L + j)] = r.scale * dot(m.qn[size_t(i)], m.kn[size_t(j)]) + bias;
+      if (r.far) m.s2[size_t(i * L + j)] = r.scale * dot(m.qf[size_t(i)], m.kf[size_t(j)]) + bias;
     }
   for (int64_t i = 0; i < L; ++i) {
     const int64_t jend = p.causal ? i + 1 : L;
@@ -193,7 +208,11 @@ void attention_forward_reference(const AttentionParams& p) {
 void attention_backward_reference(const AttentionGradParams& g) {
   validate_attention_grad_params(g);
   const AttentionParams& p = g.fwd;
-  if (p.tokens == 0) return;
+  std::vector<double> dtable(p.bias.kind == ScoreBias::T5 ? size_t(p.bias.t5_num_buckets * p.q.heads) : 0, 0.0);
+  auto store_dtable = [&] {
+    for (size_t e = 0; e < dtable.size(); ++e) store_from_double(g.dt5_table, p.dtype, int64_t(e), dtable[e]);
+  };
+  if (p.tokens == 0) return store_dtable();
   const Ref r(p);
   const int D = r.D;
   const int64_t Hq = p.q.heads, Hkv = p.k.heads, group = Hq / Hkv;
@@ -223,8 +242,11 @@ void attention_backward_reference(const AttentionGradParams& g) {
           double* dvj = &dv[size_t(((begin + j) * Hkv + hk) * D)];
           for (int d = 0; d < D; ++d) dvj[d] += m.prob[size_t(i * L + j)] * gv[size_t(d)];
         }
-        for (int64_t j = 0; j < jend; ++j)
+        for (int64_t j = 0; j < jend; ++j) {
           ds[size_t(i * L + j)] = m.prob[size_t(i * L + j)] * (dp[size_t(j)] - rowdot);
+          // The bias enters the score with weight 1: its table entry collects dS.
+          if (!dtable.empty()) dtable[size_t(r.bucket(begin + i, begin + j) * Hq + h)] += ds[size_t(i * L + j)];
+        }
       }
       // Scores s = scale * qn.kn (near) or scale * qf.kf (far): gradients of the rotated rows, then back
       // through the rotations' transposes (and the log-n factor of the query).
@@ -287,6 +309,7 @@ void attention_backward_reference(const AttentionGradParams& g) {
       store_head(g.dk, p.dtype, t, hk, &dk[size_t((t * Hkv + hk) * D)], D);
       store_head(g.dv, p.dtype, t, hk, &dv[size_t((t * Hkv + hk) * D)], D);
     }
+  store_dtable();
 }
 
 }  // namespace rotary

@@ -42,4 +42,7 @@ void check_position_params(const PositionParams& pos, int head_dim, std::string_
 inline constexpr int kMaxThreads = 4096;
 void check_threads(int threads);
 
+// An attention backward with no tokens still owes the T5 table its gradient: zeros (no-op for other kinds).
+void clear_t5_gradient(const AttentionGradParams& g);
+
 }  // namespace rotary::detail

@@ -180,10 +180,22 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
 
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc) {
-  check(!has_score_bias(pc.enc.kind), "encoding.kind", pc.enc.kind,
-        "not alibi or t5 in the fused op (it has no bias input)");
   return std::get<0>(torch_ops::attention(q, k, v, positions, std::nullopt, /*causal=*/true, pc.softmax_scale,
-                                          fused_attention_position(pc)));
+                                          fused_attention_position(pc), fused_attention_bias(pc)));
+}
+
+torch_ops::AttentionBias fused_attention_bias(const PositionContext& pc) {
+  torch_ops::AttentionBias b;
+  if (pc.enc.kind == EncodingKind::Alibi) {
+    b.kind = "alibi";
+    b.alibi_slopes = pc.alibi_slopes;
+  } else if (pc.enc.kind == EncodingKind::T5) {
+    b.kind = "t5";
+    b.t5_table = pc.t5_bias;
+    b.t5_num_buckets = pc.enc.t5_num_buckets;
+    b.t5_max_distance = pc.enc.t5_max_distance;
+  }
+  return b;
 }
 
 torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc) {
@@ -296,7 +308,6 @@ torch::Tensor performer_features(const torch::Tensor& x, const torch::Tensor& pr
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused, const torch::Tensor& projection) {
-  fused = fused && !has_score_bias(pc.enc.kind);
   if (attention != "softmax")
     return fused ? linear_attention_fused(q, k, v, positions, pc, attention, projection)
                  : linear_attention_plain(q, k, v, positions, positions, pc, attention, projection);

@@ -176,8 +176,8 @@ void ModelConfig::validate() const {
     check(performer_redraw == d.performer_redraw, "performer_redraw", performer_redraw,
           std::to_string(d.performer_redraw) + " (only attention = performer redraws features)");
   }
-  // The fused attention kernel takes head dims 16..256; the score-bias kinds and linear attention never call it.
-  if (fused && attention == "softmax" && !has_score_bias(encoding.kind))
+  // The fused attention kernel takes head dims 16..256; linear attention never calls it.
+  if (fused && attention == "softmax")
     check(head_dim() >= 16 && head_dim() <= 256, "head_dim", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
 }

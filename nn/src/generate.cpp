@@ -4,8 +4,9 @@
 //   fused softmax, every kind but alibi and t5 -> the core decoder (torch.classes.rotary.KvCache): rope/roper keep
 //     rotated keys; rerope/leaky keep UN-rotated keys and per step rotate only the keys inside the window, scoring
 //     the far ones against R(w) q (core/include/rotary/kv_cache.h).
-//   plain softmax, and alibi and t5 always -> un-rotated keys and values in torch tensors; each step runs the plain
-//     attention of the one new query over all of them (for rerope: the seed's re-rotation of the whole cache).
+//   plain softmax, and alibi and t5 (the core decoder has no score bias; their prefill runs fused) -> un-rotated
+//     keys and values in torch tensors; each step runs the plain attention of the one new query over all of them
+//     (for rerope: the seed's re-rotation of the whole cache).
 //   fused linear / performer -> the running sums S = sum R(n) phi(k_n) v_n^T, z = sum phi(k_n) (performer:
 //     phi(R(n) k_n) in both; O(1) per step; the prefill runs the fused op, whose core kernel keeps these sums
 //     internally but does not return them);

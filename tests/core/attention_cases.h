@@ -44,6 +44,9 @@ struct AttnCase {
   int64_t position_offset = -1;  // >= 0: explicit positions offset + index (+ index / 5 gaps); -1: default
   bool shuffle_positions = false;  // explicit positions permuted inside each sequence (non-causal only)
   double softmax_scale = 0;
+  ScoreBias bias = ScoreBias::None;  // Alibi: slopes 2^-(h+1) (negated for odd heads); T5: a table in [-1, 1)
+  int t5_buckets = 32, t5_max_distance = 128;
+  bool t5_bidirectional = false;
 };
 
 inline std::string describe(const AttnCase& c) {
@@ -53,7 +56,12 @@ inline std::string describe(const AttnCase& c) {
                                                            std::to_string(c.leaky_k) + ")";
   std::string lens;
   for (int64_t l : c.seqlens) lens += (lens.empty() ? "" : ",") + std::to_string(l);
-  return c.name + " [" + mode + (c.roper ? "+roper" : "") + (c.logn_train ? "+logn" : "") +
+  const std::string bias = c.bias == ScoreBias::Alibi ? "+alibi"
+                           : c.bias == ScoreBias::T5 ? "+t5(" + std::to_string(c.t5_buckets) + "," +
+                                                           std::to_string(c.t5_max_distance) +
+                                                           (c.t5_bidirectional ? ",bi)" : ")")
+                                                     : "";
+  return c.name + " [" + mode + (c.roper ? "+roper" : "") + (c.logn_train ? "+logn" : "") + bias +
          " D=" + std::to_string(c.D) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
          " seqs=" + lens + (c.causal ? " causal" : " full") + " " + dtype_name(c.dtype) + "]";
 }
@@ -110,6 +118,11 @@ class AttnProblem {
     }
     dob_ = make(c.Hq, seed + 3);
     dout_ = view(*dob_, c.Hq);
+    for (int h = 0; h < c.Hq; ++h) alibi_.push_back(std::ldexp(h % 2 ? -1.0 : 1.0, -(h + 1)));
+    if (c.bias == ScoreBias::T5) {
+      t5_ = std::make_unique<GuardedBuffer>(c.dtype, int64_t(c.t5_buckets) * c.Hq);
+      fill_uniform(*t5_, seed + 4);
+    }
   }
 
   const AttnCase& spec() const { return c_; }
@@ -120,7 +133,7 @@ class AttnProblem {
 
   // Params with fresh output buffers (o filled with a marker so that writes outside the view show).
   struct Outputs {
-    std::unique_ptr<GuardedBuffer> o, lse, dq, dk, dv;
+    std::unique_ptr<GuardedBuffer> o, lse, dq, dk, dv, dt5;
     HeadsView ov, dqv, dkv, dvv;
   };
   Outputs outputs() const {
@@ -130,6 +143,10 @@ class AttnProblem {
     out.dq = make(c_.Hq, 0, true), out.dqv = view(*out.dq, c_.Hq);
     out.dk = make(c_.Hkv, 0, true), out.dkv = view(*out.dk, c_.Hkv);
     out.dv = make(c_.Hkv, 0, true), out.dvv = view(*out.dv, c_.Hkv);
+    if (t5_) {
+      out.dt5 = std::make_unique<GuardedBuffer>(c_.dtype, t5_->size());
+      for (int64_t i = 0; i < out.dt5->size(); ++i) out.dt5->set(i, kMarker);
+    }
     return out;
   }
   AttentionParams params(Outputs& out) {
@@ -150,12 +167,19 @@ class AttnProblem {
     p.pos.window = c_.window;
     p.pos.leaky_k = c_.leaky_k;
     p.pos.logn_train_len = c_.logn_train;
+    p.bias.kind = c_.bias;
+    p.bias.alibi_slopes = alibi_.data();
+    p.bias.t5_table = t5_ ? t5_->data() : nullptr;
+    p.bias.t5_num_buckets = c_.t5_buckets;
+    p.bias.t5_max_distance = c_.t5_max_distance;
+    p.bias.t5_bidirectional = c_.t5_bidirectional;
     return p;
   }
   AttentionGradParams grad_params(Outputs& out) {
     AttentionGradParams g;
     g.fwd = params(out);
     g.dout = dout_, g.dq = out.dqv, g.dk = out.dkv, g.dv = out.dvv;
+    g.dt5_table = out.dt5 ? out.dt5->data() : nullptr;
     return g;
   }
 
@@ -172,6 +196,7 @@ class AttnProblem {
   const HeadsView& k() const { return k_; }
   const HeadsView& v() const { return v_; }
   const HeadsView& dout() const { return dout_; }
+  GuardedBuffer* t5_table() { return t5_.get(); }  // null without a T5 bias
 
   // True when every element of buffer b outside view v (gaps between heads and tokens) still holds the marker.
   bool gaps_untouched(const GuardedBuffer& b, const HeadsView& v) const {
@@ -212,7 +237,8 @@ class AttnProblem {
   int64_t tokens_ = 0;
   std::vector<int64_t> cu_, pos_;
   RopeFreqs freqs_;
-  std::unique_ptr<GuardedBuffer> qkv_, qb_, kb_, vb_, dob_;
+  std::unique_ptr<GuardedBuffer> qkv_, qb_, kb_, vb_, dob_, t5_;
+  std::vector<double> alibi_;
   HeadsView q_, k_, v_, dout_;
 };
 

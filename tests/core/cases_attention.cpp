@@ -44,6 +44,12 @@ class AttentionCaseBase : public OpCase {
   AttnProblem::Outputs fast_, ref_;
 };
 
+std::vector<double> table_values(const GuardedBuffer& b) {
+  std::vector<double> v(static_cast<size_t>(b.size()));
+  for (int64_t i = 0; i < b.size(); ++i) v[size_t(i)] = b.get(i);
+  return v;
+}
+
 class AttentionForwardCase : public AttentionCaseBase {
  public:
   AttentionForwardCase(AttnCase c, std::vector<PoisonSite> nan_sites = {}, std::vector<PoisonSite> inf_sites = {})
@@ -129,11 +135,16 @@ class AttentionBackwardCase : public AttentionCaseBase {
   }
   std::vector<Output> outputs() const override {
     const Tolerance tol = tolerance(Quantity::AttentionGradient, tolerance_inputs());
-    return {{"dq", pr_->gather(fast_.dqv), pr_->gather(ref_.dqv), tol},
-            {"dk", pr_->gather(fast_.dkv), pr_->gather(ref_.dkv), tol},
-            {"dv", pr_->gather(fast_.dvv), pr_->gather(ref_.dvv), tol}};
+    std::vector<Output> outs = {{"dq", pr_->gather(fast_.dqv), pr_->gather(ref_.dqv), tol},
+                                {"dk", pr_->gather(fast_.dkv), pr_->gather(ref_.dkv), tol},
+                                {"dv", pr_->gather(fast_.dvv), pr_->gather(ref_.dvv), tol}};
+    if (fast_.dt5)
+      outs.push_back({"dt5_table", table_values(*fast_.dt5), table_values(*ref_.dt5),
+                      tolerance(Quantity::AttentionBiasGradient, tolerance_inputs())});
+    return outs;
   }
   std::string memory_violations() const override {
+    if (fast_.dt5 && !fast_.dt5->guards_intact()) return "write outside dt5_table";
     if (!pr_->gaps_untouched(*fast_.dq, fast_.dqv)) return "write outside dq";
     if (!pr_->gaps_untouched(*fast_.dk, fast_.dkv)) return "write outside dk";
     if (!pr_->gaps_untouched(*fast_.dv, fast_.dvv)) return "write outside dv";
@@ -170,6 +181,10 @@ class AttentionBackwardCase : public AttentionCaseBase {
                     },
                     pr_->gather(*grads[i].second), pr_->gather(*ref_grads[i])});
     }
+    if (GuardedBuffer* table = pr_->t5_table())
+      in.push_back({"dt5_table", [table] { return table->size(); }, [table](int64_t e) { return table->get(e); },
+                    [table](int64_t e, double v) { table->set(e, v); }, table_values(*fast_.dt5),
+                    table_values(*ref_.dt5)});
     return in;
   }
   // Inputs are uniform in [-1, 1): gradients are compared at that scale at least.
@@ -223,6 +238,27 @@ std::vector<AttnCase> forward_table() {
     if (i % 8 == 6) c.softmax_scale = 0.3;
     cases.push_back(c);
   }
+  // Score biases (ALiBi, T5) in every position mode. Sequences of 130 with explicit positions (gaps of index / 5)
+  // reach distances past T5's max_distance 128, and the small tables (8 buckets to 12) reach the logarithmic and
+  // the clamped buckets in every tile; non-causal T5 runs the bidirectional buckets.
+  for (int i = 0; i < 12; ++i) {
+    const ModeSpec& m = modes[size_t(i % 10)];
+    AttnCase c;
+    c.name = "bias" + std::to_string(i);
+    c.mode = m.mode, c.roper = m.roper, c.window = m.window, c.leaky_k = m.k, c.logn_train = m.logn;
+    c.bias = i % 3 == 0 ? ScoreBias::Alibi : ScoreBias::T5;
+    if (i % 3 == 2) c.t5_buckets = 8, c.t5_max_distance = 12;
+    c.D = dims[size_t((i + 3) % 8)];
+    if (c.roper && c.D > 128) c.D = 96;
+    c.Hq = heads[size_t(i % 3)].first, c.Hkv = heads[size_t(i % 3)].second;
+    c.seqlens = lens[size_t(i % 4)];
+    c.causal = i % 4 != 1;
+    c.t5_bidirectional = !c.causal && i % 2 == 1;
+    c.dtype = dtypes[size_t(i % 4)];
+    c.mem = mems[size_t(i % 3)];
+    if (i % 2 == 0) c.position_offset = 7;
+    cases.push_back(c);
+  }
   return cases;
 }
 
@@ -258,6 +294,19 @@ std::vector<AttnCase> backward_table() {
     c.mem = MemLayout::HeadMajor;
     cases.push_back(c);
   }
+  // Score biases; T5 also returns the table's gradient.
+  add("alibi_rope", PM::Rope, false, 0, 1, 64, 4, 2, {7, 130}, true, DType::F32);
+  add("t5_none", PM::None, false, 0, 1, 64, 4, 2, {7, 130}, true, DType::F32);
+  add("t5_rerope_roper", PM::Rerope, true, 12, 1, 64, 2, 1, {100}, true, DType::F32);
+  add("t5_leaky_full", PM::LeakyRerope, false, 20, 2, 48, 2, 2, {70}, false, DType::F32);
+  add("t5_rope_bf16", PM::Rope, false, 0, 1, 64, 2, 2, {7, 70}, true, DType::BF16);
+  add("t5_rope_f64", PM::Rope, false, 0, 1, 40, 2, 1, {90}, true, DType::F64);
+  for (size_t i = cases.size() - 6; i < cases.size(); ++i) {
+    AttnCase& c = cases[i];
+    c.bias = c.name.starts_with("alibi") ? ScoreBias::Alibi : ScoreBias::T5;
+    if (c.name == "t5_leaky_full") c.t5_bidirectional = true, c.t5_buckets = 16, c.t5_max_distance = 30;
+    if (c.name == "t5_none") c.position_offset = 3;  // gaps: distances past 128
+  }
   return cases;
 }
 
@@ -283,6 +332,17 @@ std::vector<AttnCase> finite_difference_table() {
   add("roper", PM::Rope, true, 0, 1, true, 0, 0, RopeLayout::HalfSplit);
   add("rerope_roper", PM::Rerope, true, 3, 1, true, 4, 0, RopeLayout::HalfSplit);
   add("leaky_roper_full", PM::LeakyRerope, true, 2, 3, false, 0, 8, RopeLayout::Interleaved);
+  // Biases: T5 with 6 buckets to distance 6 (exact 0..2, logarithmic, clamped within these lengths), the table
+  // among the inputs; ALiBi's fixed slopes.
+  add("t5_rope", PM::Rope, false, 0, 1, true, 0, 0, RopeLayout::HalfSplit);
+  add("t5_rerope_full_bidirectional", PM::Rerope, false, 3, 1, false, 0, 0, RopeLayout::HalfSplit);
+  add("alibi_leaky", PM::LeakyRerope, false, 3, 2, true, 0, 0, RopeLayout::Interleaved);
+  for (size_t i = cases.size() - 3; i < cases.size(); ++i) {
+    AttnCase& c = cases[i];
+    c.bias = c.name.find("alibi") != std::string::npos ? ScoreBias::Alibi : ScoreBias::T5;
+    c.t5_buckets = 6, c.t5_max_distance = 6;
+    c.t5_bidirectional = !c.causal;
+  }
   return cases;
 }
 

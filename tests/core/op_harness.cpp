@@ -60,6 +60,14 @@ Tolerance tolerance(Quantity q, const ToleranceInputs& in) {
       const double rel = 256 * e + 4 * angle;
       return {Metric::Nmse, rel * rel, 0};
     }
+    case Quantity::AttentionBiasGradient: {
+      // Each entry sums dS over the pairs of one (bucket, head). A row's dS sums to 0 (sum_j P_ij (dP_ij - D_i)),
+      // so an entry is partial row sums that cancel, each bounded by sum_j |dS_ij| <= 2 max |dP|, O(1) for inputs
+      // in [-1, 1): the floor 1 is one row's contribution, below which an entry is cancellation noise. The error of
+      // each dS term is the AttentionGradient one.
+      const Tolerance t = tolerance(Quantity::AttentionGradient, in);
+      return {t.metric, t.bound, 1.0};
+    }
     case Quantity::DecodeOutput:
     case Quantity::DecodeLse: {
       // rms error relative to the oracle's rms (docs/decode.md), in units of the storage unit roundoff u:

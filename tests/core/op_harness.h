@@ -50,6 +50,7 @@ enum class Quantity : uint8_t {
   AttentionOutput,      // fused attention o
   AttentionLse,         // fused attention lse (stored f32, f64 for F64)
   AttentionGradient,    // fused attention dq, dk, dv
+  AttentionBiasGradient,  // fused attention's gradient of the T5 bias table (sums of dS per bucket)
   DecodeOutput,         // decode step o against the absolute-rotation oracle
   DecodeLse,            // decode step lse
   LinearAttention,      // linear attention o and its gradients

@@ -13,6 +13,7 @@ namespace rotary::nn {
 namespace {
 
 using test::expect_error;
+using test::expect_error_naming;
 
 ModelConfig valid() {
   ModelConfig c;
@@ -149,8 +150,11 @@ TEST(config, ValidateNamesTheField) {
   c.fused = false;
   EXPECT_NO_THROW(c.validate());
   c.fused = true;
-  c.encoding.kind = EncodingKind::Alibi;
+  c.attention = "linear";  // the linear attention kernel takes any head_dim up to 1024
   EXPECT_NO_THROW(c.validate());
+  c.attention = "softmax";
+  c.encoding.kind = EncodingKind::Alibi;  // the score-bias kinds now run in the fused kernel too
+  expect_error_naming([&] { c.validate(); }, "head_dim");
 }
 
 TEST(config, ResolvedEncodingFillsHeadAndRotaryDim) {

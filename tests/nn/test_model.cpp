@@ -246,6 +246,41 @@ TEST(t5, PlainAttentionAddsTheBiasOfEachPairsBucket) {
   EXPECT_EQ(buckets_seen.size(), 8u);  // every bucket took part
 }
 
+// The fused path really runs the core kernel for the score-bias kinds (its autograd node is the op's function),
+// equals the plain path, and returns the T5 table's gradient through the op: float64, gaps in the positions so
+// distances pass max_distance (the clamped last bucket).
+TEST(t5, FusedAttentionRunsTheCoreOpWithTheTableGradient) {
+  const int64_t S = 40, Hq = 4, Hkv = 2, D = 16;
+  for (const char* kind : {"t5", "alibi"}) {
+    SCOPED_TRACE(kind);
+    EncodingConfig e;
+    e.kind = parse_encoding_kind(kind, "kind");
+    e.t5_num_buckets = 8;
+    e.t5_max_distance = 12;
+    torch::manual_seed(4);
+    const torch::Tensor table = torch::randn({8, Hq}, torch::kDouble).requires_grad_();
+    const PositionContext pc = make_position_context(e, int(Hq), int(D), 0, table);
+    auto input = [&](int64_t h) { return torch::randn({2, S, h, D}, torch::kDouble).requires_grad_(); };
+    const torch::Tensor q = input(Hq), k = input(Hkv), v = input(Hkv);
+    const torch::Tensor pos = torch::arange(S, torch::kLong).expand({2, S}) * 2 + 1;
+    const torch::Tensor w = torch::randn({2, S, Hq, D}, torch::kDouble);
+    std::vector<torch::Tensor> grads[2];
+    torch::Tensor out[2];
+    for (int fused = 0; fused < 2; ++fused) {
+      out[fused] = model_attention(q, k, v, pos, pc, "softmax", fused == 1);
+      std::vector<torch::Tensor> wrt = {q, k, v};
+      if (e.kind == EncodingKind::T5) wrt.push_back(table);
+      grads[fused] = torch::autograd::grad({(out[fused] * w).sum()}, wrt);
+    }
+    ASSERT_TRUE(out[1].grad_fn());
+    EXPECT_NE(out[1].grad_fn()->name().find("AttentionFunction"), std::string::npos) << out[1].grad_fn()->name();
+    EXPECT_LE(max_diff(out[1], out[0]), 1e-12 * max_abs(out[0]));
+    for (size_t i = 0; i < grads[0].size(); ++i)
+      EXPECT_LE(max_diff(grads[1][i], grads[0][i]), 1e-11 * max_abs(grads[0][i])) << "input " << i;
+    if (e.kind == EncodingKind::T5) EXPECT_GT(max_abs(grads[1].back()), 0.0);
+  }
+}
+
 TEST(t5, TheBiasTableIsOneParameterThatLearns) {
   ModelConfig c = testing::small_config("t5");
   Transformer m(c);

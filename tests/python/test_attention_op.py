@@ -84,7 +84,74 @@ CASES = [
 ]
 
 
+def t5_bucket(rel, num_buckets, max_distance, bidirectional):
+    """Hugging Face's T5Attention._relative_position_bucket, rel = key - query, written out independently."""
+    buckets = torch.zeros_like(rel)
+    if bidirectional:
+        num_buckets //= 2
+        buckets += (rel > 0).long() * num_buckets
+        rel = rel.abs()
+    else:
+        rel = -torch.clamp(rel, max=0)
+    max_exact = num_buckets // 2
+    large = max_exact + (torch.log(rel.float() / max_exact) / math.log(max_distance / max_exact)
+                         * (num_buckets - max_exact)).long()
+    large = torch.clamp(large, max=num_buckets - 1)
+    return buckets + torch.where(rel < max_exact, rel, large)
+
+
+def biased_attention_plain(q, k, v, pos, bias, table=None, slopes=None, buckets=8, max_distance=12, causal=True):
+    """softmax(q k^T / sqrt(D) + b) v, b = -slope_h (pos_i - pos_j) (alibi) or table[bucket, h] (t5); float64."""
+    S, Hq, D = q.shape
+    k = k.repeat_interleave(Hq // k.shape[1], dim=1)
+    v = v.repeat_interleave(Hq // v.shape[1], dim=1)
+    s = torch.einsum("ihd,jhd->hij", q, k) / math.sqrt(D)
+    d = pos[:, None] - pos[None, :]
+    if bias == "alibi":
+        s = s - slopes[:, None, None] * d[None].double()
+    else:
+        b = t5_bucket(-d, buckets, max_distance, not causal)  # rel = key - query
+        s = s + table[b].permute(2, 0, 1)
+    if causal:
+        s = s.masked_fill(torch.ones(S, S, dtype=torch.bool).triu(1), float("-inf"))
+    return torch.einsum("hij,jhd->ihd", torch.softmax(s, -1), v)
+
+
 class AttentionOpTest(unittest.TestCase):
+    def test_score_bias_alibi_and_t5_match_plain_and_gradcheck(self):
+        g = torch.Generator().manual_seed(5)
+        S, Hq, Hkv, D = 13, 4, 2, 16
+        pos = torch.arange(S) * 2 + 1  # distances up to 24: T5's log and clamped buckets (8 buckets to 12)
+        slopes = torch.tensor([0.5, 0.25, -0.125, 0.0625], dtype=torch.float64)
+        for bias in ("alibi", "t5"):
+            for causal in (True, False):
+                q = torch.randn(S, Hq, D, generator=g, dtype=torch.float64, requires_grad=True)
+                k = torch.randn(S, Hkv, D, generator=g, dtype=torch.float64, requires_grad=True)
+                v = torch.randn(S, Hkv, D, generator=g, dtype=torch.float64, requires_grad=True)
+                table = torch.randn(8, Hq, generator=g, dtype=torch.float64, requires_grad=True)
+
+                def fused(q, k, v, table):
+                    out, _ = torch.ops.rotary.attention(q, k, v, pos, None, causal, 0.0, "none", None, 1.0,
+                                                        "half_split", False, 0, 1.0, 0, bias, slopes, table, 8, 12,
+                                                        not causal)
+                    return out
+                got = fused(q, k, v, table)
+                want = biased_attention_plain(q, k, v, pos, bias, table, slopes, causal=causal)
+                self.assertLess((got - want).abs().max().item(), 1e-12, f"{bias} causal={causal}")
+                w = torch.randn(got.shape, generator=g, dtype=torch.float64)
+                inputs = (q, k, v, table) if bias == "t5" else (q, k, v)
+                g_got = torch.autograd.grad((got * w).sum(), inputs)
+                g_want = torch.autograd.grad((want * w).sum(), inputs)
+                for a, b in zip(g_got, g_want):
+                    self.assertLess((a - b).abs().max().item(), 1e-11, f"{bias} causal={causal}")
+        # The last case (t5, bidirectional): the table's gradient against finite differences too.
+        self.assertTrue(torch.autograd.gradcheck(fused, (q, k, v, table), atol=1e-7))
+        with self.assertRaises(ValueError) as cm:
+            torch.ops.rotary.attention(q, k, v, pos, None, True, 0.0, "none", None, 1.0, "half_split", False, 0,
+                                       1.0, 0, "t5", None, table[:5], 8, 12, False)
+        self.assertIn("t5_table", str(cm.exception))
+
+
     def test_forward_matches_plain(self):
         g = torch.Generator().manual_seed(1)
         S, Hq, Hkv, D = 11, 4, 2, 16

@@ -15,6 +15,11 @@
 // for Rope this is RoPER's R(-pos_i) sum_j a_ij R(pos_j) v_j. The value rotation is a pure rotation (no
 // attention factor). docs/attention.md gives the reasoning.
 //
+// A score bias (ScoreBiasParams) adds b_h(pos_i - pos_j) to the scaled score, after the rotation and the softmax
+// scale, in any position mode: ALiBi (-slope_h (pos_i - pos_j)) or T5's learned bias per head and relative bucket
+// (rotary/t5_bias.h); the backward also returns the gradient of the T5 table. The kernels take the bias from a
+// table by clamped distance (T5's buckets are constant past max_distance), so no N x N buffer exists.
+//
 // Sequences: tokens of several sequences are packed (cu_seqlens, flash-attention varlen); causal masking is by
 // index inside the sequence, and then positions must increase strictly inside each sequence.
 // Non-finite inputs: a NaN or Inf in q, k or v makes exactly those outputs (o, lse) non-finite whose reference
@@ -41,6 +46,18 @@ struct PositionParams {
   int64_t logn_train_len = 0;        // L_train > 1 enables log-n query scaling (then positions must be >= 0); 0 disables it
 };
 
+enum class ScoreBias : uint8_t { None, Alibi, T5 };
+
+struct ScoreBiasParams {
+  ScoreBias kind = ScoreBias::None;
+  const double* alibi_slopes = nullptr;  // Alibi: [Hq] finite; s_ij -= slope_h * (pos_i - pos_j)
+  const void* t5_table = nullptr;        // T5: [t5_num_buckets, Hq] row-major in the attention's dtype (Hugging
+                                         // Face's relative_attention_bias.weight); s_ij += table[bucket][h]
+  int t5_num_buckets = 32;               // T5: as rotary/t5_bias.h validates them
+  int t5_max_distance = 128;
+  bool t5_bidirectional = false;         // false: causal buckets (a key after its query is bucket 0)
+};
+
 struct AttentionParams {
   int64_t tokens = 0;                  // all sequences packed: sum of the sequence lengths
   int head_dim = 0;                    // D, 16..256 (any value, not only powers of two)
@@ -57,6 +74,7 @@ struct AttentionParams {
   bool causal = true;                  // key j visible to query i iff j <= i (by index inside the sequence)
   double softmax_scale = 0;            // 0 means 1/sqrt(D)
   PositionParams pos;
+  ScoreBiasParams bias;
   int threads = 0;                     // OpenMP threads at most (forward and backward); 0: omp_get_max_threads()
 };
 
@@ -66,6 +84,8 @@ struct AttentionGradParams {
   HeadsView dq;          // [tokens, Hq, D]
   HeadsView dk;          // [tokens, Hkv, D]
   HeadsView dv;          // [tokens, Hkv, D]
+  void* dt5_table = nullptr;  // bias kind T5: [t5_num_buckets, Hq] in the attention's dtype, overwritten with the
+                              // gradient of the table (required then; must be null otherwise)
 };
 
 // Throws rotary::Error naming the field on any input that does not fit.

@@ -27,6 +27,10 @@ struct PositionContext {
 // without rotation. Used by the fused attention and the KV-cache decoder alike.
 torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc);
 
+// The score bias of the fused op for this context: alibi (the slopes), t5 (the model's learned table, whose
+// gradient the op returns), none otherwise.
+torch_ops::AttentionBias fused_attention_bias(const PositionContext& pc);
+
 // Dynamic NTK and longrope frequencies depend on the current length (HF: max position + 1); the others do not.
 bool length_dependent(const EncodingConfig& e);
 
@@ -67,8 +71,9 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
                                       const torch::Tensor& q_positions, const torch::Tensor& k_positions,
                                       const PositionContext& pc);
 
-// The same attention through rotary::torch_ops::attention (the fused kernels; forward and backward). Every kind
-// but the score-bias kinds alibi and t5 (the fused op has no bias input): none/learned/sinusoidal run mode "none" (log-n still applies).
+// The same attention through rotary::torch_ops::attention (the fused kernels; forward and backward), every kind:
+// none/learned/sinusoidal run mode "none" (log-n still applies); alibi and t5 pass their bias to the kernel,
+// which adds it per score tile (O(N) memory) and returns the T5 table's gradient.
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc);
 
@@ -123,7 +128,7 @@ torch::Tensor draw_performer_projection(int64_t m, int64_t d, at::Generator gen)
 
 // The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "softmax",
 // "linear" or "performer" (projection: the layer's random features); fused -> the rotary ops, else the plain
-// forms. ALiBi and T5 always run plain.
+// forms.
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                               const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
                               bool fused, const torch::Tensor& projection = {});

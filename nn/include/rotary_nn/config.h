@@ -43,7 +43,8 @@ bool is_rotary(EncodingKind kind);
 // Distances past a window are clipped (rerope) or compressed (leaky_rerope): the kind uses EncodingConfig::window.
 bool is_windowed(EncodingKind kind);
 // A bias added to the scores from the query-key distance (alibi; t5's learned bias per head and bucket): the fused
-// attention kernels have no bias input yet, so these kinds run the plain attention.
+// attention kernel adds it (a score-bias mode); the core decoder has no bias yet, so generation keeps their keys in
+// the plain cache.
 bool has_score_bias(EncodingKind kind);
 // The position mode of the fused attention ops for a rotary kind: RoPER is the rope mode with values rotated too.
 struct FusedPositionMode {

@@ -26,13 +26,25 @@ struct AttentionPosition {
   int64_t logn_train_len = 0;
 };
 
+// A score bias added to the scaled scores (see rotary/attention.h): kind "none", "alibi" (alibi_slopes [Hq]
+// float64) or "t5" (t5_table [t5_num_buckets, Hq], learned: differentiable through the op).
+struct AttentionBias {
+  std::string kind = "none";
+  std::optional<at::Tensor> alibi_slopes;
+  std::optional<at::Tensor> t5_table;
+  int64_t t5_num_buckets = 32;
+  int64_t t5_max_distance = 128;
+  bool t5_bidirectional = false;
+};
+
 // q [B, S, Hq, D] or [T, Hq, D]; k, v [.., Hkv, D]. With 4-d inputs the batch rows are the sequences; with 3-d
 // inputs cu_seqlens [batch+1] (int64) packs them (none: one sequence). positions: int64 [B, S] / [T], or none
 // (index inside the sequence). Returns (out like q, lse [tokens, Hq] float32 or float64 for float64 inputs).
 std::tuple<at::Tensor, at::Tensor> attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                              const std::optional<at::Tensor>& positions,
                                              const std::optional<at::Tensor>& cu_seqlens, bool causal,
-                                             double softmax_scale, const AttentionPosition& pos);
+                                             double softmax_scale, const AttentionPosition& pos,
+                                             const AttentionBias& bias = {});
 
 // RoFormer eq. 19 linear attention (rotary/linear_attention.h): phi = elu + 1, the rotation a R(pos) on phi(q),
 // phi(k) in the numerator only. q, k [B, S, H, D] or packed [T, H, D] (cu_seqlens as for attention; one kv head
