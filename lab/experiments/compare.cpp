@@ -5,6 +5,8 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 #include <cerrno>
 #include <csignal>
 #include <cstring>
@@ -107,8 +109,14 @@ bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& to
     }
     while (!stopping && next < todo.size() && int(running.size()) < jobs) start(*todo[next++]);
     if (running.empty()) break;
+    // Poll instead of blocking: the stop handler is installed with SA_RESTART, so a blocking waitpid would carry
+    // on through a SIGTERM sent to this process alone, and the children would never hear of it.
     int status = 0;
-    const pid_t done = ::waitpid(-1, &status, 0);
+    const pid_t done = ::waitpid(-1, &status, WNOHANG);
+    if (done == 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
     if (done < 0) {
       if (errno == EINTR) continue;  // a signal: checked at the top
       throw Error(std::string("rotary: waiting for the training processes: ") + std::strerror(errno));
@@ -132,7 +140,8 @@ bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& to
     } else if (code > 128 || stopping) {
       stopping = true;
       result.interrupted = true;
-      result.signal = code > 128 ? code - 128 : stop_signal();
+      // The signal this process had (its children then exit 130 from the SIGINT it passed on), else the child's.
+      result.signal = stop_signal() != 0 ? stop_signal() : code > 128 ? code - 128 : SIGINT;
     } else {
       for (const Child& other : running) ::kill(other.pid, SIGINT);
       for (const Child& other : running) lab::wait_process(other.pid);
@@ -245,6 +254,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
   in.runs = result.runs;
   in.base_config = spec.base;
   in.command_line = spec.command_line;
+  in.target_loss = spec.target_loss;
   result.report = write_report(in);
   return result;
 }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -25,6 +26,7 @@ struct CompareSpec {
                                        // /proc/self/exe); empty: always one after the other in this process
   std::string out_dir = "runs/compare";
   std::string command_line;            // recorded in the report
+  std::optional<double> target_loss;   // the report's "steps to held-out loss" level (report.h; unset: automatic)
 };
 
 // The built-in default (no flags): RoPE vs RoPER on addition with a tiny model, 3 seeds, sized to take about

@@ -102,23 +102,62 @@ double drop_worst_mean(const std::vector<double>& values, bool higher_is_better)
   return sum / n;
 }
 
+double steps_to_loss(const std::vector<MetricsRow>& rows, double target) {
+  if (!std::isfinite(target)) return std::nan("");
+  const MetricsRow* before = nullptr;
+  for (const MetricsRow& m : rows) {
+    if (!m.eval_loss || !std::isfinite(*m.eval_loss)) continue;
+    if (*m.eval_loss <= target) {
+      if (!before) return double(m.step);
+      const double l0 = *before->eval_loss, l1 = *m.eval_loss;  // l0 > target >= l1
+      return double(before->step) + double(m.step - before->step) * (l0 - target) / (l0 - l1);
+    }
+    before = &m;
+  }
+  return std::nan("");
+}
+
+double resolved_target_loss(const ReportInputs& in) {
+  if (in.target_loss) return *in.target_loss;
+  double target = std::nan("");
+  for (const std::string& enc : in.encodings) {
+    std::vector<double> eval;
+    for (const CompareRun* r : runs_of(in, enc)) eval.push_back(opt_or_nan(r->summary.eval_loss));
+    const double m = drop_worst_mean(eval, false);
+    if (std::isfinite(m) && !(m <= target)) target = m;
+  }
+  return target;
+}
+
 std::vector<EncodingStats> encoding_stats(const ReportInputs& in) {
   std::vector<EncodingStats> out;
+  const double target = resolved_target_loss(in);
   for (const std::string& enc : in.encodings) {
-    std::vector<double> train, eval, greedy, sampled;
+    std::vector<double> train, eval, greedy, sampled, to_target, throughput;
     for (const CompareRun* r : runs_of(in, enc)) {
       train.push_back(r->summary.final_train_loss);
       eval.push_back(opt_or_nan(r->summary.eval_loss));
       greedy.push_back(opt_or_nan(r->summary.accuracy_greedy));
       sampled.push_back(opt_or_nan(r->summary.accuracy_sampled));
+      const std::vector<MetricsRow> rows = read_metrics(lab::join_path(r->dir, "metrics.jsonl"));
+      to_target.push_back(steps_to_loss(rows, target));
+      std::vector<double> tps;
+      for (const MetricsRow& m : rows)
+        if (std::isfinite(m.tokens_per_s) && m.tokens_per_s > 0) tps.push_back(m.tokens_per_s);
+      std::sort(tps.begin(), tps.end());
+      throughput.push_back(tps.empty() ? std::nan("") : tps[tps.size() / 2]);
     }
     EncodingStats s;
     s.encoding = enc;
     s.runs = static_cast<int>(train.size());
     s.final_train_loss = drop_worst_mean(train, false);
     s.eval_loss = drop_worst_mean(eval, false);
+    s.perplexity = std::exp(s.eval_loss);
     s.accuracy_greedy = drop_worst_mean(greedy, true);
     s.accuracy_sampled = drop_worst_mean(sampled, true);
+    s.steps_to_target = drop_worst_mean(to_target, false);
+    s.reached_target = int(std::count_if(to_target.begin(), to_target.end(), [](double v) { return std::isfinite(v); }));
+    s.tokens_per_s = drop_worst_mean(throughput, true);
     auto range = [](const std::vector<double>& v, double& lo, double& hi) {
       lo = hi = v.empty() ? std::nan("") : v.front();
       for (double x : v) {
@@ -129,20 +168,34 @@ std::vector<EncodingStats> encoding_stats(const ReportInputs& in) {
     };
     range(eval, s.eval_loss_min, s.eval_loss_max);
     range(greedy, s.greedy_min, s.greedy_max);
+    s.run_eval_loss = eval, s.run_greedy = greedy, s.run_sampled = sampled, s.run_steps_to_target = to_target;
     out.push_back(s);
   }
   return out;
 }
 
 std::string results_table(const ReportInputs& in) {
+  const std::vector<EncodingStats> stats = encoding_stats(in);
+  bool accuracy = false;
+  for (const CompareRun& r : in.runs) accuracy = accuracy || r.summary.accuracy_greedy.has_value();
+  const double target = resolved_target_loss(in);
   std::ostringstream os;
-  os << "| encoding | runs | final train loss | held-out loss | held-out loss, every run | exact match (greedy) | "
-        "greedy, every run | exact match (sampled) |\n"
-     << "|---|---:|---:|---:|---:|---:|---:|---:|\n";
-  for (const EncodingStats& s : encoding_stats(in))
+  os << "| encoding | runs | final train loss | held-out loss | held-out loss, every run | "
+     << (accuracy ? "" : "perplexity | ") << "steps to held-out loss " << num(target, 4) << " | tokens/s |"
+     << (accuracy ? " exact match (greedy) | greedy, every run | exact match (sampled) |" : "") << "\n"
+     << "|---|---:|---:|---:|---:|" << (accuracy ? "" : "---:|") << "---:|---:|"
+     << (accuracy ? "---:|---:|---:|" : "") << "\n";
+  for (const EncodingStats& s : stats) {
     os << "| " << s.encoding << " | " << s.runs << " | " << num(s.final_train_loss, 4) << " | " << num(s.eval_loss, 4)
-       << " | " << num(s.eval_loss_min, 4) << " - " << num(s.eval_loss_max, 4) << " | " << pct(s.accuracy_greedy)
-       << " | " << pct(s.greedy_min) << " - " << pct(s.greedy_max) << " | " << pct(s.accuracy_sampled) << " |\n";
+       << " | " << num(s.eval_loss_min, 4) << " - " << num(s.eval_loss_max, 4) << " | ";
+    if (!accuracy) os << num(s.perplexity, 2) << " | ";
+    os << num(s.steps_to_target, 0) << " (" << s.reached_target << "/" << s.runs << " runs) | "
+       << num(s.tokens_per_s, 0) << " |";
+    if (accuracy)
+      os << " " << pct(s.accuracy_greedy) << " | " << pct(s.greedy_min) << " - " << pct(s.greedy_max) << " | "
+         << pct(s.accuracy_sampled) << " |";
+    os << "\n";
+  }
   return os.str();
 }
 
@@ -229,9 +282,18 @@ ReportFiles write_report(const ReportInputs& in) {
       in.runs.empty() ? 0 : in.runs.front().seed, in.runs.empty() ? 0 : in.runs.back().seed);
   md << "## Results\n\n" << results_table(in) << "\n";
   md << "Final train loss: mean training loss of the last 5% of steps. Held-out loss: " << c.value("eval_batches", 0)
-     << " x " << c.value("batch_size", 0) << " held-out rows. Exact match: " << c.value("eval_problems", 0)
-     << " fresh problems, generated through the KV-cache decoder until the stop token, greedy and sampled at "
-        "temperature 1.\n\n";
+     << " x " << c.value("batch_size", 0) << " held-out rows, every " << c.value("eval_interval", 0)
+     << " steps and at the end. Steps to held-out loss: the first evaluation at or below it, interpolated "
+     << "linearly from the one before (" << (in.target_loss ? "the level asked for"
+                                                     : "the highest final held-out loss of the encodings, a "
+                                                       "level each reaches on average") << "); a run that never reaches it counts as the "
+     << "worst. Tokens/s: each run's median training throughput over its steps (runs side by side share the "
+     << "machine, so compare encodings of one invocation only).";
+  if (c.value("eval_problems", 0) > 0)
+    md << " Exact match: " << c.value("eval_problems", 0)
+       << " fresh problems, generated through the KV-cache decoder until the stop token, greedy and sampled at "
+          "temperature 1.";
+  md << "\n\n";
   md << "## Runs\n\n| encoding | seed | status | steps | final train loss | held-out loss | greedy | sampled | time | "
         "directory |\n|---|---:|---|---:|---:|---:|---:|---:|---:|---|\n";
   for (const CompareRun& r : in.runs) {

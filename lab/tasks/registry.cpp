@@ -29,7 +29,14 @@ const settings::Table<TaskOptions>& task_option_settings() {
                          [](auto& o) -> auto& { return o.search_eval_len; }, integers(2, 1 << 20)));
     t.push_back(field<O>("kv_pairs", "--kv-pairs", "kv_retrieval: pairs per object",
                          [](auto& o) -> auto& { return o.kv_pairs; }, integers(1, 8192)));
-    t.push_back(field<O>("text_vocab", "--text-vocab", "text: sentencepiece vocabulary size",
+    t.push_back(field<O>("text_tokenizer", "--text-tokenizer",
+                         "text: bpe (sentencepiece BPE, --text-vocab pieces) or char (one token per character)",
+                         [](auto& o) -> auto& { return o.text_tokenizer; },
+                         names([] { return std::vector<std::string>{"bpe", "char"}; })));
+    // Added later: written only when it is not the default, so the stored configs of earlier runs keep their form
+    // (a resumed run compares them field by field).
+    t.back().written = [](const O& o) { return o.text_tokenizer != "bpe"; };
+    t.push_back(field<O>("text_vocab", "--text-vocab", "text: sentencepiece BPE vocabulary size (bpe only)",
                          [](auto& o) -> auto& { return o.text_vocab; }, integers(128, 32000)));
     t.push_back(field<O>("cache_dir", "--cache-dir", "text: corpus and tokenizer cache",
                          [](auto& o) -> auto& { return o.cache_dir; },

@@ -7,8 +7,8 @@
 //                     loss only on the copied characters after the first
 //   kv_retrieval      seed 001: '{"abc": "xyz", "qrs": "tuv"} qrs=tuv#': a JSON object of key/value pairs, then a
 //                     query for one key; loss only on the answer and '#'
-//   text              the KJV Bible (`bible` from bible-kjv), sentencepiece BPE trained once and cached; every 20th
-//                     chapter held out
+//   text              the KJV Bible (`bible` from bible-kjv), sentencepiece BPE (or characters) trained once and
+//                     cached; every 20th chapter held out
 #pragma once
 
 #include <cstdint>
@@ -62,7 +62,9 @@ struct TaskOptions {
   int search_substring = 6;             // substring_search: copied substring length, in [2, 64]
   int search_eval_len = 256;            // substring_search: characters of context before an eval problem's '>'
   int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192]
-  int text_vocab = 2000;                // text: sentencepiece vocabulary size, in [128, 32000]
+  std::string text_tokenizer = "bpe";   // text: bpe (sentencepiece BPE of text_vocab pieces) | char (one token per
+                                        // character of the training verses: seed 002's enwik8-style char models)
+  int text_vocab = 2000;                // text: sentencepiece BPE vocabulary size, in [128, 32000] (bpe only)
   std::string cache_dir;  // text: corpus and tokenizer cache ("" = $XDG_CACHE_HOME/rotary or ~/.cache/rotary)
 };
 

@@ -1,10 +1,13 @@
-// lab/tasks/text_task.cpp: language modelling on the KJV Bible with a sentencepiece BPE vocabulary.
+// lab/tasks/text_task.cpp: language modelling on the KJV Bible, tokenized by sentencepiece: BPE (text_tokenizer
+// "bpe", text_vocab pieces) or one token per character ("char": sentencepiece's char model, so both share the
+// normalization, the cache and the decoding below).
 //
 // Cache (<cache_dir>/kjv/, every file written under a temporary name and renamed, so a crash or a concurrent
 // process never leaves a half-written file behind):
 //   corpus_train.txt, corpus_heldout.txt   one verse per line (from `bible`, see kjv_corpus.h)
 //   bpe<V>.model, bpe<V>.vocab             sentencepiece BPE trained on the training verses only (`spm_train`)
-//   bpe<V>.{train,heldout}.ids             the token ids of each split, tagged with a hash of the model they
+//   char.model, char.vocab                 the char model: every character of the training verses
+//   <stem>.{train,heldout}.ids             the token ids of each split, tagged with a hash of the model they
 //                                          came from (a retrained model invalidates them)
 // Training rows are random windows of seq_len + 1 tokens of the training split (loss on every token); held-out
 // rows are consecutive windows of the held-out split.
@@ -31,16 +34,20 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// Trains BPE on the training verses with `spm_train` into <dir>/<stem>.{model,vocab}. All verses are used
-// (31k lines train in seconds), so no sampling and the model is the same on every run. The two files are
-// renamed into place vocab first, model last: the model's presence means both are complete.
-void train_bpe(const fs::path& train_txt, const fs::path& dir, const std::string& stem, int vocab_size) {
+// Trains the tokenizer on the training verses with `spm_train` into <dir>/<stem>.{model,vocab}. All verses are
+// used (31k lines train in seconds), so no sampling and the model is the same on every run. The two files are
+// renamed into place vocab first, model last: the model's presence means both are complete. vocab_size 0: the
+// char model, which takes every character it sees (a soft limit far above the KJV's ~70 characters).
+void train_tokenizer(const fs::path& train_txt, const fs::path& dir, const std::string& stem, int vocab_size) {
   const unsigned threads = std::max(1u, std::min(8u, std::thread::hardware_concurrency()));
   const std::string tmp = (dir / (stem + ".tmp." + std::to_string(getpid()))).string();
   // unk 0, bos 1, eos 2, pad 3.
   run_command_or_fail("text_vocab",
-                      {"spm_train", "--input=" + train_txt.string(), "--model_prefix=" + tmp, "--model_type=bpe",
-                       "--vocab_size=" + std::to_string(vocab_size), "--character_coverage=1.0", "--pad_id=3",
+                      {"spm_train", "--input=" + train_txt.string(), "--model_prefix=" + tmp,
+                       vocab_size > 0 ? "--model_type=bpe" : "--model_type=char",
+                       "--vocab_size=" + std::to_string(vocab_size > 0 ? vocab_size : 4096),
+                       vocab_size > 0 ? "--hard_vocab_limit=true" : "--hard_vocab_limit=false",
+                       "--character_coverage=1.0", "--pad_id=3",
                        "--num_threads=" + std::to_string(threads), "--input_sentence_size=0",
                        "--max_sentence_length=8192", "--minloglevel=2"},
                       "a vocabulary size sentencepiece can train on the KJV, and " + std::string(kSpmHint));
@@ -112,13 +119,20 @@ std::unique_ptr<Task> make_text_task(const TaskOptions& o) {
     write_file_atomic(heldout_txt, join_lines(corpus.heldout), Durability::Cache);
   }
 
-  const std::string stem = "bpe" + std::to_string(o.text_vocab);
+  const bool chars = o.text_tokenizer == "char";
+  if (!chars && o.text_tokenizer != "bpe") fail("text_tokenizer", o.text_tokenizer, "bpe or char");
+  const std::string stem = chars ? "char" : "bpe" + std::to_string(o.text_vocab);
   const fs::path model_path = dir / (stem + ".model"), vocab_path = dir / (stem + ".vocab");
-  if (!fs::exists(model_path) || !fs::exists(vocab_path)) train_bpe(train_txt, dir, stem, o.text_vocab);
+  if (!fs::exists(model_path) || !fs::exists(vocab_path))
+    train_tokenizer(train_txt, dir, stem, chars ? 0 : o.text_vocab);
   const uint64_t model_hash = fnv1a64(read_file(model_path));
   BpeVocab vocab(model_path, read_file(vocab_path));
-  check(vocab.size() == o.text_vocab, "cached tokenizer " + vocab_path.string(), vocab.size(),
-        std::to_string(o.text_vocab) + " pieces (delete the cached bpe files)");
+  if (chars)
+    check(vocab.size() >= 16 && vocab.size() <= 4096, "cached tokenizer " + vocab_path.string(), vocab.size(),
+          "16..4096 pieces (delete the cached char files)");
+  else
+    check(vocab.size() == o.text_vocab, "cached tokenizer " + vocab_path.string(), vocab.size(),
+          std::to_string(o.text_vocab) + " pieces (delete the cached bpe files)");
 
   auto ids_for = [&](const char* split, const fs::path& verses) {
     const fs::path path = dir / (stem + "." + split + ".ids");

@@ -57,6 +57,55 @@ TEST(DropWorstMean, ADivergedRunIsTheWorstAndTwoMakeItNaN) {
   EXPECT_TRUE(std::isnan(drop_worst_mean({1.0, nan, nan}, false)));
 }
 
+TEST(Report, StepsToLossInterpolatesTheCrossing) {
+  std::vector<MetricsRow> rows(6);
+  for (int i = 0; i < 6; ++i) rows[size_t(i)].step = i + 1;
+  rows[1].eval_loss = 2.0;   // step 2
+  rows[3].eval_loss = 1.0;   // step 4
+  rows[5].eval_loss = 0.5;   // step 6
+  EXPECT_DOUBLE_EQ(steps_to_loss(rows, 1.5), 3.0);
+  EXPECT_DOUBLE_EQ(steps_to_loss(rows, 1.0), 4.0);
+  EXPECT_DOUBLE_EQ(steps_to_loss(rows, 3.0), 2.0) << "below the level at the first evaluation";
+  EXPECT_TRUE(std::isnan(steps_to_loss(rows, 0.25)));
+  EXPECT_TRUE(std::isnan(steps_to_loss(rows, std::nan(""))));
+  rows[3].eval_loss = std::nan("");  // a diverged evaluation is skipped, not taken as a crossing
+  EXPECT_DOUBLE_EQ(steps_to_loss(rows, 1.0), 2.0 + 4.0 * 1.0 / 1.5);
+}
+
+// A task without problems (text): perplexity instead of the accuracy columns, and an explicit target level.
+TEST(Report, TextTablesShowPerplexityAndTheTargetAskedFor) {
+  const std::string dir = fresh_dir("report_text");
+  ReportInputs in;
+  in.out_dir = dir;
+  in.task = "text";
+  in.encodings = {"learned"};
+  in.target_loss = 1.0;
+  CompareRun r;
+  r.encoding = "learned";
+  r.dir = lab::join_path(dir, "learned");
+  {
+    MetricsWriter w(r.dir, -1);
+    for (int64_t s = 1; s <= 4; ++s) {
+      MetricsRow m;
+      m.step = s;
+      m.loss = 2.0 / double(s);
+      m.tokens_per_s = 500;
+      m.eval_loss = m.loss;
+      w.append(m);
+    }
+  }
+  r.summary.final_train_loss = 0.5;
+  r.summary.eval_loss = std::log(2.0);
+  in.runs.push_back(r);
+  const std::string table = results_table(in);
+  EXPECT_NE(table.find("perplexity"), std::string::npos) << table;
+  EXPECT_EQ(table.find("exact match"), std::string::npos) << table;
+  EXPECT_NE(table.find("| learned | 1 | 0.5000 | 0.6931 | 0.6931 - 0.6931 | 2.00 | 2 (1/1 runs) | 500 |"),
+            std::string::npos)
+      << table;
+  fs::remove_all(dir);
+}
+
 // Two encodings x two runs with made-up metrics: the report has the table, every run, and the plots.
 TEST(Report, WritesMarkdownTableAndPlots) {
   const std::string dir = fresh_dir("report");
@@ -79,6 +128,7 @@ TEST(Report, WritesMarkdownTableAndPlots) {
           MetricsRow m;
           m.step = s;
           m.loss = 3.0 / static_cast<double>(s) + seed;
+          m.tokens_per_s = 1000.0 * (seed + 1) + double(s);  // median over 20 steps: 1000 (seed + 1) + 11
           if (s % 10 == 0) m.eval_loss = m.loss, m.eval_accuracy = 0.05 * static_cast<double>(s) / 10.0;
           w.append(m);
         }
@@ -99,9 +149,17 @@ TEST(Report, WritesMarkdownTableAndPlots) {
 
   ReportFiles files = write_report(in);
   const std::string md = lab::read_file(files.report_md);
-  EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 0.2000 - 1.2000 | 75.0% | 25.0% - 75.0% | 50.0% |"),
+  // Steps to the automatic target (0.2: the worse encoding's final held-out loss): seed 0 crosses between its
+  // evaluations at step 10 (0.3) and 20 (0.15) at 10 + 10 * 0.1 / 0.15; seed 1 never does and is dropped as worst.
+  EXPECT_DOUBLE_EQ(resolved_target_loss(in), 0.2);
+  EXPECT_NEAR(stats[0].steps_to_target, 10 + 10 * 0.1 / 0.15, 1e-9);
+  EXPECT_EQ(stats[0].reached_target, 1);
+  EXPECT_DOUBLE_EQ(stats[0].tokens_per_s, 2011.0) << "higher throughput is better: the slower run is dropped";
+  EXPECT_NE(md.find("| rope | 2 | 0.1500 | 0.2000 | 0.2000 - 1.2000 | 17 (1/2 runs) | 2011 | 75.0% | 25.0% - 75.0% "
+                    "| 50.0% |"),
             std::string::npos)
       << md;
+  EXPECT_NE(md.find("steps to held-out loss 0.2000"), std::string::npos) << md;
   EXPECT_DOUBLE_EQ(stats[0].greedy_min, 0.25);
   EXPECT_DOUBLE_EQ(stats[0].eval_loss_max, 1.2);
   EXPECT_NE(md.find("| roper | 1 | finished | 20 | 1.1500 | 1.2000 | 25.0% | 50.0% |"), std::string::npos) << md;

@@ -425,6 +425,9 @@ TEST(tasks, UnknownNamesAndBadOptionsAreRejected) {
   o = {};
   o.text_vocab = 10;
   rejects("text", o, "text_vocab");
+  o = {};
+  o.text_tokenizer = "word";
+  rejects("text", o, "text_tokenizer");
   std::mt19937_64 rng(0);
   EXPECT_THROW(make_task("addition")->train_sequence(rng, 0), Error);
   EXPECT_THROW(make_task("addition")->eval_problems(-1, 0), Error);
@@ -549,6 +552,34 @@ TEST(tasks, TextTaskTrainsCachesAndSplits) {
   EXPECT_EQ(again->train_sequence(rng_again, 128).tokens, s.tokens);
   EXPECT_GT(fs::file_size(dir / "kjv" / "bpe300.train.ids"), 1000u);
   EXPECT_THROW(again->train_sequence(rng_again, 1 << 24), Error);
+  fs::remove_all(dir);
+}
+
+// The char tokenizer (seed 002's Performer comparison is on characters): one token per character, the same
+// verses and split as BPE, its own files in the same cache, decoding back to the held-out text.
+TEST(tasks, TextTaskWithCharTokensHasOneTokenPerCharacter) {
+  if (!have_bible()) GTEST_SKIP() << "`bible` (bible-kjv) is not installed";
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("rotary_test_chars_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  TaskOptions options;
+  options.text_tokenizer = "char";
+  options.cache_dir = dir.string();
+  const auto task = make_task("text", options);
+  // The KJV's letters, digits-free verses, punctuation, the word boundary and 4 specials: tens of tokens.
+  EXPECT_GT(task->vocab().size(), 4 + 52);
+  EXPECT_LT(task->vocab().size(), 128);
+  for (const char* f : {"char.model", "char.vocab", "char.train.ids", "char.heldout.ids"})
+    EXPECT_TRUE(fs::exists(dir / "kjv" / f)) << f;
+  const std::string verse = "In the beginning God created the heaven and the earth.";
+  const std::vector<int32_t> ids = task->vocab().encode(verse);
+  EXPECT_EQ(ids.size(), verse.size() + 1) << "one per character, spaces included, and the leading word boundary";
+  EXPECT_EQ(task->vocab().decode(ids), verse);
+  const int64_t rows = task->heldout_rows(256);
+  EXPECT_GT(rows, 4 * task->heldout_rows(1024) - 4);
+  const std::string window = task->vocab().decode(task->heldout_sequence(0, 1, 256).tokens);
+  EXPECT_GE(window.size(), 250u);
+  EXPECT_LE(window.size(), 257u);
   fs::remove_all(dir);
 }
 

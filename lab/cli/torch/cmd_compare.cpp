@@ -14,6 +14,8 @@ struct CompareCommand {
   TrainFlags flags;
   std::string encodings;
   int seeds = 0, jobs = 0;
+  double target_loss = 0;
+  CLI::Option* target_opt = nullptr;
   bool no_progress = false;
   CLI::Option* encodings_opt = nullptr;
   CLI::Option* seeds_opt = nullptr;
@@ -25,6 +27,7 @@ struct CompareCommand {
     if (encodings_opt->count()) spec.encodings = parse_name_list(encodings, "--encodings");
     if (seeds_opt->count()) spec.seeds = seeds;
     if (jobs_opt->count()) spec.jobs = jobs;
+    if (target_opt->count()) spec.target_loss = target_loss;
     spec.rotary_program = "/proc/self/exe";  // the side-by-side runs are this program's `train` command
     spec.out_dir = spec.base.out_dir;
     spec.command_line = quoted_command_line();
@@ -37,6 +40,7 @@ struct CompareCommand {
     experiments::ReportInputs in;
     in.encodings = spec.encodings;
     in.runs = r.runs;
+    in.target_loss = spec.target_loss;
     std::printf("%s\n", experiments::results_table(in).c_str());
     if (!r.report.plot_problem.empty()) std::printf("note: %s\n", r.report.plot_problem.c_str());
     std::printf("report: %s\n", r.report.report_md.c_str());
@@ -55,6 +59,10 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                                   "runs trained at once, each a `rotary train` process with its own log (default: "
                                   "cores / --threads; 1: one after the other)")
                       ->transform(integer_in(0, 256));
+  cmd->target_opt = sub->add_option("--target-loss", cmd->target_loss,
+                                    "report the steps each encoding takes to reach this held-out loss (default: the "
+                                    "highest final held-out loss among the encodings)")
+                        ->transform(finite_in(1e-9, 1e9));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   cmd->flags.add_to(*sub);
   sub->footer(
