@@ -119,12 +119,13 @@ double steps_to_loss(const std::vector<MetricsRow>& rows, double target) {
 
 double resolved_target_loss(const ReportInputs& in) {
   if (in.target_loss) return *in.target_loss;
+  // The lowest level every run reached: the highest of the runs' best held-out losses.
   double target = std::nan("");
-  for (const std::string& enc : in.encodings) {
-    std::vector<double> eval;
-    for (const CompareRun* r : runs_of(in, enc)) eval.push_back(opt_or_nan(r->summary.eval_loss));
-    const double m = drop_worst_mean(eval, false);
-    if (std::isfinite(m) && !(m <= target)) target = m;
+  for (const CompareRun& r : in.runs) {
+    double best = opt_or_nan(r.summary.eval_loss);
+    for (const MetricsRow& m : read_metrics(lab::join_path(r.dir, "metrics.jsonl")))
+      if (m.eval_loss && std::isfinite(*m.eval_loss) && !(*m.eval_loss >= best)) best = *m.eval_loss;
+    if (std::isfinite(best) && !(best <= target)) target = best;
   }
   return target;
 }
@@ -285,8 +286,8 @@ ReportFiles write_report(const ReportInputs& in) {
      << " x " << c.value("batch_size", 0) << " held-out rows, every " << c.value("eval_interval", 0)
      << " steps and at the end. Steps to held-out loss: the first evaluation at or below it, interpolated "
      << "linearly from the one before (" << (in.target_loss ? "the level asked for"
-                                                     : "the highest final held-out loss of the encodings, a "
-                                                       "level each reaches on average") << "); a run that never reaches it counts as the "
+                                                     : "the lowest level every run reached: the highest of the "
+                                                       "runs' best held-out losses") << "); a run that never reaches it counts as the "
      << "worst. Tokens/s: each run's median training throughput over its steps (runs side by side share the "
      << "machine, so compare encodings of one invocation only).";
   if (c.value("eval_problems", 0) > 0)

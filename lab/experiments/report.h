@@ -34,7 +34,7 @@ struct ReportInputs {
   nlohmann::json base_config;          // the train::TrainConfig shared by all runs (encoding and seed vary)
   std::string command_line;
   // The held-out loss whose first crossing gives "steps to reach" (seed 002's convergence speed). Unset: the
-  // highest of the encodings' final held-out losses (drop-worst means), a level every encoding reaches on average.
+  // lowest level every run reached (the highest of the runs' best held-out losses), so every run has a number.
   std::optional<double> target_loss;
 };
 

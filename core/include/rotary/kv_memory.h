@@ -1,0 +1,106 @@
+// rotary/kv_memory.h: a retrieval memory for attention past a local window (seed 001, Memorizing Transformers).
+//
+// Keys and values of tokens that left the local window go into a KvMemory (one per layer; every kv head inside).
+// A query then attends to two sets: the exact local window (kv_cache.h's decoder, or the fused attention) and the
+// top-k memory keys by score, searched exactly over the whole memory here (approximate indexes live in the lab,
+// over the same stored vectors). The two partial softmaxes are merged by log-sum-exp, the merge the kernels use:
+//   lse = log(e^lse_local + e^lse_mem),  o = e^(lse_local - lse) o_local + e^(lse_mem - lse) o_mem
+// so with top_k = the memory size the result IS attention over window + memory (tested against full attention).
+//
+// Where a retrieved key sits (the seed's problem: under RoPE the score q^T R(pos_j - pos_i) k depends on the
+// distance, so a store of plain keys does not rank by the true logits). Each policy fixes what is stored and what
+// the store is searched with, so that the inner product IS the attention logit it stands for
+// (a = freqs.attention_factor, on the rotary pairs only as everywhere in the core; lambda = the log-n factor of the
+// query's position, 1 without log-n):
+//   Exact       stored a R(pos_j) k_j, query lambda a R(pos_i) q: RoPE with true positions (a RoPE model's logits)
+//   Rerope      stored k_j, query lambda a^2 R(w) q: every memory key at distance w (a ReRoPE model's logits for
+//               keys past its window - exact there; for a RoPE model, InfLLM's recipe)
+//   NoRotation  stored k_j, query lambda a^2 q: retrieved keys at distance 0 (the seed's Experiment 2: is the
+//               rotation of retrieved keys needed at all?)
+// Values are stored as given (RoPER's value rotation is not supported here).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "rotary/attention.h"
+#include "rotary/rope.h"
+#include "rotary/rope_spec.h"
+
+namespace rotary {
+
+enum class MemoryPolicy : uint8_t { Exact, Rerope, NoRotation };
+const char* memory_policy_name(MemoryPolicy p);               // "exact", "rerope", "none"
+MemoryPolicy parse_memory_policy(const std::string& name);  // rotary::Error naming "memory_policy" otherwise
+
+struct KvMemoryConfig {
+  int64_t kv_heads = 0;         // Hkv
+  int head_dim = 0;             // D, 2..4096
+  MemoryPolicy policy = MemoryPolicy::Exact;
+  const RopeFreqs* freqs = nullptr;  // the model's rotation (copied); required unless NoRotation without log-n
+  int64_t window = 0;           // Rerope: the distance every memory key is placed at, w >= 1
+  int64_t logn_train_len = 0;   // L > 1: queries scaled by max(1, ln(pos + 1) / ln L), as attention.h; 0: off
+};
+
+class KvMemory {
+ public:
+  // Validates the config, naming the field on error.
+  explicit KvMemory(const KvMemoryConfig& config);
+  ~KvMemory();
+  KvMemory(KvMemory&&) noexcept;
+  KvMemory& operator=(KvMemory&&) noexcept;
+
+  // Adds n tokens. k, v: [n, Hkv, D] strided views of `dtype` (any storage dtype; kept as fp32); positions: [n],
+  // |pos| <= 2^53. A bad view or dtype is a rotary::Error and adds nothing. The memory grows without bound: it
+  // never forgets (no reset when "full", unlike Memorizing Transformers' index).
+  void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions, DType dtype = DType::F32);
+  void clear();
+
+  int64_t size() const;
+  int64_t kv_heads() const;
+  int head_dim() const;
+  const KvMemoryConfig& config() const;  // config().freqs points at the memory's own copy
+  // Storage, one contiguous fp32 block per kv head, rows in token order: keys as the policy stores them.
+  const float* keys(int64_t kv_head) const;    // [size, D]
+  const float* values(int64_t kv_head) const;  // [size, D]
+  const int64_t* positions() const;            // [size]
+
+  // The vector the store is searched with for query q (fp32 [D]) at position pos (the policy's table above),
+  // times softmax_scale (0: 1/sqrt(D)): its inner product with keys(h) row j is the scaled attention logit.
+  void search_query(const float* q, int64_t pos, double softmax_scale, float* out) const;
+  void search_query(const float* q, int64_t pos, double softmax_scale, double* out) const;  // in float64 (oracle)
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+struct MemoryAttentionParams {
+  int64_t tokens = 0;                    // queries (a decode step: 1 per sequence; a prefill chunk: several)
+  HeadsView q;                           // [tokens, Hq, D] fp32, Hq % Hkv == 0
+  const int64_t* q_positions = nullptr;  // [tokens]
+  int top_k = 32;                        // memory keys per (query, head), 1..memory size
+  double softmax_scale = 0;              // 0 means 1/sqrt(D)
+  HeadsView o;                           // [tokens, Hq, D] fp32: in, the local window's output; out, merged
+  float* lse = nullptr;                  // [tokens, Hq]: in, the local window's log-sum-exp of scaled scores
+                                         // (-inf: no local keys); out, merged
+  int64_t* retrieved = nullptr;          // optional [tokens, Hq, top_k]: memory rows retrieved, best first
+  float* retrieved_scores = nullptr;     // optional [tokens, Hq, top_k]: their scaled logits
+  float* memory_mass = nullptr;          // optional [tokens, Hq]: the share of the merged softmax mass on the
+                                         // retrieved keys, e^(lse_mem - lse)
+  int threads = 0;                       // OpenMP threads at most; 0: omp_get_max_threads()
+};
+
+// Throws rotary::Error naming the field (empty memory, top_k outside [1, size], head counts, null pointers).
+void validate_memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
+
+// Exact top-k over the whole memory (flat inner-product search, fp32, threads over (token, head)), softmax over
+// the retrieved keys, merged into o / lse. Ties in score keep the earlier row.
+void memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
+// float64 oracle: the search query in double (cos/sin of the exact angle), every score and the softmax in double,
+// a full stable sort. (The stronger check is against full attention: with top_k = size, window + memory equals
+// attention_decode_reference over all the tokens - tests/core/test_kv_memory.cpp.)
+void memory_attention_reference(const KvMemory& memory, const MemoryAttentionParams& p);
+
+}  // namespace rotary

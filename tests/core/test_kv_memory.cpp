@@ -1,0 +1,285 @@
+// rotary/kv_memory.h: the retrieval memory. The oracle for the policies is full attention: with top_k = the memory
+// size, the local window's decode step merged with memory attention must equal one decode step over every token
+// (attention_decode_reference) - RoPE with true positions for `exact`, ReRoPE for `rerope` (memory keys all past
+// the window). Then top-k selection against brute force, the fast path against the float64 oracle, `none`'s
+// distance-0 placement, and bad input.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "expect_error.h"
+#include "rotary/error.h"
+#include "rotary/kv_cache.h"
+#include "rotary/kv_memory.h"
+#include "rotary/rope_spec.h"
+
+namespace rotary {
+namespace {
+
+struct Problem {
+  int D = 32, Hq = 4, Hkv = 2;
+  int64_t tokens = 50, window = 10;  // the last `window` tokens are local, the rest in memory
+  std::vector<float> q, k, v;        // q [Hq, D] (one query); k, v [tokens, Hkv, D]
+  std::vector<int64_t> pos;          // increasing, with gaps
+  Problem() {
+    std::mt19937 rng(7);
+    std::uniform_real_distribution<float> u(-1, 1);
+    q.resize(size_t(Hq * D));
+    k.resize(size_t(tokens * Hkv * D));
+    v.resize(k.size());
+    for (float& x : q) x = 2 * u(rng);  // larger logits: a peaked softmax, so a wrong key shows
+    for (float& x : k) x = u(rng);
+    for (float& x : v) x = u(rng);
+    int64_t p = 3;
+    for (int64_t t = 0; t < tokens; ++t) pos.push_back(p += 1 + int64_t(rng() % 3));
+  }
+  HeadsView kv_view(std::vector<float>& x, int64_t first) const {
+    return {x.data() + first * Hkv * D, Hkv, Hkv * D, D};
+  }
+};
+
+RopeFreqs freqs_for(int D, RopeLayout layout = RopeLayout::HalfSplit, int rotary_dim = 0, double factor = 1.0) {
+  RopeSpec s;
+  s.head_dim = D;
+  s.rotary_dim = rotary_dim;
+  s.layout = layout;
+  s.base = 100;  // fast turning pairs: distances matter within a few tokens
+  RopeFreqs f = s.freqs();
+  f.attention_factor = factor;
+  return f;
+}
+
+// One decode step (the oracle) over tokens [first, first + n) of s at the query position: o [Hq, D], lse [Hq].
+void decode_step(Problem& s, const PositionParams& pp, int64_t first, int64_t n, int64_t q_pos, std::vector<float>& o,
+                 std::vector<float>& lse) {
+  KvCache cache({n, s.Hkv, s.D, DType::F32, pp});
+  cache.append(n, s.kv_view(s.k, first), s.kv_view(s.v, first), s.pos.data() + first);
+  o.assign(size_t(s.Hq * s.D), 0.f);
+  lse.assign(size_t(s.Hq), 0.f);
+  DecodeParams p;
+  p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+  p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+  p.lse = lse.data();
+  p.q_positions = &q_pos;
+  attention_decode_reference(cache, p);
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, std::abs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+struct PolicyCase {
+  const char* name;
+  MemoryPolicy policy;
+  PositionMode mode;
+  RopeLayout layout;
+  int rotary_dim;
+  double factor;
+  int64_t logn;
+  int64_t w;
+};
+
+TEST(KvMemory, WindowPlusAllOfMemoryIsFullAttention) {
+  const PolicyCase cases[] = {
+      {"exact rope", MemoryPolicy::Exact, PositionMode::Rope, RopeLayout::HalfSplit, 0, 1.0, 0, 0},
+      {"exact rope interleaved partial factor logn", MemoryPolicy::Exact, PositionMode::Rope, RopeLayout::Interleaved,
+       16, 1.1, 20, 0},
+      {"rerope w6", MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::HalfSplit, 0, 1.0, 0, 6},
+      {"rerope w10 logn factor", MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::Interleaved, 0, 1.2, 20, 10},
+  };
+  for (const PolicyCase& c : cases) {
+    SCOPED_TRACE(c.name);
+    Problem s;
+    const RopeFreqs f = freqs_for(s.D, c.layout, c.rotary_dim, c.factor);
+    PositionParams pp;
+    pp.mode = c.mode, pp.freqs = &f, pp.window = c.w, pp.logn_train_len = c.logn;
+    const int64_t q_pos = s.pos.back() + 2;
+    std::vector<float> o_full, lse_full;
+    decode_step(s, pp, 0, s.tokens, q_pos, o_full, lse_full);
+
+    // The window (every key nearer than w for ReRoPE: window >= w), then all of memory.
+    const int64_t in_memory = s.tokens - s.window;
+    ASSERT_GE(q_pos - s.pos[size_t(in_memory)], c.w) << "a local key must not be past the ReRoPE window";
+    KvMemory memory({s.Hkv, s.D, c.policy, &f, c.w, c.logn});
+    memory.append(in_memory, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+    ASSERT_EQ(memory.size(), in_memory);
+    for (bool reference : {false, true}) {
+      std::vector<float> o, lse;
+      decode_step(s, pp, in_memory, s.window, q_pos, o, lse);
+      std::vector<float> mass(size_t(s.Hq));
+      MemoryAttentionParams p;
+      p.tokens = 1;
+      p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+      p.q_positions = &q_pos;
+      p.top_k = int(in_memory);
+      p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+      p.lse = lse.data();
+      p.memory_mass = mass.data();
+      (reference ? memory_attention_reference : memory_attention)(memory, p);
+      // fp32 storage and sums over 50 keys: a few ulps of outputs of size ~1.
+      EXPECT_LT(max_abs_diff(o, o_full), 2e-5) << (reference ? "reference" : "fast");
+      EXPECT_LT(max_abs_diff(lse, lse_full), 2e-5) << (reference ? "reference" : "fast");
+      for (float m : mass) EXPECT_TRUE(m > 0 && m < 1) << m;
+    }
+  }
+}
+
+// The point of the `exact` store (seed 001): the inner product of the search query with a stored key is the RoPE
+// logit of the un-rotated q and k at their true distance, q . R(pos_j - pos_i) k * scale.
+TEST(KvMemory, ExactSearchScoresAreTheTrueLogits) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
+  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  const int64_t q_pos = s.pos.back() + 5;
+  std::vector<float> sq(size_t(s.D));
+  memory.search_query(s.q.data(), q_pos, 0, sq.data());
+  const double scale = 1 / std::sqrt(double(s.D));
+  for (int64_t j = 0; j < s.tokens; j += 7) {
+    const float* kj = s.k.data() + j * s.Hkv * s.D;  // kv head 0 (q head 0's)
+    double want = 0;
+    const int half = s.D / 2;
+    for (int i = 0; i < half; ++i) {  // q . R(pos_j - pos_i) k, half-split pairs (i, i + D/2)
+      const double a = double(s.pos[size_t(j)] - q_pos) * f.inv_freq[size_t(i)];
+      const double k0 = kj[i] * std::cos(a) - kj[i + half] * std::sin(a);
+      const double k1 = kj[i] * std::sin(a) + kj[i + half] * std::cos(a);
+      want += s.q[size_t(i)] * k0 + s.q[size_t(i + half)] * k1;
+    }
+    want *= scale;
+    double got = 0;
+    for (int d = 0; d < s.D; ++d) got += double(sq[size_t(d)]) * memory.keys(0)[j * s.D + d];
+    EXPECT_NEAR(got, want, 1e-5 * (1 + std::abs(want))) << "row " << j;
+  }
+}
+
+// top_k < size: the retrieved rows are the k best by score (brute force), best first; the fast path equals the
+// float64 oracle; with no local keys (lse -inf) the output is the softmax over the retrieved keys alone.
+TEST(KvMemory, TopKRetrievesTheBestRowsAndMatchesTheOracle) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
+  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  const int64_t q_pos = s.pos.back() + 1;
+  const int K = 5;
+  std::vector<float> o_fast, o_ref;
+  std::vector<int64_t> ids_fast, ids_ref;
+  for (bool reference : {false, true}) {
+    std::vector<float> o(size_t(s.Hq * s.D), 123.f), lse(size_t(s.Hq), -std::numeric_limits<float>::infinity());
+    std::vector<int64_t> ids(size_t(s.Hq * K));
+    std::vector<float> scores(size_t(s.Hq * K)), mass(size_t(s.Hq));
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+    p.q_positions = &q_pos;
+    p.top_k = K;
+    p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+    p.lse = lse.data();
+    p.retrieved = ids.data();
+    p.retrieved_scores = scores.data();
+    p.memory_mass = mass.data();
+    (reference ? memory_attention_reference : memory_attention)(memory, p);
+    for (float m : mass) EXPECT_FLOAT_EQ(m, 1.f) << "no local keys: all the mass is on memory";
+    for (int h = 0; h < s.Hq; ++h) {
+      // Brute force: every row's score through search_query, sorted.
+      std::vector<float> sq(size_t(s.D));
+      memory.search_query(s.q.data() + h * s.D, q_pos, 0, sq.data());
+      const int kvh = h / (s.Hq / s.Hkv);
+      std::vector<std::pair<double, int64_t>> all;
+      for (int64_t j = 0; j < s.tokens; ++j) {
+        double sc = 0;
+        for (int d = 0; d < s.D; ++d) sc += double(sq[size_t(d)]) * memory.keys(kvh)[j * s.D + d];
+        all.push_back({-sc, j});
+      }
+      std::sort(all.begin(), all.end());
+      double sum = 0;
+      std::vector<double> want(size_t(s.D), 0.0);
+      for (int i = 0; i < K; ++i) {
+        EXPECT_EQ(ids[size_t(h * K + i)], all[size_t(i)].second) << "head " << h << " rank " << i;
+        EXPECT_NEAR(scores[size_t(h * K + i)], -all[size_t(i)].first, 1e-5);
+        if (i > 0) {
+          EXPECT_GE(scores[size_t(h * K + i - 1)], scores[size_t(h * K + i)]);
+        }
+        const double e = std::exp(-all[size_t(i)].first + all[0].first);
+        sum += e;
+        for (int d = 0; d < s.D; ++d) want[size_t(d)] += e * memory.values(kvh)[all[size_t(i)].second * s.D + d];
+      }
+      for (int d = 0; d < s.D; ++d) EXPECT_NEAR(o[size_t(h * s.D + d)], want[size_t(d)] / sum, 1e-5);
+    }
+    (reference ? o_ref : o_fast) = o;
+    (reference ? ids_ref : ids_fast) = ids;
+  }
+  EXPECT_EQ(ids_fast, ids_ref);
+  EXPECT_LT(max_abs_diff(o_fast, o_ref), 1e-5);
+}
+
+// `none` places every retrieved key at distance 0: score = scale a^2 q . k_j, whatever the positions.
+TEST(KvMemory, NoRotationScoresPlainDotProducts) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D, RopeLayout::HalfSplit, 0, 1.3);
+  KvMemory memory({s.Hkv, s.D, MemoryPolicy::NoRotation, &f, 0, 0});
+  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  std::vector<float> sq(size_t(s.D));
+  memory.search_query(s.q.data(), 1000, 0.25, sq.data());
+  for (int64_t j = 0; j < s.tokens; j += 9) {
+    double want = 0, got = 0;
+    for (int d = 0; d < s.D; ++d) {
+      want += double(s.q[size_t(d)]) * s.k[size_t(j * s.Hkv * s.D + d)];
+      got += double(sq[size_t(d)]) * memory.keys(0)[j * s.D + d];
+    }
+    EXPECT_NEAR(got, 0.25 * 1.3 * 1.3 * want, 1e-5);
+  }
+}
+
+TEST(KvMemory, BadInputNamesTheFieldAndChangesNothing) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  const RopeFreqs other = freqs_for(16);
+  test::expect_error([&] { KvMemory({0, s.D, MemoryPolicy::Exact, &f, 0, 0}); }, "kv_heads");
+  test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, nullptr, 0, 0}); }, "freqs");
+  test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, &other, 0, 0}); }, "head_dim");
+  test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Rerope, &f, 0, 0}); }, "window");
+  test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 1}); }, "logn_train_len");
+  test::expect_error([&] { parse_memory_policy("unlimited"); }, "memory_policy");
+  EXPECT_EQ(parse_memory_policy("none"), MemoryPolicy::NoRotation);
+
+  KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
+  std::vector<float> o(size_t(s.Hq * s.D)), lse(size_t(s.Hq));
+  const int64_t q_pos = 100;
+  MemoryAttentionParams p;
+  p.tokens = 1;
+  p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+  p.q_positions = &q_pos;
+  p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+  p.lse = lse.data();
+  p.top_k = 1;
+  test::expect_error([&] { memory_attention(memory, p); }, "memory size");  // empty
+
+  // A bad append adds nothing: a k view with the wrong head count, then a position past 2^53.
+  test::expect_error([&] { memory.append(4, {s.k.data(), 3, 3 * s.D, s.D}, s.kv_view(s.v, 0), s.pos.data()); },
+                     "kv_heads");
+  std::vector<int64_t> bad = {1, 2, int64_t(1) << 60, 4};
+  test::expect_error([&] { memory.append(4, s.kv_view(s.k, 0), s.kv_view(s.v, 0), bad.data()); }, "positions");
+  EXPECT_EQ(memory.size(), 0);
+
+  memory.append(8, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  p.top_k = 0;
+  test::expect_error([&] { memory_attention(memory, p); }, "top_k");
+  p.top_k = 9;
+  test::expect_error([&] { memory_attention(memory, p); }, "top_k");
+  p.top_k = 2;
+  p.q.heads = 3;
+  test::expect_error([&] { memory_attention(memory, p); }, "q.heads");
+  p.q.heads = s.Hq;
+  p.lse = nullptr;
+  test::expect_error([&] { memory_attention(memory, p); }, "lse");
+}
+
+}  // namespace
+}  // namespace rotary
