@@ -2,7 +2,14 @@
 // memory attention and its float64 oracle.
 #include "rotary/kv_memory.h"
 
+#include <fcntl.h>
 #include <omp.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include <algorithm>
 #include <cmath>
@@ -62,8 +69,18 @@ double logn_factor(int64_t train_len, int64_t pos) {
 struct KvMemory::Impl {
   KvMemoryConfig config;
   RopeFreqs freqs;
-  std::vector<std::vector<float>> keys, values;  // per kv head: [size, D]
+  std::vector<std::vector<float>> keys, values;  // per kv head: [size, D] (owned storage)
   std::vector<int64_t> positions;
+  // A memory opened from a file: the storage is the read-only mapping, these point into it.
+  void* map = nullptr;
+  size_t map_size = 0;
+  int64_t mapped_size = 0;
+  const int64_t* mapped_positions = nullptr;
+  std::vector<const float*> mapped_keys, mapped_values;
+
+  ~Impl() {
+    if (map) ::munmap(map, map_size);
+  }
 
   // The search vector of query q at pos, in W (float or double), times `scale`.
   template <class W>
@@ -114,6 +131,8 @@ KvMemory& KvMemory::operator=(KvMemory&&) noexcept = default;
 
 void KvMemory::append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions, DType dtype) {
   const KvMemoryConfig& c = impl_->config;
+  check(!read_only(), "kv_memory.append", "a memory opened from a file",
+        "an owned memory (a mapped file is read-only: append to a new KvMemory, or save a larger one)");
   check(n >= 0, "kv_memory.append n", n, ">= 0");
   if (n == 0) return;
   detail::check_dtype(dtype, "kv_memory.append dtype");
@@ -147,18 +166,199 @@ void KvMemory::append(int64_t n, const HeadsView& k, const HeadsView& v, const i
 }
 
 void KvMemory::clear() {
+  check(!read_only(), "kv_memory.clear", "a memory opened from a file", "an owned memory");
   for (auto& k : impl_->keys) k.clear();
   for (auto& v : impl_->values) v.clear();
   impl_->positions.clear();
 }
 
-int64_t KvMemory::size() const { return int64_t(impl_->positions.size()); }
+bool KvMemory::read_only() const { return impl_->map != nullptr; }
+int64_t KvMemory::size() const { return read_only() ? impl_->mapped_size : int64_t(impl_->positions.size()); }
 int64_t KvMemory::kv_heads() const { return impl_->config.kv_heads; }
 int KvMemory::head_dim() const { return impl_->config.head_dim; }
 const KvMemoryConfig& KvMemory::config() const { return impl_->config; }
-const float* KvMemory::keys(int64_t h) const { return impl_->keys.at(size_t(h)).data(); }
-const float* KvMemory::values(int64_t h) const { return impl_->values.at(size_t(h)).data(); }
-const int64_t* KvMemory::positions() const { return impl_->positions.data(); }
+const float* KvMemory::keys(int64_t h) const {
+  return read_only() ? impl_->mapped_keys.at(size_t(h)) : impl_->keys.at(size_t(h)).data();
+}
+const float* KvMemory::values(int64_t h) const {
+  return read_only() ? impl_->mapped_values.at(size_t(h)) : impl_->values.at(size_t(h)).data();
+}
+const int64_t* KvMemory::positions() const {
+  return read_only() ? impl_->mapped_positions : impl_->positions.data();
+}
+
+// ---- the memory file ----------------------------------------------------------------------------------------
+//
+// All fields native little-endian, every block 64-byte aligned:
+//   [0, 8)    magic "RTKVMEM1"
+//   header    int64 kv_heads, head_dim, policy, window, logn_train_len, size, has_freqs, rotary_dim, layout;
+//             uint64 fingerprint; double attention_factor; double inv_freq[rotary_dim / 2]; uint64 FNV-1a of the
+//             header bytes before it
+//   blocks    positions int64 [size]; then per kv head keys f32 [size, D], values f32 [size, D]
+// The file's size must be exactly what the header implies (a truncated or padded file is refused).
+namespace {
+
+constexpr char kMemoryMagic[8] = {'R', 'T', 'K', 'V', 'M', 'E', 'M', '1'};
+constexpr size_t kAlign = 64;
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+struct FileHeader {
+  int64_t kv_heads = 0, head_dim = 0, policy = 0, window = 0, logn_train_len = 0, size = 0, has_freqs = 0,
+          rotary_dim = 0, layout = 0;
+  uint64_t fingerprint = 0;
+  double attention_factor = 1;
+};
+
+std::string header_bytes(const FileHeader& h, const std::vector<double>& inv_freq) {
+  std::string b(reinterpret_cast<const char*>(&h), sizeof h);
+  b.append(reinterpret_cast<const char*>(inv_freq.data()), inv_freq.size() * sizeof(double));
+  const uint64_t hash = fnv1a(b.data(), b.size());
+  b.append(reinterpret_cast<const char*>(&hash), sizeof hash);
+  return b;
+}
+
+// Offsets of the blocks after the header: positions, then keys / values of head 0, 1, ...
+struct FileLayout {
+  size_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] f32 block, aligned
+  FileLayout(size_t header_end, int64_t size, int64_t heads, int64_t D) {
+    positions = align_up(header_end);
+    head0 = align_up(positions + size_t(size) * sizeof(int64_t));
+    block = align_up(size_t(size) * size_t(D) * sizeof(float));
+    total = head0 + 2 * size_t(heads) * block;
+  }
+};
+
+void write_all(int fd, const void* data, size_t n, const std::string& path) {
+  const auto* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd, p, n);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw Error("rotary: kv_memory.save: writing " + path + ": " + std::strerror(errno));
+    p += w, n -= size_t(w);
+  }
+}
+
+}  // namespace
+
+void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
+  const KvMemoryConfig& c = impl_->config;
+  FileHeader h;
+  h.kv_heads = c.kv_heads, h.head_dim = c.head_dim, h.policy = int64_t(c.policy), h.window = c.window;
+  h.logn_train_len = c.logn_train_len, h.size = size(), h.fingerprint = fingerprint;
+  std::vector<double> inv_freq;
+  if (c.freqs) {
+    h.has_freqs = 1, h.rotary_dim = impl_->freqs.rotary_dim, h.layout = int64_t(impl_->freqs.layout);
+    h.attention_factor = impl_->freqs.attention_factor;
+    inv_freq = impl_->freqs.inv_freq;
+  }
+  const std::string head = std::string(kMemoryMagic, 8) + header_bytes(h, inv_freq);
+  const FileLayout lay(head.size(), h.size, h.kv_heads, h.head_dim);
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) throw Error("rotary: kv_memory.save: cannot create " + tmp + ": " + std::strerror(errno));
+  try {
+    const std::string zeros(kAlign, '\0');
+    size_t at = 0;
+    auto put = [&](const void* data, size_t n) { write_all(fd, data, n, tmp), at += n; };
+    auto pad_to = [&](size_t offset) { put(zeros.data(), offset - at); };
+    put(head.data(), head.size());
+    pad_to(lay.positions);
+    put(positions(), size_t(h.size) * sizeof(int64_t));
+    const size_t row_bytes = size_t(h.size) * size_t(h.head_dim) * sizeof(float);
+    for (int64_t k = 0; k < h.kv_heads; ++k) {
+      pad_to(lay.head0 + 2 * size_t(k) * lay.block);
+      put(keys(k), row_bytes);
+      pad_to(lay.head0 + (2 * size_t(k) + 1) * lay.block);
+      put(values(k), row_bytes);
+    }
+    pad_to(lay.total);
+    if (::fsync(fd) != 0) throw Error("rotary: kv_memory.save: fsync " + tmp + ": " + std::strerror(errno));
+  } catch (...) {
+    ::close(fd);
+    ::unlink(tmp.c_str());
+    throw;
+  }
+  ::close(fd);
+  if (::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int e = errno;
+    ::unlink(tmp.c_str());
+    throw Error("rotary: kv_memory.save: cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
+  }
+}
+
+KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint) {
+  KvMemory m(expected);  // validates `expected`
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) throw Error("rotary: kv_memory.open: cannot open " + path + ": " + std::strerror(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    throw Error("rotary: kv_memory.open: " + path + " is not a regular file");
+  }
+  const size_t bytes = size_t(st.st_size);
+  void* map = bytes > 0 ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  ::close(fd);
+  if (map == MAP_FAILED) throw Error("rotary: kv_memory.open: cannot map " + path + ": " + std::strerror(errno));
+  m.impl_->map = map ? map : nullptr;
+  m.impl_->map_size = bytes;
+  auto bad = [&](const std::string& what) -> Error { return Error("rotary: kv_memory.open: " + path + ": " + what); };
+  const auto* base = static_cast<const char*>(map);
+  if (bytes < 8 + sizeof(FileHeader) || std::memcmp(base, kMemoryMagic, 8) != 0)
+    throw bad("not a rotary memory file (no RTKVMEM1 magic)");
+  FileHeader h;
+  std::memcpy(&h, base + 8, sizeof h);
+  if (h.has_freqs < 0 || h.has_freqs > 1 || h.rotary_dim < 0 || h.rotary_dim > 4096 || h.rotary_dim % 2 != 0 ||
+      h.kv_heads < 1 || h.kv_heads > 4096 || h.head_dim < 2 || h.head_dim > 4096 || h.size < 0 ||
+      h.size > (int64_t(1) << 40))
+    throw bad("a damaged header");
+  const size_t pairs = h.has_freqs ? size_t(h.rotary_dim / 2) : 0;
+  const size_t header_end = 8 + sizeof h + pairs * sizeof(double) + sizeof(uint64_t);
+  if (bytes < header_end) throw bad("truncated inside its header");
+  std::vector<double> inv_freq(pairs);
+  std::memcpy(inv_freq.data(), base + 8 + sizeof h, pairs * sizeof(double));
+  uint64_t stored_hash = 0;
+  std::memcpy(&stored_hash, base + header_end - sizeof(uint64_t), sizeof stored_hash);
+  const std::string hb = header_bytes(h, inv_freq);
+  if (std::memcmp(hb.data() + hb.size() - sizeof(uint64_t), &stored_hash, sizeof stored_hash) != 0)
+    throw bad("a damaged header (checksum)");
+  const FileLayout lay(header_end, h.size, h.kv_heads, h.head_dim);
+  if (bytes != lay.total)
+    throw bad("size " + std::to_string(bytes) + " bytes where its header implies " + std::to_string(lay.total) +
+              (bytes < lay.total ? " (truncated)" : " (trailing bytes)"));
+  const KvMemoryConfig& c = m.impl_->config;
+  auto differs = [&](const std::string& field, const std::string& file, const std::string& want) {
+    return bad("written for " + field + " = " + file + ", this model has " + want);
+  };
+  if (h.kv_heads != c.kv_heads) throw differs("kv_heads", std::to_string(h.kv_heads), std::to_string(c.kv_heads));
+  if (h.head_dim != c.head_dim) throw differs("head_dim", std::to_string(h.head_dim), std::to_string(c.head_dim));
+  if (h.policy != int64_t(c.policy))
+    throw differs("policy", h.policy >= 0 && h.policy <= 2 ? memory_policy_name(MemoryPolicy(h.policy)) : "?",
+                  memory_policy_name(c.policy));
+  if (h.window != c.window) throw differs("window", std::to_string(h.window), std::to_string(c.window));
+  if (h.logn_train_len != c.logn_train_len)
+    throw differs("logn_train_len", std::to_string(h.logn_train_len), std::to_string(c.logn_train_len));
+  const RopeFreqs& f = m.impl_->freqs;
+  const bool same_rotation = (h.has_freqs == 1) == (c.freqs != nullptr) &&
+                             (!c.freqs || (h.rotary_dim == f.rotary_dim && h.layout == int64_t(f.layout) &&
+                                           h.attention_factor == f.attention_factor && inv_freq == f.inv_freq));
+  if (!same_rotation) throw bad("written for another rotation (frequencies, layout or attention factor)");
+  if (h.fingerprint != fingerprint)
+    throw differs("fingerprint", std::to_string(h.fingerprint), std::to_string(fingerprint) + " (another model)");
+  m.impl_->mapped_size = h.size;
+  m.impl_->mapped_positions = reinterpret_cast<const int64_t*>(base + lay.positions);
+  for (int64_t k = 0; k < h.kv_heads; ++k) {
+    m.impl_->mapped_keys.push_back(reinterpret_cast<const float*>(base + lay.head0 + 2 * size_t(k) * lay.block));
+    m.impl_->mapped_values.push_back(
+        reinterpret_cast<const float*>(base + lay.head0 + (2 * size_t(k) + 1) * lay.block));
+  }
+  return m;
+}
 
 void KvMemory::search_query(const float* q, int64_t pos, double softmax_scale, float* out) const {
   const double scale = softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(impl_->config.head_dim));
@@ -185,6 +385,20 @@ void validate_memory_attention(const KvMemory& m, const MemoryAttentionParams& p
   check(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0, "memory_attention.softmax_scale", p.softmax_scale,
         ">= 0 (0: 1/sqrt(D))");
   detail::check_threads(p.threads);
+  if (p.candidates) {
+    const int64_t k = p.top_k, n = m.size();
+    for (int64_t i = 0; i < p.tokens * p.q.heads; ++i) {
+      bool any = false;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t row = p.candidates[i * k + j];
+        check(row >= -1 && row < n, "memory_attention.candidates[" + std::to_string(i * k + j) + "]", row,
+              "a memory row in [0, " + std::to_string(n) + ") or -1 (none)");
+        any = any || row >= 0;
+      }
+      check(any, "memory_attention.candidates of (token, head) " + std::to_string(i), "all -1",
+            "at least one memory row");
+    }
+  }
 }
 
 namespace {
@@ -200,19 +414,28 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   m.search_query(q, p.q_positions[t], p.softmax_scale, sq.data());  // the oracle's in double throughout
   const float* K = m.keys(kvh);
   const float* V = m.values(kvh);
-  std::vector<std::pair<W, int64_t>> scored(static_cast<size_t>(N));
-  for (int64_t j = 0; j < N; ++j) {
+  auto score = [&](int64_t j) {
     const float* kr = K + j * D;
     W s = 0;
 #pragma omp simd reduction(+ : s)
     for (int d = 0; d < D; ++d) s += sq[size_t(d)] * W(kr[d]);
-    scored[size_t(j)] = {s, j};
+    return s;
+  };
+  std::vector<std::pair<W, int64_t>> scored;
+  size_t k = size_t(p.top_k);
+  if (p.candidates) {  // rows an index found: scored exactly, the -1 fillers dropped
+    const int64_t* c = p.candidates + (t * p.q.heads + h) * int64_t(k);
+    for (size_t i = 0; i < k; ++i)
+      if (c[i] >= 0) scored.push_back({score(c[i]), c[i]});
+    k = scored.size();
+  } else {
+    scored.resize(static_cast<size_t>(N));
+    for (int64_t j = 0; j < N; ++j) scored[size_t(j)] = {score(j), j};
   }
-  const size_t k = size_t(p.top_k);
   auto better = [](const std::pair<W, int64_t>& a, const std::pair<W, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
-  if (reference) {
+  if (reference || p.candidates) {
     std::stable_sort(scored.begin(), scored.end(), better);
   } else {
     std::nth_element(scored.begin(), scored.begin() + std::ptrdiff_t(k - 1), scored.end(), better);
@@ -239,10 +462,11 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   for (int d = 0; d < D; ++d) o[d] = float(w_local * W(o[d]) + w_mem * acc[size_t(d)] / sum);
   lse = float(merged);
   if (p.memory_mass) p.memory_mass[t * p.q.heads + h] = float(w_mem);
-  const int64_t base = (t * p.q.heads + h) * int64_t(k);
-  for (size_t i = 0; i < k; ++i) {
-    if (p.retrieved) p.retrieved[base + int64_t(i)] = scored[i].second;
-    if (p.retrieved_scores) p.retrieved_scores[base + int64_t(i)] = float(scored[i].first);
+  const int64_t base = (t * p.q.heads + h) * int64_t(p.top_k);
+  for (size_t i = 0; i < size_t(p.top_k); ++i) {
+    if (p.retrieved) p.retrieved[base + int64_t(i)] = i < k ? scored[i].second : -1;
+    if (p.retrieved_scores)
+      p.retrieved_scores[base + int64_t(i)] = i < k ? float(scored[i].first) : -std::numeric_limits<float>::infinity();
   }
 }
 

@@ -5,7 +5,11 @@
 // distance-0 placement, and bad input.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cstdio>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -40,6 +44,12 @@ struct Problem {
   }
   HeadsView kv_view(std::vector<float>& x, int64_t first) const {
     return {x.data() + first * Hkv * D, Hkv, Hkv * D, D};
+  }
+  // A memory of every token under `policy`.
+  KvMemory all_in_memory(const RopeFreqs& f, MemoryPolicy policy = MemoryPolicy::Exact) {
+    KvMemory m({Hkv, D, policy, &f, 0, 0});
+    m.append(tokens, kv_view(k, 0), kv_view(v, 0), pos.data());
+    return m;
   }
 };
 
@@ -136,8 +146,7 @@ TEST(KvMemory, WindowPlusAllOfMemoryIsFullAttention) {
 TEST(KvMemory, ExactSearchScoresAreTheTrueLogits) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D);
-  KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
-  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  KvMemory memory = s.all_in_memory(f);
   const int64_t q_pos = s.pos.back() + 5;
   std::vector<float> sq(size_t(s.D));
   memory.search_query(s.q.data(), q_pos, 0, sq.data());
@@ -164,8 +173,7 @@ TEST(KvMemory, ExactSearchScoresAreTheTrueLogits) {
 TEST(KvMemory, TopKRetrievesTheBestRowsAndMatchesTheOracle) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D);
-  KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
-  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  KvMemory memory = s.all_in_memory(f);
   const int64_t q_pos = s.pos.back() + 1;
   const int K = 5;
   std::vector<float> o_fast, o_ref;
@@ -219,12 +227,59 @@ TEST(KvMemory, TopKRetrievesTheBestRowsAndMatchesTheOracle) {
   EXPECT_LT(max_abs_diff(o_fast, o_ref), 1e-5);
 }
 
+// Candidates from an index (lab/memory): the exact top-k given as candidates (shuffled, padded with -1) gives the
+// exact search's output; rows an index got wrong are attended as given (scored exactly); bad rows are refused.
+TEST(KvMemory, CandidatesFromAnIndexAreScoredExactly) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  KvMemory memory = s.all_in_memory(f);
+  const int64_t q_pos = s.pos.back() + 1;
+  const int K = 6;
+  auto run = [&](const int64_t* candidates, int top_k, std::vector<float>& o, std::vector<int64_t>& ids) {
+    o.assign(size_t(s.Hq * s.D), 0.f);
+    std::vector<float> lse(size_t(s.Hq), -std::numeric_limits<float>::infinity());
+    ids.assign(size_t(s.Hq * top_k), 99);
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+    p.q_positions = &q_pos;
+    p.top_k = top_k;
+    p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+    p.lse = lse.data();
+    p.candidates = candidates;
+    p.retrieved = ids.data();
+    memory_attention(memory, p);
+  };
+  std::vector<float> o_exact, o_cand;
+  std::vector<int64_t> ids_exact, ids_cand;
+  run(nullptr, 4, o_exact, ids_exact);
+  // Per head: the exact 4 best, in reverse order, and two -1 fillers.
+  std::vector<int64_t> cand(size_t(s.Hq * K), -1);
+  for (int h = 0; h < s.Hq; ++h)
+    for (int i = 0; i < 4; ++i) cand[size_t(h * K + i)] = ids_exact[size_t(h * 4 + 3 - i)];
+  run(cand.data(), K, o_cand, ids_cand);
+  EXPECT_LT(max_abs_diff(o_cand, o_exact), 1e-6);
+  for (int h = 0; h < s.Hq; ++h) {
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(ids_cand[size_t(h * K + i)], ids_exact[size_t(h * 4 + i)]) << "best first";
+    EXPECT_EQ(ids_cand[size_t(h * K + 4)], -1);
+  }
+  // Rows that are not the best are still what is attended to.
+  for (int h = 0; h < s.Hq; ++h) cand[size_t(h * K)] = 7, cand[size_t(h * K + 1)] = 8;
+  for (int h = 0; h < s.Hq; ++h)
+    for (int i = 2; i < K; ++i) cand[size_t(h * K + i)] = -1;
+  run(cand.data(), K, o_cand, ids_cand);
+  for (int h = 0; h < s.Hq; ++h) EXPECT_TRUE(ids_cand[size_t(h * K)] == 7 || ids_cand[size_t(h * K)] == 8);
+  cand[3] = s.tokens;  // past the memory
+  test::expect_error([&] { run(cand.data(), K, o_cand, ids_cand); }, "candidates[3]");
+  std::fill(cand.begin(), cand.begin() + K, int64_t(-1));  // head 0 has nothing
+  test::expect_error([&] { run(cand.data(), K, o_cand, ids_cand); }, "at least one memory row");
+}
+
 // `none` places every retrieved key at distance 0: score = scale a^2 q . k_j, whatever the positions.
 TEST(KvMemory, NoRotationScoresPlainDotProducts) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D, RopeLayout::HalfSplit, 0, 1.3);
-  KvMemory memory({s.Hkv, s.D, MemoryPolicy::NoRotation, &f, 0, 0});
-  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  KvMemory memory = s.all_in_memory(f, MemoryPolicy::NoRotation);
   std::vector<float> sq(size_t(s.D));
   memory.search_query(s.q.data(), 1000, 0.25, sq.data());
   for (int64_t j = 0; j < s.tokens; j += 9) {
@@ -235,6 +290,71 @@ TEST(KvMemory, NoRotationScoresPlainDotProducts) {
     }
     EXPECT_NEAR(got, 0.25 * 1.3 * 1.3 * want, 1e-5);
   }
+}
+
+// save() then open(): the mapped memory answers exactly as the one in RAM; what does not fit is refused naming
+// the file and the field; the file is written whole or not at all.
+TEST(KvMemory, SavedMemoryMapsBackAndForeignOrDamagedFilesAreRefused) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D, RopeLayout::Interleaved, 16, 1.1);
+  const KvMemoryConfig cfg{s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 20};
+  KvMemory memory(cfg);
+  memory.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  const std::string dir = ::testing::TempDir();
+  const std::string path = dir + "/rotary_kv_memory_" + std::to_string(::getpid()) + ".mem";
+  memory.save(path, 42);
+  KvMemory mapped = KvMemory::open(path, cfg, 42);
+  EXPECT_TRUE(mapped.read_only());
+  EXPECT_FALSE(memory.read_only());
+  ASSERT_EQ(mapped.size(), memory.size());
+  for (int64_t h = 0; h < s.Hkv; ++h) {
+    EXPECT_EQ(0, std::memcmp(mapped.keys(h), memory.keys(h), size_t(s.tokens * s.D) * sizeof(float)));
+    EXPECT_EQ(0, std::memcmp(mapped.values(h), memory.values(h), size_t(s.tokens * s.D) * sizeof(float)));
+  }
+  EXPECT_EQ(0, std::memcmp(mapped.positions(), memory.positions(), size_t(s.tokens) * sizeof(int64_t)));
+  test::expect_error([&] { mapped.append(1, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data()); }, "read-only");
+
+  // Another model, another layout, another rotation.
+  test::expect_error([&] { KvMemory::open(path, cfg, 43); }, {path, "fingerprint"});
+  KvMemoryConfig other = cfg;
+  other.policy = MemoryPolicy::NoRotation;
+  test::expect_error([&] { KvMemory::open(path, other, 42); }, {"policy = exact", "none"});
+  other = cfg, other.logn_train_len = 0;
+  test::expect_error([&] { KvMemory::open(path, other, 42); }, "logn_train_len");
+  const RopeFreqs g = freqs_for(s.D, RopeLayout::Interleaved, 16, 1.0);
+  other = cfg, other.freqs = &g;
+  test::expect_error([&] { KvMemory::open(path, other, 42); }, "another rotation");
+
+  // Damaged files: truncated by one byte, trailing bytes, a flipped header byte, not a memory file at all.
+  std::string bytes;
+  {
+    std::FILE* in = std::fopen(path.c_str(), "rb");
+    ASSERT_NE(in, nullptr);
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, in)) > 0;) bytes.append(buf, n);
+    std::fclose(in);
+  }
+  auto write = [&](const std::string& b) {
+    std::FILE* out = std::fopen(path.c_str(), "wb");
+    std::fwrite(b.data(), 1, b.size(), out);
+    std::fclose(out);
+  };
+  write(bytes.substr(0, bytes.size() - 1));
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "truncated");
+  write(bytes + "x");
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "trailing bytes");
+  std::string flipped = bytes;
+  flipped[8 + 8] ^= 1;  // head_dim's low byte
+  write(flipped);
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "damaged header");
+  write("hello");
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "not a rotary memory file");
+  std::remove(path.c_str());
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "cannot open");
+
+  // A save that cannot complete leaves no file (nor its temporary) behind.
+  const std::string nowhere = dir + "/no_such_dir_" + std::to_string(::getpid()) + "/m.mem";
+  test::expect_error([&] { memory.save(nowhere); }, "cannot create");
 }
 
 TEST(KvMemory, BadInputNamesTheFieldAndChangesNothing) {

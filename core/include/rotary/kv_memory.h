@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "rotary/attention.h"
 #include "rotary/rope.h"
@@ -50,6 +51,16 @@ class KvMemory {
   ~KvMemory();
   KvMemory(KvMemory&&) noexcept;
   KvMemory& operator=(KvMemory&&) noexcept;
+
+  // Writes the memory to `path` atomically - a temporary file beside it, fsync, rename - so the file is either
+  // complete or absent. `fingerprint`: the caller's hash of the model the keys came from (0: none), checked by
+  // open(). Layout: docs/memory.md.
+  void save(const std::string& path, uint64_t fingerprint = 0) const;
+  // Maps a file written by save(), read-only (a million-token memory need not live in RAM). rotary::Error naming
+  // the file and what does not fit: not a memory file, truncated or padded, another layout than `expected`
+  // (kv_heads, head_dim, policy, window, log-n, the rotation), another fingerprint. Such a memory cannot append.
+  static KvMemory open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint = 0);
+  bool read_only() const;
 
   // Adds n tokens. k, v: [n, Hkv, D] strided views of `dtype` (any storage dtype; kept as fp32); positions: [n],
   // |pos| <= 2^53. A bad view or dtype is a rotary::Error and adds nothing. The memory grows without bound: it
@@ -85,14 +96,19 @@ struct MemoryAttentionParams {
   HeadsView o;                           // [tokens, Hq, D] fp32: in, the local window's output; out, merged
   float* lse = nullptr;                  // [tokens, Hq]: in, the local window's log-sum-exp of scaled scores
                                          // (-inf: no local keys); out, merged
-  int64_t* retrieved = nullptr;          // optional [tokens, Hq, top_k]: memory rows retrieved, best first
+  const int64_t* candidates = nullptr;   // optional [tokens, Hq, top_k]: the rows to attend to, found by an
+                                         // approximate index over keys() (lab/memory); -1 = none (an index that
+                                         // found fewer). Their scores are computed exactly here. Null: exact search.
+  int64_t* retrieved = nullptr;          // optional [tokens, Hq, top_k]: memory rows retrieved, best first (-1
+                                         // past the candidates given)
   float* retrieved_scores = nullptr;     // optional [tokens, Hq, top_k]: their scaled logits
   float* memory_mass = nullptr;          // optional [tokens, Hq]: the share of the merged softmax mass on the
                                          // retrieved keys, e^(lse_mem - lse)
   int threads = 0;                       // OpenMP threads at most; 0: omp_get_max_threads()
 };
 
-// Throws rotary::Error naming the field (empty memory, top_k outside [1, size], head counts, null pointers).
+// Throws rotary::Error naming the field (empty memory, top_k outside [1, size], head counts, null pointers, a
+// candidate row outside [-1, size), a (query, head) with no candidate at all).
 void validate_memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
 
 // Exact top-k over the whole memory (flat inner-product search, fp32, threads over (token, head)), softmax over

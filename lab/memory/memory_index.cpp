@@ -1,0 +1,122 @@
+// lab/memory/memory_index.cpp
+#include "memory/memory_index.h"
+
+#include <faiss/IndexFlat.h>
+#include <faiss/IndexHNSW.h>
+#include <faiss/IndexIVFFlat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <vector>
+
+#include "rotary/error.h"
+
+namespace rotary::lab {
+
+void MemoryIndexConfig::validate() const {
+  check(kind == "flat" || kind == "hnsw" || kind == "ivf", "memory_index.kind", kind, "flat, hnsw or ivf");
+  check(hnsw_m >= 4 && hnsw_m <= 256, "memory_index.hnsw_m", hnsw_m, "4..256");
+  check(hnsw_ef_construction >= 8 && hnsw_ef_construction <= 4096, "memory_index.hnsw_ef_construction",
+        hnsw_ef_construction, "8..4096");
+  check(hnsw_ef_search >= 1 && hnsw_ef_search <= 65536, "memory_index.hnsw_ef_search", hnsw_ef_search, "1..65536");
+  check(ivf_lists >= 0 && ivf_lists <= (1 << 20), "memory_index.ivf_lists", ivf_lists, "0 (automatic) or 1..2^20");
+  check(ivf_nprobe >= 1 && ivf_nprobe <= (1 << 20), "memory_index.ivf_nprobe", ivf_nprobe, "1..2^20");
+}
+
+struct MemoryIndex::Impl {
+  const KvMemory* memory = nullptr;
+  MemoryIndexConfig config;
+  std::vector<std::unique_ptr<faiss::IndexFlatIP>> quantizers;  // ivf: the coarse quantizer of each index
+  std::vector<std::unique_ptr<faiss::Index>> indexes;           // per kv head
+  int64_t indexed = 0;
+
+  std::unique_ptr<faiss::Index> make(int64_t head, int64_t rows) {
+    const int D = memory->head_dim();
+    if (config.kind == "flat") return std::make_unique<faiss::IndexFlatIP>(D);
+    if (config.kind == "hnsw") {
+      auto h = std::make_unique<faiss::IndexHNSWFlat>(D, config.hnsw_m, faiss::METRIC_INNER_PRODUCT);
+      h->hnsw.efConstruction = config.hnsw_ef_construction;
+      h->hnsw.efSearch = config.hnsw_ef_search;
+      return h;
+    }
+    // ivf: lists trained on the rows there are.
+    int lists = config.ivf_lists;
+    if (lists == 0) lists = int(std::clamp<int64_t>(int64_t(4 * std::sqrt(double(rows))), 1, std::max<int64_t>(1, rows / 39)));
+    check(rows >= lists, "memory_index.ivf_lists", lists,
+          "at most the rows present at the first sync (" + std::to_string(rows) + ")");
+    quantizers[size_t(head)] = std::make_unique<faiss::IndexFlatIP>(D);
+    auto ivf = std::make_unique<faiss::IndexIVFFlat>(quantizers[size_t(head)].get(), D, size_t(lists),
+                                                     faiss::METRIC_INNER_PRODUCT);
+    ivf->cp.seed = 1234;  // the same lists on every run
+    ivf->train(rows, memory->keys(head));
+    ivf->nprobe = size_t(std::min(config.ivf_nprobe, lists));
+    return ivf;
+  }
+};
+
+MemoryIndex::MemoryIndex(const KvMemory& memory, const MemoryIndexConfig& config) : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  impl_->memory = &memory;
+  impl_->config = config;
+  impl_->indexes.resize(size_t(memory.kv_heads()));
+  impl_->quantizers.resize(size_t(memory.kv_heads()));
+}
+
+MemoryIndex::~MemoryIndex() = default;
+MemoryIndex::MemoryIndex(MemoryIndex&&) noexcept = default;
+MemoryIndex& MemoryIndex::operator=(MemoryIndex&&) noexcept = default;
+
+void MemoryIndex::sync() {
+  Impl& m = *impl_;
+  const int64_t n = m.memory->size();
+  check(n >= m.indexed, "memory_index.sync memory size", n,
+        ">= the rows already indexed (" + std::to_string(m.indexed) + "; the memory was cleared: make a new index)");
+  if (n == m.indexed) return;
+  const int D = m.memory->head_dim();
+  for (int64_t h = 0; h < m.memory->kv_heads(); ++h) {
+    if (!m.indexes[size_t(h)]) m.indexes[size_t(h)] = m.make(h, n);
+    m.indexes[size_t(h)]->add(n - m.indexed, m.memory->keys(h) + m.indexed * D);
+  }
+  m.indexed = n;
+}
+
+int64_t MemoryIndex::size() const { return impl_->indexed; }
+const MemoryIndexConfig& MemoryIndex::config() const { return impl_->config; }
+
+void MemoryIndex::search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores) const {
+  const Impl& m = *impl_;
+  check(kv_head >= 0 && kv_head < m.memory->kv_heads(), "memory_index.search kv_head", kv_head,
+        "0..kv_heads - 1 = " + std::to_string(m.memory->kv_heads() - 1));
+  check(m.indexed > 0, "memory_index.search rows indexed", m.indexed, "> 0 (sync after appending)");
+  check(k >= 1 && k <= m.indexed, "memory_index.search k", k, "1..the rows indexed " + std::to_string(m.indexed));
+  std::vector<faiss::Index::idx_t> ids(size_t(n) * size_t(k));
+  m.indexes[size_t(kv_head)]->search(n, queries, k, scores, ids.data());
+  for (size_t i = 0; i < ids.size(); ++i) rows[i] = int64_t(ids[i]);
+}
+
+void MemoryIndex::candidates(const MemoryAttentionParams& p, int64_t* out) const {
+  const Impl& m = *impl_;
+  validate_memory_attention(*m.memory, p);
+  check(m.indexed == m.memory->size(), "memory_index rows indexed", m.indexed,
+        "the memory's size " + std::to_string(m.memory->size()) + " (sync after appending)");
+  const int D = m.memory->head_dim();
+  const int64_t Hq = p.q.heads, group = Hq / m.memory->kv_heads();
+  // One batched search per kv head: every (token, query head of its group).
+  for (int64_t g = 0; g < m.memory->kv_heads(); ++g) {
+    const int64_t n = p.tokens * group;
+    std::vector<float> queries(size_t(n) * size_t(D)), scores(size_t(n) * size_t(p.top_k));
+    std::vector<int64_t> rows(size_t(n) * size_t(p.top_k));
+    for (int64_t t = 0; t < p.tokens; ++t)
+      for (int64_t j = 0; j < group; ++j) {
+        const int64_t h = g * group + j;
+        const float* q = static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride;
+        m.memory->search_query(q, p.q_positions[t], p.softmax_scale, queries.data() + (t * group + j) * D);
+      }
+    search(g, n, queries.data(), p.top_k, rows.data(), scores.data());
+    for (int64_t t = 0; t < p.tokens; ++t)
+      for (int64_t j = 0; j < group; ++j)
+        std::copy_n(rows.data() + (t * group + j) * p.top_k, p.top_k, out + (t * Hq + g * group + j) * p.top_k);
+  }
+}
+
+}  // namespace rotary::lab

@@ -1,0 +1,61 @@
+// lab/memory/memory_index.h: FAISS indexes over a KvMemory's stored keys (rotary/kv_memory.h), one per kv head,
+// for memories too large to scan: the index proposes top-k rows, memory_attention scores them exactly.
+//
+//   flat   faiss::IndexFlatIP: exact inner-product search (the same rows as the core's own scan)
+//   hnsw   faiss::IndexHNSWFlat (inner product): a graph, ~log N per query; recall set by ef_search
+//   ivf    faiss::IndexIVFFlat (inner product): k-means lists trained on the rows present at the first sync;
+//          recall set by nprobe
+// Inner product is what the policies make the logit (kv_memory.h), so no normalisation: maximum inner product
+// search, which HNSW and IVF support directly in FAISS.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "rotary/kv_memory.h"
+
+namespace rotary::lab {
+
+inline constexpr std::string_view kMemoryIndexKinds[] = {"flat", "hnsw", "ivf"};
+
+struct MemoryIndexConfig {
+  std::string kind = "flat";
+  int hnsw_m = 32;                 // graph degree
+  int hnsw_ef_construction = 64;
+  int hnsw_ef_search = 128;        // candidates kept while searching (>= k is used)
+  int ivf_lists = 0;               // 0: about 4 sqrt(N) at the first sync, at most N / 39 (FAISS's training floor)
+  int ivf_nprobe = 16;             // lists scanned per query
+  // rotary::Error naming the field ("memory_index.kind = annoy ...; allowed: flat, hnsw or ivf").
+  void validate() const;
+};
+
+class MemoryIndex {
+ public:
+  // Indexes nothing yet: sync() adds the memory's rows. The memory must outlive the index.
+  MemoryIndex(const KvMemory& memory, const MemoryIndexConfig& config);
+  ~MemoryIndex();
+  MemoryIndex(MemoryIndex&&) noexcept;
+  MemoryIndex& operator=(MemoryIndex&&) noexcept;
+
+  // Adds the rows appended to the memory since the last sync (ivf: trains its lists on the first sync's rows).
+  void sync();
+  int64_t size() const;  // rows indexed
+  const MemoryIndexConfig& config() const;
+
+  // The k best rows of kv head h for n search vectors (fp32 [n, D], as KvMemory::search_query makes them), best
+  // first, padded with -1 (an approximate index may find fewer): rows, scores [n, k].
+  void search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores) const;
+
+  // memory_attention's candidates for p's queries (p.q, p.q_positions, p.top_k, p.softmax_scale): the search
+  // vector of each (token, head) through the memory's policy, searched in its kv head's index.
+  // out: [tokens, Hq, top_k]. rotary::Error if rows were appended since the last sync.
+  void candidates(const MemoryAttentionParams& p, int64_t* out) const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rotary::lab
