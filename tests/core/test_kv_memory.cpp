@@ -357,6 +357,61 @@ TEST(KvMemory, SavedMemoryMapsBackAndForeignOrDamagedFilesAreRefused) {
   test::expect_error([&] { memory.save(nowhere); }, "cannot create");
 }
 
+// MemoryKvCache, token by token across several moves to the memory (W = 6: the window holds 6..11 tokens): with
+// top_k past the memory's size every step equals one decode step over all tokens so far (RoPE with `exact`,
+// ReRoPE w = 4 with `rerope`); with top_k = 0 it equals the window alone; the rows retrieved are memory rows.
+TEST(MemoryKvCache, StepByStepEqualsFullAttentionWithAllOfMemory) {
+  for (const bool rerope : {false, true}) {
+    SCOPED_TRACE(rerope ? "rerope" : "rope");
+    Problem s;
+    const RopeFreqs f = freqs_for(s.D);
+    PositionParams pp;
+    pp.mode = rerope ? PositionMode::Rerope : PositionMode::Rope;
+    pp.freqs = &f;
+    pp.window = rerope ? 4 : 0;
+    MemoryKvCache cache({6, s.Hkv, s.D, pp, rerope ? MemoryPolicy::Rerope : MemoryPolicy::Exact});
+    for (int64_t t = 0; t < s.tokens; ++t) {
+      cache.append(1, s.kv_view(s.k, t), s.kv_view(s.v, t), &s.pos[size_t(t)]);
+      ASSERT_EQ(cache.size(), t + 1);
+      ASSERT_GE(cache.window_size(), std::min<int64_t>(t + 1, 6));
+      ASSERT_LT(cache.window_size(), 12);
+      const int64_t q_pos = s.pos[size_t(t)];
+      std::vector<float> o(size_t(s.Hq * s.D)), mass(size_t(s.Hq));
+      std::vector<int64_t> rows(size_t(s.Hq * 100));
+      const HeadsView qv{s.q.data(), s.Hq, s.Hq * s.D, s.D}, ov{o.data(), s.Hq, s.Hq * s.D, s.D};
+      cache.decode(qv, q_pos, 100, ov, 0, mass.data(), rows.data());
+      std::vector<float> o_full, lse_full;
+      decode_step(s, pp, 0, t + 1, q_pos, o_full, lse_full);
+      ASSERT_LT(max_abs_diff(o, o_full), 2e-5) << "step " << t;
+      const int64_t in_memory = cache.memory().size();
+      for (int64_t h = 0; h < s.Hq; ++h)
+        for (int64_t i = 0; i < 100; ++i) {
+          const int64_t r = rows[size_t(h * 100 + i)];
+          ASSERT_TRUE(i < in_memory ? r >= 0 && r < in_memory : r == -1) << "head " << h << " slot " << i;
+        }
+      if (in_memory == 0) {
+        for (float m : mass) ASSERT_EQ(m, 0.f);
+      }
+      // The window alone.
+      cache.decode(qv, q_pos, 0, ov);
+      std::vector<float> o_win, lse_win;
+      decode_step(s, pp, t + 1 - cache.window_size(), cache.window_size(), q_pos, o_win, lse_win);
+      ASSERT_LT(max_abs_diff(o, o_win), 2e-5) << "step " << t;
+    }
+    EXPECT_GT(cache.memory().size(), 30);
+    // Out of order positions are refused and change nothing.
+    const int64_t before = cache.size();
+    int64_t early = 0;
+    test::expect_error([&] { cache.append(1, s.kv_view(s.k, 0), s.kv_view(s.v, 0), &early); }, "positions");
+    EXPECT_EQ(cache.size(), before);
+  }
+  const RopeFreqs f = freqs_for(32);
+  PositionParams pp;
+  pp.mode = PositionMode::Rerope, pp.freqs = &f, pp.window = 8;
+  test::expect_error([&] { MemoryKvCache({4, 2, 32, pp, MemoryPolicy::Rerope}); }, "memory_kv_cache.window");
+  test::expect_error([&] { MemoryKvCache({0, 2, 32, pp, MemoryPolicy::Exact}); }, "memory_kv_cache.window");
+}
+
 TEST(KvMemory, BadInputNamesTheFieldAndChangesNothing) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D);

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "rotary/attention.h"
+#include "rotary/kv_cache.h"
 #include "rotary/rope.h"
 #include "rotary/rope_spec.h"
 
@@ -118,5 +119,43 @@ void memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
 // a full stable sort. (The stronger check is against full attention: with top_k = size, window + memory equals
 // attention_decode_reference over all the tokens - tests/core/test_kv_memory.cpp.)
 void memory_attention_reference(const KvMemory& memory, const MemoryAttentionParams& p);
+
+// A decoder's cache with a memory behind it: the most recent tokens in a KvCache (exact, every position mode of
+// kv_cache.h), older ones moved to a KvMemory. The window holds at least `window` and fewer than 2 x `window`
+// tokens: when it reaches 2 x window, the oldest `window` move to the memory in one go (an amortised O(1) move per
+// token, and the window's cache is rebuilt from the un-rotated rows kept beside it). A decode step attends to the
+// window with attention_decode and to the top-k of the memory with memory_attention, merged. fp32 throughout.
+struct MemoryKvCacheConfig {
+  int64_t window = 0;              // W >= 1: tokens kept exact at least (>= the ReRoPE window for policy rerope)
+  int64_t kv_heads = 0;
+  int head_dim = 0;
+  PositionParams pos;              // the window's position mode, as kv_cache.h (no RoPER)
+  MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit; rerope places them at pos.window
+};
+
+class MemoryKvCache {
+ public:
+  explicit MemoryKvCache(const MemoryKvCacheConfig& config);  // rotary::Error naming the field
+  ~MemoryKvCache();
+  MemoryKvCache(MemoryKvCache&&) noexcept;
+  MemoryKvCache& operator=(MemoryKvCache&&) noexcept;
+
+  // n tokens, k, v [n, Hkv, D] fp32 un-rotated, positions increasing past the last one.
+  void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions);
+  // One query token q [Hq, D] at q_position (>= the last position): o [Hq, D]. top_k memory keys per head (0:
+  // the window alone; more than the memory holds: all of it). Optional outputs per head: the share of the softmax
+  // mass on the memory ([Hq]) and the memory rows retrieved ([Hq, top_k], -1 past what there is).
+  void decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o, double softmax_scale = 0,
+              float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0) const;
+
+  int64_t window_size() const;   // tokens in the window now
+  const KvMemory& memory() const;
+  int64_t size() const;          // all tokens: window + memory
+  const MemoryKvCacheConfig& config() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace rotary

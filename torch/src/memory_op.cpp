@@ -1,0 +1,98 @@
+// torch.classes.rotary.MemoryKvCache: a thin holder of rotary::MemoryKvCache (core/include/rotary/kv_memory.h) - a
+// decoder's cache whose tokens past a window move to a retrieval memory, each decode step attending to the window
+// exactly and to the top-k of the memory, merged. The binding converts tensors to core views and checks shapes and
+// dtypes; the core validates everything else and throws rotary::Error naming the field. fp32, inference only.
+#include <torch/custom_class.h>
+#include <torch/torch.h>
+
+#include <memory>
+#include <string>
+#include <tuple>
+
+#include "rotary/error.h"
+#include "rotary/kv_memory.h"
+#include "rotary_torch/convert.h"
+
+namespace rotary::torch_ops {
+namespace {
+
+class MemoryKvCacheHolder : public torch::CustomClassHolder {
+ public:
+  // window: tokens kept exact (at least); policy: exact | rerope | none; mode: rope | rerope (the window's);
+  // rerope_window: the ReRoPE w of a rerope model (0 for rope); the rest as for KvCache.
+  MemoryKvCacheHolder(int64_t window, int64_t kv_heads, int64_t head_dim, const std::string& policy,
+                      const std::string& mode, const at::Tensor& inv_freq, double attention_factor,
+                      const std::string& layout, int64_t rerope_window, int64_t logn_train_len) {
+    check(head_dim >= 1 && head_dim <= 4096, "head_dim", head_dim, "1..4096");
+    check(mode == "rope" || mode == "rerope", "mode", mode, "rope or rerope");
+    MemoryKvCacheConfig c;
+    c.window = window;
+    c.kv_heads = kv_heads;
+    c.head_dim = int(head_dim);
+    c.policy = parse_memory_policy(policy);
+    c.pos.mode = mode == "rope" ? PositionMode::Rope : PositionMode::Rerope;
+    freqs_ = freqs_from(inv_freq, attention_factor, layout, head_dim);
+    c.pos.freqs = &freqs_;
+    c.pos.window = rerope_window;
+    c.pos.logn_train_len = logn_train_len;
+    cache_ = std::make_unique<MemoryKvCache>(c);
+  }
+
+  // k, v [n, Hkv, D] float32 un-rotated; positions [n] int64 increasing past the last one.
+  void append(const at::Tensor& k, const at::Tensor& v, const at::Tensor& positions) {
+    check(k.dim() == 3 && v.sizes() == k.sizes(), "k.shape", k.sizes(), "[n, kv_heads, head_dim], v shaped alike");
+    if (k.size(2) != cache_->config().head_dim)
+      fail("k.shape[2]", to_text(k.size(2)), "the cache's head_dim = " + std::to_string(cache_->config().head_dim));
+    check(k.scalar_type() == at::kFloat && v.scalar_type() == at::kFloat, "k.dtype", c10::toString(k.scalar_type()),
+          "float32 (k and v)");
+    check(positions.scalar_type() == at::kLong && positions.numel() == k.size(0), "positions", positions.sizes(),
+          "int64 [n] with n = k.shape[0] = " + std::to_string(k.size(0)));
+    const at::Tensor k3 = as_tokens_heads_dim(k, "k"), v3 = as_tokens_heads_dim(v, "v");
+    const at::Tensor pos = positions.contiguous();
+    cache_->append(k3.size(0), heads_view(k3), heads_view(v3), pos.data_ptr<int64_t>());
+  }
+
+  // q [Hq, D] float32 at q_position -> (out [Hq, D], memory_mass [Hq], retrieved [Hq, top_k] int64, -1 padded).
+  std::tuple<at::Tensor, at::Tensor, at::Tensor> decode(const at::Tensor& q, int64_t q_position, int64_t top_k,
+                                                         double softmax_scale) const {
+    check(q.dim() == 2, "q.dim()", q.dim(), "2 ([Hq, head_dim], one token)");
+    if (q.size(1) != cache_->config().head_dim)
+      fail("q.shape[1]", to_text(q.size(1)), "the cache's head_dim = " + std::to_string(cache_->config().head_dim));
+    check(q.scalar_type() == at::kFloat, "q.dtype", c10::toString(q.scalar_type()), "float32");
+    check(top_k >= 0 && top_k <= (int64_t(1) << 20), "top_k", top_k, "0..2^20 (0: the window alone)");
+    const at::Tensor q3 = as_tokens_heads_dim(q.unsqueeze(0), "q");
+    at::Tensor out = at::empty_like(q3, at::MemoryFormat::Contiguous);
+    at::Tensor mass = at::zeros({q.size(0)}, at::kFloat);
+    at::Tensor rows = at::full({q.size(0), top_k}, -1, at::kLong);
+    cache_->decode(heads_view(q3), q_position, int(top_k), heads_view(out), softmax_scale, mass.data_ptr<float>(),
+                   rows.data_ptr<int64_t>());
+    return {out.view(q.sizes()), mass, rows};
+  }
+
+  int64_t size() const { return cache_->size(); }
+  int64_t window_size() const { return cache_->window_size(); }
+  int64_t memory_size() const { return cache_->memory().size(); }
+  void save_memory(const std::string& path, int64_t fingerprint) const {
+    cache_->memory().save(path, uint64_t(fingerprint));
+  }
+
+ private:
+  RopeFreqs freqs_;
+  std::unique_ptr<MemoryKvCache> cache_;
+};
+
+}  // namespace
+}  // namespace rotary::torch_ops
+
+TORCH_LIBRARY_FRAGMENT(rotary, m) {
+  using rotary::torch_ops::MemoryKvCacheHolder;
+  m.class_<MemoryKvCacheHolder>("MemoryKvCache")
+      .def(torch::init<int64_t, int64_t, int64_t, std::string, std::string, at::Tensor, double, std::string, int64_t,
+                       int64_t>())
+      .def("append", &MemoryKvCacheHolder::append)
+      .def("decode", &MemoryKvCacheHolder::decode)
+      .def("size", &MemoryKvCacheHolder::size)
+      .def("window_size", &MemoryKvCacheHolder::window_size)
+      .def("memory_size", &MemoryKvCacheHolder::memory_size)
+      .def("save_memory", &MemoryKvCacheHolder::save_memory);
+}
