@@ -1,12 +1,15 @@
 // lab/tasks/kv_retrieval.cpp: seed 001's JSON key-value retrieval,
 //   '{"kfu": "qpz", "abd": "mmr"} abd=mmr#'.
-// kv_pairs distinct 3-letter keys with 3-letter values (repeats allowed) in a JSON object, a space, the queried
-// key (uniform over the pairs, so the answer can sit anywhere back in the object), '=', its value, '#'. Every
-// problem has 14 * kv_pairs + 9 characters.
+// kv_pairs distinct keys of kv_key_len letters (3 in the seed) with 3-letter values (repeats allowed) in a JSON
+// object, then kv_queries queries (1 in the seed), each a space, a key (uniform over the pairs, so the answer can sit
+// anywhere back in the object; queries may repeat a key), '=', its value, '#'. Every problem has
+// kv_pairs * (kv_key_len + 11) + kv_queries * (kv_key_len + 6) characters. An eval problem is the seed's form:
+// one query, its prompt ending at '='.
 //
-// Loss only on the value after '=' and the '#': the keys and values are random, so predicting them teaches
-// nothing and would bury the few answer characters under noise. A row may start inside a problem; that lead
-// problem gets no loss, since the pair it asks about may lie before the row's start.
+// Loss only on the values after '=' and the '#'s: the keys and values are random, so predicting them teaches
+// nothing and would bury the few answer characters under noise (more queries per object: more of the row is
+// signal). A row may start inside a problem; that lead problem gets no loss, since the pair it asks about may lie
+// before the row's start.
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -20,70 +23,92 @@ namespace rotary::lab {
 namespace {
 
 constexpr const char* kLetters = "abcdefghijklmnopqrstuvwxyz";
-constexpr int kKeyLen = 3, kValueLen = 3;
-constexpr uint64_t kKeySpace = 26 * 26 * 26;
+constexpr int kValueLen = 3;
 
 class KvRetrievalTask final : public CharTask {
  public:
-  explicit KvRetrievalTask(int pairs) : CharTask(std::string(kLetters) + "{}\": ,=#"), pairs_(pairs) {}
+  KvRetrievalTask(int pairs, int key_len, int queries)
+      : CharTask(std::string(kLetters) + "{}\": ,=#"), pairs_(pairs), key_len_(key_len), queries_(queries) {
+    key_space_ = 1;
+    for (int i = 0; i < key_len; ++i) key_space_ *= 26;
+    check(uint64_t(pairs) <= key_space_, "kv_pairs", pairs,
+          "at most 26^kv_key_len = " + std::to_string(key_space_) + " distinct keys");
+  }
   std::string name() const override { return "kv_retrieval"; }
   std::string stop() const override { return "#"; }
 
   TrainSequence train_sequence(std::mt19937_64& rng, int seq_len) const override {
     check_seq_len(seq_len);
-    const int64_t problem_len = 14 * int64_t(pairs_) + 9;
+    const int64_t per_pair = key_len_ + 11, per_query = key_len_ + 6;
+    const int64_t problem_len = per_pair * int64_t(pairs_) + per_query * queries_;
     const int64_t row = int64_t(seq_len) + 1;
     if (problem_len > row)
       fail("kv_pairs", std::to_string(pairs_),
-           "at most (seq_len + 1 - 9) / 14 = " + std::to_string(std::max<int64_t>(0, (row - 9) / 14)) +
-               " for seq_len = " + std::to_string(seq_len) +
-               " (a row must hold one whole problem of 14 * kv_pairs + 9 characters)");
+           fmt_at_most(row, per_pair, per_query) + " for seq_len = " + std::to_string(seq_len) +
+               " (a row must hold one whole problem of kv_pairs * " + std::to_string(per_pair) + " + kv_queries * " +
+               std::to_string(per_query) + " characters)");
     // The lead is at most row - problem_len characters, so one whole problem always follows it.
     return pack_problems(rng, char_vocab(), seq_len, row - problem_len, false, [this](std::mt19937_64& r) {
-      const EvalProblem p = eval_problem(r);
+      std::vector<std::string> keys, values;
       MaskedText t;
-      t.append(p.prompt, false);
-      t.append(p.answer + "#", true);
+      t.append(object(r, keys, values), false);
+      for (int i = 0; i < queries_; ++i) {
+        const size_t q = i == 0 ? query(r, keys.size()) : uniform_below(r, keys.size());
+        t.append(" " + keys[q] + "=", false);
+        t.append(values[q] + "#", true);
+      }
       return t;
     });
   }
 
  protected:
   EvalProblem eval_problem(std::mt19937_64& rng) const override {
-    std::vector<std::string> keys;
+    std::vector<std::string> keys, values;
+    const std::string obj = object(rng, keys, values);
+    const size_t q = query(rng, keys.size());
+    return {obj + " " + keys[q] + "=", values[q], values[q]};
+  }
+
+ private:
+  static std::string fmt_at_most(int64_t row, int64_t per_pair, int64_t per_query) {
+    return "at most (seq_len + 1 - kv_queries * " + std::to_string(per_query) + ") / " + std::to_string(per_pair) +
+           " = " + std::to_string(std::max<int64_t>(0, row - per_query) / per_pair) + " (with one query)";
+  }
+  static size_t query(std::mt19937_64& rng, size_t pairs) { return uniform_below(rng, pairs); }
+
+  // The JSON object of pairs_ distinct keys and their values (the draws of the seed's form, in its order).
+  std::string object(std::mt19937_64& rng, std::vector<std::string>& keys, std::vector<std::string>& values) const {
+    keys.clear(), values.clear();
     keys.reserve(size_t(pairs_));
-    std::vector<bool> taken(kKeySpace, false);
-    while (keys.size() < size_t(pairs_)) {  // distinct keys; pairs <= 8192 < 26^3 / 2 keeps rejections rare
-      uint64_t code = uniform_below(rng, kKeySpace);
+    std::vector<bool> taken(key_space_, false);
+    while (keys.size() < size_t(pairs_)) {  // distinct keys (rejection: fine while pairs is not near the space)
+      uint64_t code = uniform_below(rng, key_space_);
       if (taken[code]) continue;
       taken[code] = true;
-      std::string key(kKeyLen, 'a');
+      std::string key(size_t(key_len_), 'a');
       for (char& c : key) {
         c = kLetters[code % 26];
         code /= 26;
       }
       keys.push_back(std::move(key));
     }
-    std::string object = "{";
-    std::vector<std::string> values;
+    std::string obj = "{";
     for (size_t i = 0; i < keys.size(); ++i) {
       values.push_back(random_string(rng, kLetters, kValueLen));
-      if (i > 0) object += ", ";
-      object += "\"" + keys[i] + "\": \"" + values.back() + "\"";
+      if (i > 0) obj += ", ";
+      obj += "\"" + keys[i] + "\": \"" + values.back() + "\"";
     }
-    object += "}";
-    const size_t query = uniform_below(rng, keys.size());
-    return {object + " " + keys[query] + "=", values[query], values[query]};
+    return obj + "}";
   }
 
- private:
-  int pairs_;
+  int pairs_, key_len_, queries_;
+  uint64_t key_space_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Task> make_kv_retrieval_task(const TaskOptions& o) {
-  return std::make_unique<KvRetrievalTask>(o.kv_pairs);
+  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_key_len, o.kv_queries);
 }
 
 }  // namespace rotary::lab

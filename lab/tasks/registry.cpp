@@ -29,6 +29,13 @@ const settings::Table<TaskOptions>& task_option_settings() {
                          [](auto& o) -> auto& { return o.search_eval_len; }, integers(2, 1 << 20)));
     t.push_back(field<O>("kv_pairs", "--kv-pairs", "kv_retrieval: pairs per object",
                          [](auto& o) -> auto& { return o.kv_pairs; }, integers(1, 8192)));
+    // Added later: written only when not the seed's value, so earlier runs' stored configs keep their form.
+    t.push_back(field<O>("kv_key_len", "--kv-key-len", "kv_retrieval: letters per key",
+                         [](auto& o) -> auto& { return o.kv_key_len; }, integers(1, 4)));
+    t.back().written = [](const O& o) { return o.kv_key_len != 3; };
+    t.push_back(field<O>("kv_queries", "--kv-queries", "kv_retrieval: queries after each object in training rows",
+                         [](auto& o) -> auto& { return o.kv_queries; }, integers(1, 64)));
+    t.back().written = [](const O& o) { return o.kv_queries != 1; };
     t.push_back(field<O>("text_tokenizer", "--text-tokenizer",
                          "text: bpe (sentencepiece BPE, --text-vocab pieces) or char (one token per character)",
                          [](auto& o) -> auto& { return o.text_tokenizer; },

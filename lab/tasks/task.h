@@ -61,7 +61,9 @@ struct TaskOptions {
   int min_string = 4, max_string = 16;  // substring_index: string length range, 1 <= min <= max <= 1000
   int search_substring = 6;             // substring_search: copied substring length, in [2, 64]
   int search_eval_len = 256;            // substring_search: characters of context before an eval problem's '>'
-  int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192]
+  int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192] (<= 26^kv_key_len)
+  int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
+  int kv_queries = 1;                   // kv_retrieval: queries after each object in training rows, in [1, 64]
   std::string text_tokenizer = "bpe";   // text: bpe (sentencepiece BPE of text_vocab pieces) | char (one token per
                                         // character of the training verses: seed 002's enwik8-style char models)
   int text_vocab = 2000;                // text: sentencepiece BPE vocabulary size, in [128, 32000] (bpe only)

@@ -316,6 +316,62 @@ TEST(tasks, KvRetrievalRowsAnswerTheQueryAndMaskOnlyTheAnswers) {
   }
 }
 
+// kv_key_len and kv_queries (a form a small model learns faster: more answers per row, shorter keys): every query
+// after the object asks one of its keys and is answered with that key's value; only the answers and '#' are
+// targets; the problem has kv_pairs * (key_len + 11) + kv_queries * (key_len + 6) characters; eval problems keep
+// the seed's one-query form; the seed's settings give the same rows as before the options existed.
+TEST(tasks, KvRetrievalWithShortKeysAndSeveralQueries) {
+  for (const auto& [key_len, queries] : {std::pair{1, 4}, std::pair{2, 8}, std::pair{4, 2}}) {
+    SCOPED_TRACE("key_len " + std::to_string(key_len) + " queries " + std::to_string(queries));
+    TaskOptions options;
+    options.kv_pairs = 6;
+    options.kv_key_len = key_len;
+    options.kv_queries = queries;
+    const auto task = make_task("kv_retrieval", options);
+    const int problem_len = 6 * (key_len + 11) + queries * (key_len + 6);
+    std::mt19937_64 rng(3);
+    const TrainSequence s = task->train_sequence(rng, 3 * problem_len);
+    const std::string text = decode_row(*task, s);
+    int answered = 0;
+    for (size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
+      const size_t close = text.find('}', open);
+      if (close == std::string::npos || close + size_t(queries * (key_len + 6)) >= text.size()) break;
+      const std::string obj = text.substr(open, close + 1 - open);
+      size_t at = close + 1;
+      for (int i = 0; i < queries; ++i) {
+        ASSERT_EQ(text[at], ' ') << text;
+        const std::string key = text.substr(at + 1, size_t(key_len)), value = text.substr(at + 2 + key_len, 3);
+        ASSERT_EQ(text[at + 1 + key_len], '=') << text;
+        ASSERT_NE(obj.find("\"" + key + "\": \"" + value + "\""), std::string::npos) << text;
+        for (size_t c = at; c < at + size_t(key_len + 6); ++c) {
+          const bool target = c >= at + 2 + size_t(key_len);  // the value and '#'
+          if (c >= 1) {
+            ASSERT_EQ(s.loss_mask[c - 1], target ? 1.0f : 0.0f) << text << " at " << c;
+          }
+        }
+        at += size_t(key_len + 6);
+        ++answered;
+      }
+      EXPECT_EQ(at - open, size_t(problem_len));
+    }
+    EXPECT_GE(answered, queries);
+    for (const EvalProblem& p : task->eval_problems(5, 1)) {
+      EXPECT_EQ(p.prompt.size(), size_t(6 * (key_len + 11) + key_len + 2));
+      EXPECT_EQ(p.answer.size(), 3u);
+    }
+  }
+  // The seed's settings: rows as the task made them before the options (key_len 3, one query; the row below is
+  // what `rotary task show --task kv_retrieval --seq-len 200 --seed 5` printed before they were added).
+  TaskOptions seed;
+  std::mt19937_64 a(5);
+  const std::string row = decode_row(*make_task("kv_retrieval", seed), make_task("kv_retrieval", seed)->train_sequence(a, 200));
+  EXPECT_EQ(row.substr(0, 60), R"(, "ywr": "rwc"} zmr=ufb#{"dvc": "xqu", "yih": "xdd", "vbv": )");
+  TaskOptions too_many;
+  too_many.kv_key_len = 1;
+  too_many.kv_pairs = 27;
+  EXPECT_THROW(make_task("kv_retrieval", too_many), Error);
+}
+
 TEST(tasks, KvRetrievalQueriesReachEveryPosition) {
   TaskOptions options;
   options.kv_pairs = 16;

@@ -63,7 +63,7 @@ void run(const BenchCheckpointArgs& a) {
   const int threads = train::use_threads(a.threads);
   nn::ModelConfig cfg;
   std::string shape;
-  Method fused{"fused (rotary ops)"}, plain{"plain torch ops"};
+  Method fused{"fused (rotary ops)", nullptr, {}, {}}, plain{"plain torch ops", nullptr, {}, {}};
   if (!a.model_dir.empty()) {
     nn::HfCheckpoint c = nn::load_hf_checkpoint(a.model_dir);
     cfg = c.spec.config;
