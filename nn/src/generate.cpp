@@ -11,6 +11,8 @@
 //     phi(R(n) k_n) in both; O(1) per step; the prefill runs the fused op, whose core kernel keeps these sums
 //     internally but does not return them);
 //   plain linear / performer -> keys and values in torch, the materialised form per step.
+//   with a memory (generate_with_memory) -> the core's MemoryKvCache: a window of exact keys and a retrieval
+//     memory behind it (rotary/kv_memory.h); every token, the prompt's too, goes through it one at a time.
 // Dynamic NTK / longrope frequencies change with the length: when they do, the caches are rebuilt from the
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
 #include <ATen/CPUGeneratorImpl.h>
@@ -18,8 +20,10 @@
 #include <cmath>
 
 #include "rotary/error.h"
+#include "rotary/kv_memory.h"
 #include "rotary_nn/attention.h"
 #include "rotary_nn/model.h"
+#include "rotary_torch/convert.h"
 #include "rotary_torch/decode.h"
 
 namespace rotary::nn {
@@ -103,6 +107,61 @@ class LinearStateCache final : public LayerCache {
   torch::Tensor state_, z_;
 };
 
+// A window of exact keys with a retrieval memory behind it (the core's MemoryKvCache), fp32. `retrieve` says
+// whether this step searches the memory; the share of the softmax mass on retrieved keys is summed into `stats`.
+class MemoryCache final : public LayerCache {
+ public:
+  MemoryCache(const MemoryDecodeOptions& o, int64_t kv_heads, int64_t head_dim, const PositionContext& pc,
+              const bool& retrieve, MemoryDecodeStats& stats)
+      : top_k_(o.top_k), scale_(pc.softmax_scale), retrieve_(retrieve), stats_(stats) {
+    const torch_ops::AttentionPosition ap = fused_attention_position(pc);
+    check(!ap.roper, "encoding.kind", "roper", "rope, rerope or leaky_rerope (decoding with a memory)");
+    MemoryKvCacheConfig c;
+    c.window = o.window;
+    c.kv_heads = kv_heads;
+    c.head_dim = int(head_dim);
+    c.policy = parse_memory_policy(o.policy);
+    freqs_ = torch_ops::freqs_from(ap.inv_freq.value(), ap.attention_factor, ap.layout, head_dim);
+    c.pos.mode = ap.mode == "rope" ? PositionMode::Rope
+                 : ap.mode == "rerope" ? PositionMode::Rerope : PositionMode::LeakyRerope;
+    c.pos.freqs = &freqs_;
+    c.pos.window = ap.window;
+    c.pos.leaky_k = ap.leaky_k;
+    c.pos.logn_train_len = ap.logn_train_len;
+    cache_ = std::make_unique<MemoryKvCache>(c);
+  }
+  void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
+    const torch::Tensor k3 = k[0].to(torch::kFloat).contiguous(), v3 = v[0].to(torch::kFloat).contiguous();
+    const torch::Tensor pos = positions[0].contiguous();
+    cache_->append(k3.size(0), torch_ops::heads_view(k3), torch_ops::heads_view(v3), pos.data_ptr<int64_t>());
+  }
+  torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
+    const torch::Tensor q2 = q[0][0].to(torch::kFloat).contiguous();  // [Hq, D]
+    const int64_t Hq = q2.size(0), D = q2.size(1);
+    torch::Tensor out = torch::empty_like(q2);
+    std::vector<float> mass(static_cast<size_t>(Hq));
+    const int k = retrieve_ ? top_k_ : 0;
+    cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, q_position.item<int64_t>(), k,
+                   {out.data_ptr<float>(), Hq, Hq * D, D}, scale_, mass.data());
+    if (k > 0 && cache_->memory().size() > 0) {
+      double sum = 0;
+      for (float m : mass) sum += m;
+      stats_.memory_mass += sum / double(Hq);
+      ++stats_.retrieving_steps;
+    }
+    stats_.memory_tokens = cache_->memory().size();
+    return out.to(q.scalar_type()).view(q.sizes());
+  }
+
+ private:
+  RopeFreqs freqs_;
+  std::unique_ptr<MemoryKvCache> cache_;
+  int top_k_;
+  double scale_;
+  const bool& retrieve_;
+  MemoryDecodeStats& stats_;
+};
+
 // Puts the module in eval mode (no dropout) for the duration of generate() and restores it afterwards.
 struct EvalGuard {
   torch::nn::Module& m;
@@ -122,13 +181,19 @@ struct Decoder {
   std::vector<torch::Tensor> hist_k, hist_v;  // un-rotated [1, L, Hkv, D], only for length-dependent frequencies
   torch::Tensor hist_pos;                     // [1, L]
 
+  const MemoryDecodeOptions* memory = nullptr;  // set: every layer a MemoryCache, one token per run()
+  bool retrieve = true;                         // this step searches the memories
+  MemoryDecodeStats stats;
+
   Decoder(TransformerImpl& m, int64_t cap) : model(m), capacity(cap), dtype(m.tok_emb_->weight.scalar_type()) {}
 
   const ModelConfig& config() const { return model.config_; }
   bool core_cache() const {
     return config().fused && config().attention == "softmax" && !has_score_bias(model.active_.kind);
   }
-  std::unique_ptr<LayerCache> new_cache(size_t layer) const {
+  std::unique_ptr<LayerCache> new_cache(size_t layer) {
+    if (memory)
+      return std::make_unique<MemoryCache>(*memory, config().kv_heads(), config().head_dim(), pc, retrieve, stats);
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
     const torch::Tensor& projection = model.blocks_[layer]->performer_projection();
     if (config().fused && config().attention != "softmax")
@@ -147,7 +212,7 @@ struct Decoder {
   // tokens, positions [1, n] -> logits [1, n, V]. The first call (the prompt) runs the full attention; later
   // calls take one token each and attend through the caches.
   torch::Tensor run(const torch::Tensor& tokens, const torch::Tensor& positions) {
-    const bool prefill = caches.empty();
+    const bool prefill = caches.empty() && !memory;  // with a memory, every token goes through the caches
     const bool dynamic = length_dependent(model.active_);
     const int64_t seq_len = dynamic ? positions.max().item<int64_t>() + 1 : 0;
     PositionContext next =
@@ -155,7 +220,7 @@ struct Decoder {
     const bool changed = prefill || (dynamic && (!torch::equal(next.inv_freq, pc.inv_freq) ||
                                                  next.attention_factor != pc.attention_factor));
     pc = std::move(next);
-    if (changed) rebuild();
+    if (changed || caches.empty()) rebuild();
     torch::Tensor x = model.embed(tokens, positions);
     for (size_t i = 0; i < model.blocks_.size(); ++i) {
       x = model.blocks_[i]->forward(x, [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
@@ -224,6 +289,86 @@ torch::Tensor TransformerImpl::decode_logits(const std::vector<int64_t>& tokens,
   Decoder dec(*this, S);
   std::vector<torch::Tensor> parts = {dec.run(all.narrow(1, 0, prefill_len), pos.narrow(1, 0, prefill_len))};
   for (int64_t t = prefill_len; t < S; ++t) parts.push_back(dec.run(all.narrow(1, t, 1), pos.narrow(1, t, 1)));
+  return torch::cat(parts, 1)[0];
+}
+
+}  // namespace rotary::nn
+
+namespace rotary::nn {
+namespace {
+
+// The memory decoder's checks, before anything runs.
+void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, const MemoryDecodeOptions& o) {
+  check(c.attention == "softmax" && c.fused, "attention", c.fused ? c.attention : "softmax (fused = false)",
+        "softmax with fused = true (decoding with a memory runs the core's decoder)");
+  check(active.kind == EncodingKind::Rope || active.kind == EncodingKind::Rerope ||
+            active.kind == EncodingKind::LeakyRerope,
+        "encoding.kind", std::string(encoding_kind_name(active.kind)), "rope, rerope or leaky_rerope (decoding with a memory)");
+  check(!length_dependent(active), "encoding.rope.scaling", std::string(scaling_name(active.rope.scaling)),
+        "a scaling whose frequencies do not change with the length (decoding with a memory)");
+  check(o.window >= 1, "memory.window", o.window, ">= 1");
+  check(o.top_k >= 0, "memory.top_k", o.top_k, ">= 0 (0: the window alone)");
+  parse_memory_policy(o.policy);
+}
+
+}  // namespace
+
+std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int64_t>& prompt, int max_new,
+                                                           double temperature, int64_t stop_id, uint64_t seed,
+                                                           const MemoryDecodeOptions& memory,
+                                                           MemoryDecodeStats* stats) {
+  check(!prompt.empty(), "prompt.size()", 0, ">= 1 token");
+  check(max_new >= 0, "max_new", max_new, ">= 0");
+  check(std::isfinite(temperature) && temperature >= 0, "temperature", temperature, "a finite value >= 0 (0: greedy)");
+  check_memory_decoding(config_, active_, memory);
+  std::vector<int64_t> out;
+  if (max_new == 0) return out;
+  torch::NoGradGuard no_grad;
+  EvalGuard eval(*this);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(tok_emb_->weight.device());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  const int64_t S = int64_t(prompt.size());
+  Decoder dec(*this, 0);
+  dec.memory = &memory;
+  torch::Tensor logits;
+  for (int64_t t = 0; t < S; ++t) {
+    dec.retrieve = memory.retrieve_in_prompt || t == S - 1;
+    logits = dec.run(torch::full({1, 1}, prompt[size_t(t)], i64), torch::full({1, 1}, t, i64));
+  }
+  dec.retrieve = true;
+  for (int64_t p = S;; ++p) {
+    const torch::Tensor last = logits[0][-1].to(torch::kDouble);
+    const int64_t next = temperature == 0
+                             ? last.argmax().item<int64_t>()
+                             : torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+    if (next == stop_id) break;
+    out.push_back(next);
+    if (int64_t(out.size()) == max_new) break;
+    logits = dec.run(torch::full({1, 1}, next, i64), torch::full({1, 1}, p, i64));
+  }
+  if (stats) {
+    *stats = dec.stats;
+    if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
+  }
+  return out;
+}
+
+torch::Tensor TransformerImpl::decode_logits_with_memory(const std::vector<int64_t>& tokens,
+                                                         const MemoryDecodeOptions& memory, MemoryDecodeStats* stats) {
+  check(!tokens.empty(), "tokens.size()", 0, ">= 1 token");
+  check_memory_decoding(config_, active_, memory);
+  torch::NoGradGuard no_grad;
+  EvalGuard eval(*this);
+  const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(tok_emb_->weight.device());
+  Decoder dec(*this, 0);
+  dec.memory = &memory;
+  std::vector<torch::Tensor> parts;
+  for (size_t t = 0; t < tokens.size(); ++t)
+    parts.push_back(dec.run(torch::full({1, 1}, tokens[t], i64), torch::full({1, 1}, int64_t(t), i64)));
+  if (stats) {
+    *stats = dec.stats;
+    if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
+  }
   return torch::cat(parts, 1)[0];
 }
 

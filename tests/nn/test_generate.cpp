@@ -140,3 +140,87 @@ TEST(generate, StopsAtStopIdAndRestoresTrainingMode) {
 
 }  // namespace
 }  // namespace rotary::nn
+
+namespace rotary::nn {
+namespace {
+
+// Decoding through a window and a retrieval memory (generate_with_memory / decode_logits_with_memory): with top_k
+// past the memory's size every position's logits equal the full forward (the memory holds every token that left
+// the window, attended exactly) - RoPE with `exact`, ReRoPE (w = 5) and Leaky ReRoPE with `rerope` for keys past
+// the window (Leaky: not exact, its far keys are not all at w; checked only to run); the tokens generated equal
+// generate()'s. float32 models (the memory is fp32): bound as the fused float32 decoder's above.
+TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
+  std::vector<int64_t> seq = kPrompt;
+  for (int i = 0; i < 30; ++i) seq.push_back((seq[size_t(i)] * 7 + 3) % 23);  // 36 tokens: 6+ moves of window 6
+  const torch::Tensor tokens = torch::tensor(seq, torch::kLong).view({1, -1});
+  for (const char* kind : {"rope", "rerope"}) {
+    SCOPED_TRACE(kind);
+    ModelConfig c = small_config(kind);
+    Transformer m = make(c, true);
+    const torch::Tensor full = m->forward(tokens)[0].detach();  // float64
+    m->to(torch::kFloat);
+    Transformer plain = make(c, false);
+    plain->to(torch::kFloat);
+    const torch::Tensor p32 = plain->forward(tokens)[0].detach().to(torch::kDouble);
+    const double bound = 3.0 * (p32 - full).abs().max().item<double>() + 8.0 * 1.1920929e-07 * full.abs().max().item<double>();
+    MemoryDecodeOptions o;
+    o.window = 6;
+    o.policy = std::string(kind) == "rope" ? "exact" : "rerope";
+    o.top_k = 1000;
+    MemoryDecodeStats stats;
+    const torch::Tensor got = m->decode_logits_with_memory(seq, o, &stats).to(torch::kDouble);
+    EXPECT_LE((got - full).abs().max().item<double>(), bound);
+    EXPECT_GE(stats.memory_tokens, int64_t(seq.size()) - 12);
+    EXPECT_GT(stats.retrieving_steps, 0);
+    EXPECT_GT(stats.memory_mass, 0.0);
+    EXPECT_LT(stats.memory_mass, 1.0);
+    // The window alone (top_k 0) is not the full forward once tokens have left it...
+    MemoryDecodeOptions window_only = o;
+    window_only.top_k = 0;
+    const torch::Tensor win = m->decode_logits_with_memory(seq, window_only).to(torch::kDouble);
+    EXPECT_GT((win - full).abs().max().item<double>(), 100 * bound);
+    // ...but is, while every token still fits in it.
+    window_only.window = 64;
+    const torch::Tensor wide = m->decode_logits_with_memory(seq, window_only).to(torch::kDouble);
+    EXPECT_LE((wide - full).abs().max().item<double>(), bound);
+    // Generation: the same tokens as the plain KV-cache decoder.
+    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), m->generate(kPrompt, kNew, 0.0, -1, 0));
+  }
+  ModelConfig leaky = small_config("leaky_rerope");
+  Transformer m = make(leaky, true);
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 6;
+  o.policy = "rerope";
+  EXPECT_EQ(m->decode_logits_with_memory(seq, o).size(0), int64_t(seq.size()));
+}
+
+TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
+  auto refuses = [](const std::string& kind, bool fused, MemoryDecodeOptions o, const std::string& field) {
+    Transformer m = make(small_config(kind), fused);
+    m->to(torch::kFloat);
+    try {
+      m->generate_with_memory(kPrompt, 3, 0.0, -1, 0, o);
+      ADD_FAILURE() << "accepted " << field;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
+    }
+  };
+  MemoryDecodeOptions o;
+  o.window = 4;
+  refuses("roper", true, o, "encoding.kind");
+  refuses("alibi", true, o, "encoding.kind");
+  refuses("rope", false, o, "attention");
+  MemoryDecodeOptions bad = o;
+  bad.window = 0;
+  refuses("rope", true, bad, "memory.window");
+  bad = o, bad.policy = "unlimited";
+  refuses("rope", true, bad, "memory_policy");
+  bad = o, bad.top_k = -1;
+  refuses("rope", true, bad, "memory.top_k");
+  bad = o, bad.policy = "rerope";  // window 4 < the ReRoPE window 5: memory keys nearer than w would sit at w
+  refuses("rerope", true, bad, "memory_kv_cache.window");
+}
+
+}  // namespace
+}  // namespace rotary::nn

@@ -142,8 +142,9 @@ void exact_zero_gradients_stay_zero_float32(const ModelConfig& c) {
     EXPECT_LE(max_abs(p.grads[i].second), 8.0 * FLT_EPSILON * scale) << "plain " << t.grads[i].first;
   }
   // Softmax scores that ignore a per-row shift make every layer's key bias gradient zero: the check above ran.
-  if (c.attention == "softmax" && !is_rotary(c.encoding.kind))
+  if (c.attention == "softmax" && !is_rotary(c.encoding.kind)) {
     EXPECT_GE(zeros, c.n_layers);
+  }
 }
 
 // Changing token t changes no logit before t (and does change logits from t on: the test can fail).
@@ -277,7 +278,9 @@ TEST(t5, FusedAttentionRunsTheCoreOpWithTheTableGradient) {
     EXPECT_LE(max_diff(out[1], out[0]), 1e-12 * max_abs(out[0]));
     for (size_t i = 0; i < grads[0].size(); ++i)
       EXPECT_LE(max_diff(grads[1][i], grads[0][i]), 1e-11 * max_abs(grads[0][i])) << "input " << i;
-    if (e.kind == EncodingKind::T5) EXPECT_GT(max_abs(grads[1].back()), 0.0);
+    if (e.kind == EncodingKind::T5) {
+      EXPECT_GT(max_abs(grads[1].back()), 0.0);
+    }
   }
 }
 

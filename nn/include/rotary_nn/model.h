@@ -59,6 +59,22 @@ class BlockImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Block);
 
+// Decoding past the window through a retrieval memory (core/include/rotary/kv_memory.h, docs/memory.md): every
+// layer keeps the newest `window` tokens exact and moves older ones to a memory; each step attends to the window
+// and to the top-k memory keys, merged by log-sum-exp. Fused softmax models with a rotary kind (rope, rerope,
+// leaky_rerope; not RoPER, whose values turn with the distance).
+struct MemoryDecodeOptions {
+  int64_t window = 0;             // tokens per layer kept exact, >= 1 (>= the ReRoPE window for policy rerope)
+  std::string policy = "exact";   // exact | rerope | none: where retrieved keys sit (kv_memory.h)
+  int top_k = 32;                 // memory keys per head and step (0: the window alone)
+  bool retrieve_in_prompt = true; // false: prompt tokens see the window alone, retrieval starts at the last one
+};
+struct MemoryDecodeStats {
+  int64_t retrieving_steps = 0;   // (token, layer) steps that searched the memory
+  double memory_mass = 0;         // mean share of the softmax mass on retrieved keys over those steps and heads
+  int64_t memory_tokens = 0;      // tokens in each layer's memory at the end
+};
+
 class TransformerImpl : public torch::nn::Module {
  public:
   explicit TransformerImpl(const ModelConfig& config);  // validates config (rotary::Error)
@@ -87,6 +103,15 @@ class TransformerImpl : public torch::nn::Module {
   // at a time. Returns logits [S, V] for every position, which equal forward(tokens)[0] up to rounding (for tests
   // and decode benchmarks).
   torch::Tensor decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len);
+  // generate() with the memory of MemoryDecodeOptions: every token, the prompt's included, goes through the
+  // window-and-memory caches one at a time. rotary::Error naming the field for a model or option it cannot serve.
+  std::vector<int64_t> generate_with_memory(const std::vector<int64_t>& prompt, int max_new, double temperature,
+                                            int64_t stop_id, uint64_t seed, const MemoryDecodeOptions& memory,
+                                            MemoryDecodeStats* stats = nullptr);
+  // Teacher-forced logits [S, V] through the same caches (with top_k past the memory's size they equal
+  // forward(tokens)[0] up to rounding: tested).
+  torch::Tensor decode_logits_with_memory(const std::vector<int64_t>& tokens, const MemoryDecodeOptions& memory,
+                                          MemoryDecodeStats* stats = nullptr);
 
  private:
   friend struct Decoder;  // generate.cpp
