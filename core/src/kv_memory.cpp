@@ -609,6 +609,9 @@ void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, co
 }
 
 int64_t MemoryKvCache::window_size() const { return impl_->window->size(); }
+const float* MemoryKvCache::window_keys() const { return impl_->k_rows.data(); }
+const float* MemoryKvCache::window_values() const { return impl_->v_rows.data(); }
+const int64_t* MemoryKvCache::window_positions() const { return impl_->pos_rows.data(); }
 const KvMemory& MemoryKvCache::memory() const { return *impl_->memory; }
 int64_t MemoryKvCache::size() const { return impl_->window->size() + impl_->memory->size(); }
 const MemoryKvCacheConfig& MemoryKvCache::config() const { return impl_->config; }

@@ -152,6 +152,52 @@ class MemoryCache final : public LayerCache {
     stats_.memory_tokens = cache_->memory().size();
     return out.to(q.scalar_type()).view(q.sizes());
   }
+  // A chunk of n tokens: q [1, n, Hq, D], k, v [1, n, Hkv, D] at positions [1, n]. The chunk attends to the window
+  // and to itself (causal) in one fused call - the window's rows enter as keys with zero queries whose outputs are
+  // dropped - then, when retrieving, to the memory's top-k, merged; then the chunk is appended. -> [1, n, Hq, D]
+  torch::Tensor prefill(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
+                        const torch::Tensor& positions, const PositionContext& pc) {
+    const auto f32 = torch::kFloat;
+    const int64_t w = cache_->window_size(), n = q.size(1), Hq = q.size(2), Hkv = k.size(2), D = q.size(3);
+    torch::Tensor q_cat = q[0].to(f32), k_cat = k[0].to(f32), v_cat = v[0].to(f32), pos_cat = positions[0];
+    if (w > 0) {
+      auto rows = [&](const float* p) {
+        return torch::from_blob(const_cast<float*>(p), {w, Hkv, D}, f32).clone();
+      };
+      k_cat = torch::cat({rows(cache_->window_keys()), k_cat}, 0);
+      v_cat = torch::cat({rows(cache_->window_values()), v_cat}, 0);
+      q_cat = torch::cat({torch::zeros({w, Hq, D}, f32), q_cat}, 0);
+      pos_cat = torch::cat(
+          {torch::from_blob(const_cast<int64_t*>(cache_->window_positions()), {w}, torch::kLong).clone(), pos_cat}, 0);
+    }
+    auto [out_all, lse_all] = torch_ops::attention(q_cat, k_cat, v_cat, pos_cat, std::nullopt, true, scale_,
+                                                   fused_attention_position(pc));
+    torch::Tensor out = out_all.narrow(0, w, n).contiguous(), lse = lse_all.narrow(0, w, n).contiguous();
+    const int k_eff = retrieve_ ? int(std::min<int64_t>(top_k_, cache_->memory().size())) : 0;
+    if (k_eff > 0) {
+      const torch::Tensor qc = q[0].to(f32).contiguous(), pos = positions[0].contiguous();
+      std::vector<float> mass(static_cast<size_t>(n * Hq));
+      MemoryAttentionParams mp;
+      mp.tokens = n;
+      mp.q = torch_ops::heads_view(qc);
+      mp.q_positions = pos.data_ptr<int64_t>();
+      mp.top_k = k_eff;
+      mp.softmax_scale = scale_;
+      mp.o = torch_ops::heads_view(out);
+      mp.lse = lse.data_ptr<float>();
+      mp.memory_mass = mass.data();
+      memory_attention(cache_->memory(), mp);
+      for (int64_t t = 0; t < n; ++t) {
+        double sum = 0;
+        for (int64_t h = 0; h < Hq; ++h) sum += mass[size_t(t * Hq + h)];
+        stats_.memory_mass += sum / double(Hq);
+        ++stats_.retrieving_steps;
+      }
+    }
+    append(k, v, positions);
+    stats_.memory_tokens = cache_->memory().size();
+    return out.to(q.scalar_type()).unsqueeze(0);
+  }
 
  private:
   RopeFreqs freqs_;
@@ -224,6 +270,8 @@ struct Decoder {
     torch::Tensor x = model.embed(tokens, positions);
     for (size_t i = 0; i < model.blocks_.size(); ++i) {
       x = model.blocks_[i]->forward(x, [&](const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v) {
+        if (memory && tokens.size(1) > 1)  // a chunk of the prompt: attends before it is appended
+          return static_cast<MemoryCache&>(*caches[i]).prefill(q, k, v, positions, pc);
         caches[i]->append(k, v, positions);
         if (dynamic) {
           hist_k.resize(caches.size()), hist_v.resize(caches.size());
@@ -308,6 +356,7 @@ void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, c
         "a scaling whose frequencies do not change with the length (decoding with a memory)");
   check(o.window >= 1, "memory.window", o.window, ">= 1");
   check(o.top_k >= 0, "memory.top_k", o.top_k, ">= 0 (0: the window alone)");
+  check(o.prefill_chunk >= 0, "memory.prefill_chunk", o.prefill_chunk, ">= 0 (0 or 1: one token at a time)");
   parse_memory_policy(o.policy);
 }
 
@@ -330,11 +379,16 @@ std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int
   const int64_t S = int64_t(prompt.size());
   Decoder dec(*this, 0);
   dec.memory = &memory;
-  torch::Tensor logits;
-  for (int64_t t = 0; t < S; ++t) {
-    dec.retrieve = memory.retrieve_in_prompt || t == S - 1;
-    logits = dec.run(torch::full({1, 1}, prompt[size_t(t)], i64), torch::full({1, 1}, t, i64));
+  // The prompt but its last token (in chunks, or one at a time), then the last token alone, which always retrieves.
+  const int64_t chunk = std::max<int64_t>(1, memory.prefill_chunk);
+  const torch::Tensor all = torch::tensor(prompt, i64).view({1, S});
+  dec.retrieve = memory.retrieve_in_prompt;
+  for (int64_t t = 0; t < S - 1; t += chunk) {
+    const int64_t n = std::min(chunk, S - 1 - t);
+    dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}));
   }
+  dec.retrieve = true;
+  torch::Tensor logits = dec.run(all.narrow(1, S - 1, 1), torch::full({1, 1}, S - 1, i64));
   dec.retrieve = true;
   for (int64_t p = S;; ++p) {
     const torch::Tensor last = logits[0][-1].to(torch::kDouble);
@@ -363,8 +417,13 @@ torch::Tensor TransformerImpl::decode_logits_with_memory(const std::vector<int64
   Decoder dec(*this, 0);
   dec.memory = &memory;
   std::vector<torch::Tensor> parts;
-  for (size_t t = 0; t < tokens.size(); ++t)
-    parts.push_back(dec.run(torch::full({1, 1}, tokens[t], i64), torch::full({1, 1}, int64_t(t), i64)));
+  const int64_t S = int64_t(tokens.size()), chunk = std::max<int64_t>(1, memory.prefill_chunk);
+  const torch::Tensor all = torch::tensor(tokens, i64).view({1, S});
+  dec.retrieve = memory.retrieve_in_prompt;
+  for (int64_t t = 0; t < S; t += chunk) {
+    const int64_t n = std::min(chunk, S - t);
+    parts.push_back(dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n})));
+  }
   if (stats) {
     *stats = dec.stats;
     if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);

@@ -183,8 +183,25 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
     window_only.window = 64;
     const torch::Tensor wide = m->decode_logits_with_memory(seq, window_only).to(torch::kDouble);
     EXPECT_LE((wide - full).abs().max().item<double>(), bound);
-    // Generation: the same tokens as the plain KV-cache decoder.
-    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), m->generate(kPrompt, kNew, 0.0, -1, 0));
+    // Chunks of the prompt (5 and 7 tokens: the window moves to the memory inside and between chunks) give the
+    // same logits.
+    for (int64_t chunk : {5, 7}) {
+      MemoryDecodeOptions chunked = o;
+      chunked.prefill_chunk = chunk;
+      MemoryDecodeStats cs;
+      const torch::Tensor g = m->decode_logits_with_memory(seq, chunked, &cs).to(torch::kDouble);
+      EXPECT_LE((g - full).abs().max().item<double>(), bound) << "chunk " << chunk;
+      // A chunk sees the memory as it was when the chunk began (its own window is the window plus the chunk), so
+      // fewer tokens find one to search.
+      EXPECT_GT(cs.retrieving_steps, 0);
+      EXPECT_LE(cs.retrieving_steps, stats.retrieving_steps);
+    }
+    // Generation: the same tokens as the plain KV-cache decoder, token by token and in chunks.
+    const std::vector<int64_t> plain_ids = m->generate(kPrompt, kNew, 0.0, -1, 0);
+    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), plain_ids);
+    MemoryDecodeOptions chunked = o;
+    chunked.prefill_chunk = 4;
+    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, chunked), plain_ids);
   }
   ModelConfig leaky = small_config("leaky_rerope");
   Transformer m = make(leaky, true);
@@ -218,6 +235,8 @@ TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
   refuses("rope", true, bad, "memory_policy");
   bad = o, bad.top_k = -1;
   refuses("rope", true, bad, "memory.top_k");
+  bad = o, bad.prefill_chunk = -2;
+  refuses("rope", true, bad, "memory.prefill_chunk");
   bad = o, bad.policy = "rerope";  // window 4 < the ReRoPE window 5: memory keys nearer than w would sit at w
   refuses("rerope", true, bad, "memory_kv_cache.window");
 }

@@ -149,6 +149,11 @@ class MemoryKvCache {
               float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0) const;
 
   int64_t window_size() const;   // tokens in the window now
+  // The window's tokens as appended (un-rotated): keys, values [window_size, Hkv, D], positions [window_size]
+  // (a chunked prefill attends to them together with the chunk before appending it). Valid until the next append.
+  const float* window_keys() const;
+  const float* window_values() const;
+  const int64_t* window_positions() const;
   const KvMemory& memory() const;
   int64_t size() const;          // all tokens: window + memory
   const MemoryKvCacheConfig& config() const;

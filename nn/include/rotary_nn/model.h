@@ -68,6 +68,8 @@ struct MemoryDecodeOptions {
   std::string policy = "exact";   // exact | rerope | none: where retrieved keys sit (kv_memory.h)
   int top_k = 32;                 // memory keys per head and step (0: the window alone)
   bool retrieve_in_prompt = true; // false: prompt tokens see the window alone, retrieval starts at the last one
+  int64_t prefill_chunk = 0;      // > 1: the prompt goes through in chunks of this many tokens, each attending to
+                                  // the window and itself in one fused call (0 or 1: one token at a time)
 };
 struct MemoryDecodeStats {
   int64_t retrieving_steps = 0;   // (token, layer) steps that searched the memory
@@ -104,11 +106,13 @@ class TransformerImpl : public torch::nn::Module {
   // and decode benchmarks).
   torch::Tensor decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len);
   // generate() with the memory of MemoryDecodeOptions: every token, the prompt's included, goes through the
-  // window-and-memory caches one at a time. rotary::Error naming the field for a model or option it cannot serve.
+  // window-and-memory caches (the prompt in chunks of prefill_chunk, its last token alone). rotary::Error naming
+  // the field for a model or option it cannot serve.
   std::vector<int64_t> generate_with_memory(const std::vector<int64_t>& prompt, int max_new, double temperature,
                                             int64_t stop_id, uint64_t seed, const MemoryDecodeOptions& memory,
                                             MemoryDecodeStats* stats = nullptr);
-  // Teacher-forced logits [S, V] through the same caches (with top_k past the memory's size they equal
+  // Teacher-forced logits [S, V] through the same caches, in chunks of prefill_chunk; tokens retrieve when
+  // retrieve_in_prompt (with top_k past the memory's size they equal
   // forward(tokens)[0] up to rounding: tested).
   torch::Tensor decode_logits_with_memory(const std::vector<int64_t>& tokens, const MemoryDecodeOptions& memory,
                                           MemoryDecodeStats* stats = nullptr);
