@@ -507,7 +507,8 @@ struct MemoryKvCache::Impl {
 MemoryKvCache::MemoryKvCache(const MemoryKvCacheConfig& c) : impl_(std::make_unique<Impl>()) {
   check(c.window >= 1 && c.window <= (int64_t(1) << 30), "memory_kv_cache.window", c.window, "1..2^30");
   check(!c.pos.roper, "memory_kv_cache.pos.roper", "true", "false (the memory keeps values as given)");
-  check(c.policy != MemoryPolicy::Rerope || c.pos.mode != PositionMode::Rerope || c.window >= c.pos.window,
+  const bool windowed = c.pos.mode == PositionMode::Rerope || c.pos.mode == PositionMode::LeakyRerope;
+  check(c.policy != MemoryPolicy::Rerope || !windowed || c.window >= c.pos.window,
         "memory_kv_cache.window", c.window,
         ">= the ReRoPE window " + std::to_string(c.pos.window) + " (memory keys must all be past it)");
   Impl& m = *impl_;
