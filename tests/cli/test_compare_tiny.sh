@@ -59,6 +59,10 @@ cmp -s <(grep '^| rope' "$W/out") <(grep '^| rope' "$W/out2") || fail "rerun tab
 [ $? = 2 ] && grep -q "rot" "$W/err4" && [ ! -d "$W/cmp2/rope" ] && echo "ok: unknown encoding refused before any run" ||
   fail "unknown encoding: $(cat "$W/err4")"
 
+"$ROTARY" compare "${TINY[@]}" --target-loss -1 --out "$W/cmp_target" > /dev/null 2> "$W/err_target"
+[ $? = 2 ] && grep -q -- "--target-loss: value -1" "$W/err_target" && [ ! -d "$W/cmp_target" ] &&
+  echo "ok: a bad --target-loss is refused before any run" || fail "bad --target-loss: $(cat "$W/err_target")"
+
 # SIGTERM to the compare process alone (not its process group): it passes the signal on, every child saves its
 # checkpoint and stops, and compare exits 143. (It used to wait on in a restarted waitpid until a child ended on
 # its own, and never passed the signal on.)

@@ -30,7 +30,7 @@ struct Problem {
   int64_t tokens = 50, window = 10;  // the last `window` tokens are local, the rest in memory
   std::vector<float> q, k, v;        // q [Hq, D] (one query); k, v [tokens, Hkv, D]
   std::vector<int64_t> pos;          // increasing, with gaps
-  Problem() {
+  explicit Problem(int head_dim = 32, int q_heads = 4, int kv_heads = 2) : D(head_dim), Hq(q_heads), Hkv(kv_heads) {
     std::mt19937 rng(7);
     std::uniform_real_distribution<float> u(-1, 1);
     q.resize(size_t(Hq * D));
@@ -87,6 +87,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 struct PolicyCase {
   const char* name;
+  int D, Hq, Hkv;
   MemoryPolicy policy;
   PositionMode mode;
   RopeLayout layout;
@@ -98,15 +99,20 @@ struct PolicyCase {
 
 TEST(KvMemory, WindowPlusAllOfMemoryIsFullAttention) {
   const PolicyCase cases[] = {
-      {"exact rope", MemoryPolicy::Exact, PositionMode::Rope, RopeLayout::HalfSplit, 0, 1.0, 0, 0},
-      {"exact rope interleaved partial factor logn", MemoryPolicy::Exact, PositionMode::Rope, RopeLayout::Interleaved,
-       16, 1.1, 20, 0},
-      {"rerope w6", MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::HalfSplit, 0, 1.0, 0, 6},
-      {"rerope w10 logn factor", MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::Interleaved, 0, 1.2, 20, 10},
+      {"exact rope", 32, 4, 2, MemoryPolicy::Exact, PositionMode::Rope, RopeLayout::HalfSplit, 0, 1.0, 0, 0},
+      {"exact rope interleaved partial factor logn", 32, 4, 2, MemoryPolicy::Exact, PositionMode::Rope,
+       RopeLayout::Interleaved, 16, 1.1, 20, 0},
+      {"exact rope odd: D 18, 10 rotated, MQA 3 heads", 18, 3, 1, MemoryPolicy::Exact, PositionMode::Rope,
+       RopeLayout::HalfSplit, 10, 1.0, 0, 0},
+      {"rerope w6", 32, 4, 2, MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::HalfSplit, 0, 1.0, 0, 6},
+      {"rerope w10 logn factor", 32, 4, 2, MemoryPolicy::Rerope, PositionMode::Rerope, RopeLayout::Interleaved, 0,
+       1.2, 20, 10},
+      {"rerope odd: D 24, 6 heads on 3", 24, 6, 3, MemoryPolicy::Rerope, PositionMode::Rerope,
+       RopeLayout::Interleaved, 0, 1.0, 0, 7},
   };
   for (const PolicyCase& c : cases) {
     SCOPED_TRACE(c.name);
-    Problem s;
+    Problem s(c.D, c.Hq, c.Hkv);
     const RopeFreqs f = freqs_for(s.D, c.layout, c.rotary_dim, c.factor);
     PositionParams pp;
     pp.mode = c.mode, pp.freqs = &f, pp.window = c.w, pp.logn_train_len = c.logn;
