@@ -28,6 +28,7 @@ const char* memory_policy_name(MemoryPolicy p) {
     case MemoryPolicy::Exact: return "exact";
     case MemoryPolicy::Rerope: return "rerope";
     case MemoryPolicy::NoRotation: return "none";
+    case MemoryPolicy::Unlimiformer: return "unlimiformer";
   }
   return "?";
 }
@@ -36,7 +37,8 @@ MemoryPolicy parse_memory_policy(const std::string& name) {
   if (name == "exact") return MemoryPolicy::Exact;
   if (name == "rerope") return MemoryPolicy::Rerope;
   if (name == "none") return MemoryPolicy::NoRotation;
-  fail("memory_policy", name, "exact, rerope or none");
+  if (name == "unlimiformer") return MemoryPolicy::Unlimiformer;
+  fail("memory_policy", name, "exact, rerope, none or unlimiformer");
 }
 
 namespace {
@@ -44,12 +46,16 @@ namespace {
 // y = pair_scale R(pos) x over the rotary pairs of `f`'s layout; features past rotary_dim times pass_scale (the
 // attention factor scales the rotated pairs only, as everywhere in the core). Angles in double from the exact
 // position, so they are right at |pos| up to 2^53.
+// The two features of rotary pair i in f's layout.
+std::pair<int, int> pair_index(const RopeFreqs& f, int i) {
+  return f.layout == RopeLayout::Interleaved ? std::pair{2 * i, 2 * i + 1} : std::pair{i, i + f.rotary_dim / 2};
+}
+
 template <class T>
 void rotate_row(const RopeFreqs& f, double pos, double pair_scale, double pass_scale, const T* x, T* y) {
   const int pairs = f.pairs(), r = f.rotary_dim;
   for (int i = 0; i < pairs; ++i) {
-    const int a = f.layout == RopeLayout::Interleaved ? 2 * i : i;
-    const int b = f.layout == RopeLayout::Interleaved ? 2 * i + 1 : i + r / 2;
+    const auto [a, b] = pair_index(f, i);
     const double angle = pos * f.inv_freq[size_t(i)];
     const double c = std::cos(angle), s = std::sin(angle);
     const double x0 = double(x[a]), x1 = double(x[b]);
@@ -84,13 +90,24 @@ struct KvMemory::Impl {
 
   // The search vector of query q at pos, in W (float or double), times `scale`.
   template <class W>
-  void query(const float* q, int64_t pos, double scale, W* out) const {
+  void query(const float* q, int64_t pos, double scale, W* out, int64_t query_origin) const {
     const int D = config.head_dim;
     const double lam = logn_factor(config.logn_train_len, pos) * scale;
     const double a = config.freqs ? freqs.attention_factor : 1.0;
     std::vector<W> in(static_cast<size_t>(D));
     for (int d = 0; d < D; ++d) in[size_t(d)] = W(q[d]);
     switch (config.policy) {
+      case MemoryPolicy::Unlimiformer: {
+        // y = R(m') q, then (I + P)^T y: each pair (y_a, y_b) -> (y_a + y_b, y_b - y_a) (cos = sin).
+        rotate_row(freqs, double(pos - query_origin), lam * a * a, lam, in.data(), out);
+        for (int i = 0; i < freqs.pairs(); ++i) {
+          const auto [ia, ib] = pair_index(freqs, i);
+          const W ya = out[ia], yb = out[ib];
+          out[ia] = ya + yb;
+          out[ib] = yb - ya;
+        }
+        break;
+      }
       case MemoryPolicy::Exact: rotate_row(freqs, double(pos), lam * a, lam, in.data(), out); break;
       case MemoryPolicy::Rerope: rotate_row(freqs, double(config.window), lam * a * a, lam, in.data(), out); break;
       case MemoryPolicy::NoRotation:
@@ -338,7 +355,7 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   if (h.kv_heads != c.kv_heads) throw differs("kv_heads", std::to_string(h.kv_heads), std::to_string(c.kv_heads));
   if (h.head_dim != c.head_dim) throw differs("head_dim", std::to_string(h.head_dim), std::to_string(c.head_dim));
   if (h.policy != int64_t(c.policy))
-    throw differs("policy", h.policy >= 0 && h.policy <= 2 ? memory_policy_name(MemoryPolicy(h.policy)) : "?",
+    throw differs("policy", h.policy >= 0 && h.policy <= int64_t(MemoryPolicy::Unlimiformer) ? memory_policy_name(MemoryPolicy(h.policy)) : "?",
                   memory_policy_name(c.policy));
   if (h.window != c.window) throw differs("window", std::to_string(h.window), std::to_string(c.window));
   if (h.logn_train_len != c.logn_train_len)
@@ -360,13 +377,45 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   return m;
 }
 
-void KvMemory::search_query(const float* q, int64_t pos, double softmax_scale, float* out) const {
-  const double scale = softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(impl_->config.head_dim));
-  impl_->query(q, pos, scale, out);
+namespace {
+double resolved_scale(const KvMemory& m, double softmax_scale) {
+  return softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(m.head_dim()));
 }
-void KvMemory::search_query(const float* q, int64_t pos, double softmax_scale, double* out) const {
-  const double scale = softmax_scale > 0 ? softmax_scale : 1.0 / std::sqrt(double(impl_->config.head_dim));
-  impl_->query(q, pos, scale, out);
+}  // namespace
+
+void KvMemory::search_query(const float* q, int64_t pos, double softmax_scale, float* out,
+                            int64_t query_origin) const {
+  impl_->query(q, pos, resolved_scale(*this, softmax_scale), out, query_origin);
+}
+void KvMemory::search_query(const float* q, int64_t pos, double softmax_scale, double* out,
+                            int64_t query_origin) const {
+  impl_->query(q, pos, resolved_scale(*this, softmax_scale), out, query_origin);
+}
+
+double KvMemory::row_logit(const float* q, int64_t pos, int64_t kv_head, int64_t row, double softmax_scale,
+                           int64_t query_origin, int64_t earliest_retrieved) const {
+  const KvMemoryConfig& c = impl_->config;
+  check(kv_head >= 0 && kv_head < c.kv_heads, "kv_memory.row_logit kv_head", kv_head, "0..kv_heads - 1");
+  check(row >= 0 && row < size(), "kv_memory.row_logit row", row, "0..size - 1");
+  const int D = c.head_dim;
+  const float* k = keys(kv_head) + row * D;
+  std::vector<double> sq(static_cast<size_t>(D));
+  if (c.policy != MemoryPolicy::Unlimiformer) {
+    search_query(q, pos, softmax_scale, sq.data(), query_origin);
+    double s = 0;
+    for (int d = 0; d < D; ++d) s += sq[size_t(d)] * double(k[d]);
+    return s;
+  }
+  // Unlimiformer's scoring: the query at m' = pos - query_origin, the key at n' = pos_j - earliest_retrieved.
+  const double lam = logn_factor(c.logn_train_len, pos) * resolved_scale(*this, softmax_scale);
+  const double a = impl_->freqs.attention_factor;
+  std::vector<double> qd(static_cast<size_t>(D)), kd(static_cast<size_t>(D)), kr(static_cast<size_t>(D));
+  for (int d = 0; d < D; ++d) qd[size_t(d)] = q[d], kd[size_t(d)] = k[d];
+  rotate_row(impl_->freqs, double(pos - query_origin), lam * a, lam, qd.data(), sq.data());
+  rotate_row(impl_->freqs, double(positions()[row] - earliest_retrieved), a, 1.0, kd.data(), kr.data());
+  double s = 0;
+  for (int d = 0; d < D; ++d) s += sq[size_t(d)] * kr[size_t(d)];
+  return s;
 }
 
 void validate_memory_attention(const KvMemory& m, const MemoryAttentionParams& p) {
@@ -384,6 +433,10 @@ void validate_memory_attention(const KvMemory& m, const MemoryAttentionParams& p
     detail::check_positions(p.q_positions, 0, p.tokens, "memory_attention.q_", m.config().logn_train_len > 1, false);
   check(std::isfinite(p.softmax_scale) && p.softmax_scale >= 0, "memory_attention.softmax_scale", p.softmax_scale,
         ">= 0 (0: 1/sqrt(D))");
+  for (int64_t t = 0; t < p.tokens; ++t)
+    check(p.query_origin <= p.q_positions[t], "memory_attention.query_origin", p.query_origin,
+          "<= every query position (q_positions[" + std::to_string(t) + "] = " + std::to_string(p.q_positions[t]) +
+              ")");
   detail::check_threads(p.threads);
   if (p.candidates) {
     const int64_t k = p.top_k, n = m.size();
@@ -411,7 +464,7 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   const int64_t N = m.size(), group = p.q.heads / m.kv_heads(), kvh = h / group;
   const float* q = static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride;
   std::vector<W> sq(static_cast<size_t>(D));
-  m.search_query(q, p.q_positions[t], p.softmax_scale, sq.data());  // the oracle's in double throughout
+  m.search_query(q, p.q_positions[t], p.softmax_scale, sq.data(), p.query_origin);  // the oracle's in double
   const float* K = m.keys(kvh);
   const float* V = m.values(kvh);
   auto score = [&](int64_t j) {
@@ -441,7 +494,17 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
     std::nth_element(scored.begin(), scored.begin() + std::ptrdiff_t(k - 1), scored.end(), better);
     std::sort(scored.begin(), scored.begin() + std::ptrdiff_t(k), better);
   }
-  const W mx = scored[0].first;
+  if (m.config().policy == MemoryPolicy::Unlimiformer) {
+    // Retrieved by the approximate score, attended with Unlimiformer's re-rotated logits (kv_memory.h). The rows
+    // keep their retrieval order; retrieved_scores report the logits attended with.
+    int64_t earliest = std::numeric_limits<int64_t>::max();
+    for (size_t i = 0; i < k; ++i) earliest = std::min(earliest, m.positions()[scored[i].second]);
+    for (size_t i = 0; i < k; ++i)
+      scored[i].first = W(m.row_logit(q, p.q_positions[t], kvh, scored[i].second, p.softmax_scale, p.query_origin,
+                                       earliest));
+  }
+  W mx = scored[0].first;
+  for (size_t i = 1; i < k; ++i) mx = std::max(mx, scored[i].first);
   W sum = 0;
   std::vector<W> acc(static_cast<size_t>(D), W(0));
   for (size_t i = 0; i < k; ++i) {
@@ -497,6 +560,7 @@ struct MemoryKvCache::Impl {
   std::unique_ptr<KvMemory> memory;
   std::vector<float> k_rows, v_rows;  // the window's tokens un-rotated, [rows, Hkv, D]
   std::vector<int64_t> pos_rows;
+  int64_t query_origin = -1;  // policy Unlimiformer: the position of the first query that retrieved (-1: none yet)
 
   int64_t row_elems() const { return config.kv_heads * config.head_dim; }
   HeadsView rows_view(std::vector<float>& x, int64_t first) const {
@@ -594,6 +658,7 @@ void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, co
   if (k == 0) return;
   std::vector<int64_t> rows(size_t(Hq * k));
   MemoryAttentionParams mp;
+  mp.query_origin = query_origin(q_position);
   mp.tokens = 1;
   mp.q = q;
   mp.q_positions = &q_position;
@@ -609,6 +674,10 @@ void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, co
     for (int64_t h = 0; h < Hq; ++h) std::copy_n(rows.data() + h * k, k, retrieved + h * top_k);
 }
 
+int64_t MemoryKvCache::query_origin(int64_t position) const {
+  if (impl_->query_origin < 0) impl_->query_origin = position;
+  return impl_->query_origin;
+}
 int64_t MemoryKvCache::window_size() const { return impl_->window->size(); }
 const float* MemoryKvCache::window_keys() const { return impl_->k_rows.data(); }
 const float* MemoryKvCache::window_values() const { return impl_->v_rows.data(); }

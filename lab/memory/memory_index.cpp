@@ -110,7 +110,8 @@ void MemoryIndex::candidates(const MemoryAttentionParams& p, int64_t* out) const
       for (int64_t j = 0; j < group; ++j) {
         const int64_t h = g * group + j;
         const float* q = static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride;
-        m.memory->search_query(q, p.q_positions[t], p.softmax_scale, queries.data() + (t * group + j) * D);
+        m.memory->search_query(q, p.q_positions[t], p.softmax_scale, queries.data() + (t * group + j) * D,
+                               p.query_origin);
       }
     search(g, n, queries.data(), p.top_k, rows.data(), scores.data());
     for (int64_t t = 0; t < p.tokens; ++t)

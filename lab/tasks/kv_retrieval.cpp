@@ -9,7 +9,8 @@
 // Loss only on the values after '=' and the '#'s: the keys and values are random, so predicting them teaches
 // nothing and would bury the few answer characters under noise (more queries per object: more of the row is
 // signal). A row may start inside a problem; that lead problem gets no loss, since the pair it asks about may lie
-// before the row's start.
+// before the row's start. kv_loss = all puts every character of the whole problems in the loss (a language model's
+// objective: the JSON's structure trains the positional heads a lookup is built from).
 #include <algorithm>
 #include <cstdint>
 #include <string>
@@ -27,8 +28,9 @@ constexpr int kValueLen = 3;
 
 class KvRetrievalTask final : public CharTask {
  public:
-  KvRetrievalTask(int pairs, int key_len, int queries)
-      : CharTask(std::string(kLetters) + "{}\": ,=#"), pairs_(pairs), key_len_(key_len), queries_(queries) {
+  KvRetrievalTask(int pairs, int key_len, int queries, bool loss_on_all)
+      : CharTask(std::string(kLetters) + "{}\": ,=#"),
+        pairs_(pairs), key_len_(key_len), queries_(queries), loss_on_all_(loss_on_all) {
     key_space_ = 1;
     for (int i = 0; i < key_len; ++i) key_space_ *= 26;
     check(uint64_t(pairs) <= key_space_, "kv_pairs", pairs,
@@ -51,10 +53,10 @@ class KvRetrievalTask final : public CharTask {
     return pack_problems(rng, char_vocab(), seq_len, row - problem_len, false, [this](std::mt19937_64& r) {
       std::vector<std::string> keys, values;
       MaskedText t;
-      t.append(object(r, keys, values), false);
+      t.append(object(r, keys, values), loss_on_all_);
       for (int i = 0; i < queries_; ++i) {
         const size_t q = i == 0 ? query(r, keys.size()) : uniform_below(r, keys.size());
-        t.append(" " + keys[q] + "=", false);
+        t.append(" " + keys[q] + "=", loss_on_all_);
         t.append(values[q] + "#", true);
       }
       return t;
@@ -102,13 +104,15 @@ class KvRetrievalTask final : public CharTask {
   }
 
   int pairs_, key_len_, queries_;
+  bool loss_on_all_;
   uint64_t key_space_ = 0;
 };
 
 }  // namespace
 
 std::unique_ptr<Task> make_kv_retrieval_task(const TaskOptions& o) {
-  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_key_len, o.kv_queries);
+  check(o.kv_loss == "answers" || o.kv_loss == "all", "kv_loss", o.kv_loss, "answers or all");
+  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_key_len, o.kv_queries, o.kv_loss == "all");
 }
 
 }  // namespace rotary::lab

@@ -36,6 +36,12 @@ const settings::Table<TaskOptions>& task_option_settings() {
     t.push_back(field<O>("kv_queries", "--kv-queries", "kv_retrieval: queries after each object in training rows",
                          [](auto& o) -> auto& { return o.kv_queries; }, integers(1, 64)));
     t.back().written = [](const O& o) { return o.kv_queries != 1; };
+    t.push_back(field<O>("kv_loss", "--kv-loss",
+                         "kv_retrieval: which characters of a training row are in the loss: answers (the values after "
+                         "'=' and their '#') or all (every character, as a language model)",
+                         [](auto& o) -> auto& { return o.kv_loss; },
+                         names([] { return std::vector<std::string>{"answers", "all"}; })));
+    t.back().written = [](const O& o) { return o.kv_loss != "answers"; };
     t.push_back(field<O>("text_tokenizer", "--text-tokenizer",
                          "text: bpe (sentencepiece BPE, --text-vocab pieces) or char (one token per character)",
                          [](auto& o) -> auto& { return o.text_tokenizer; },

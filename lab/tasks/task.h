@@ -64,6 +64,7 @@ struct TaskOptions {
   int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192] (<= 26^kv_key_len)
   int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
   int kv_queries = 1;                   // kv_retrieval: queries after each object in training rows, in [1, 64]
+  std::string kv_loss = "answers";      // kv_retrieval: loss on the answers only, or on every character ("all")
   std::string text_tokenizer = "bpe";   // text: bpe (sentencepiece BPE of text_vocab pieces) | char (one token per
                                         // character of the training verses: seed 002's enwik8-style char models)
   int text_vocab = 2000;                // text: sentencepiece BPE vocabulary size, in [128, 32000] (bpe only)

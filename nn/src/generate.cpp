@@ -182,6 +182,7 @@ class MemoryCache final : public LayerCache {
       mp.q = torch_ops::heads_view(qc);
       mp.q_positions = pos.data_ptr<int64_t>();
       mp.top_k = k_eff;
+      mp.query_origin = cache_->query_origin(pos.data_ptr<int64_t>()[0]);
       mp.softmax_scale = scale_;
       mp.o = torch_ops::heads_view(out);
       mp.lse = lse.data_ptr<float>();

@@ -281,6 +281,118 @@ TEST(KvMemory, CandidatesFromAnIndexAreScoredExactly) {
   test::expect_error([&] { run(cand.data(), K, o_cand, ids_cand); }, "at least one memory row");
 }
 
+// Unlimiformer's search (kv_memory.h): score = scale a^2 (R(m') q)^T (I + P) k_j with P the pair rotation
+// (x_a, x_b) -> (-x_b, x_a) and m' = pos - query_origin, written out here from the un-rotated vectors, in both
+// layouts and with a pass-through part.
+TEST(KvMemory, UnlimiformerSearchIsTheCosEqualsSinScore) {
+  Problem s(18, 3, 1);
+  for (RopeLayout layout : {RopeLayout::HalfSplit, RopeLayout::Interleaved}) {
+    const RopeFreqs f = freqs_for(s.D, layout, 10, 1.2);
+    KvMemory memory = s.all_in_memory(f, MemoryPolicy::Unlimiformer);
+    const int64_t pos = 500, origin = 470;
+    std::vector<float> sq(size_t(s.D));
+    memory.search_query(s.q.data(), pos, 0.5, sq.data(), origin);
+    // y = a R(m') q on the pairs, q past them; then per pair (y_a + y_b, y_b - y_a); keys times a^... : the
+    // policy puts a^2 on the query side (keys stored as given).
+    std::vector<double> y(size_t(s.D));
+    for (int i = 0; i < f.pairs(); ++i) {
+      const int a = layout == RopeLayout::Interleaved ? 2 * i : i;
+      const int b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + f.rotary_dim / 2;
+      const double ang = double(pos - origin) * f.inv_freq[size_t(i)], c = std::cos(ang), sn = std::sin(ang);
+      y[size_t(a)] = 1.2 * 1.2 * (s.q[size_t(a)] * c - s.q[size_t(b)] * sn);
+      y[size_t(b)] = 1.2 * 1.2 * (s.q[size_t(a)] * sn + s.q[size_t(b)] * c);
+    }
+    for (int d = f.rotary_dim; d < s.D; ++d) y[size_t(d)] = s.q[size_t(d)];
+    for (int64_t j = 0; j < s.tokens; j += 7) {
+      const float* k = s.k.data() + j * s.Hkv * s.D;
+      std::vector<double> kk(k, k + s.D);  // (I + P) k
+      for (int i = 0; i < f.pairs(); ++i) {
+        const int a = layout == RopeLayout::Interleaved ? 2 * i : i;
+        const int b = layout == RopeLayout::Interleaved ? 2 * i + 1 : i + f.rotary_dim / 2;
+        kk[size_t(a)] = k[a] - k[b];
+        kk[size_t(b)] = k[b] + k[a];
+      }
+      double want = 0, got = 0;
+      for (int d = 0; d < s.D; ++d) {
+        want += y[size_t(d)] * kk[size_t(d)];
+        got += double(sq[size_t(d)]) * memory.keys(0)[j * s.D + d];
+      }
+      EXPECT_NEAR(got, 0.5 * want, 1e-4 * (1 + std::abs(want))) << "row " << j;
+    }
+  }
+}
+
+// Unlimiformer's attention: with every row retrieved, it is attention with the keys re-rotated at pos_j - (the
+// earliest retrieved position) and the query at pos - query_origin - i.e. the `exact` policy over those shifted
+// positions (an independent path: keys rotated at write time). With fewer rows, the rows are the best by the
+// approximate score and retrieved_scores are row_logit's re-rotated logits; fast path = float64 oracle.
+TEST(KvMemory, UnlimiformerAttendsReRotatedKeys) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  KvMemory memory = s.all_in_memory(f, MemoryPolicy::Unlimiformer);
+  const int64_t q_pos = s.pos.back() + 30, origin = s.pos.back() + 25;
+  std::vector<int64_t> shifted(s.pos.size());
+  for (size_t i = 0; i < s.pos.size(); ++i) shifted[i] = s.pos[i] - s.pos[0];
+  KvMemory exact({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});
+  exact.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), shifted.data());
+  auto attend = [&](const KvMemory& m, int64_t pos, int64_t org, int K, bool reference, std::vector<float>& o,
+                    std::vector<int64_t>& ids, std::vector<float>& scores) {
+    o.assign(size_t(s.Hq * s.D), 0.f);
+    std::vector<float> lse(size_t(s.Hq), -std::numeric_limits<float>::infinity());
+    ids.assign(size_t(s.Hq * K), 0);
+    scores.assign(size_t(s.Hq * K), 0.f);
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+    p.q_positions = &pos;
+    p.query_origin = org;
+    p.top_k = K;
+    p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+    p.lse = lse.data();
+    p.retrieved = ids.data();
+    p.retrieved_scores = scores.data();
+    (reference ? memory_attention_reference : memory_attention)(m, p);
+  };
+  std::vector<float> o_u, o_e, sc;
+  std::vector<int64_t> ids;
+  attend(exact, q_pos - origin, 0, int(s.tokens), true, o_e, ids, sc);
+  for (bool reference : {false, true}) {
+    attend(memory, q_pos, origin, int(s.tokens), reference, o_u, ids, sc);
+    EXPECT_LT(max_abs_diff(o_u, o_e), 2e-5) << (reference ? "oracle" : "fast");
+  }
+  // Fewer rows: the best by the search score, attended with the re-rotated logits.
+  const int K = 5;
+  std::vector<float> o_fast, o_ref, sc_ref;
+  std::vector<int64_t> ids_ref;
+  attend(memory, q_pos, origin, K, false, o_fast, ids, sc);
+  attend(memory, q_pos, origin, K, true, o_ref, ids_ref, sc_ref);
+  EXPECT_EQ(ids, ids_ref);
+  EXPECT_LT(max_abs_diff(o_fast, o_ref), 1e-5);
+  for (int h = 0; h < s.Hq; ++h) {
+    const int kvh = h / (s.Hq / s.Hkv);
+    std::vector<float> sq(size_t(s.D));
+    memory.search_query(s.q.data() + h * s.D, q_pos, 0, sq.data(), origin);
+    std::vector<std::pair<double, int64_t>> all;
+    for (int64_t j = 0; j < s.tokens; ++j) {
+      double v = 0;
+      for (int d = 0; d < s.D; ++d) v += double(sq[size_t(d)]) * memory.keys(kvh)[j * s.D + d];
+      all.push_back({-v, j});
+    }
+    std::sort(all.begin(), all.end());
+    int64_t earliest = std::numeric_limits<int64_t>::max();
+    for (int i = 0; i < K; ++i) earliest = std::min(earliest, s.pos[size_t(all[size_t(i)].second)]);
+    for (int i = 0; i < K; ++i) {
+      EXPECT_EQ(ids[size_t(h * K + i)], all[size_t(i)].second) << "head " << h << " rank " << i;
+      const double logit = memory.row_logit(s.q.data() + h * s.D, q_pos, kvh, ids[size_t(h * K + i)], 0, origin,
+                                            earliest);
+      EXPECT_NEAR(sc[size_t(h * K + i)], logit, 1e-5 * (1 + std::abs(logit)));
+    }
+  }
+  // The origin may not lie after a query.
+  test::expect_error([&] { attend(memory, q_pos, q_pos + 1, K, false, o_fast, ids, sc); },
+                     {"memory_attention.query_origin", "<= every query position"});
+}
+
 // `none` places every retrieved key at distance 0: score = scale a^2 q . k_j, whatever the positions.
 TEST(KvMemory, NoRotationScoresPlainDotProducts) {
   Problem s;
@@ -427,7 +539,8 @@ TEST(KvMemory, BadInputNamesTheFieldAndChangesNothing) {
   test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, &other, 0, 0}); }, "head_dim");
   test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Rerope, &f, 0, 0}); }, "window");
   test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 1}); }, "logn_train_len");
-  test::expect_error([&] { parse_memory_policy("unlimited"); }, "memory_policy");
+  test::expect_error([&] { parse_memory_policy("unlimited"); }, {"memory_policy", "unlimiformer"});
+  EXPECT_EQ(parse_memory_policy("unlimiformer"), MemoryPolicy::Unlimiformer);
   EXPECT_EQ(parse_memory_policy("none"), MemoryPolicy::NoRotation);
 
   KvMemory memory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0});

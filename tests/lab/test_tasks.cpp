@@ -316,6 +316,40 @@ TEST(tasks, KvRetrievalRowsAnswerTheQueryAndMaskOnlyTheAnswers) {
   }
 }
 
+// kv_loss = all: the same rows (the same draws), every character from the first whole problem on in the loss, the
+// answers-only mask a subset of it; a value other than answers / all is refused naming the field.
+TEST(tasks, KvRetrievalLossOnEveryCharacter) {
+  TaskOptions answers;
+  answers.kv_pairs = 5;
+  answers.kv_queries = 3;
+  TaskOptions all = answers;
+  all.kv_loss = "all";
+  std::mt19937_64 rng_a(11), rng_b(11);
+  const TrainSequence a = make_task("kv_retrieval", answers)->train_sequence(rng_a, 300);
+  const TrainSequence b = make_task("kv_retrieval", all)->train_sequence(rng_b, 300);
+  EXPECT_EQ(a.tokens, b.tokens);
+  const auto task = make_task("kv_retrieval", all);
+  const std::string text = decode_row(*task, b);
+  const size_t first = text.find('{');  // the first whole problem (the lead before it gets no loss)
+  ASSERT_NE(first, std::string::npos);
+  for (size_t t = 0; t < a.loss_mask.size(); ++t) {
+    if (a.loss_mask[t] > 0) {
+      EXPECT_EQ(b.loss_mask[t], 1.0f) << "answers are targets in both, at " << t;
+    }
+    if (t + 1 >= first) {
+      EXPECT_EQ(b.loss_mask[t], 1.0f) << text << " at " << t;
+    }
+  }
+  TaskOptions bad = answers;
+  bad.kv_loss = "keys";
+  try {
+    make_task("kv_retrieval", bad);
+    ADD_FAILURE() << "kv_loss = keys accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_loss = keys"), std::string::npos) << e.what();
+  }
+}
+
 // kv_key_len and kv_queries (a form a small model learns faster: more answers per row, shorter keys): every query
 // after the object asks one of its keys and is answered with that key's value; only the answers and '#' are
 // targets; the problem has kv_pairs * (key_len + 11) + kv_queries * (key_len + 6) characters; eval problems keep

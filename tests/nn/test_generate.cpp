@@ -212,6 +212,37 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
   EXPECT_EQ(m->decode_logits_with_memory(seq, o).size(0), int64_t(seq.size()));
 }
 
+// The `unlimiformer` policy through the model (its semantics are the core's, tests/core/test_kv_memory.cpp): while
+// every token fits in the window it is the full forward; once tokens are in memory, their keys are re-rotated from
+// the earliest retrieved one and the query counted from the first query that retrieved, so even with all of
+// memory retrieved the logits are not the full forward's - finite, with mass on the memory - token by token and in
+// chunks, and generation runs.
+TEST(generate_with_memory, UnlimiformerPolicyRunsThroughTheModel) {
+  std::vector<int64_t> seq = kPrompt;
+  for (int i = 0; i < 30; ++i) seq.push_back((seq[size_t(i)] * 7 + 3) % 23);
+  const torch::Tensor tokens = torch::tensor(seq, torch::kLong).view({1, -1});
+  Transformer m = make(small_config("rope"), true);
+  const torch::Tensor full = m->forward(tokens)[0].detach();
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.policy = "unlimiformer";
+  o.top_k = 1000;
+  o.window = 64;
+  EXPECT_LE((m->decode_logits_with_memory(seq, o).to(torch::kDouble) - full).abs().max().item<double>(), 1e-4);
+  o.window = 6;
+  for (int64_t chunk : {0, 5}) {
+    o.prefill_chunk = chunk;
+    MemoryDecodeStats stats;
+    const torch::Tensor got = m->decode_logits_with_memory(seq, o, &stats).to(torch::kDouble);
+    EXPECT_TRUE(torch::isfinite(got).all().item<bool>());
+    EXPECT_GT((got - full).abs().max().item<double>(), 1e-2) << "chunk " << chunk;
+    EXPECT_GT(stats.retrieving_steps, 0);
+    EXPECT_GT(stats.memory_mass, 0.0);
+    EXPECT_LT(stats.memory_mass, 1.0);
+    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o).size(), size_t(kNew));
+  }
+}
+
 TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
   auto refuses = [](const std::string& kind, bool fused, MemoryDecodeOptions o, const std::string& field) {
     Transformer m = make(small_config(kind), fused);

@@ -18,7 +18,7 @@ namespace {
 
 class MemoryKvCacheHolder : public torch::CustomClassHolder {
  public:
-  // window: tokens kept exact (at least); policy: exact | rerope | none; mode: rope | rerope (the window's);
+  // window: tokens kept exact (at least); policy: exact | rerope | none | unlimiformer; mode: rope | rerope (the window's);
   // rerope_window: the ReRoPE w of a rerope model (0 for rope); the rest as for KvCache.
   MemoryKvCacheHolder(int64_t window, int64_t kv_heads, int64_t head_dim, const std::string& policy,
                       const std::string& mode, const at::Tensor& inv_freq, double attention_factor,

@@ -17,6 +17,16 @@
 //               keys past its window - exact there; for a RoPE model, InfLLM's recipe)
 //   NoRotation  stored k_j, query lambda a^2 q: retrieved keys at distance 0 (the seed's Experiment 2: is the
 //               rotation of retrieved keys needed at all?)
+//   Unlimiformer  the seed's account of Unlimiformer's decoder-only port, its two approximations kept:
+//               search: stored k_j, query lambda a^2 (I + P)^T R(m') q with P the pair rotation (x_a, x_b) ->
+//               (-x_b, x_a) - the rotated key R(n) k = cos * k + sin * P k taken with cos = sin (the constant
+//               dropped), whatever n; Unlimiformer searches hidden states x_j with (W_k + P W_k)^T R(m') q, which
+//               ranks the rows identically (k_j = W_k x_j + b_k; the bias adds one constant per query);
+//               scoring: the retrieved keys re-rotated with the earliest retrieved one as origin (key j at
+//               n'_j = pos_j - min over the retrieved rows) and the query at m' = q_position - query_origin (the
+//               first query that retrieved: the first generated token), logit lambda a^2 q^T R(n'_j - m') k_j.
+//               So neither the retrieved set nor its logits are the model's own (docs/memory.md measures by how
+//               much).
 // Values are stored as given (RoPER's value rotation is not supported here).
 #pragma once
 
@@ -32,8 +42,8 @@
 
 namespace rotary {
 
-enum class MemoryPolicy : uint8_t { Exact, Rerope, NoRotation };
-const char* memory_policy_name(MemoryPolicy p);               // "exact", "rerope", "none"
+enum class MemoryPolicy : uint8_t { Exact, Rerope, NoRotation, Unlimiformer };
+const char* memory_policy_name(MemoryPolicy p);               // "exact", "rerope", "none", "unlimiformer"
 MemoryPolicy parse_memory_policy(const std::string& name);  // rotary::Error naming "memory_policy" otherwise
 
 struct KvMemoryConfig {
@@ -79,9 +89,16 @@ class KvMemory {
   const int64_t* positions() const;            // [size]
 
   // The vector the store is searched with for query q (fp32 [D]) at position pos (the policy's table above),
-  // times softmax_scale (0: 1/sqrt(D)): its inner product with keys(h) row j is the scaled attention logit.
-  void search_query(const float* q, int64_t pos, double softmax_scale, float* out) const;
-  void search_query(const float* q, int64_t pos, double softmax_scale, double* out) const;  // in float64 (oracle)
+  // times softmax_scale (0: 1/sqrt(D)): its inner product with keys(h) row j is the scaled attention logit
+  // (Unlimiformer: the approximate search score, the query rotated at pos - query_origin).
+  void search_query(const float* q, int64_t pos, double softmax_scale, float* out, int64_t query_origin = 0) const;
+  void search_query(const float* q, int64_t pos, double softmax_scale, double* out,  // in float64 (the oracle)
+                    int64_t query_origin = 0) const;
+  // The scaled logit memory_attention gives row j of kv head h when it retrieves it for query q at pos, in
+  // double. The search score for every policy but Unlimiformer, whose logit re-rotates the key with
+  // `earliest_retrieved` (the smallest position among the rows retrieved with it) as origin.
+  double row_logit(const float* q, int64_t pos, int64_t kv_head, int64_t row, double softmax_scale,
+                   int64_t query_origin = 0, int64_t earliest_retrieved = 0) const;
 
  private:
   struct Impl;
@@ -105,6 +122,8 @@ struct MemoryAttentionParams {
   float* retrieved_scores = nullptr;     // optional [tokens, Hq, top_k]: their scaled logits
   float* memory_mass = nullptr;          // optional [tokens, Hq]: the share of the merged softmax mass on the
                                          // retrieved keys, e^(lse_mem - lse)
+  int64_t query_origin = 0;              // policy Unlimiformer: queries sit at q_position - query_origin (the
+                                         // position of the first query that retrieved); <= every q_position
   int threads = 0;                       // OpenMP threads at most; 0: omp_get_max_threads()
 };
 
@@ -147,6 +166,11 @@ class MemoryKvCache {
   // mass on the memory ([Hq]) and the memory rows retrieved ([Hq, top_k], -1 past what there is).
   void decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o, double softmax_scale = 0,
               float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0) const;
+
+  // Policy Unlimiformer's query origin: the position of the first query that retrieved. The first call fixes it
+  // at `position` (decode() calls it when it retrieves; a chunked prefill that retrieves calls it too); later calls
+  // return the fixed one.
+  int64_t query_origin(int64_t position) const;
 
   int64_t window_size() const;   // tokens in the window now
   // The window's tokens as appended (un-rotated): keys, values [window_size, Hkv, D], positions [window_size]

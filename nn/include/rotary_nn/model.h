@@ -65,7 +65,7 @@ TORCH_MODULE(Block);
 // leaky_rerope; not RoPER, whose values turn with the distance).
 struct MemoryDecodeOptions {
   int64_t window = 0;             // tokens per layer kept exact, >= 1 (>= the ReRoPE window for policy rerope)
-  std::string policy = "exact";   // exact | rerope | none: where retrieved keys sit (kv_memory.h)
+  std::string policy = "exact";   // exact | rerope | none | unlimiformer: where retrieved keys sit (kv_memory.h)
   int top_k = 32;                 // memory keys per head and step (0: the window alone)
   bool retrieve_in_prompt = true; // false: prompt tokens see the window alone, retrieval starts at the last one
   int64_t prefill_chunk = 0;      // > 1: the prompt goes through in chunks of this many tokens, each attending to
