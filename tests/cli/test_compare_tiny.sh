@@ -69,8 +69,14 @@ cmp -s <(grep '^| rope' "$W/out") <(grep '^| rope' "$W/out2") || fail "rerun tab
 LONG=("${TINY[@]}" --steps 100000 --eval-interval 0 --checkpoint-interval 100000 --jobs 2)
 setsid "$ROTARY" compare "${LONG[@]}" --out "$W/cmp_int" > /dev/null 2> "$W/err_int" &
 pid=$!
-for _ in $(seq 100); do [ "$(grep -c ": started" "$W/err_int")" -ge 2 ] && break; sleep 0.2; done
-sleep 1
+# Both children must be training (a step in their metrics.csv: their signal handlers are in place) before the
+# signal; on a loaded machine "started" alone came too early, and a child killed before it began saved nothing.
+for _ in $(seq 300); do
+  n=0
+  for s in 0 1; do [ "$(cat "$W/cmp_int/rope/seed$s/metrics.csv" 2> /dev/null | wc -l)" -ge 2 ] && n=$((n + 1)); done
+  [ "$n" = 2 ] && break
+  sleep 0.2
+done
 kill -TERM "$pid"
 for _ in $(seq 150); do kill -0 "$pid" 2> /dev/null || break; sleep 0.2; done
 if kill -0 "$pid" 2> /dev/null; then
