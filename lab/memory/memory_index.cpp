@@ -81,6 +81,18 @@ void MemoryIndex::sync() {
 }
 
 int64_t MemoryIndex::size() const { return impl_->indexed; }
+
+void MemoryIndex::set_search_effort(int hnsw_ef_search, int ivf_nprobe) {
+  MemoryIndexConfig next = impl_->config;
+  next.hnsw_ef_search = hnsw_ef_search, next.ivf_nprobe = ivf_nprobe;
+  next.validate();
+  impl_->config = next;
+  for (const auto& index : impl_->indexes) {  // heads not built yet take the values from config when they are
+    if (auto* h = dynamic_cast<faiss::IndexHNSWFlat*>(index.get())) h->hnsw.efSearch = hnsw_ef_search;
+    if (auto* ivf = dynamic_cast<faiss::IndexIVFFlat*>(index.get()))
+      ivf->nprobe = std::min<size_t>(size_t(ivf_nprobe), ivf->nlist);
+  }
+}
 const MemoryIndexConfig& MemoryIndex::config() const { return impl_->config; }
 
 void MemoryIndex::search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores) const {

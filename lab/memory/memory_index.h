@@ -43,6 +43,10 @@ class MemoryIndex {
   void sync();
   int64_t size() const;  // rows indexed
   const MemoryIndexConfig& config() const;
+  // Changes how hard later searches look without rebuilding: hnsw's ef_search, ivf's nprobe (capped at its lists);
+  // flat ignores both. A sweep of recall against speed then builds one graph or one set of lists. rotary::Error
+  // naming the field for a value outside MemoryIndexConfig's range.
+  void set_search_effort(int hnsw_ef_search, int ivf_nprobe);
 
   // The k best rows of kv head h for n search vectors (fp32 [n, D], as KvMemory::search_query makes them), best
   // first, padded with -1 (an approximate index may find fewer): rows, scores [n, k].

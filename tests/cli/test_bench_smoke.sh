@@ -62,5 +62,20 @@ else
   fail "bench checkpoint --model exited $?"
 fi
 
+# bench memory: toy memories through the exact scan and every FAISS index; each method is timed and scored (recall
+# in [0, 1]; flat, an exact scan itself, finds the whole exact top-k).
+if "$ROTARY" bench memory --sizes 256,1k --head-dim 16 --top-k 8 --queries 5 --threads 1 --ef-search 16,64 \
+     --keys gaussian,clustered --clusters 8 --json > "$W/memory.json"; then
+  check "bench memory: every method per size, finite positive latencies, recall in [0, 1]" "$W/memory.json" \
+    "len(j['rows']) == 2 * 2 * 5 and all({r['method'] for r in j['rows'] if r['tokens'] == n and r['keys'] == k} == {'exact', 'flat', 'hnsw_ef16', 'hnsw_ef64', 'ivf_nprobe16'} for n in (256, 1024) for k in ('gaussian', 'clustered')) and all(0 < r['median_ms'] < math.inf and 0 < r['speedup_vs_exact'] < math.inf and 0 <= r['recall'] <= 1 for r in j['rows'])"
+  check "bench memory: flat finds the exact top-k" "$W/memory.json" \
+    "all(r['recall'] == 1 for r in j['rows'] if r['method'] in ('exact', 'flat')) and j['memory_bytes_per_token'] == 2 * 16 * 4 + 8"
+else
+  fail "bench memory exited $?"
+fi
+expect_error "bench memory --top-k past the smallest size" 2 "--top-k = 100" -- \
+  "$ROTARY" bench memory --sizes 64,1k --top-k 100
+expect_error "bench memory --head-dim 7" 2 "--head-dim = 7" -- "$ROTARY" bench memory --head-dim 7 --sizes 64
+
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all bench smoke checks passed"

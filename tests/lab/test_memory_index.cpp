@@ -118,6 +118,38 @@ TEST(MemoryIndex, ApproximateIndexesRecallMostOfTheExactTopK) {
   }
 }
 
+// set_search_effort changes a built index: ivf scanning every list is an exhaustive search (recall exactly 1),
+// one list of many is not; a value out of range names the field and leaves the index as it was.
+TEST(MemoryIndex, SearchEffortChangesWithoutARebuild) {
+  Memory m(32, 4000);
+  const int K = 16;
+  std::vector<float> o, lse;
+  std::vector<int64_t> pos, exact(size_t(16 * m.Hq * K)), got(exact.size());
+  MemoryAttentionParams p = m.params(16, K, o, lse, pos);
+  p.retrieved = exact.data();
+  memory_attention(m.memory, p);
+  p.retrieved = nullptr;
+  MemoryIndexConfig c;
+  c.kind = "ivf";
+  c.ivf_lists = 64;
+  c.ivf_nprobe = 1;
+  MemoryIndex index(m.memory, c);
+  index.sync();
+  index.candidates(p, got.data());
+  EXPECT_LT(recall(exact, got, K), 0.9);
+  index.set_search_effort(c.hnsw_ef_search, 1 << 20);  // capped at the 64 lists: every list
+  EXPECT_EQ(index.config().ivf_nprobe, 1 << 20);
+  index.candidates(p, got.data());
+  EXPECT_GE(recall(exact, got, K), 0.99);  // 1 but for a near-tie at the k-th row summed in another order
+  try {
+    index.set_search_effort(0, 16);
+    ADD_FAILURE() << "accepted ef_search 0";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("memory_index.hnsw_ef_search"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(index.config().hnsw_ef_search, c.hnsw_ef_search);
+}
+
 TEST(MemoryIndex, SyncAddsAppendedRowsAndAStaleIndexIsRefused) {
   Memory m(16, 500);
   MemoryIndexConfig c;
