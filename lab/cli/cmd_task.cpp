@@ -75,6 +75,8 @@ const CommandRegistrar kRegisterTask([](CLI::App& root) {
   cmd->add_option("--search-substring", o.search_substring, "substring_search: copied substring length")->transform(integer_in(1, kMaxSequenceLength));
   cmd->add_option("--search-eval-len", o.search_eval_len, "substring_search: eval context characters")->transform(integer_in(1, kMaxSequenceLength));
   cmd->add_option("--kv-pairs", o.kv_pairs, "kv_retrieval: pairs per object")->transform(integer_in(1, 1 << 16));
+  cmd->add_option("--passkey-digits", o.passkey_digits, "passkey: distinct digits of the key")->transform(integer_in(1, 10));
+  cmd->add_option("--passkey-eval-len", o.passkey_eval_len, "passkey: eval prompt characters")->transform(integer_in(1, 1 << 24));
   cmd->add_option("--text-vocab", o.text_vocab, "text: sentencepiece vocabulary size")->transform(integer_in(2, 1 << 20));
   cmd->add_option("--cache-dir", o.cache_dir, "text: cache directory (default $XDG_CACHE_HOME/rotary)");
   cmd->callback([args] { run_task_show(*args); });

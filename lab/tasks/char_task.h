@@ -57,6 +57,7 @@ std::unique_ptr<Task> make_addition_task(const TaskOptions& options);
 std::unique_ptr<Task> make_substring_index_task(const TaskOptions& options);
 std::unique_ptr<Task> make_substring_search_task(const TaskOptions& options);
 std::unique_ptr<Task> make_kv_retrieval_task(const TaskOptions& options);
+std::unique_ptr<Task> make_passkey_task(const TaskOptions& options);
 std::unique_ptr<Task> make_text_task(const TaskOptions& options);
 
 }  // namespace rotary::lab

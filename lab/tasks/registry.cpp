@@ -8,7 +8,7 @@
 namespace rotary::lab {
 
 std::vector<std::string> task_names() {
-  return {"addition", "substring_index", "substring_search", "kv_retrieval", "text"};
+  return {"addition", "substring_index", "substring_search", "kv_retrieval", "passkey", "text"};
 }
 
 const settings::Table<TaskOptions>& task_option_settings() {
@@ -42,6 +42,13 @@ const settings::Table<TaskOptions>& task_option_settings() {
                          [](auto& o) -> auto& { return o.kv_loss; },
                          names([] { return std::vector<std::string>{"answers", "all"}; })));
     t.back().written = [](const O& o) { return o.kv_loss != "answers"; };
+    t.push_back(field<O>("passkey_digits", "--passkey-digits", "passkey: distinct digits of the hidden key",
+                         [](auto& o) -> auto& { return o.passkey_digits; }, integers(1, 10)));
+    t.back().written = [](const O& o) { return o.passkey_digits != 5; };
+    t.push_back(field<O>("passkey_eval_len", "--passkey-eval-len",
+                         "passkey: characters of an eval prompt (filler, needle and question)",
+                         [](auto& o) -> auto& { return o.passkey_eval_len; }, integers(1, 1 << 24)));
+    t.back().written = [](const O& o) { return o.passkey_eval_len != 256; };
     t.push_back(field<O>("text_tokenizer", "--text-tokenizer",
                          "text: bpe (sentencepiece BPE, --text-vocab pieces) or char (one token per character)",
                          [](auto& o) -> auto& { return o.text_tokenizer; },
@@ -65,6 +72,7 @@ std::unique_ptr<Task> make_task(const std::string& name, const TaskOptions& opti
   if (name == "substring_index") return make_substring_index_task(options);
   if (name == "substring_search") return make_substring_search_task(options);
   if (name == "kv_retrieval") return make_kv_retrieval_task(options);
+  if (name == "passkey") return make_passkey_task(options);
   if (name == "text") return make_text_task(options);
   std::string allowed;
   for (const std::string& n : task_names()) allowed += (allowed.empty() ? "" : ", ") + n;

@@ -7,6 +7,8 @@
 //                     loss only on the copied characters after the first
 //   kv_retrieval      seed 001: '{"abc": "xyz", "qrs": "tuv"} qrs=tuv#': a JSON object of key/value pairs, then a
 //                     query for one key; loss only on the answer and '#'
+//   passkey           Landmark / InfLLM: "the grass is green. ... the pass key is:71432. remember it. ... what is
+//                     the pass key? the pass key is:71432#": a key hidden in repeated filler (issue 9's memory test)
 //   text              the KJV Bible (`bible` from bible-kjv), sentencepiece BPE (or characters) trained once and
 //                     cached; every 20th chapter held out
 #pragma once
@@ -65,6 +67,8 @@ struct TaskOptions {
   int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
   int kv_queries = 1;                   // kv_retrieval: queries after each object in training rows, in [1, 64]
   std::string kv_loss = "answers";      // kv_retrieval: loss on the answers only, or on every character ("all")
+  int passkey_digits = 5;               // passkey: distinct digits of the key, in [1, 10]
+  int passkey_eval_len = 256;           // passkey: characters of an eval prompt, in [needle + question, 2^24]
   std::string text_tokenizer = "bpe";   // text: bpe (sentencepiece BPE of text_vocab pieces) | char (one token per
                                         // character of the training verses: seed 002's enwik8-style char models)
   int text_vocab = 2000;                // text: sentencepiece BPE vocabulary size, in [128, 32000] (bpe only)

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -404,6 +406,75 @@ TEST(tasks, KvRetrievalWithShortKeysAndSeveralQueries) {
   too_many.kv_key_len = 1;
   too_many.kv_pairs = 27;
   EXPECT_THROW(make_task("kv_retrieval", too_many), Error);
+}
+
+// passkey: parsed back with a regex written from the anchors' form. A row is one problem of seq_len + 1
+// characters: filler sentences, the needle at a sentence boundary, the question, the key and '#'; every character
+// is a target but the key's first occurrence. Eval prompts have exactly passkey_eval_len characters, end at the
+// question, and hide the key at depths spread over the prompt; too short a row or prompt names the field.
+TEST(tasks, PasskeyHidesOneKeyInFillerAndAsksForIt) {
+  const std::regex form(R"(^([a-z .]*?)the pass key is:([0-9]+)\. remember it\. ([0-9]+) is the pass key\. ([a-z .]*)what is the pass key\? the pass key is:$)");
+  // The filler without the needle: perhaps the cut end of a sentence, then whole sentences of the five.
+  const std::regex filler(R"(^([a-z ]*\. )?((the grass is green|the sky is blue|the sun is yellow|here we go|there and back again)\. )*$)");
+  for (const int digits : {1, 5, 10}) {
+    SCOPED_TRACE("digits " + std::to_string(digits));
+    TaskOptions options;
+    options.passkey_digits = digits;
+    options.passkey_eval_len = 1000;
+    const auto task = make_task("passkey", options);
+    std::mt19937_64 rng(digits);
+    for (const int seq_len : {130, 256, 777}) {
+      for (int row = 0; row < 10; ++row) {
+        const TrainSequence s = task->train_sequence(rng, seq_len);
+        ASSERT_EQ(s.tokens.size(), size_t(seq_len) + 1);
+        const std::string text = decode_row(*task, s);
+        const size_t hash = text.size() - 1;
+        ASSERT_EQ(text[hash], '#') << text;
+        const std::string prompt = text.substr(0, hash - size_t(digits)), answer = text.substr(hash - size_t(digits), size_t(digits));
+        std::smatch m;
+        ASSERT_TRUE(std::regex_match(prompt, m, form)) << text;
+        EXPECT_EQ(m[2].str(), answer);
+        EXPECT_EQ(m[3].str(), answer);
+        EXPECT_EQ(std::set<char>(answer.begin(), answer.end()).size(), answer.size()) << "distinct digits: " << answer;
+        EXPECT_TRUE(std::regex_match(m[1].str() + m[4].str(), filler)) << text;
+        EXPECT_TRUE(m[1].length() == 0 || m[1].str().ends_with(". ")) << "the needle starts a sentence: " << text;
+        const size_t key_at = size_t(m.position(2));
+        for (size_t t = 0; t < s.loss_mask.size(); ++t)
+          ASSERT_EQ(s.loss_mask[t], t + 1 >= key_at && t + 1 < key_at + size_t(digits) ? 0.0f : 1.0f) << t;
+      }
+    }
+    size_t shallowest = SIZE_MAX, deepest = 0;
+    for (const EvalProblem& p : task->eval_problems(100, 3)) {
+      ASSERT_EQ(p.prompt.size(), 1000u);
+      std::smatch m;
+      ASSERT_TRUE(std::regex_match(p.prompt, m, form)) << p.prompt;
+      EXPECT_EQ(m[2].str(), p.answer);
+      EXPECT_EQ(p.answer.size(), size_t(digits));
+      EXPECT_EQ(p.final_answer, p.answer);
+      shallowest = std::min(shallowest, size_t(m.position(2))), deepest = std::max(deepest, size_t(m.position(2)));
+    }
+    EXPECT_LT(shallowest, 200u);
+    EXPECT_GT(deepest, 700u);
+  }
+  auto error_of = [](const std::function<void()>& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  TaskOptions o;
+  EXPECT_NE(error_of([&] {
+              std::mt19937_64 rng(1);
+              make_task("passkey", o)->train_sequence(rng, 60);
+            }).find("seq_len = 60"),
+            std::string::npos);
+  o.passkey_eval_len = 50;
+  EXPECT_NE(error_of([&] { make_task("passkey", o); }).find("passkey_eval_len = 50"), std::string::npos);
+  o = {};
+  o.passkey_digits = 0;
+  EXPECT_NE(error_of([&] { make_task("passkey", o); }).find("passkey_digits"), std::string::npos);
 }
 
 TEST(tasks, KvRetrievalQueriesReachEveryPosition) {
