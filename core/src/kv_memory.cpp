@@ -440,17 +440,9 @@ void validate_memory_attention(const KvMemory& m, const MemoryAttentionParams& p
   detail::check_threads(p.threads);
   if (p.candidates) {
     const int64_t k = p.top_k, n = m.size();
-    for (int64_t i = 0; i < p.tokens * p.q.heads; ++i) {
-      bool any = false;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t row = p.candidates[i * k + j];
-        check(row >= -1 && row < n, "memory_attention.candidates[" + std::to_string(i * k + j) + "]", row,
-              "a memory row in [0, " + std::to_string(n) + ") or -1 (none)");
-        any = any || row >= 0;
-      }
-      check(any, "memory_attention.candidates of (token, head) " + std::to_string(i), "all -1",
-            "at least one memory row");
-    }
+    for (int64_t i = 0; i < p.tokens * p.q.heads * k; ++i)
+      check(p.candidates[i] >= -1 && p.candidates[i] < n, "memory_attention.candidates[" + std::to_string(i) + "]",
+            p.candidates[i], "a memory row in [0, " + std::to_string(n) + ") or -1 (none)");
   }
 }
 
@@ -488,6 +480,20 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   auto better = [](const std::pair<W, int64_t>& a, const std::pair<W, int64_t>& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };
+  const int64_t base = (t * p.q.heads + h) * int64_t(p.top_k);
+  auto report = [&] {  // the rows retrieved, best first, and their logits; -1 / -inf past the k there are
+    for (size_t i = 0; i < size_t(p.top_k); ++i) {
+      if (p.retrieved) p.retrieved[base + int64_t(i)] = i < k ? scored[i].second : -1;
+      if (p.retrieved_scores)
+        p.retrieved_scores[base + int64_t(i)] =
+            i < k ? float(scored[i].first) : -std::numeric_limits<float>::infinity();
+    }
+  };
+  if (k == 0) {  // an index found nothing for this head: it attends to the window alone (o, lse as they came)
+    if (p.memory_mass) p.memory_mass[t * p.q.heads + h] = 0.0f;
+    report();
+    return;
+  }
   if (reference || p.candidates) {
     std::stable_sort(scored.begin(), scored.end(), better);
   } else {
@@ -525,12 +531,7 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   for (int d = 0; d < D; ++d) o[d] = float(w_local * W(o[d]) + w_mem * acc[size_t(d)] / sum);
   lse = float(merged);
   if (p.memory_mass) p.memory_mass[t * p.q.heads + h] = float(w_mem);
-  const int64_t base = (t * p.q.heads + h) * int64_t(p.top_k);
-  for (size_t i = 0; i < size_t(p.top_k); ++i) {
-    if (p.retrieved) p.retrieved[base + int64_t(i)] = i < k ? scored[i].second : -1;
-    if (p.retrieved_scores)
-      p.retrieved_scores[base + int64_t(i)] = i < k ? float(scored[i].first) : -std::numeric_limits<float>::infinity();
-  }
+  report();
 }
 
 template <class W>

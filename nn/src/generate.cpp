@@ -17,7 +17,10 @@
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <limits>
 
 #include "rotary/error.h"
 #include "rotary/kv_memory.h"
@@ -111,9 +114,10 @@ class LinearStateCache final : public LayerCache {
 // whether this step searches the memory; the share of the softmax mass on retrieved keys is summed into `stats`.
 class MemoryCache final : public LayerCache {
  public:
-  MemoryCache(const MemoryDecodeOptions& o, int64_t kv_heads, int64_t head_dim, const PositionContext& pc,
+  MemoryCache(const MemoryDecodeOptions& o, int layer, int64_t kv_heads, int64_t head_dim, const PositionContext& pc,
               const bool& retrieve, MemoryDecodeStats& stats)
-      : top_k_(o.top_k), scale_(pc.softmax_scale), retrieve_(retrieve), stats_(stats) {
+      : top_k_(o.top_k), layer_(layer), on_retrieve_(o.on_retrieve), scale_(pc.softmax_scale), retrieve_(retrieve),
+        stats_(stats) {
     const torch_ops::AttentionPosition ap = fused_attention_position(pc);
     check(!ap.roper, "encoding.kind", "roper", "rope, rerope or leaky_rerope (decoding with a memory)");
     MemoryKvCacheConfig c;
@@ -129,11 +133,17 @@ class MemoryCache final : public LayerCache {
     c.pos.leaky_k = ap.leaky_k;
     c.pos.logn_train_len = ap.logn_train_len;
     cache_ = std::make_unique<MemoryKvCache>(c);
+    if (!o.reference_policy.empty()) {
+      c.policy = parse_memory_policy(o.reference_policy);
+      reference_ = std::make_unique<MemoryKvCache>(c);
+    }
   }
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
     const torch::Tensor k3 = k[0].to(torch::kFloat).contiguous(), v3 = v[0].to(torch::kFloat).contiguous();
     const torch::Tensor pos = positions[0].contiguous();
     cache_->append(k3.size(0), torch_ops::heads_view(k3), torch_ops::heads_view(v3), pos.data_ptr<int64_t>());
+    if (reference_)
+      reference_->append(k3.size(0), torch_ops::heads_view(k3), torch_ops::heads_view(v3), pos.data_ptr<int64_t>());
   }
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
     const torch::Tensor q2 = q[0][0].to(torch::kFloat).contiguous();  // [Hq, D]
@@ -141,8 +151,12 @@ class MemoryCache final : public LayerCache {
     torch::Tensor out = torch::empty_like(q2);
     std::vector<float> mass(static_cast<size_t>(Hq));
     const int k = retrieve_ ? top_k_ : 0;
-    cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, q_position.item<int64_t>(), k,
-                   {out.data_ptr<float>(), Hq, Hq * D, D}, scale_, mass.data());
+    const int64_t pos = q_position.item<int64_t>();
+    std::vector<int64_t> got(static_cast<size_t>(Hq * std::max(k, 1)));
+    cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {out.data_ptr<float>(), Hq, Hq * D, D}, scale_,
+                   mass.data(), got.data());
+    if (k > 0 && reference_ && cache_->memory().size() > 0) compare(q2, pos, k, got);
+    if (k > 0 && on_retrieve_ && cache_->memory().size() > 0) probe(q2, pos, k, got);
     if (k > 0 && cache_->memory().size() > 0) {
       double sum = 0;
       for (float m : mass) sum += m;
@@ -201,9 +215,75 @@ class MemoryCache final : public LayerCache {
   }
 
  private:
+  // The reference memory's top-k for the same query, and the logits both policies give the rows `policy` took
+  // (Unlimiformer's with its own origins: the query's, and the earliest row it retrieved). q [Hq, D].
+  void compare(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const int64_t Hq = q.size(0), D = q.size(1), group = Hq / cache_->config().kv_heads;
+    torch::Tensor scratch = torch::empty_like(q);
+    std::vector<int64_t> want(got.size());
+    reference_->decode({q.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {scratch.data_ptr<float>(), Hq, Hq * D, D},
+                       scale_, nullptr, want.data());
+    const KvMemory& mem = cache_->memory();
+    const KvMemory& ref = reference_->memory();
+    const int64_t origin = cache_->config().policy == MemoryPolicy::Unlimiformer ? cache_->query_origin(pos) : 0;
+    double overlap = 0, error = 0;
+    for (int64_t h = 0; h < Hq; ++h) {
+      const int64_t* g = got.data() + h * k;
+      const int64_t* w = want.data() + h * k;
+      const float* qh = q.data_ptr<float>() + h * D;
+      // The reference's k-th best logit: a row of `policy` counts as one of the reference's top-k when its reference
+      // logit reaches it. (By score, not by row: keys repeat - a layer's first keys are functions of the token - and
+      // among equal scores which rows a search keeps is arbitrary.)
+      int64_t wanted = 0, found = 0, scored = 0, earliest = std::numeric_limits<int64_t>::max();
+      double threshold = std::numeric_limits<double>::infinity();
+      for (int i = 0; i < k; ++i)
+        if (w[i] >= 0) ++wanted, threshold = std::min(threshold, ref.row_logit(qh, pos, h / group, w[i], scale_));
+      for (int i = 0; i < k; ++i)
+        if (g[i] >= 0) earliest = std::min(earliest, mem.positions()[g[i]]);
+      double err = 0;
+      for (int i = 0; i < k; ++i) {
+        if (g[i] < 0) continue;
+        const double reference_logit = ref.row_logit(qh, pos, h / group, g[i], scale_);
+        found += reference_logit >= threshold ? 1 : 0;
+        err += std::abs(mem.row_logit(qh, pos, h / group, g[i], scale_, origin, earliest) - reference_logit);
+        ++scored;
+      }
+      overlap += wanted ? double(std::min(found, wanted)) / double(wanted) : 1.0;
+      error += scored ? err / double(scored) : 0.0;
+    }
+    stats_.reference_overlap += overlap / double(Hq);
+    stats_.logit_error += error / double(Hq);
+    ++stats_.compared_steps;
+    stats_.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+  // MemoryDecodeOptions::on_retrieve with this step. `got` holds top_k rows per head, -1 past the memory's size.
+  void probe(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MemoryStep step;
+    step.layer = layer_;
+    step.memory = &cache_->memory();
+    step.q = q.data_ptr<float>();
+    step.q_heads = q.size(0);
+    step.head_dim = q.size(1);
+    step.position = pos;
+    step.query_origin = cache_->config().policy == MemoryPolicy::Unlimiformer ? cache_->query_origin(pos) : 0;
+    step.softmax_scale = scale_;
+    step.top_k = int(std::min<int64_t>(k, cache_->memory().size()));
+    std::vector<int64_t> rows(size_t(step.q_heads * step.top_k));
+    for (int64_t h = 0; h < step.q_heads; ++h)
+      std::copy_n(got.data() + h * k, step.top_k, rows.data() + h * step.top_k);
+    step.retrieved = rows.data();
+    on_retrieve_(step);
+    stats_.probe_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
   RopeFreqs freqs_;
-  std::unique_ptr<MemoryKvCache> cache_;
+  std::unique_ptr<MemoryKvCache> cache_, reference_;  // reference_: with MemoryDecodeOptions::reference_policy
   int top_k_;
+  int layer_;
+  std::function<void(const MemoryStep&)> on_retrieve_;
   double scale_;
   const bool& retrieve_;
   MemoryDecodeStats& stats_;
@@ -240,7 +320,8 @@ struct Decoder {
   }
   std::unique_ptr<LayerCache> new_cache(size_t layer) {
     if (memory)
-      return std::make_unique<MemoryCache>(*memory, config().kv_heads(), config().head_dim(), pc, retrieve, stats);
+      return std::make_unique<MemoryCache>(*memory, int(layer), config().kv_heads(), config().head_dim(), pc, retrieve,
+                                           stats);
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
     const torch::Tensor& projection = model.blocks_[layer]->performer_projection();
     if (config().fused && config().attention != "softmax")
@@ -359,6 +440,13 @@ void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, c
   check(o.top_k >= 0, "memory.top_k", o.top_k, ">= 0 (0: the window alone)");
   check(o.prefill_chunk >= 0, "memory.prefill_chunk", o.prefill_chunk, ">= 0 (0 or 1: one token at a time)");
   parse_memory_policy(o.policy);
+  if (!o.reference_policy.empty()) {
+    try {
+      parse_memory_policy(o.reference_policy);
+    } catch (const Error&) {
+      fail("memory.reference_policy", o.reference_policy, "exact, rerope, none or unlimiformer (or empty: none)");
+    }
+  }
 }
 
 }  // namespace
@@ -389,8 +477,10 @@ std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int
     dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}));
   }
   dec.retrieve = true;
+  const auto answer_start = std::chrono::steady_clock::now();
+  const double aside_before = dec.stats.reference_seconds + dec.stats.probe_seconds;
+  int64_t fed = 1;
   torch::Tensor logits = dec.run(all.narrow(1, S - 1, 1), torch::full({1, 1}, S - 1, i64));
-  dec.retrieve = true;
   for (int64_t p = S;; ++p) {
     const torch::Tensor last = logits[0][-1].to(torch::kDouble);
     const int64_t next = temperature == 0
@@ -400,10 +490,18 @@ std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int
     out.push_back(next);
     if (int64_t(out.size()) == max_new) break;
     logits = dec.run(torch::full({1, 1}, next, i64), torch::full({1, 1}, p, i64));
+    ++fed;
   }
   if (stats) {
     *stats = dec.stats;
+    stats->answer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - answer_start).count() -
+                            (dec.stats.reference_seconds + dec.stats.probe_seconds - aside_before);
+    stats->answer_tokens = fed;
     if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
+    if (stats->compared_steps > 0) {
+      stats->reference_overlap /= double(stats->compared_steps);
+      stats->logit_error /= double(stats->compared_steps);
+    }
   }
   return out;
 }
@@ -428,6 +526,10 @@ torch::Tensor TransformerImpl::decode_logits_with_memory(const std::vector<int64
   if (stats) {
     *stats = dec.stats;
     if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
+    if (stats->compared_steps > 0) {
+      stats->reference_overlap /= double(stats->compared_steps);
+      stats->logit_error /= double(stats->compared_steps);
+    }
   }
   return torch::cat(parts, 1)[0];
 }

@@ -234,7 +234,8 @@ TEST(KvMemory, TopKRetrievesTheBestRowsAndMatchesTheOracle) {
 }
 
 // Candidates from an index (lab/memory): the exact top-k given as candidates (shuffled, padded with -1) gives the
-// exact search's output; rows an index got wrong are attended as given (scored exactly); bad rows are refused.
+// exact search's output; rows an index got wrong are attended as given (scored exactly); a head the index found
+// nothing for keeps the window's output and log-sum-exp (memory mass 0); bad rows are refused.
 TEST(KvMemory, CandidatesFromAnIndexAreScoredExactly) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D);
@@ -277,8 +278,36 @@ TEST(KvMemory, CandidatesFromAnIndexAreScoredExactly) {
   for (int h = 0; h < s.Hq; ++h) EXPECT_TRUE(ids_cand[size_t(h * K)] == 7 || ids_cand[size_t(h * K)] == 8);
   cand[3] = s.tokens;  // past the memory
   test::expect_error([&] { run(cand.data(), K, o_cand, ids_cand); }, "candidates[3]");
+  cand[3] = -1;
   std::fill(cand.begin(), cand.begin() + K, int64_t(-1));  // head 0 has nothing
-  test::expect_error([&] { run(cand.data(), K, o_cand, ids_cand); }, "at least one memory row");
+  {
+    std::vector<float> o(size_t(s.Hq * s.D)), lse(size_t(s.Hq)), mass(size_t(s.Hq), -1.f), scores(size_t(s.Hq * K));
+    for (size_t i = 0; i < o.size(); ++i) o[i] = 0.25f * float(i % 7) - 0.5f;  // a window's output
+    for (size_t i = 0; i < lse.size(); ++i) lse[i] = 1.5f + float(i);
+    const std::vector<float> o_in = o, lse_in = lse;
+    std::vector<int64_t> ids(size_t(s.Hq * K), 99);
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+    p.q_positions = &q_pos;
+    p.top_k = K;
+    p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+    p.lse = lse.data();
+    p.candidates = cand.data();
+    p.retrieved = ids.data();
+    p.retrieved_scores = scores.data();
+    p.memory_mass = mass.data();
+    memory_attention(memory, p);
+    for (int d = 0; d < s.D; ++d) EXPECT_EQ(o[size_t(d)], o_in[size_t(d)]) << "head 0 keeps the window's output";
+    EXPECT_EQ(lse[0], lse_in[0]);
+    EXPECT_EQ(mass[0], 0.f);
+    for (int i = 0; i < K; ++i) {
+      EXPECT_EQ(ids[size_t(i)], -1);
+      EXPECT_EQ(scores[size_t(i)], -std::numeric_limits<float>::infinity());
+    }
+    EXPECT_GT(mass[1], 0.f) << "the other heads attend to their candidates";
+    EXPECT_NE(lse[1], lse_in[1]);
+  }
 }
 
 // Unlimiformer's search (kv_memory.h): score = scale a^2 (R(m') q)^T (I + P) k_j with P the pair rotation

@@ -7,6 +7,7 @@
 
 #include "model_cases.h"
 #include "rotary/error.h"
+#include "rotary/kv_memory.h"
 
 namespace rotary::nn {
 namespace {
@@ -270,6 +271,89 @@ TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
   refuses("rope", true, bad, "memory.prefill_chunk");
   bad = o, bad.policy = "rerope";  // window 4 < the ReRoPE window 5: memory keys nearer than w would sit at w
   refuses("rerope", true, bad, "memory_kv_cache.window");
+  bad = o, bad.reference_policy = "nearest";
+  refuses("rope", true, bad, "memory.reference_policy = nearest");
+}
+
+// reference_policy: a policy measured against itself retrieves the same rows with the same logits (overlap 1,
+// error 0); unlimiformer against exact on a RoPE model moves them (the seed's question, measured by rotary memory),
+// within the bounds a share and an absolute error have; with every row retrieved the sets agree again. The
+// reference's work changes nothing the decoder outputs.
+TEST(generate_with_memory, ReferencePolicyMeasuresTheRetrievedSetAndLogits) {
+  Transformer m = make(small_config("rope"), true);
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 3;
+  o.top_k = 4;
+  o.retrieve_in_prompt = false;
+  const std::vector<int64_t> plain = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  o.reference_policy = "exact";
+  MemoryDecodeStats same;
+  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &same), plain);
+  EXPECT_GT(same.compared_steps, 0);
+  EXPECT_EQ(same.compared_steps, same.retrieving_steps);  // every step that retrieved was compared
+  EXPECT_EQ(same.reference_overlap, 1.0);
+  EXPECT_EQ(same.logit_error, 0.0);
+  o.policy = "unlimiformer";
+  MemoryDecodeStats moved;
+  m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &moved);
+  EXPECT_EQ(moved.compared_steps, moved.retrieving_steps);
+  EXPECT_GT(moved.reference_overlap, 0.0);
+  EXPECT_LT(moved.reference_overlap, 1.0);
+  EXPECT_GT(moved.logit_error, 1e-3);
+  EXPECT_TRUE(std::isfinite(moved.logit_error));
+  o.top_k = 1000;  // every memory row: the same set, only the logits differ
+  MemoryDecodeStats all;
+  m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &all);
+  EXPECT_EQ(all.reference_overlap, 1.0);
+  EXPECT_GT(all.logit_error, 1e-3);
+}
+
+// on_retrieve sees every retrieving step of every layer: its memory, query and the rows the decoding retrieved
+// (checked against the memory's own exact search of the same query), and watching changes nothing.
+TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
+  Transformer m = make(small_config("rope"), true);
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 3;
+  o.top_k = 4;
+  o.retrieve_in_prompt = false;
+  MemoryDecodeStats plain_stats;
+  const std::vector<int64_t> plain = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &plain_stats);
+  int64_t steps = 0, rows_checked = 0;
+  std::vector<int> per_layer(size_t(m->config().n_layers));
+  o.on_retrieve = [&](const MemoryStep& s) {
+    ++steps;
+    ASSERT_GE(s.layer, 0);
+    ASSERT_LT(s.layer, m->config().n_layers);
+    ++per_layer[size_t(s.layer)];
+    ASSERT_NE(s.memory, nullptr);
+    ASSERT_EQ(s.top_k, std::min<int64_t>(o.top_k, s.memory->size()));
+    ASSERT_EQ(s.q_heads, m->config().n_heads);
+    ASSERT_EQ(s.head_dim, m->config().head_dim());
+    // The same query through the memory's exact search gives the rows shown.
+    const int64_t Hq = s.q_heads, D = s.head_dim;
+    std::vector<float> out(size_t(Hq * D), 0.0f), lse(size_t(Hq), -INFINITY);
+    std::vector<int64_t> rows(size_t(Hq * s.top_k));
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {const_cast<float*>(s.q), Hq, Hq * D, D};
+    p.q_positions = &s.position;
+    p.top_k = s.top_k;
+    p.softmax_scale = s.softmax_scale;
+    p.o = {out.data(), Hq, Hq * D, D};
+    p.lse = lse.data();
+    p.retrieved = rows.data();
+    memory_attention(*s.memory, p);
+    for (int64_t i = 0; i < Hq * s.top_k; ++i, ++rows_checked) ASSERT_EQ(rows[size_t(i)], s.retrieved[i]) << i;
+  };
+  MemoryDecodeStats watched;
+  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &watched), plain);
+  EXPECT_EQ(steps, plain_stats.retrieving_steps);
+  EXPECT_GT(steps, 0);
+  EXPECT_GT(rows_checked, 0);
+  for (int n : per_layer) EXPECT_EQ(n, steps / m->config().n_layers);
+  EXPECT_GT(watched.probe_seconds, 0.0);
 }
 
 }  // namespace

@@ -128,7 +128,8 @@ struct MemoryAttentionParams {
 };
 
 // Throws rotary::Error naming the field (empty memory, top_k outside [1, size], head counts, null pointers, a
-// candidate row outside [-1, size), a (query, head) with no candidate at all).
+// candidate row outside [-1, size)). A (query, head) whose candidates are all -1 (an index that found nothing)
+// attends to the window alone: o and lse stay as they came, its memory mass is 0.
 void validate_memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
 
 // Exact top-k over the whole memory (flat inner-product search, fp32, threads over (token, head)), softmax over
