@@ -13,6 +13,7 @@
 #include "common/lists.h"
 #include "experiments/extrapolate_eval.h"
 #include "experiments/extrapolate_report.h"
+#include "experiments/prepared_model.h"
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
 #include "rotary_nn/model.h"
@@ -42,68 +43,7 @@ std::vector<int64_t> sweep_windows(const ExtrapolateSpec& s) {
   return w;
 }
 
-// A model ready to score, with what the report says about it.
-struct Prepared {
-  ModelInfo info;
-  TrainConfig config;
-  nn::Transformer model{nullptr};
-};
-
-// Trains the run (or reuses a finished one, or continues an interrupted one) unless a checkpoint is given, then
-// loads it. Returns false when training was interrupted.
-bool prepare(const TrainConfig& run, const std::string& checkpoint, const std::string& role, bool progress,
-             Prepared& out, ExtrapolateResult& result) {
-  std::string path = checkpoint;
-  out.info.role = role;
-  out.info.heldout_loss = std::nan("");
-  if (path.empty()) {
-    std::optional<RunSummary> done = read_summary(run.out_dir);
-    if (done) {
-      nlohmann::json want = run;
-      if (want["model"].value("vocab_size", 0) == 0 && done->config.contains("model"))
-        want["model"]["vocab_size"] = done->config["model"].value("vocab_size", 0);
-      const std::string field = first_difference(done->config, want);
-      if (!field.empty())
-        throw Error("rotary: " + run.out_dir + " holds a finished run with different settings: " + field + " = " +
-                    value_at(done->config, field) + " there, " + value_at(want, field) +
-                    " here; use another --out (or delete that directory)");
-      if (progress) std::fprintf(stderr, "%s model: finished earlier (%s), reused\n", role.c_str(), run.out_dir.c_str());
-    } else {
-      if (progress) std::fprintf(stderr, "%s model: training in %s\n", role.c_str(), run.out_dir.c_str());
-      TrainOptions opts;
-      opts.resume = ResumeMode::IfPresent;
-      opts.progress = progress;
-      opts.label = role + " model";
-      TrainResult r = train::train(run, opts);
-      if (r.status == TrainStatus::Interrupted) {
-        result.interrupted = true;
-        result.signal = r.signal;
-        result.message = r.message + "; rerun the same extrapolate to continue";
-        return false;
-      }
-      if (r.status == TrainStatus::NonFinite) throw Error("rotary: the " + role + " model diverged: " + r.message);
-      done = r.summary;
-    }
-    out.info.train_seconds = done->seconds;
-    if (done->eval_loss) out.info.heldout_loss = *done->eval_loss;
-    path = checkpoint_path(run.out_dir);
-  } else {
-    path = resolve_checkpoint(path);
-  }
-  train::TrainedModel loaded = load_trained_model(path);
-  out.model = loaded.model;
-  out.config = loaded.config;
-  out.info.step = loaded.step;
-  out.info.checkpoint = loaded.checkpoint;
-  out.info.train_len = out.config.seq_len;
-  out.info.trained_logn = out.config.model.encoding.logn_train_len > 0;
-  const nn::ModelConfig& m = out.config.model;
-  out.info.description = fmt::format(
-      "task {}, d_model {} x {} layers x {} heads, {}, trained {} steps x batch {} at length {}{}", out.config.task,
-      m.d_model, m.n_layers, m.n_heads, m.resolved_encoding().rope.describe(), out.info.step, out.config.batch_size,
-      out.config.seq_len, out.info.trained_logn ? " with log-n" : "");
-  return true;
-}
+using Prepared = PreparedModel;
 
 void check_model(const Prepared& p, const ExtrapolateSpec& spec, const std::string& task) {
   const std::string who = p.info.role + " model (" + p.info.checkpoint + ")";
@@ -318,10 +258,16 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
   ExtrapolateResult result;
 
   Prepared text, kv;
-  if (!prepare(spec.text, spec.text_checkpoint, "text", progress, text, result)) return result;
+  Interruption stopped;
+  auto stop = [&] {
+    result.interrupted = true, result.signal = stopped.signal;
+    result.message = stopped.message + "; rerun the same extrapolate to continue";
+    return result;
+  };
+  if (!prepare_model(spec.text, spec.text_checkpoint, "text", progress, text, stopped)) return stop();
   check_model(text, spec, "text");
   if (spec.retrieval) {
-    if (!prepare(spec.kv, spec.kv_checkpoint, "kv", progress, kv, result)) return result;
+    if (!prepare_model(spec.kv, spec.kv_checkpoint, "kv", progress, kv, stopped)) return stop();
     check_model(kv, spec, "kv_retrieval");
   }
   use_threads(spec.threads);

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "experiments/extrapolate_methods.h"
+#include "experiments/prepared_model.h"
 #include "train/config.h"
 
 namespace rotary::experiments {
@@ -64,27 +65,10 @@ struct Cell {
   bool reused = false;      // read from cells/ of an earlier invocation
 };
 
-struct ModelInfo {
-  std::string role;         // text | kv
-  std::string checkpoint;
-  int64_t step = 0;
-  int train_len = 0;
-  bool trained_logn = false;
-  double train_seconds = 0; // from the run's summary (0 when loaded from elsewhere)
-  double heldout_loss = 0;  // at the end of training, at length L (NaN if unknown)
-  std::string description;  // one line for the report
-};
 
-struct ExtrapolateResult {
+struct ExtrapolateResult : ExperimentOutcome {
   std::vector<ModelInfo> models;
   std::vector<Cell> cells;
-  std::string report_md;
-  std::vector<std::string> plots;
-  std::string plot_problem;
-  bool interrupted = false;
-  std::string message;
-  int signal = 0;
-  double seconds = 0;
 };
 
 ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec, bool progress);

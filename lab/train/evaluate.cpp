@@ -98,6 +98,14 @@ void check_positions_suffice(const nn::ModelConfig& model, const lab::Task& task
 
 Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint64_t seed, double temperature,
                      uint64_t sample_seed) {
+  return exact_match(model, task, n, seed, sample_seed,
+                     [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t s) {
+                       return model->generate(prompt, max_new, temperature, stop_id, s);
+                     });
+}
+
+Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint64_t seed, uint64_t sample_seed,
+                     const GenerateFn& generate) {
   torch::NoGradGuard no_grad;
   const bool was_training = model->is_training();
   model->eval();
@@ -112,7 +120,7 @@ Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint6
     // tokens without producing the stop and is scored wrong, as is one that stops early.
     const int answer_tokens = static_cast<int>(task.vocab().encode(p.answer).size());
     const int max_new = answer_tokens + (stop_id >= 0 ? 1 : 0);
-    std::vector<int64_t> gen = model->generate(prompt, max_new, temperature, stop_id, sample_seed + i);
+    std::vector<int64_t> gen = generate(prompt, max_new, stop_id, sample_seed + i);
     std::vector<int32_t> gen32(gen.begin(), gen.end());
     ProblemResult r{p.prompt, p.answer, task.vocab().decode(gen32), false};
     // generate() leaves the stop token out; fewer tokens than asked for means it produced it.

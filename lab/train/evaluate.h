@@ -2,6 +2,7 @@
 // position) and exact-match accuracy through the KV-cache decoder.
 #pragma once
 
+#include <functional>
 #include <torch/torch.h>
 
 #include <cstdint>
@@ -52,6 +53,12 @@ struct Accuracy {
 // 0 = greedy; otherwise sampling with seed sample_seed + i) at most the answer's tokens + the stop token.
 Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint64_t seed, double temperature,
                      uint64_t sample_seed);
+// The same with another decoder (a retrieval memory's, rotary memory): generate(prompt, max_new, stop_id, seed)
+// returns the generated ids without the stop, as TransformerImpl::generate does.
+using GenerateFn = std::function<std::vector<int64_t>(const std::vector<int64_t>& prompt, int max_new,
+                                                      int64_t stop_id, uint64_t seed)>;
+Accuracy exact_match(nn::Transformer& model, const lab::Task& task, int n, uint64_t seed, uint64_t sample_seed,
+                     const GenerateFn& generate);
 
 // The token id of the task's stop string, or -1 if it is not a single token (then generation runs to max_new).
 int64_t stop_token(const lab::Task& task);

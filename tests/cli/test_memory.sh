@@ -1,0 +1,86 @@
+#!/bin/bash
+# `rotary memory` end to end on a tiny passkey model (ReRoPE, L = 128, 6 steps) tested at 128 and 256 through
+# every memory policy at two top-k, with the trained and a RoPE-method baseline, and the flat and IVF indexes'
+# recall on its memory: the accuracy table, the memory and index tables, results.csv and the PNGs; a rerun
+# reuses the model and every cell; a killed run's cell file that is cut short is recomputed; bad input exits 2
+# naming the field, before any training.
+#
+# usage: bash test_memory.sh <rotary binary> <source dir>
+set -u
+ROTARY=${1:?usage: test_memory.sh <rotary binary> <source dir>}
+W=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$W"' EXIT
+fails=0
+fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
+
+[ -x "$ROTARY" ] || { echo "FAIL: no rotary binary at $ROTARY"; exit 1; }
+if ! "$ROTARY" memory --help > /dev/null 2>&1; then
+  echo "SKIP: this rotary has no memory command (built without libtorch)"
+  exit 0
+fi
+
+BASE=(--d-model 32 --n-layers 1 --n-heads 2 --seq-len 128 --batch-size 2 --steps 6 --eval-interval 0
+      --eval-batches 1 --eval-problems 2 --threads 1 --lengths 1,2 --problems 2 --full-max 2)
+TINY=("${BASE[@]}" --window 64 --top-k 4,16 --out "$W/m")
+# 2 lengths x (4 policies x 2 top-k + 1 baseline + 2 indexes x 2 top-k).
+CELLS=26
+if "$ROTARY" memory "${TINY[@]}" > "$W/out" 2> "$W/err"; then
+  grep -q "^| method | 128 (1L) | 256 (2L) |$" "$W/out" || fail "no accuracy table header: $(head -12 "$W/out")"
+  for row in "full context, trained" "memory exact (top-4)" "memory rerope (top-16)" "memory none (top-4)" \
+             "memory unlimiformer (top-16)"; do
+    grep -q "^| $row | [0-9.]*% | [0-9.]*% |$" "$W/out" || fail "no row '$row': $(cat "$W/out")"
+  done
+  # The memory table: memory tokens per layer are the prompt minus the window's W..2W-1 tokens; mass in [0, 1];
+  # the rerope rows are the ReRoPE model's own policy (no overlap), the others overlap its top-k by a share.
+  awk -F'|' '/^\| memory / && $3 + 0 > 0 { n++; if ($5 < 0 || $5 > 1 || $4 + 0 < 1 || $4 + 0 > $3 - 64) bad++
+               if ($2 ~ /rerope/) { if ($8 !~ /-/) bad++ } else if ($8 !~ /[0-9]/ || $8 < 0 || $8 > 1 || $9 < 0) bad++ }
+             END { exit bad > 0 || n != 16 }' "$W/out" && echo "ok: memory table" || fail "memory table: $(cat "$W/out")"
+  # The index table: FAISS flat proposes the exact top-k (recall 1 by score), IVF some share;
+  # both timed against the exact scan.
+  awk -F'|' '/^\| (flat|ivf) index / { n++; if ($5 !~ /[0-9]/ || $5 < 0 || $5 > 1 || $7 <= 0 || $8 <= 0) bad++
+               if ($2 ~ /flat/ && $5 != 1) bad++ }
+             END { exit bad > 0 || n != 8 }' "$W/out" && echo "ok: index table" || fail "index table: $(cat "$W/out")"
+  [ "$(tail -n +2 "$W/m/results.csv" | wc -l)" = $CELLS ] || fail "results.csv rows: $(cat "$W/m/results.csv")"
+  if command -v gnuplot > /dev/null; then
+    for p in accuracy_vs_length latency_vs_memory search_vs_memory; do
+      [ "$(head -c 4 "$W/m/$p.png" 2> /dev/null | tail -c 3)" = PNG ] || fail "$p.png missing or not a PNG"
+    done
+  fi
+  echo "ok: memory tiny run"
+else
+  fail "memory exited $?: $(tail -5 "$W/err")"
+fi
+
+# Rerun: the model and every cell are reused; a cell file cut short (a run killed while writing) is recomputed.
+cell=$(ls "$W/m/cells/T256/"memory_exact_k4.json)
+head -c 20 "$cell" > "$cell.cut" && mv "$cell.cut" "$cell"
+"$ROTARY" memory "${TINY[@]}" > "$W/out2" 2> "$W/err2" || fail "rerun exited $?: $(tail -3 "$W/err2")"
+[ "$(grep -c "finished earlier (.*), reused" "$W/err2")" = 1 ] && [ "$(grep -c ": done earlier$" "$W/err2")" = $((CELLS - 1)) ] &&
+  echo "ok: rerun reuses the model and the whole cells" || fail "rerun: $(cat "$W/err2")"
+# The accuracy table (the memory table's timings are measured again for the recomputed cell).
+cmp -s <(grep "% |$" "$W/out") <(grep "% |$" "$W/out2") || fail "rerun accuracy tables differ"
+
+# A RoPE model with the extrapolation methods as baselines.
+"$ROTARY" memory "${BASE[@]}" --encoding rope --baselines trained,yarn,rerope --policies exact --top-k 4 \
+  --memory-window 32 --out "$W/rope" > "$W/rout" 2> "$W/rerr" &&
+  grep -q "^| full context, yarn | [0-9.]*% | [0-9.]*% |$" "$W/rout" && echo "ok: RoPE model with baselines" ||
+  fail "rope model: $(tail -5 "$W/rerr")"
+
+# Bad input: exit 2 and a message naming the field, nothing trained.
+expect_error() {  # <what grep must find> <extra flags...>
+  local want=$1; shift
+  "$ROTARY" memory "${TINY[@]}" --out "$W/bad" "$@" > /dev/null 2> "$W/berr"
+  local code=$?
+  [ $code = 2 ] && grep -q -- "$want" "$W/berr" && echo "ok: refused $*" || fail "$* gave $code: $(cat "$W/berr")"
+}
+expect_error "policies = nearest is invalid" --policies exact,nearest
+expect_error "baselines = rope is invalid" --baselines rope
+expect_error "lengths = 0 is invalid" --lengths 0,2
+expect_error "task = addition is invalid" --task addition
+expect_error "window = 200 is invalid" --memory-window 200
+expect_error "encoding.kind = roper is invalid" --encoding roper
+expect_error "indexes = annoy is invalid" --indexes flat,annoy
+[ ! -d "$W/bad/model" ] || fail "a refused run started training"
+
+echo "$fails failed"
+[ "$fails" = 0 ]
