@@ -639,7 +639,8 @@ void MemoryKvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, co
 }
 
 void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o,
-                           double softmax_scale, float* memory_mass, int64_t* retrieved, int threads) const {
+                           double softmax_scale, float* memory_mass, int64_t* retrieved, int threads,
+                           const int64_t* candidates) const {
   const Impl& m = *impl_;
   check(m.window->size() > 0, "memory_kv_cache size", 0, "> 0 (append before decoding)");
   check(top_k >= 0, "memory_kv_cache.decode top_k", top_k, ">= 0 (0: the window alone)");
@@ -670,6 +671,7 @@ void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, co
   mp.retrieved = rows.data();
   mp.memory_mass = memory_mass;
   mp.threads = threads;
+  mp.candidates = candidates;
   memory_attention(*m.memory, mp);
   if (retrieved)
     for (int64_t h = 0; h < Hq; ++h) std::copy_n(rows.data() + h * k, k, retrieved + h * top_k);

@@ -54,6 +54,7 @@ nlohmann::json cell_settings(const PreparedModel& p, const MemorySpec& spec, con
                    {"problems", c.kind == "index" ? spec.index_problems : spec.problems},
                    {"eval_seed", spec.eval_seed}};
   j["model_config"].erase("out_dir");
+  if (c.kind == "index") j["decoded_through_index"] = true;  // index cells before this measured exact decoding
   return j;
 }
 
@@ -92,15 +93,15 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
-// MemoryDecodeOptions::on_retrieve for an index cell: each retrieving step of each layer, the same query searched
-// through a FAISS index over the layer's memory (built at the prompt's first retrieving step, synced after), its
-// candidates scored exactly by memory_attention; recall of the exact search's rows, and both steps timed alone
-// (scratch outputs: the decoding itself used the exact rows).
+// MemoryDecodeOptions::search for an index cell: at each retrieving step of each layer the query is searched
+// through a FAISS index over the layer's memory (built at the prompt's first retrieving step, synced after), and
+// the decoding attends to its candidates. Beside that, on scratch outputs, the exact scan and the index's step
+// (candidates + memory_attention over them) are timed alone, and the candidates' recall of the exact top-k taken.
 class IndexProbe {
  public:
   explicit IndexProbe(const std::string& kind) { config_.kind = kind; }
   void new_prompt() { indexes_.clear(); }
-  void operator()(const nn::MemoryStep& s) {
+  void operator()(const nn::MemoryStep& s, int64_t* proposed) {
     if (indexes_.size() <= size_t(s.layer)) indexes_.resize(size_t(s.layer) + 1);
     std::unique_ptr<lab::MemoryIndex>& index = indexes_[size_t(s.layer)];
     auto t0 = Clock::now();
@@ -138,6 +139,7 @@ class IndexProbe {
     p.candidates = candidates.data();
     memory_attention(*s.memory, p);
     index_ms_.push_back(1e3 * seconds_since(t0));
+    std::copy(candidates.begin(), candidates.end(), proposed);
 
     // Recall by score: a proposed row counts when its exact score reaches the exact k-th best (within fp32
     // rounding of the two scoring paths). Keys repeat (a layer's first keys are functions of the token), and among
@@ -222,7 +224,7 @@ class MemoryCellRunner {
       p_.model->set_override({});
       IndexProbe probe(c.name);
       nn::MemoryDecodeOptions o = memory_options(own, c.top_k);
-      o.on_retrieve = [&probe](const nn::MemoryStep& s) { probe(s); };
+      o.search = [&probe](const nn::MemoryStep& s, int64_t* candidates) { probe(s, candidates); };
       c.reference = own;
       acc = exact_match(p_.model, *task, spec_.index_problems, spec_.eval_seed, spec_.eval_seed,
                         [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
@@ -284,10 +286,10 @@ class MemoryCellRunner {
         what += fmt::format(", {:.3f} of {}'s top-k, |logit error| {:.3f}", c.reference_overlap, c.reference,
                             c.logit_error);
       if (c.kind == "index")
-        what = fmt::format("recall@{} {:.3f} of {}'s exact top-k over {} prompts, build {:.2f} s per layer, "
-                           "{:.3f} ms per step against {:.3f} exact ({:.0f} memory tokens)",
-                           c.top_k, c.recall, c.reference, c.problems, c.build_seconds, c.index_step_ms,
-                           c.exact_step_ms, c.memory_tokens);
+        what = fmt::format("exact match {:.1f}% of {} through the index, recall@{} {:.3f} of {}'s exact top-k, "
+                           "build {:.2f} s per layer, {:.3f} ms per step against {:.3f} exact ({:.0f} memory tokens)",
+                           100 * c.accuracy, c.problems, c.top_k, c.recall, c.reference, c.build_seconds,
+                           c.index_step_ms, c.exact_step_ms, c.memory_tokens);
       std::fprintf(stderr, "%s: %s (%.1f s)\n", label.c_str(), what.c_str(), c.seconds);
     }
     return c;
@@ -373,21 +375,21 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
       index_rows.push_back(row_label(c));
   if (!index_rows.empty()) {
     md << "\n## Approximate search on the model's own keys\n\n"
-       << fmt::format("The model's own policy; for the first {} prompts of each length, every answer step's query "
-                      "(each layer) searched again through a FAISS index over the layer's memory (lab/memory, the "
-                      "index's defaults): recall of the exact top-k rows, the index's build time per layer, and one "
-                      "layer's memory attention for one token through the index's candidates against the exact "
-                      "scan (medians, {}). Recall counts a proposed row when its exact score reaches the exact "
+       << fmt::format("The model's own policy; the first {} prompts of each length decoded through a FAISS index "
+                      "over each layer's memory (lab/memory, the index's defaults): every answer step attends to the "
+                      "index's candidates. Exact match that way, recall of the exact top-k rows, the index's build "
+                      "time per layer, and one layer's memory attention for one token through the index's candidates "
+                      "against the exact scan (medians, {}). Recall counts a proposed row when its exact score reaches the exact "
                       "k-th best: keys repeat (a first layer's keys are functions of the character), and among "
                       "equal scores which rows a search keeps is arbitrary.\n\n",
                       spec.index_problems,
                       spec.threads == 0 ? std::string("all cores") : fmt::format("{} threads", spec.threads))
-       << "| index | length | memory tokens per layer | recall@k | build s per layer | exact ms / step | index ms / step "
-          "| x exact |\n|---|---:|---:|---:|---:|---:|---:|---:|\n";
+       << "| index | length | memory tokens per layer | exact match | recall@k | build s per layer | exact ms / step "
+          "| index ms / step | x exact |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const MemoryCell& c : r.cells)
       if (c.kind == "index")
         md << "| " << row_label(c) << " | " << c.test_len << " | " << num(c.memory_tokens, "{:.0f}") << " | "
-           << num(c.recall) << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
+           << fmt::format("{:.1f}% of {}", 100 * c.accuracy, c.problems) << " | " << num(c.recall) << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
            << num(c.index_step_ms) << " | " << num(c.exact_step_ms / c.index_step_ms, "{:.2f}") << " |\n";
   }
   md << "\n![exact match against length](accuracy_vs_length.png)\n\n"

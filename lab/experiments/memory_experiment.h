@@ -11,8 +11,9 @@
 // the memory's tokens, wall time per answer token (the steps that search the memory), the key's distance from the
 // end of the prompt.
 //
-// Index cells measure FAISS indexes (lab/memory) on the model's own memory: each answer step's query searched again
-// through the index, its recall of the exact top-k and its speed against the exact scan.
+// Index cells decode through FAISS indexes (lab/memory) over the model's own memory: each answer step attends to
+// the index's candidates; exact match that way, the candidates' recall of the exact top-k, and the speed of one
+// step against the exact scan.
 //
 // Layout of <out>: model/ (the trainer's run directory, resumable), cells/ (one JSON per (kind, name, top-k,
 // length): a rerun skips cells whose settings match), results.csv, report.md, accuracy_vs_length.png,
@@ -45,10 +46,10 @@ struct MemorySpec {
   int64_t window = 0;               // W: tokens per layer kept exact (0: L / 2, at least a ReRoPE model's window);
                                     // also the rerope baseline's window
   int problems = 10;                // prompts per cell
-  // Approximate search on the model's real keys: with the model's own policy, for the first index_problems prompts
-  // of each length, each answer step's query (every layer) is searched again in these FAISS indexes over the layer's
-  // memory (lab/memory/memory_index.h: flat, hnsw, ivf at their defaults): recall of the exact top-k, the index's
-  // build time, and one step's memory attention through the index against the exact scan. Empty: none.
+  // Approximate search on the model's real keys: with the model's own policy, the first index_problems prompts of
+  // each length decoded through each of these FAISS indexes over every layer's memory (lab/memory/memory_index.h:
+  // flat, hnsw, ivf at their defaults): exact match, recall of the exact top-k, the index's build time, and one
+  // step's memory attention through the index against the exact scan. Empty: none.
   std::vector<std::string> indexes{"flat", "ivf"};
   int index_problems = 3;
   uint64_t eval_seed = 1234;
@@ -79,7 +80,8 @@ struct MemoryCell {
   std::string reference;
   double reference_overlap = 0;  // share of the reference's top-k rows this policy retrieved
   double logit_error = 0;        // mean |logit - reference logit| of the rows it retrieved (scaled logits)
-  // index: over every answer step and layer of index_problems prompts, the model's own policy (`reference`)
+  // index: decoding through the index's candidates (accuracy: exact match that way) with the model's own policy
+  // (`reference`), over every answer step and layer of index_problems prompts
   double recall = 0;             // share of the exact top-k rows (every query head) the index proposed
   double build_seconds = 0;      // building one layer's index over its memory (all kv heads), mean
   double exact_step_ms = 0;      // one layer's memory attention for one token, exact scan (median)

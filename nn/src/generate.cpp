@@ -116,8 +116,8 @@ class MemoryCache final : public LayerCache {
  public:
   MemoryCache(const MemoryDecodeOptions& o, int layer, int64_t kv_heads, int64_t head_dim, const PositionContext& pc,
               const bool& retrieve, MemoryDecodeStats& stats)
-      : top_k_(o.top_k), layer_(layer), on_retrieve_(o.on_retrieve), scale_(pc.softmax_scale), retrieve_(retrieve),
-        stats_(stats) {
+      : top_k_(o.top_k), layer_(layer), on_retrieve_(o.on_retrieve), search_(o.search), scale_(pc.softmax_scale),
+        retrieve_(retrieve), stats_(stats) {
     const torch_ops::AttentionPosition ap = fused_attention_position(pc);
     check(!ap.roper, "encoding.kind", "roper", "rope, rerope or leaky_rerope (decoding with a memory)");
     MemoryKvCacheConfig c;
@@ -153,8 +153,14 @@ class MemoryCache final : public LayerCache {
     const int k = retrieve_ ? top_k_ : 0;
     const int64_t pos = q_position.item<int64_t>();
     std::vector<int64_t> got(static_cast<size_t>(Hq * std::max(k, 1)));
+    std::vector<int64_t> candidates;  // from `search`: [Hq, min(k, memory size)]
+    if (k > 0 && search_ && cache_->memory().size() > 0) {
+      const MemoryStep step = step_of(q2, pos, k);
+      candidates.assign(static_cast<size_t>(Hq * step.top_k), -1);
+      search_(step, candidates.data());
+    }
     cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {out.data_ptr<float>(), Hq, Hq * D, D}, scale_,
-                   mass.data(), got.data());
+                   mass.data(), got.data(), 0, candidates.empty() ? nullptr : candidates.data());
     if (k > 0 && reference_ && cache_->memory().size() > 0) compare(q2, pos, k, got);
     if (k > 0 && on_retrieve_ && cache_->memory().size() > 0) probe(q2, pos, k, got);
     if (k > 0 && cache_->memory().size() > 0) {
@@ -259,8 +265,8 @@ class MemoryCache final : public LayerCache {
   }
 
   // MemoryDecodeOptions::on_retrieve with this step. `got` holds top_k rows per head, -1 past the memory's size.
-  void probe(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
-    const auto t0 = std::chrono::steady_clock::now();
+  // The step as MemoryDecodeOptions' hooks see it (without the rows attended). q [Hq, D].
+  MemoryStep step_of(const torch::Tensor& q, int64_t pos, int k) const {
     MemoryStep step;
     step.layer = layer_;
     step.memory = &cache_->memory();
@@ -271,6 +277,11 @@ class MemoryCache final : public LayerCache {
     step.query_origin = cache_->config().policy == MemoryPolicy::Unlimiformer ? cache_->query_origin(pos) : 0;
     step.softmax_scale = scale_;
     step.top_k = int(std::min<int64_t>(k, cache_->memory().size()));
+    return step;
+  }
+  void probe(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
+    const auto t0 = std::chrono::steady_clock::now();
+    MemoryStep step = step_of(q, pos, k);
     std::vector<int64_t> rows(size_t(step.q_heads * step.top_k));
     for (int64_t h = 0; h < step.q_heads; ++h)
       std::copy_n(got.data() + h * k, step.top_k, rows.data() + h * step.top_k);
@@ -284,6 +295,7 @@ class MemoryCache final : public LayerCache {
   int top_k_;
   int layer_;
   std::function<void(const MemoryStep&)> on_retrieve_;
+  std::function<void(const MemoryStep&, int64_t*)> search_;
   double scale_;
   const bool& retrieve_;
   MemoryDecodeStats& stats_;

@@ -539,6 +539,17 @@ TEST(MemoryKvCache, StepByStepEqualsFullAttentionWithAllOfMemory) {
       if (in_memory == 0) {
         for (float m : mass) ASSERT_EQ(m, 0.f);
       }
+      if (in_memory >= 3) {  // an index's candidates: the exact best 3 in reverse give the exact top-3's output
+        std::vector<float> o_top(o.size()), o_cand(o.size());
+        std::vector<int64_t> top(size_t(s.Hq * 3)), cand(size_t(s.Hq * 3)), got(size_t(s.Hq * 3));
+        const HeadsView top_v{o_top.data(), s.Hq, s.Hq * s.D, s.D}, cand_v{o_cand.data(), s.Hq, s.Hq * s.D, s.D};
+        cache.decode(qv, q_pos, 3, top_v, 0, nullptr, top.data());
+        for (int64_t h = 0; h < s.Hq; ++h)
+          for (int i = 0; i < 3; ++i) cand[size_t(h * 3 + i)] = top[size_t(h * 3 + 2 - i)];
+        cache.decode(qv, q_pos, 3, cand_v, 0, nullptr, got.data(), 0, cand.data());
+        ASSERT_LT(max_abs_diff(o_cand, o_top), 1e-6) << "step " << t;
+        ASSERT_EQ(got, top) << "step " << t;
+      }
       // The window alone.
       cache.decode(qv, q_pos, 0, ov);
       std::vector<float> o_win, lse_win;

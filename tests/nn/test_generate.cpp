@@ -356,5 +356,44 @@ TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
   EXPECT_GT(watched.probe_seconds, 0.0);
 }
 
+// MemoryDecodeOptions::search replaces the exact scan: proposing the exact top-k (reversed) decodes the exact
+// tokens; proposing nothing decodes what the window alone decodes (top_k = 0).
+TEST(generate_with_memory, SearchHookProposesTheRowsAttended) {
+  Transformer m = make(small_config("rope"), true);
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 3;
+  o.top_k = 4;
+  o.retrieve_in_prompt = false;
+  const std::vector<int64_t> exact = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  int64_t searches = 0;
+  o.search = [&](const MemoryStep& s, int64_t* candidates) {
+    ++searches;
+    ASSERT_EQ(s.retrieved, nullptr);
+    const int64_t Hq = s.q_heads, D = s.head_dim, k = s.top_k;
+    std::vector<float> out(size_t(Hq * D), 0.0f), lse(size_t(Hq), -INFINITY);
+    std::vector<int64_t> rows(size_t(Hq * k));
+    MemoryAttentionParams p;
+    p.tokens = 1;
+    p.q = {const_cast<float*>(s.q), Hq, Hq * D, D};
+    p.q_positions = &s.position;
+    p.top_k = int(k);
+    p.softmax_scale = s.softmax_scale;
+    p.o = {out.data(), Hq, Hq * D, D};
+    p.lse = lse.data();
+    p.retrieved = rows.data();
+    memory_attention(*s.memory, p);
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < k; ++i) candidates[h * k + i] = rows[size_t(h * k + k - 1 - i)];
+  };
+  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), exact);
+  EXPECT_GT(searches, 0);
+  o.search = [](const MemoryStep&, int64_t*) {};  // proposes nothing: every head attends to its window
+  const std::vector<int64_t> none = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  o.search = nullptr;
+  o.top_k = 0;
+  EXPECT_EQ(none, m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o));
+}
+
 }  // namespace
 }  // namespace rotary::nn

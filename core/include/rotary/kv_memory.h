@@ -164,9 +164,12 @@ class MemoryKvCache {
   void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions);
   // One query token q [Hq, D] at q_position (>= the last position): o [Hq, D]. top_k memory keys per head (0:
   // the window alone; more than the memory holds: all of it). Optional outputs per head: the share of the softmax
-  // mass on the memory ([Hq]) and the memory rows retrieved ([Hq, top_k], -1 past what there is).
+  // mass on the memory ([Hq]) and the memory rows retrieved ([Hq, top_k], -1 past what there is). `candidates`
+  // ([Hq, min(top_k, memory size)], rows or -1): the rows an index proposed, attended instead of the exact top-k
+  // (MemoryAttentionParams::candidates); null: the exact search.
   void decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o, double softmax_scale = 0,
-              float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0) const;
+              float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0,
+              const int64_t* candidates = nullptr) const;
 
   // Policy Unlimiformer's query origin: the position of the first query that retrieved. The first call fixes it
   // at `position` (decode() calls it when it retrieves; a chunked prefill that retrieves calls it too); later calls

@@ -79,7 +79,7 @@ struct MemoryStep {
   int64_t query_origin = 0;                  // MemoryAttentionParams::query_origin for this step
   double softmax_scale = 0;
   int top_k = 0;                             // min(top_k, memory size)
-  const int64_t* retrieved = nullptr;        // [q_heads, top_k] the exact search's rows, best first
+  const int64_t* retrieved = nullptr;        // [q_heads, top_k] the rows attended, best first (on_retrieve only)
 };
 
 struct MemoryDecodeOptions {
@@ -95,6 +95,11 @@ struct MemoryDecodeOptions {
   // Set: called at every token-by-token step that retrieves, per layer, after the step (its time is not counted
   // in MemoryDecodeStats::answer_seconds). rotary memory measures an approximate index's recall with it.
   std::function<void(const MemoryStep&)> on_retrieve;
+  // Set: at every token-by-token step that retrieves, the memory rows each layer attends to come from this search
+  // instead of the exact scan (an approximate index, lab/memory): fill candidates [q_heads, top_k] with memory
+  // rows or -1 (none); they are scored exactly, and a head with none attends to the window alone. Its time counts
+  // in answer_seconds. Prefill chunks that retrieve (retrieve_in_prompt) still scan exactly.
+  std::function<void(const MemoryStep&, int64_t* candidates)> search;
 };
 struct MemoryDecodeStats {
   int64_t retrieving_steps = 0;   // (token, layer) steps that searched the memory
