@@ -152,7 +152,8 @@ class MemoryCache final : public LayerCache {
     std::vector<float> mass(static_cast<size_t>(Hq));
     const int k = retrieve_ ? top_k_ : 0;
     const int64_t pos = q_position.item<int64_t>();
-    std::vector<int64_t> got(static_cast<size_t>(Hq * std::max(k, 1)));
+    // The rows attended, for the reference comparison and on_retrieve only.
+    std::vector<int64_t> got(reference_ || on_retrieve_ ? static_cast<size_t>(Hq * std::max(k, 1)) : 0);
     std::vector<int64_t> candidates;  // from `search`: [Hq, min(k, memory size)]
     if (k > 0 && search_ && cache_->memory().size() > 0) {
       const MemoryStep step = step_of(q2, pos, k);
@@ -160,7 +161,7 @@ class MemoryCache final : public LayerCache {
       search_(step, candidates.data());
     }
     cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {out.data_ptr<float>(), Hq, Hq * D, D}, scale_,
-                   mass.data(), got.data(), 0, candidates.empty() ? nullptr : candidates.data());
+                   mass.data(), got.empty() ? nullptr : got.data(), 0, candidates.empty() ? nullptr : candidates.data());
     if (k > 0 && reference_ && cache_->memory().size() > 0) compare(q2, pos, k, got);
     if (k > 0 && on_retrieve_ && cache_->memory().size() > 0) probe(q2, pos, k, got);
     if (k > 0 && cache_->memory().size() > 0) {
@@ -264,7 +265,6 @@ class MemoryCache final : public LayerCache {
     stats_.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
-  // MemoryDecodeOptions::on_retrieve with this step. `got` holds top_k rows per head, -1 past the memory's size.
   // The step as MemoryDecodeOptions' hooks see it (without the rows attended). q [Hq, D].
   MemoryStep step_of(const torch::Tensor& q, int64_t pos, int k) const {
     MemoryStep step;
@@ -279,6 +279,7 @@ class MemoryCache final : public LayerCache {
     step.top_k = int(std::min<int64_t>(k, cache_->memory().size()));
     return step;
   }
+  // MemoryDecodeOptions::on_retrieve with this step. `got` holds top_k rows per head, -1 past the memory's size.
   void probe(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
     const auto t0 = std::chrono::steady_clock::now();
     MemoryStep step = step_of(q, pos, k);
@@ -440,6 +441,15 @@ namespace rotary::nn {
 namespace {
 
 // The memory decoder's checks, before anything runs.
+// The decoder sums the per-step statistics; callers get their means over the steps that produced them.
+void average_over_steps(MemoryDecodeStats& s) {
+  if (s.retrieving_steps > 0) s.memory_mass /= double(s.retrieving_steps);
+  if (s.compared_steps > 0) {
+    s.reference_overlap /= double(s.compared_steps);
+    s.logit_error /= double(s.compared_steps);
+  }
+}
+
 void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, const MemoryDecodeOptions& o) {
   check(c.attention == "softmax" && c.fused, "attention", c.fused ? c.attention : "softmax (fused = false)",
         "softmax with fused = true (decoding with a memory runs the core's decoder)");
@@ -509,11 +519,7 @@ std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int
     stats->answer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - answer_start).count() -
                             (dec.stats.reference_seconds + dec.stats.probe_seconds - aside_before);
     stats->answer_tokens = fed;
-    if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
-    if (stats->compared_steps > 0) {
-      stats->reference_overlap /= double(stats->compared_steps);
-      stats->logit_error /= double(stats->compared_steps);
-    }
+    average_over_steps(*stats);
   }
   return out;
 }
@@ -537,11 +543,7 @@ torch::Tensor TransformerImpl::decode_logits_with_memory(const std::vector<int64
   }
   if (stats) {
     *stats = dec.stats;
-    if (stats->retrieving_steps > 0) stats->memory_mass /= double(stats->retrieving_steps);
-    if (stats->compared_steps > 0) {
-      stats->reference_overlap /= double(stats->compared_steps);
-      stats->logit_error /= double(stats->compared_steps);
-    }
+    average_over_steps(*stats);
   }
   return torch::cat(parts, 1)[0];
 }

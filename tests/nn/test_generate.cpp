@@ -309,6 +309,24 @@ TEST(generate_with_memory, ReferencePolicyMeasuresTheRetrievedSetAndLogits) {
   EXPECT_GT(all.logit_error, 1e-3);
 }
 
+// The rows the memory's exact search retrieves for a step's query: [q_heads, top_k], best first.
+std::vector<int64_t> exact_rows(const MemoryStep& s) {
+  const int64_t Hq = s.q_heads, D = s.head_dim;
+  std::vector<float> out(size_t(Hq * D), 0.0f), lse(size_t(Hq), -INFINITY);
+  std::vector<int64_t> rows(size_t(Hq * s.top_k));
+  MemoryAttentionParams p;
+  p.tokens = 1;
+  p.q = {const_cast<float*>(s.q), Hq, Hq * D, D};
+  p.q_positions = &s.position;
+  p.top_k = s.top_k;
+  p.softmax_scale = s.softmax_scale;
+  p.o = {out.data(), Hq, Hq * D, D};
+  p.lse = lse.data();
+  p.retrieved = rows.data();
+  memory_attention(*s.memory, p);
+  return rows;
+}
+
 // on_retrieve sees every retrieving step of every layer: its memory, query and the rows the decoding retrieved
 // (checked against the memory's own exact search of the same query), and watching changes nothing.
 TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
@@ -332,20 +350,8 @@ TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
     ASSERT_EQ(s.q_heads, m->config().n_heads);
     ASSERT_EQ(s.head_dim, m->config().head_dim());
     // The same query through the memory's exact search gives the rows shown.
-    const int64_t Hq = s.q_heads, D = s.head_dim;
-    std::vector<float> out(size_t(Hq * D), 0.0f), lse(size_t(Hq), -INFINITY);
-    std::vector<int64_t> rows(size_t(Hq * s.top_k));
-    MemoryAttentionParams p;
-    p.tokens = 1;
-    p.q = {const_cast<float*>(s.q), Hq, Hq * D, D};
-    p.q_positions = &s.position;
-    p.top_k = s.top_k;
-    p.softmax_scale = s.softmax_scale;
-    p.o = {out.data(), Hq, Hq * D, D};
-    p.lse = lse.data();
-    p.retrieved = rows.data();
-    memory_attention(*s.memory, p);
-    for (int64_t i = 0; i < Hq * s.top_k; ++i, ++rows_checked) ASSERT_EQ(rows[size_t(i)], s.retrieved[i]) << i;
+    const std::vector<int64_t> rows = exact_rows(s);
+    for (int64_t i = 0; i < s.q_heads * s.top_k; ++i, ++rows_checked) ASSERT_EQ(rows[size_t(i)], s.retrieved[i]) << i;
   };
   MemoryDecodeStats watched;
   EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &watched), plain);
@@ -370,19 +376,8 @@ TEST(generate_with_memory, SearchHookProposesTheRowsAttended) {
   o.search = [&](const MemoryStep& s, int64_t* candidates) {
     ++searches;
     ASSERT_EQ(s.retrieved, nullptr);
-    const int64_t Hq = s.q_heads, D = s.head_dim, k = s.top_k;
-    std::vector<float> out(size_t(Hq * D), 0.0f), lse(size_t(Hq), -INFINITY);
-    std::vector<int64_t> rows(size_t(Hq * k));
-    MemoryAttentionParams p;
-    p.tokens = 1;
-    p.q = {const_cast<float*>(s.q), Hq, Hq * D, D};
-    p.q_positions = &s.position;
-    p.top_k = int(k);
-    p.softmax_scale = s.softmax_scale;
-    p.o = {out.data(), Hq, Hq * D, D};
-    p.lse = lse.data();
-    p.retrieved = rows.data();
-    memory_attention(*s.memory, p);
+    const int64_t Hq = s.q_heads, k = s.top_k;
+    const std::vector<int64_t> rows = exact_rows(s);
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i = 0; i < k; ++i) candidates[h * k + i] = rows[size_t(h * k + k - 1 - i)];
   };
