@@ -31,6 +31,7 @@ const char* angles_simd_target();
 const char* decode_simd_target();
 const char* attention_forward_simd_target();
 const char* attention_backward_simd_target();
+const char* linear_simd_target();
 
 // The target ROTARY_SIMD_TARGET caps dispatch at (a Highway bit), or 0 when it is unset or "best".
 int64_t simd_target_ceiling();

@@ -1,7 +1,12 @@
 // lab/common/machine.cpp
 #include "common/machine.h"
 
+#include <omp.h>
+
+#include <algorithm>
+#include <chrono>
 #include <fstream>
+#include <vector>
 
 namespace rotary::lab {
 
@@ -11,6 +16,32 @@ std::string cpu_model() {
   while (std::getline(in, line))
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
+}
+
+}  // namespace rotary::lab
+
+namespace rotary::lab {
+
+double read_bandwidth(int64_t bytes, int threads) {
+  const int64_t words = std::max<int64_t>(bytes / 8, 1024);
+  std::vector<uint64_t> buffer(static_cast<size_t>(words));
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t i = 0; i < words; ++i) buffer[size_t(i)] = uint64_t(i) * 0x9e3779b97f4a7c15ull;  // pages touched
+  double best = 0;
+  uint64_t sink = 0;
+  for (int pass = 0; pass < 5; ++pass) {
+    const auto t0 = std::chrono::steady_clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel for schedule(static) num_threads(nt) reduction(+ : sum)
+    for (int64_t i = 0; i < words; ++i) sum += buffer[size_t(i)];
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    sink += sum;
+    best = std::max(best, double(words * 8) / s);
+  }
+  volatile uint64_t keep = sink;  // the sums are used: no pass can be left out
+  (void)keep;
+  return best;
 }
 
 }  // namespace rotary::lab

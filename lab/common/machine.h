@@ -1,11 +1,22 @@
 // lab/common/machine.h: what the benchmarks record about the machine they ran on.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace rotary::lab {
 
 // The "model name" of /proc/cpuinfo's first processor; "unknown" without one.
 std::string cpu_model();
+
+}  // namespace rotary::lab
+
+namespace rotary::lab {
+
+// The rate (bytes per second) at which `threads` threads (0: OpenMP's default) read a buffer of `bytes` that no
+// cache holds, the best of a few passes: the memory bus's read speed, which a bandwidth-bound kernel (a decode
+// step's matrix-vector products) is measured against. Each thread sums its share as 64-bit integers (a loop the
+// compiler vectorises), so the probe reads and does nothing else.
+double read_bandwidth(int64_t bytes, int threads);
 
 }  // namespace rotary::lab

@@ -194,26 +194,26 @@ void validate(const PerplexitySpec& spec) {
   check(spec.head_chunk >= 1, "head_chunk", spec.head_chunk, ">= 1");
 }
 
-WindowLoss window_loss(nn::Transformer& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk) {
+WindowLoss window_loss(CheckpointModel& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk) {
   const int64_t T = int64_t(tokens.size()) - 1;
   check(T >= 1, "window tokens", int64_t(tokens.size()), ">= 2");
   check(tail >= 1 && tail <= T, "tail", tail, fmt::format("in [1, {}]", T));
-  torch::NoGradGuard no_grad;
-  const torch::Tensor all = torch::tensor(tokens, torch::kLong);
-  const torch::Tensor hidden = model->hidden_states(all.slice(0, 0, T).view({1, T}))[0];  // [T, d]
-  const torch::Tensor targets = all.slice(0, 1, T + 1);                                     // [T]
+  check(head_chunk >= 1, "head_chunk", head_chunk, ">= 1");
+  const int64_t d = model.spec().config.d_model, V = model.spec().config.vocab_size;
+  const std::vector<float> hidden = model.hidden_states(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
   WindowLoss out;
   out.loss_by_position.resize(size_t(T));
+  std::vector<float> logits;
   for (int64_t from = 0; from < T; from += head_chunk) {
     const int64_t n = std::min(head_chunk, T - from);
-    torch::Tensor logits = model->project(hidden.slice(0, from, from + n));  // [n, V]
-    if (logits.scalar_type() != torch::kDouble) logits = logits.to(torch::kFloat);
-    const torch::Tensor ce = torch::nn::functional::cross_entropy(
-                                 logits, targets.slice(0, from, from + n),
-                                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone))
-                                 .to(torch::kDouble)
-                                 .contiguous();
-    std::copy(ce.data_ptr<double>(), ce.data_ptr<double>() + n, out.loss_by_position.begin() + from);
+    model.project(hidden.data() + from * d, n, logits);  // [n, V]
+    for (int64_t i = 0; i < n; ++i) {  // cross entropy: logsumexp(logits) - logits[target], in double
+      const float* row = logits.data() + i * V;
+      const double top = *std::max_element(row, row + V);
+      double sum = 0;
+      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
+      out.loss_by_position[size_t(from + i)] = top + std::log(sum) - double(row[tokens[size_t(from + i + 1)]]);
+    }
   }
   double full = 0, last = 0;
   for (int64_t t = 0; t < T; ++t) {
@@ -229,13 +229,15 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   validate(spec);
   const auto t_start = Clock::now();
   PerplexityResult r;
-  train::use_threads(spec.threads);
-  nn::HfCheckpoint ckpt = nn::load_hf_checkpoint(spec.model_dir);
-  const nn::ModelConfig& mc = ckpt.spec.config;
-  r.train_len = spec.train_len > 0 ? spec.train_len : ckpt.spec.trained_context;
-  r.model_description = fmt::format("{} ({}), d_model {} x {} layers, {} heads ({} kv), vocab {}, {}", spec.model_dir,
-                                    ckpt.spec.model_type, mc.d_model, mc.n_layers, mc.n_heads, mc.kv_heads(),
-                                    mc.vocab_size, mc.resolved_encoding().rope.describe());
+  CheckpointRunOptions run = spec.run;
+  run.threads = spec.threads;
+  CheckpointModel ckpt(spec.model_dir, run);
+  const nn::ModelConfig& mc = ckpt.spec().config;
+  r.train_len = spec.train_len > 0 ? spec.train_len : ckpt.spec().trained_context;
+  r.model_description = fmt::format("{} ({}), d_model {} x {} layers, {} heads ({} kv), vocab {}, {}; {}",
+                                    spec.model_dir, ckpt.spec().model_type, mc.d_model, mc.n_layers, mc.n_heads,
+                                    mc.kv_heads(), mc.vocab_size, mc.resolved_encoding().rope.describe(),
+                                    run.describe());
   r.lengths = spec.lengths;
   if (r.lengths.empty()) r.lengths = {r.train_len, 2 * r.train_len, 4 * r.train_len};
   std::sort(r.lengths.begin(), r.lengths.end());
@@ -259,7 +261,8 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   // Every (method, length) checked before the first cell runs (a window beyond L, ...), so a refused run writes
   // nothing.
   for (const Method& m : methods)
-    for (int64_t T : r.lengths) ckpt.model->set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+    for (int64_t T : r.lengths) ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+  ckpt.check_memory(longest, "--lengths");  // the longest window, before the first cell
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));
@@ -271,14 +274,14 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       PerplexityCell c;
       c.method = m;
       c.length = T;
-      ckpt.model->set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
-      const nlohmann::json settings{{"model_config_json", lab::fnv1a64(model_key)},
+      ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+      const nlohmann::json settings{{"run", run.key()},{"model_config_json", lab::fnv1a64(model_key)},
                                     {"model_dir", spec.model_dir},
                                     {"stream", stream_hash},
                                     {"windows", spec.windows},
                                     {"longest", longest},
                                     {"train_len", r.train_len},
-                                    {"encoding", nlohmann::json(ckpt.model->active_encoding())}};
+                                    {"encoding", nlohmann::json(ckpt.active_encoding())}};
       const std::string path =
           lab::join_path(lab::join_path(lab::join_path(spec.out_dir, "cells"), m.key()), fmt::format("T{}.json", T));
       if (lab::file_exists(path)) {
@@ -304,7 +307,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
         const auto row_end = stream.begin() + (w + 1) * row;
         const std::vector<int64_t> window(row_end - (T + 1), row_end);
         const auto tw = Clock::now();
-        const WindowLoss loss = window_loss(ckpt.model, window, r.train_len, spec.head_chunk);
+        const WindowLoss loss = window_loss(ckpt, window, r.train_len, spec.head_chunk);
         c.tail_loss += loss.tail_loss / spec.windows;
         c.full_loss += loss.full_loss / spec.windows;
         for (int64_t t = 0; t < T; ++t) by_pos[size_t(t)] += loss.loss_by_position[size_t(t)] / spec.windows;
@@ -338,7 +341,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
     }
   }
   bar.finish();
-  ckpt.model->set_override({});
+  ckpt.set_override({});
   r.table = method_table(r, methods, false, "loss on the last L tokens", tail_loss_text);
   r.seconds = seconds_since(t_start);
   write_report(spec, methods, r);

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/checkpoint_model.h"
 #include "experiments/extrapolate_methods.h"
 #include "rotary_nn/model.h"
 
@@ -39,7 +40,8 @@ struct PerplexitySpec {
   double dynamic_factor = 1;        // dynamic NTK factor (transformers' "dynamic" rope_scaling factor)
   int windows = 1;                  // rows of T_max + 1 tokens
   int64_t head_chunk = 512;         // positions per LM-head chunk
-  int threads = 0;                  // torch threads (0: all cores)
+  int threads = 0;                  // threads (0: all cores)
+  CheckpointRunOptions run;         // engine (default: the torch-free engine), weights, KV cache dtype
   std::string out_dir = "runs/perplexity";
   std::string command_line;         // recorded in the report
 };
@@ -53,8 +55,9 @@ struct WindowLoss {
   double full_loss = 0;    // over all T targets
   std::vector<double> loss_by_position;  // [T]
 };
-// The model's forward on one window, the LM head taken `head_chunk` positions at a time (float32 at least).
-WindowLoss window_loss(nn::Transformer& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk);
+// The model's forward on one window, the LM head taken `head_chunk` positions at a time (float32 logits, the cross
+// entropy in double).
+WindowLoss window_loss(CheckpointModel& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk);
 
 struct PerplexityCell {
   Method method;

@@ -60,21 +60,7 @@ HfCheckpoint load_hf_checkpoint(const std::string& model_dir) {
   }
   if (!unfilled.empty()) throw Error("rotary: internal: parameter " + *unfilled.begin() + " has no checkpoint tensor");
 
-  std::vector<std::string> unexpected;
-  for (const std::string& name : weights.names()) {
-    if (used.count(name) || hf_ignored_tensor(name)) continue;
-    // A tied model's head is the embedding (Hugging Face ties them after loading); a stored copy is not read.
-    if (out.spec.config.tie_embeddings && name == "lm_head.weight") continue;
-    unexpected.push_back(name);
-  }
-  if (!unexpected.empty()) {
-    std::string list;
-    for (size_t i = 0; i < unexpected.size() && i < 5; ++i) list += (i ? ", " : "") + unexpected[i];
-    if (unexpected.size() > 5) list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
-    fail(model_dir + ": tensors", list,
-         "only the tensors of a " + out.spec.model_type + " model as its config.json describes it (is the "
-         "config from another checkpoint?)");
-  }
+  check_hf_tensors_used(out.spec, weights.names(), used, model_dir);
   return out;
 }
 

@@ -209,4 +209,22 @@ bool hf_ignored_tensor(std::string_view name) {
          name.ends_with(".attention.masked_bias");
 }
 
+void check_hf_tensors_used(const HfModelSpec& spec, const std::vector<std::string>& names,
+                           const std::set<std::string>& used, const std::string& model_dir) {
+  std::vector<std::string> unexpected;
+  for (const std::string& name : names) {
+    if (used.count(name) || hf_ignored_tensor(name)) continue;
+    // A tied model's head is the embedding (Hugging Face ties them after loading); a stored copy is not read.
+    if (spec.config.tie_embeddings && name == "lm_head.weight") continue;
+    unexpected.push_back(name);
+  }
+  if (unexpected.empty()) return;
+  std::string list;
+  for (size_t i = 0; i < unexpected.size() && i < 5; ++i) list += (i ? ", " : "") + unexpected[i];
+  if (unexpected.size() > 5) list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
+  fail(model_dir + ": tensors", list,
+       "only the tensors of a " + spec.model_type + " model as its config.json describes it (is the config from "
+       "another checkpoint?)");
+}
+
 }  // namespace rotary::nn

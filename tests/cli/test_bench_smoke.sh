@@ -47,20 +47,50 @@ fi
 expect_error "bench train --against rope (the same encoding)" 2 "--against = rope" -- \
   "$ROTARY" bench train --against rope --seq-len 16 --d-model 32 --n-layers 1 --n-heads 2
 
-# bench checkpoint: a tiny random Llama-family model, and a fixture checkpoint; both methods give the same greedy
-# tokens, and the rates are finite.
-if "$ROTARY" bench checkpoint --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ff 96 --vocab 128 --prompt 24 --decode 3 \
-     --trials 1 --json > "$W/ckpt.json"; then
+# bench checkpoint --engine torch: a tiny random Llama-family model, and a fixture checkpoint; both methods give the
+# same greedy tokens, and the rates are finite.
+if "$ROTARY" bench checkpoint --engine torch --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ff 96 --vocab 128 \
+     --prompt 24 --decode 3 --trials 1 --json > "$W/ckpt.json"; then
   check "bench checkpoint: same tokens, finite rates" "$W/ckpt.json" \
     "j['same_greedy_tokens'] and j['parameters'] > 0 and all(0 < m['decode_tokens_per_s'] < math.inf and 0 < m['weight_read_over_memcpy'] < math.inf for m in j['methods'])"
 else
   fail "bench checkpoint exited $?"
 fi
-if "$ROTARY" bench checkpoint --model "$SRC/tests/data/hf_checkpoints/gpt_neox" --prompt 12 --decode 2 --trials 1 --json > "$W/ckpt2.json"; then
+if "$ROTARY" bench checkpoint --engine torch --model "$SRC/tests/data/hf_checkpoints/gpt_neox" --prompt 12 --decode 2 \
+     --trials 1 --json > "$W/ckpt2.json"; then
   check "bench checkpoint --model: same tokens" "$W/ckpt2.json" "j['same_greedy_tokens'] and j['n_heads'] == 2"
 else
   fail "bench checkpoint --model exited $?"
 fi
+# bench checkpoint on the engine (the default): random bf16 weights (stored), then q8 with a bf16 cache, then a
+# fixture; finite rates, a weight-read rate against the read probe, the peak resident set.
+for extra in "" "--weights q8 --kv-dtype bf16"; do
+  # shellcheck disable=SC2086
+  if "$ROTARY" bench checkpoint --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ff 96 --vocab 128 --prompt 24 \
+       --decode 3 --trials 1 --json $extra > "$W/engine.json"; then
+    check "bench checkpoint (engine $extra): finite rates, weights ${extra:-bf16}" "$W/engine.json" \
+      "j['engine'] == 'engine' and j['weights'] == ('q8' if '$extra' else 'bf16') and 0 < j['decode_tokens_per_s'] < math.inf and 0 < j['prefill_tokens_per_s'] < math.inf and 0 < j['weight_read_over_probe'] < math.inf and j['peak_rss_bytes'] > 0 and len(j['greedy_tokens']) == 3"
+  else
+    fail "bench checkpoint (engine $extra) exited $?"
+  fi
+done
+if "$ROTARY" bench checkpoint --model "$SRC/tests/data/hf_checkpoints/qwen2" --prompt 12 --decode 2 --trials 1 \
+     --json > "$W/engine2.json"; then
+  check "bench checkpoint --model on the engine: the stored bf16 weights in place" "$W/engine2.json" \
+    "j['weights'] == 'bf16' and j['decode_tokens_per_s'] > 0"
+else
+  fail "bench checkpoint --model (engine) exited $?"
+fi
+expect_error "bench checkpoint --engine torch --weights q8" 2 "--weights = q8" -- \
+  "$ROTARY" bench checkpoint --engine torch --weights q8 --hidden 64 --layers 1 --heads 4 --kv-heads 2 --ff 96 --vocab 128
+# bench linear: every weight format at a small shape, decode against the read probe, prefill against sgemm.
+if "$ROTARY" bench linear --shapes 64x96,33x40 --weight-mib 4 --tokens 9 --trials 1 --threads 1 --json > "$W/linear.json"; then
+  check "bench linear: every format and phase per shape, finite rates" "$W/linear.json" \
+    "len(j['results']) == 2 * (2 * 4 + 1) and all(0 < r['seconds'] < math.inf for r in j['results']) and all(0 < r['over_read_probe'] < math.inf for r in j['results'] if r['phase'] == 'decode') and {r['method'] for r in j['results']} == {'f32', 'f16', 'bf16', 'q8', 'sgemm_f32'}"
+else
+  fail "bench linear exited $?"
+fi
+expect_error "bench linear --shapes 64" 2 "--shapes" -- "$ROTARY" bench linear --shapes 64
 
 # bench memory: toy memories through the exact scan and every FAISS index; each method is timed and scored (recall
 # in [0, 1]; flat, an exact scan itself, finds the whole exact top-k).

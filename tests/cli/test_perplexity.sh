@@ -23,6 +23,7 @@ if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --
   [ "$rows" = 54 ] && pass "results.csv: 9 methods x 2 log-n x 3 lengths" || fail "results.csv has $rows rows, not 54"
   grep -q "^Leaky ReRoPE-w8-k16-log n†" "$W/out.txt" && pass "table printed" || fail "no table: $(head -c 300 "$W/out.txt")"
   grep -q "^| native |" "$W/run/report.md" && pass "report.md" || fail "report.md lacks the table"
+  cp "$W/run/results.csv" "$W/run0.csv"
   # Losses are finite numbers, and at T = L every factor method computes plain RoPE (factor max(1, T / L) = 1).
   /usr/bin/python3 - "$W/run/results.csv" <<'PY' && pass "losses finite; factor methods = rope at L" || fail "results.csv values"
 import csv, math, sys
@@ -56,6 +57,43 @@ head -c 3000 "$SRC/docs/testing.md" > "$W/other.txt"
 "$ROTARY" perplexity "$FIX/llama3" --text "$W/other.txt" --lengths 16 --methods native --window 8 --out "$W/run" \
   > /dev/null 2> "$W/err3.txt"
 grep -q "done earlier" "$W/err3.txt" && fail "a cell of another text was reused" || pass "another text is scored again"
+
+# The same cells on the nn model (--engine torch): the engine's losses agree (both float32: ~1e-6 of a loss of ~4),
+# and the engine's own cells are not reused for another runtime or weight format.
+if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods native,rerope,dynamic \
+     --window 8 --windows 2 --engine torch --out "$W/run" --no-progress > /dev/null 2> "$W/err4.txt"; then
+  grep -q "done earlier" "$W/err4.txt" && fail "--engine torch reused the engine's cells" || pass "--engine torch computes its own cells"
+  /usr/bin/python3 - "$W/run0.csv" "$W/run/results.csv" <<'PY' && pass "engine and torch losses agree" || fail "engine and torch losses differ"
+import csv, sys
+engine = {(r["method"], r["logn"], r["length"]): float(r["tail_loss"]) for r in csv.DictReader(open(sys.argv[1]))}
+rows = list(csv.DictReader(open(sys.argv[2])))
+assert len(rows) == 9
+for r in rows:  # the CSV keeps 6 significant digits of losses ~17: 2e-4 is its rounding and float32's together
+    assert abs(float(r["tail_loss"]) - engine[(r["method"], r["logn"], r["length"])]) < 2e-4, r
+PY
+else
+  fail "perplexity --engine torch exited $?: $(tail -c 300 "$W/err4.txt")"
+fi
+for w in q8 bf16; do
+  if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods native --window 8 --windows 2 \
+       --weights $w --kv-dtype bf16 --out "$W/q_$w" --no-progress > /dev/null 2> "$W/err5.txt"; then
+    pass "perplexity --weights $w --kv-dtype bf16"
+  else
+    fail "perplexity --weights $w exited $?: $(tail -c 300 "$W/err5.txt")"
+  fi
+done
+/usr/bin/python3 - "$W/run0.csv" "$W/q_q8/results.csv" "$W/q_bf16/results.csv" <<'PY' && pass "q8 and bf16 losses within 0.1 of the float32 ones" || fail "q8 / bf16 losses"
+import csv, sys
+base = {(r["method"], r["length"]): float(r["tail_loss"]) for r in csv.DictReader(open(sys.argv[1])) if r["logn"] == "0"}
+for path in sys.argv[2:]:
+    for r in csv.DictReader(open(path)):
+        ref = base[(r["method"], r["length"])]
+        assert abs(float(r["tail_loss"]) - ref) < 0.1, (path, r, ref)
+PY
+expect_error "perplexity --engine torch --kv-dtype bf16" 2 "--kv-dtype = bf16" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --engine torch --kv-dtype bf16 --out "$W/x"
+expect_error "perplexity --weights int4" 2 "--weights = \"int4\"" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights int4 --out "$W/x"
 
 # Token ids, on the partial-rotation family (no tokenizer in that fixture).
 /usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
@@ -91,6 +129,17 @@ if "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 8 --ki
 else
   fail "generate exited $?"
 fi
+# The engine (default) and the nn model (--engine torch) generate the same greedy text; q8 weights and a bf16
+# cache run too.
+if "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 8 --kind rerope --window 4 --engine torch \
+     > "$W/gen_torch.txt"; then
+  cmp -s "$W/gen.txt" "$W/gen_torch.txt" && pass "generate: engine = torch" \
+    || fail "generate: engine printed '$(cat "$W/gen.txt")', torch '$(cat "$W/gen_torch.txt")'"
+else
+  fail "generate --engine torch exited $?"
+fi
+"$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --weights q8 --kv-dtype f16 > /dev/null 2> "$W/gen_q8.err" \
+  && pass "generate --weights q8 --kv-dtype f16" || fail "generate --weights q8 exited $?: $(cat "$W/gen_q8.err")"
 
 echo "$fails failed"
 [ "$fails" = 0 ]

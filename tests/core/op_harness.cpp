@@ -98,6 +98,18 @@ Tolerance tolerance(Quantity q, const ToleranceInputs& in) {
       const double rel = in.dtype == DType::F64 ? 64 * e : in.dtype == DType::F32 ? 8 * e * std::sqrt(n) : 4 * e;
       return {Metric::Nmse, rel * rel, 0};
     }
+    case Quantity::LinearOutput: {
+      // One output of linear_forward: a dot product of K = in.longest_sequence terms w x (the weights exact as
+      // stored, q8 as quant x scale), plus the bias and, accumulating, the old y, summed in float32 in some order
+      // (lanes, then across lanes). Whatever the order, the rounding error of a sum of n terms is at most
+      // gamma_n = n u / (1 - n u) times the sum of the terms' magnitudes (Higham, Accuracy and Stability, 3.1);
+      // n = K + 4 covers the K - 1 additions, q8's rounded quant x scale, the multiply of an unfused target, the
+      // bias and the accumulation. The case divides each output by that magnitude sum, so the bound is gamma_n
+      // itself (worst case, every target). One missing or wrong term moves an output by ~1/K of it: far above
+      // gamma_n for the K <= ~1000 of the cases.
+      const double n = double(in.longest_sequence + 4), u = dtype_eps(DType::F32);
+      return {Metric::Abs, n * u / (1 - n * u), 0};
+    }
     case Quantity::FiniteDifference:
       // Central differences of the float64 reference at h = 1e-5: truncation ~h^2 |L'''| / 6 and rounding
       // ~eps64 |L| / h, both ~1e-10 relative: allowed 1e-7 of the largest gradient entry, that entry floored
@@ -160,7 +172,7 @@ std::vector<double> WatchedBuffer::gather(const HeadsView& v, int64_t tokens, in
 const OpCases& all_op_cases() {
   static const OpCases all = [] {
     OpCases out;
-    for (auto* list : {&rope_cases, &attention_cases, &decode_cases, &linear_attention_cases})
+    for (auto* list : {&rope_cases, &attention_cases, &decode_cases, &linear_attention_cases, &linear_cases})
       for (auto& c : (*list)()) out.push_back(std::move(c));
     return out;
   }();

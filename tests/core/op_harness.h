@@ -54,6 +54,7 @@ enum class Quantity : uint8_t {
   DecodeOutput,         // decode step o against the absolute-rotation oracle
   DecodeLse,            // decode step lse
   LinearAttention,      // linear attention o and its gradients
+  LinearOutput,         // linear_forward y, each element divided by its condition scale (cases_linear.cpp)
   FiniteDifference,     // any float64 gradient against central differences of the float64 reference
 };
 
@@ -170,6 +171,7 @@ OpCases rope_cases();
 OpCases attention_cases();
 OpCases decode_cases();
 OpCases linear_attention_cases();
+OpCases linear_cases();
 // Every case of every op, built once.
 const OpCases& all_op_cases();
 // Cases whose "op/name" contains `filter` (empty: all).

@@ -74,6 +74,7 @@ TEST(simd_targets, EveryKernelRunsEveryListedTarget) {
     EXPECT_EQ(detail::decode_simd_target(), want);
     EXPECT_EQ(detail::attention_forward_simd_target(), want);
     EXPECT_EQ(detail::attention_backward_simd_target(), want);
+    EXPECT_EQ(detail::linear_simd_target(), want);
   }
   detail::force_simd_target(0);
 }

@@ -1,6 +1,6 @@
 // rotary perplexity's scoring: the loss of a window, with the LM head taken in chunks of positions, is the
 // cross entropy of the full forward's logits (so chunking changes memory, not results), and the tail is the last
-// L targets.
+// L targets - on both runtimes of a checkpoint (the engine and the nn model), which agree with each other.
 #include <gtest/gtest.h>
 
 #include "experiments/perplexity.h"
@@ -10,7 +10,8 @@ namespace rotary::experiments {
 namespace {
 
 TEST(perplexity, ChunkedHeadLossIsTheFullForwardsCrossEntropy) {
-  nn::HfCheckpoint c = nn::load_hf_checkpoint(std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_checkpoints/llama2");
+  const std::string dir = std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_checkpoints/llama2";
+  nn::HfCheckpoint c = nn::load_hf_checkpoint(dir);
   c.model->to(torch::kDouble);
   std::vector<int64_t> tokens;
   for (int i = 0; i < 31; ++i) tokens.push_back((i * 37 + 11) % c.spec.config.vocab_size);
@@ -23,15 +24,42 @@ TEST(perplexity, ChunkedHeadLossIsTheFullForwardsCrossEntropy) {
     ce = torch::nn::functional::cross_entropy(logits, all.slice(0, 1, T + 1),
                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kNone));
   }
-  for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(30), int64_t(1000)}) {
-    const WindowLoss w = window_loss(c.model, tokens, tail, chunk);
-    ASSERT_EQ(int64_t(w.loss_by_position.size()), T);
-    for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(w.loss_by_position[size_t(t)], ce[t].item<double>(), 1e-12) << t;
-    EXPECT_NEAR(w.full_loss, ce.mean().item<double>(), 1e-12);
-    EXPECT_NEAR(w.tail_loss, ce.slice(0, T - tail).mean().item<double>(), 1e-12);
+  // Both runtimes compute in float32 against this float64 cross entropy: float32 logits of size ~3 carry ~1e-6
+  // absolute error (docs/engine.md), and the loss of a position moves by at most twice its largest logit error.
+  for (const char* engine : {"engine", "torch"}) {
+    CheckpointRunOptions run;
+    run.engine = engine;
+    CheckpointModel m(dir, run);
+    std::vector<double> first;
+    for (int64_t chunk : {int64_t(1), int64_t(7), int64_t(30), int64_t(1000)}) {
+      const WindowLoss w = window_loss(m, tokens, tail, chunk);
+      ASSERT_EQ(int64_t(w.loss_by_position.size()), T);
+      for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(w.loss_by_position[size_t(t)], ce[t].item<double>(), 1e-5) << engine << " " << t;
+      EXPECT_NEAR(w.full_loss, ce.mean().item<double>(), 1e-5) << engine;
+      EXPECT_NEAR(w.tail_loss, ce.slice(0, T - tail).mean().item<double>(), 1e-5) << engine;
+      // The head's chunks see the same hidden rows: the losses do not depend on the chunking beyond rounding.
+      if (first.empty()) first = w.loss_by_position;
+      for (int64_t t = 0; t < T; ++t) EXPECT_NEAR(w.loss_by_position[size_t(t)], first[size_t(t)], 1e-6) << engine;
+    }
+    EXPECT_THROW(window_loss(m, tokens, T + 1, 8), Error);
+    EXPECT_THROW(window_loss(m, {1}, 1, 8), Error);
+    EXPECT_THROW(window_loss(m, tokens, tail, 0), Error);
   }
-  EXPECT_THROW(window_loss(c.model, tokens, T + 1, 8), Error);
-  EXPECT_THROW(window_loss(c.model, {1}, 1, 8), Error);
+}
+
+TEST(perplexity, RunOptionsAreCheckedByFlag) {
+  CheckpointRunOptions o;
+  o.engine = "onnx";
+  EXPECT_THROW(o.validate(), Error);
+  o = {}, o.weights = "int4";
+  EXPECT_THROW(o.validate(), Error);
+  o = {}, o.kv_dtype = "f64";
+  EXPECT_THROW(o.validate(), Error);
+  o = {}, o.engine = "torch", o.weights = "q8";  // the nn model has float32 weights only: refused, not ignored
+  EXPECT_THROW(o.validate(), Error);
+  o = {}, o.weights = "q8", o.kv_dtype = "bf16";
+  EXPECT_NO_THROW(o.validate());
+  EXPECT_NE(o.key(), CheckpointRunOptions{}.key());  // cells computed with other weights are not reused
 }
 
 }  // namespace

@@ -1,6 +1,12 @@
 // `rotary bench checkpoint`: prefill and decode speed of a Llama-family model on the CPU - a Hugging Face
-// checkpoint, or random weights in the shape of one (default: Qwen2.5-0.5B, 494M parameters) - with the rotary
-// fused ops against the same model and weights built from plain torch ops (ModelConfig.fused = false).
+// checkpoint, or random weights in the shape of one (default: Qwen2.5-0.5B, 494M parameters).
+//
+// --engine engine (the default): the torch-free engine (rotary_engine/model.h) with the weights in place in their
+// stored format or --weights (random weights: bf16 by default, as the checkpoints are published), the KV cache in
+// --kv-dtype; prefill and decode tokens/s, the weight bytes a decode step reads per second against a read-bandwidth
+// probe of the same run (lab::read_bandwidth), and the process's peak resident set.
+// --engine torch: the nn model (float32 copies of the weights) with the rotary fused ops against the same model and
+// weights built from plain torch ops (ModelConfig.fused = false).
 //
 // Prefill: the hidden states of a --prompt-token prompt and the LM head of its last position (what generation
 // needs). Decode: generate() with greedy sampling; a decode token's time is (time for 1 + --decode new tokens -
@@ -14,11 +20,22 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <map>
+#include <memory>
 #include <vector>
 
+#include <omp.h>
+#include <sys/resource.h>
+
+#include <random>
+
 #include "cli/command.h"
+#include "cli/torch/checkpoint_flags.h"
+#include "common/machine.h"
 #include "rotary/error.h"
+#include "rotary_engine/model.h"
 #include "rotary_nn/hf_checkpoint.h"
+#include "rotary_nn/hf_engine.h"
 #include "rotary_nn/model.h"
 #include "train/trainer.h"
 
@@ -32,6 +49,7 @@ struct BenchCheckpointArgs {
   std::string model_dir;  // empty: random weights in the shape below
   int hidden = 896, layers = 24, heads = 14, kv_heads = 2, ff = 4864, vocab = 151936;  // Qwen2.5-0.5B
   int prompt = 512, decode = 16, trials = 3, threads = 0;
+  experiments::CheckpointRunOptions run;  // --engine, --weights (random weights: stored bf16), --kv-dtype
   bool json = false;
 };
 
@@ -59,7 +77,127 @@ double memcpy_rate(size_t bytes) {
   return best;
 }
 
+// The process's peak resident set (bytes) so far.
+int64_t peak_rss_bytes() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_maxrss) * 1024;
+}
+
+// Random weights for the engine in the given shape, stored as `dtype`: every tensor uniform with the standard
+// deviation 0.02 of N(0, 0.02) initialisation (norm weights 1), from a counter-based generator so that filling
+// 0.5-8 B parameters is quick and needs no state per thread.
+struct RandomWeights {
+  std::map<std::string, std::vector<uint8_t>> bytes;
+  std::map<std::string, engine::StoredTensor> tensors;
+  RandomWeights(const engine::Architecture& arch, DType dtype, int threads) {
+    uint64_t stream = 0;
+    for (const engine::TensorSlot& slot : engine::tensor_slots(arch)) {
+      int64_t n = 1;
+      for (int64_t d : slot.shape) n *= d;
+      std::vector<uint8_t>& b = bytes[slot.name];
+      b.resize(size_t(n) * dtype_size(dtype));
+      const bool ones = slot.name.ends_with("norm.weight");
+      const uint64_t seed = ++stream * 0x9e3779b97f4a7c15ull;
+#pragma omp parallel for schedule(static) num_threads(threads)
+      for (int64_t i = 0; i < n; ++i) {
+        uint64_t z = seed + uint64_t(i) * 0xbf58476d1ce4e5b9ull;  // splitmix64
+        z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+        z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+        z ^= z >> 31;
+        const double u = double(z >> 11) * 0x1p-53 * 2 - 1;  // [-1, 1): std 1/sqrt3
+        store_from_double(b.data(), dtype, i, ones ? 1.0 : u * 0.02 * 1.7320508075688772);
+      }
+      tensors[slot.name] = {dtype, b.data(), slot.shape};
+    }
+  }
+};
+
+void run_engine(const BenchCheckpointArgs& a) {
+  const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
+  engine::LoadOptions load;
+  load.threads = threads;
+  if (!a.run.weights.empty()) load.weights = parse_weight_format(a.run.weights, "--weights");
+  std::shared_ptr<const engine::Model> model;
+  engine::PositionMethod positions;
+  std::string shape;
+  if (!a.model_dir.empty()) {
+    nn::HfEngineCheckpoint c = nn::load_hf_engine(a.model_dir, load);
+    model = c.model;
+    positions = nn::engine_positions(c.spec.config.resolved_encoding());
+    shape = a.model_dir + " (" + c.spec.model_type + ")";
+  } else {
+    engine::Architecture arch;  // Qwen2-style: RMSNorm, SwiGLU, q/k/v biases, tied head
+    arch.vocab_size = a.vocab, arch.d_model = a.hidden, arch.n_layers = a.layers, arch.n_heads = a.heads;
+    arch.n_kv_heads = a.kv_heads, arch.head_dim = a.hidden / a.heads, arch.d_ff = a.ff;
+    arch.qkv_bias = true, arch.tie_embeddings = true;
+    arch.validate();
+    // Stored as bf16 (as such checkpoints are published) unless --weights names another storage.
+    const DType stored = load.weights == WeightFormat::F32 ? DType::F32
+                         : load.weights == WeightFormat::F16 ? DType::F16 : DType::BF16;
+    auto w = std::make_shared<RandomWeights>(arch, stored, threads);
+    model = engine::Model::load(arch, [w](const std::string& name) { return w->tensors.at(name); }, load, w);
+    positions.rope.head_dim = int(arch.head_dim), positions.rope.base = 1e6;
+    shape = "random weights";
+  }
+  const engine::Architecture& arch = model->arch();
+  check(a.prompt + a.decode <= kMaxSequenceLength, "--prompt + --decode", a.prompt + a.decode, "<= 2^20");
+  engine::SessionOptions so;
+  so.capacity = a.prompt + a.decode + 1, so.kv_dtype = parse_dtype(a.run.kv_dtype), so.positions = positions;
+  so.threads = threads;
+  std::mt19937_64 rng(1);
+  std::vector<int64_t> ids(size_t(so.capacity)), pos(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng() % uint64_t(arch.vocab_size)), pos[i] = int64_t(i);
+  std::vector<float> hidden(size_t(a.prompt * arch.d_model)), logits(size_t(arch.vocab_size));
+  std::vector<double> prefill_tps, decode_tps;
+  std::vector<int64_t> greedy;
+  for (int t = 0; t < a.trials; ++t) {
+    engine::Session s(model, so);
+    auto t0 = Clock::now();
+    s.forward(ids.data(), pos.data(), a.prompt, hidden.data());
+    s.logits(hidden.data() + (a.prompt - 1) * arch.d_model, 1, logits.data());
+    prefill_tps.push_back(double(a.prompt) / since(t0));
+    greedy.clear();
+    t0 = Clock::now();
+    for (int i = 0; i < a.decode; ++i) {  // greedy: each step feeds the argmax of the last
+      const int64_t next = std::max_element(logits.begin(), logits.end()) - logits.begin();
+      greedy.push_back(next);
+      s.forward(&next, pos.data() + a.prompt + i, 1, hidden.data());
+      s.logits(hidden.data(), 1, logits.data());
+    }
+    decode_tps.push_back(double(a.decode) / since(t0));
+  }
+  const int64_t read = model->weight_bytes_per_token();
+  const double probe = lab::read_bandwidth(std::clamp<int64_t>(read, int64_t(256) << 20, int64_t(1) << 30), threads);
+  const double rate = double(read) * median(decode_tps);
+  const int64_t rss = peak_rss_bytes();
+  if (a.json) {
+    nlohmann::json j{{"engine", "engine"}, {"shape", shape}, {"weights", weight_format_name(model->matrix_format())},
+                     {"kv_dtype", a.run.kv_dtype}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
+                     {"vocab", arch.vocab_size}, {"prompt", a.prompt}, {"decode", a.decode}, {"trials", a.trials},
+                     {"threads", threads}, {"prefill_tokens_per_s", median(prefill_tps)},
+                     {"decode_tokens_per_s", median(decode_tps)}, {"prefill_trials", prefill_tps},
+                     {"decode_trials", decode_tps}, {"weight_bytes_read_per_decode_token", read},
+                     {"weight_read_bytes_per_s", rate}, {"read_probe_bytes_per_s", probe},
+                     {"weight_read_over_probe", rate / probe}, {"peak_rss_bytes", rss}, {"greedy_tokens", greedy}};
+    std::printf("%s\n", j.dump(2).c_str());
+    return;
+  }
+  std::printf("engine, %s: d_model %lld, %lld layers, %lld heads (%lld kv), d_ff %lld, vocab %lld; weights %s, "
+              "kv cache %s, %d threads\n",
+              shape.c_str(), (long long)arch.d_model, (long long)arch.n_layers, (long long)arch.n_heads,
+              (long long)arch.n_kv_heads, (long long)arch.d_ff, (long long)arch.vocab_size,
+              weight_format_name(model->matrix_format()), a.run.kv_dtype.c_str(), threads);
+  std::printf("prompt %d tokens: %.1f tok/s | decode %d tokens: %.2f tok/s (median of %d trials)\n", a.prompt,
+              median(prefill_tps), a.decode, median(decode_tps), a.trials);
+  std::printf("decode reads %.1f MB of weights per token: %.2f GB/s = %.0f%% of the read probe (%.2f GB/s) | peak "
+              "RSS %.2f GB\n",
+              double(read) / 1e6, rate / 1e9, 100 * rate / probe, probe / 1e9, double(rss) / 1e9);
+}
+
 void run(const BenchCheckpointArgs& a) {
+  a.run.validate();
+  if (a.run.engine == "engine") return run_engine(a);
   const int threads = train::use_threads(a.threads);
   nn::ModelConfig cfg;
   std::string shape;
@@ -193,7 +331,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
   CLI::App* sub = bench.add_subcommand(
       "checkpoint", "prefill and decode tokens/s of a Llama-family model (a checkpoint, or random weights in "
-                    "Qwen2.5-0.5B's shape): fused rotary ops vs plain torch ops, weight-read rate vs memcpy");
+                    "Qwen2.5-0.5B's shape) on the torch-free engine (weight-read rate vs a read probe, peak RSS), or "
+                    "--engine torch: fused rotary ops vs plain torch ops");
   sub->add_option("--model", args->model_dir, "a Hugging Face model directory (default: random weights)");
   sub->add_option("--hidden", args->hidden, "random model: hidden size")->transform(integer_in(16, 1 << 15));
   sub->add_option("--layers", args->layers, "random model: layers")->transform(integer_in(1, 256));
@@ -205,6 +344,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--decode", args->decode, "generated tokens timed")->transform(integer_in(1, 1 << 16));
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->transform(integer_in(1, 1000));
   sub->add_option("--threads", args->threads, "torch / OpenMP threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
+  add_checkpoint_run_flags(*sub, args->run);  // random weights are stored as bf16, or as --weights says
   sub->add_flag("--json", args->json, "print JSON");
   sub->callback([args] { run(*args); });
 });

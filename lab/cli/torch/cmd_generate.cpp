@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "cli/command.h"
+#include "cli/torch/checkpoint_flags.h"
 #include "cli/torch/load_model.h"
 #include "train/evaluate.h"
 #include "rotary_nn/hf_checkpoint.h"
@@ -20,6 +21,8 @@ struct GenerateCommand {
   bool no_stop = false, only_new = false;
   int threads = 0;
   OverrideFlags overrides;
+  experiments::CheckpointRunOptions run_options;  // Hugging Face checkpoints: --engine, --weights, --kv-dtype
+  std::vector<CLI::Option*> run_flags;
 
   // A Hugging Face model directory (config.json and safetensors, no checkpoint.pt of ours): its own tokenizer
   // (BOS as the model expects), stop at its EOS.
@@ -31,19 +34,25 @@ struct GenerateCommand {
   }
 
   void run_hf() {
-    nn::HfCheckpoint c = nn::load_hf_checkpoint(checkpoint);
-    overrides.apply(c.model, c.spec.config);
+    run_options.threads = threads;
+    experiments::CheckpointModel c(checkpoint, run_options);
+    c.set_override(overrides.override_of(c.spec().config));
     const auto tokenizer = lab::load_tokenizer(checkpoint);
     const std::vector<int64_t> ids = tokenizer->encode_for_model(prompt);
     check(!ids.empty(), "--prompt", "\"\"", "at least one token");
+    c.check_memory(int64_t(ids.size()) + max_new, "--prompt tokens + --max-new");
     const int64_t stop = no_stop || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
-    const std::vector<int64_t> out = c.model->generate(ids, max_new, temperature, stop, seed);
+    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, 0);
     std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode(out).c_str());
   }
 
   void run() {
     train::use_threads(threads);
     if (is_hf_model(checkpoint)) return run_hf();
+    for (CLI::Option* o : run_flags)
+      if (o->count()) fail(o->get_name(), o->as<std::string>(), "unset for a lab run (it runs the nn model it was "
+                                                                   "trained as); the flag is for Hugging Face model "
+                                                                   "directories");
     LoadedRun r = load_run(checkpoint);
     overrides.apply(r);
     std::vector<int32_t> ids32 = r.task->vocab().encode(prompt);  // rotary::Error names an unknown character
@@ -68,6 +77,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_flag("--only-new", cmd->only_new, "print only the generated text, not the prompt");
   sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   cmd->overrides.add_to(*sub);
+  cmd->run_flags = add_checkpoint_run_flags(*sub, cmd->run_options);
   sub->callback([cmd] { cmd->run(); });
 });
 

@@ -3,6 +3,7 @@
 #include <cstdio>
 
 #include "cli/command.h"
+#include "cli/torch/checkpoint_flags.h"
 #include "cli/torch/train_flags.h"
 #include "common/exit_status.h"
 #include "experiments/perplexity.h"
@@ -76,7 +77,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   take_last(sub->add_option("--windows", s.windows, "windows per length (default 1)"))->transform(integer_in(1, 1 << 16));
   take_last(sub->add_option("--head-chunk", s.head_chunk, "positions per LM-head chunk (default 512)"))
       ->transform(integer_in(1, 1 << 20));
-  take_last(sub->add_option("--threads", s.threads, "torch threads (0 = all cores)"))->transform(integer_in(0, kMaxThreads));
+  take_last(sub->add_option("--threads", s.threads, "threads (0 = all cores)"))->transform(integer_in(0, kMaxThreads));
+  add_checkpoint_run_flags(*sub, s.run);
   take_last(sub->add_option("--out", s.out_dir, "output directory (default runs/perplexity)"));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   sub->footer(

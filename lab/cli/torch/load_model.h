@@ -64,8 +64,12 @@ struct OverrideFlags {
   // Applies the override to the model (rotary::Error from the model if it does not fit what was trained).
   void apply(LoadedRun& run) const { apply(run.model, run.config.model); }
   void apply(nn::Transformer& model, const nn::ModelConfig& trained) const {
-    if (!any()) return;
+    if (any()) model->set_override(override_of(trained));
+  }
+  // The override the flags describe (empty when none is given).
+  nn::EncodingOverride override_of(const nn::ModelConfig& trained) const {
     nn::EncodingOverride o;
+    if (!any()) return o;
     if (kind_opt->count()) o.kind = nn::parse_encoding_kind(kind, "--kind");
     if (scaling_opt->count() || factor_opt->count() || base_opt->count() || original_opt->count()) {
       RopeSpec s = trained.resolved_encoding().rope;
@@ -78,7 +82,7 @@ struct OverrideFlags {
     if (window_opt->count()) o.window = window;
     if (leaky_opt->count()) o.leaky_k = leaky_k;
     if (logn_opt->count()) o.logn_train_len = logn;
-    model->set_override(o);
+    return o;
   }
 };
 

@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,5 +54,10 @@ std::vector<HfTensorPlace> hf_tensor_places(const HfModelSpec& spec);
 // Checkpoint tensors that are not parameters and are skipped (rotary_emb.inv_freq, GPT-NeoX's attention.bias
 // masks, ...): true for such a name.
 bool hf_ignored_tensor(std::string_view name);
+// Every checkpoint tensor (`names`) must be read (`used`) or ignorable: rotary::Error naming `model_dir`'s tensors
+// (the first five) otherwise - the config is probably another checkpoint's. A tied model's stored lm_head.weight
+// (a copy of the embedding) is not read and allowed.
+void check_hf_tensors_used(const HfModelSpec& spec, const std::vector<std::string>& names,
+                           const std::set<std::string>& used, const std::string& model_dir);
 
 }  // namespace rotary::nn

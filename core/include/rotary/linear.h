@@ -1,0 +1,75 @@
+// rotary/linear.h: the linear layers of a checkpoint, y = x W^T (+ bias) (+ y), with W used in place in its stored
+// format - f32, f16, bf16, or q8 (int8 in blocks of 32 along a row with one float scale per block, llama.cpp's Q8_0
+// idea) - and float32 activations and accumulation. One call serves decode (tokens = 1: a matrix-vector product that
+// streams every weight once, so its speed is the memory bus's) and prefill (tokens > 1: register tiles of 4 weight
+// rows x 4 tokens reuse each loaded weight four times). Highway SIMD with runtime dispatch, OpenMP over weight rows.
+//
+//   x  [tokens, in]   float32, row stride x_stride (>= in)
+//   W  [out, in]      WeightMatrix: row r at data + r * row_stride (elements; q8: int8 quants, scales per block)
+//   y  [tokens, out]  float32, row stride y_stride (>= out); written, or added to when `accumulate` (a residual)
+//
+// linear_forward_reference is the float64 oracle: every product and sum in double, rounded once to float at the
+// end; it shares no code with the fast path (docs/linear.md gives the tolerance).
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "rotary/dtype.h"
+
+namespace rotary {
+
+// How a weight matrix is stored. F32 / F16 / BF16: the checkpoint's own elements (safetensors' F32, F16, BF16),
+// used in place. Q8: made at load by quantize_q8 from any of those.
+enum class WeightFormat : uint8_t { F32, F16, BF16, Q8 };
+
+inline constexpr int kQ8Block = 32;  // q8: weights per scale (one block along a row; the last may be shorter)
+
+const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8"
+// Parses "f32", "f16", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
+WeightFormat parse_weight_format(std::string_view name, std::string_view field = "weight format");
+// Bytes per weight element (q8: 1; its scales are counted by q8_scale_count).
+inline constexpr int64_t weight_element_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::Q8 ? 1 : 2; }
+// q8: scales per row of `cols` weights, ceil(cols / kQ8Block).
+inline constexpr int64_t q8_blocks(int64_t cols) { return (cols + kQ8Block - 1) / kQ8Block; }
+// The storage format of a tensor dtype (F64 has none: the engine converts it at load).
+WeightFormat weight_format_of(DType t);
+
+// A [rows, cols] weight matrix, row-major with a row stride, in place in its storage (a checkpoint's mapped file,
+// or q8 buffers). Q8: `data` holds int8 quants (row r at r * row_stride), `scales` one float per block of
+// kQ8Block along each row (row r's at r * scale_stride); weight (r, c) = quants[r][c] * scales[r][c / kQ8Block].
+struct WeightMatrix {
+  WeightFormat format = WeightFormat::F32;
+  const void* data = nullptr;
+  int64_t rows = 0, cols = 0;
+  int64_t row_stride = 0;  // elements between rows, >= cols
+  const float* scales = nullptr;  // q8 only
+  int64_t scale_stride = 0;       // q8 only: floats between rows' scales, >= q8_blocks(cols)
+};
+
+struct LinearParams {
+  WeightMatrix w;
+  const float* bias = nullptr;  // [w.rows] or null
+  int64_t tokens = 0;           // rows of x and y; 0 is a no-op
+  const float* x = nullptr;     // [tokens, w.cols], row stride x_stride
+  int64_t x_stride = 0;
+  float* y = nullptr;           // [tokens, w.rows], row stride y_stride; must not overlap x or the weights
+  int64_t y_stride = 0;
+  bool accumulate = false;      // y += x W^T (+ bias) instead of y = ...
+  int threads = 0;              // 0 = all OpenMP threads
+};
+
+// y = x W^T + bias (+ y). Throws rotary::Error naming the field for bad params, before anything is written.
+void linear_forward(const LinearParams& p);
+// The float64 oracle: the same contract, every product and sum in double.
+void linear_forward_reference(const LinearParams& p);
+
+// Quantizes a [rows, cols] matrix stored as `src_dtype` (any DType; row r at src + r * src_row_stride elements)
+// into q8: per block of kQ8Block weights along a row, scale = max |w| / 127 and quant = round(w / scale) (ties away
+// from zero), so every weight is within scale / 2 of its quantized value. quants: [rows, cols] row stride cols;
+// scales: [rows, q8_blocks(cols)]. A non-finite weight is refused (rotary::Error naming its row and column): q8
+// cannot hold it. OpenMP over rows.
+void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int64_t src_row_stride, int8_t* quants,
+                 float* scales, int threads = 0);
+
+}  // namespace rotary

@@ -1,0 +1,166 @@
+// core/src/linear.cpp: linear_forward's validation and dispatch (kernels: linear_hwy.cpp), the format names, and
+// q8 quantization at load.
+#include "rotary/linear.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "linear_kernel.h"
+#include "rotary/error.h"
+#include "storage.h"
+#include "validate.h"
+
+namespace rotary {
+
+const char* weight_format_name(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32: return "f32";
+    case WeightFormat::F16: return "f16";
+    case WeightFormat::BF16: return "bf16";
+    case WeightFormat::Q8: return "q8";
+  }
+  return "?";
+}
+
+WeightFormat parse_weight_format(std::string_view name, std::string_view field) {
+  for (WeightFormat f : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8})
+    if (name == weight_format_name(f)) return f;
+  fail(field, "\"" + std::string(name) + "\"", "f32, f16, bf16, q8");
+}
+
+WeightFormat weight_format_of(DType t) {
+  switch (t) {
+    case DType::F32: return WeightFormat::F32;
+    case DType::F16: return WeightFormat::F16;
+    case DType::BF16: return WeightFormat::BF16;
+    case DType::F64: break;
+  }
+  fail("weight dtype", dtype_name(t), "f32, f16, bf16 (convert f64 weights at load)");
+}
+
+namespace {
+
+// [begin, end) bytes of a strided [n, row] array of `elem`-byte elements; n >= 1.
+struct Span {
+  uintptr_t begin, end;
+};
+Span span_of(const void* p, int64_t n, int64_t stride, int64_t row, int64_t elem) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(p);
+  return {b, b + uintptr_t(((n - 1) * stride + row) * elem)};
+}
+bool overlap(Span a, Span b) { return a.begin < b.end && b.begin < a.end; }
+
+// n rows of `row` elements `stride` apart must fit in int64 element counts.
+void check_extent(int64_t n, int64_t stride, int64_t row, std::string_view field) {
+  int64_t m = 0, e = 0;
+  if (__builtin_mul_overflow(n - 1, stride, &m) || __builtin_add_overflow(m, row, &e) || e > (int64_t(1) << 56))
+    fail(field, to_text(stride), "a stride whose [" + std::to_string(n) + ", " + std::to_string(row) +
+                                     "] extent fits in 2^56 elements");
+}
+
+}  // namespace
+
+void linear_detail::validate(const LinearParams& p) {
+  const WeightMatrix& w = p.w;
+  if (w.format != WeightFormat::F32 && w.format != WeightFormat::F16 && w.format != WeightFormat::BF16 &&
+      w.format != WeightFormat::Q8)
+    fail("w.format", std::to_string(int(w.format)), "f32, f16, bf16, q8");
+  check(w.rows >= 1, "w.rows", w.rows, ">= 1");
+  check(w.cols >= 1, "w.cols", w.cols, ">= 1");
+  if (w.data == nullptr) fail("w.data", "null", "a non-null pointer");
+  check(w.rows == 1 || w.row_stride >= w.cols, "w.row_stride", w.row_stride,
+        ">= w.cols = " + std::to_string(w.cols) + " (rows must not overlap)");
+  check_extent(w.rows, w.row_stride, w.cols, "w.row_stride");
+  if (w.format == WeightFormat::Q8) {
+    if (w.scales == nullptr) fail("w.scales", "null", "a non-null pointer (q8 weights have one scale per block)");
+    check(w.rows == 1 || w.scale_stride >= q8_blocks(w.cols), "w.scale_stride", w.scale_stride,
+          ">= q8_blocks(w.cols) = " + std::to_string(q8_blocks(w.cols)));
+    check_extent(w.rows, w.scale_stride, q8_blocks(w.cols), "w.scale_stride");
+  }
+  check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
+  detail::check_threads(p.threads);
+  if (p.tokens == 0) return;
+  if (p.x == nullptr) fail("x", "null", "a non-null pointer");
+  if (p.y == nullptr) fail("y", "null", "a non-null pointer");
+  check(p.tokens == 1 || p.x_stride >= w.cols, "x_stride", p.x_stride, ">= w.cols = " + std::to_string(w.cols));
+  check(p.tokens == 1 || p.y_stride >= w.rows, "y_stride", p.y_stride,
+        ">= w.rows = " + std::to_string(w.rows) + " (output rows must not overlap)");
+  check_extent(p.tokens, p.x_stride, w.cols, "x_stride");
+  check_extent(p.tokens, p.y_stride, w.rows, "y_stride");
+  const Span y = span_of(p.y, p.tokens, p.y_stride, w.rows, 4);
+  if (overlap(y, span_of(p.x, p.tokens, p.x_stride, w.cols, 4))) fail("y", "a buffer overlapping x", "a separate buffer");
+  if (overlap(y, span_of(w.data, w.rows, w.row_stride, w.cols, weight_element_size(w.format))))
+    fail("y", "a buffer overlapping w.data", "a separate buffer");
+  if (p.bias && overlap(y, span_of(p.bias, 1, 0, w.rows, 4))) fail("y", "a buffer overlapping bias", "a separate buffer");
+}
+
+void linear_forward(const LinearParams& p) {
+  linear_detail::validate(p);
+  if (p.tokens == 0) return;
+  linear_detail::Job j;
+  j.w = p.w.data, j.rows = p.w.rows, j.cols = p.w.cols, j.row_stride = p.w.row_stride;
+  j.scales = p.w.scales, j.scale_stride = p.w.scale_stride;
+  j.bias = p.bias, j.tokens = p.tokens, j.x = p.x, j.x_stride = p.x_stride, j.y = p.y, j.y_stride = p.y_stride;
+  j.accumulate = p.accumulate;
+  j.threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+  // A thread costs a few microseconds to wake: small products (a GQA model's k / v projections in decode) stay on
+  // fewer threads, each given at least ~64k multiply-adds.
+  const int64_t work = p.tokens * p.w.rows * p.w.cols;
+  j.threads = int(std::clamp<int64_t>(work / 65536, 1, j.threads));
+  linear_detail::run(p.w.format, j);
+}
+
+void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int64_t src_row_stride, int8_t* quants,
+                 float* scales, int threads) {
+  detail::check_dtype(src_dtype, "src_dtype");
+  check(rows >= 1, "rows", rows, ">= 1");
+  check(cols >= 1, "cols", cols, ">= 1");
+  if (src == nullptr) fail("src", "null", "a non-null pointer");
+  if (quants == nullptr) fail("quants", "null", "a non-null pointer");
+  if (scales == nullptr) fail("scales", "null", "a non-null pointer");
+  check(rows == 1 || src_row_stride >= cols, "src_row_stride", src_row_stride, ">= cols = " + std::to_string(cols));
+  check_extent(rows, src_row_stride, cols, "src_row_stride");
+  detail::check_threads(threads);
+  const int64_t blocks = q8_blocks(cols);
+  const int nt = threads > 0 ? threads : omp_get_max_threads();
+  // Checked before anything is written: q8 holds no NaN or infinity, and one would poison its block's scale.
+  int64_t bad = -1;  // the first non-finite weight, as r * cols + c
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<double> row(static_cast<size_t>(cols));
+    detail::load_row(src, src_dtype, r * src_row_stride, cols, row.data());
+    for (int64_t c = 0; c < cols; ++c)
+      if (!std::isfinite(row[size_t(c)])) {
+#pragma omp critical(rotary_quantize_q8)
+        if (bad < 0 || r * cols + c < bad) bad = r * cols + c;
+        break;
+      }
+  }
+  if (bad >= 0)
+    fail("weight[" + std::to_string(bad / cols) + "][" + std::to_string(bad % cols) + "]",
+         to_text(load_as_double(src, src_dtype, (bad / cols) * src_row_stride + bad % cols)),
+         "a finite value (q8 cannot hold NaN or infinity)");
+#pragma omp parallel for schedule(static) num_threads(nt)
+  for (int64_t r = 0; r < rows; ++r) {
+    std::vector<float> row(static_cast<size_t>(cols));
+    detail::load_row(src, src_dtype, r * src_row_stride, cols, row.data());
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t c0 = b * kQ8Block, c1 = std::min(cols, c0 + kQ8Block);
+      float amax = 0;
+      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
+      const float scale = amax / 127.0f;
+      scales[r * blocks + b] = scale;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float q = scale > 0 ? std::round(row[size_t(c)] / scale) : 0.0f;  // one rounding: within scale / 2
+        quants[r * cols + c] = int8_t(std::clamp(q, -127.0f, 127.0f));
+      }
+    }
+  }
+}
+
+}  // namespace rotary

@@ -1,0 +1,198 @@
+// core/src/linear_hwy.cpp: the Highway kernels of linear_forward (rotary/linear.h). Every output is a dot product of
+// a weight row and a token's activations, accumulated in float32 lanes and summed across lanes once at the end.
+// A register tile holds kRows weight rows x kTokens tokens of accumulators, so each weight vector loaded (and
+// widened from its storage format) is used kTokens times and each activation vector kRows times. Decode
+// (tokens = 1) runs 1 x kRows tiles, streaming each weight once; prefill runs kTokens x kRows tiles over chunks of
+// tokens small enough to stay in the core's L2 cache while the weight rows stream past.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdint>
+
+#include "linear_kernel.h"
+#include "simd_targets.h"
+#include "rotary/linear.h"
+
+#undef HWY_TARGET_INCLUDE
+#define HWY_TARGET_INCLUDE "linear_hwy.cpp"
+#include <hwy/foreach_target.h>  // IWYU pragma: keep
+// (foreach_target must come first: it re-includes this file once per target)
+#include <hwy/highway.h>
+
+#include "storage-inl.h"
+
+HWY_BEFORE_NAMESPACE();
+namespace rotary::linear_detail::HWY_NAMESPACE {
+namespace hn = hwy::HWY_NAMESPACE;
+using DF = hn::ScalableTag<float>;
+
+constexpr int kRows = 4;    // weight rows per tile
+constexpr int kTokens = 4;  // tokens per prefill tile (16 accumulators + 8 loaded vectors: fits AVX2's 16 registers)
+
+// Lanes(df) weights from p as float lanes (int8: widened exactly; the q8 scale is applied by the caller).
+template <class T>
+HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const T* p) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    const hn::Rebind<int8_t, DF> d8;
+    const hn::RebindToSigned<DF> d32;
+    return hn::ConvertTo(df, hn::PromoteTo(d32, hn::LoadU(d8, p)));
+  } else {
+    return simd::HWY_NAMESPACE::LoadStorage(df, p);
+  }
+}
+
+// One weight in float (scalar tails).
+template <class T>
+HWY_INLINE float WeightAt(const T* p, int64_t c) {
+  if constexpr (std::is_same_v<T, int8_t>) return float(p[c]);
+  else if constexpr (std::is_same_v<T, float>) return p[c];
+  else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return bf16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
+  else return f16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
+}
+
+// sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
+// x + t * xs. Q8 (T = int8_t): `scales` + r * ss holds row r's block scales; a block's widened quants are multiplied
+// by its scale before the multiply-add (one rounding more per product than a float weight, within the tolerance).
+template <int NT, int NR, class T>
+HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTRICT scales, int64_t ss,
+                     const float* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT][NR]) {
+  constexpr bool kQ8 = std::is_same_v<T, int8_t>;
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  hn::Vec<DF> acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = hn::Zero(df);
+  int64_t k = 0;
+  if constexpr (kQ8) {
+    // Whole blocks, kQ8Block / L vectors each (x86 vectors hold at most 16 floats, so L divides the block).
+    static_assert(kQ8Block % 16 == 0);
+    if (kQ8Block % L == 0) {
+      for (; k + kQ8Block <= K; k += kQ8Block) {
+        hn::Vec<DF> scale[NR];
+        for (int r = 0; r < NR; ++r) scale[r] = hn::Set(df, scales[r * ss + k / kQ8Block]);
+        for (int64_t j = k; j < k + kQ8Block; j += L) {
+          hn::Vec<DF> wv[NR];
+          for (int r = 0; r < NR; ++r) wv[r] = hn::Mul(LoadWeights(df, w + r * ws + j), scale[r]);
+          for (int t = 0; t < NT; ++t) {
+            const hn::Vec<DF> xv = hn::LoadU(df, x + t * xs + j);
+            for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+          }
+        }
+      }
+    }
+  } else {
+    for (; k + L <= K; k += L) {
+      hn::Vec<DF> wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + k);
+      for (int t = 0; t < NT; ++t) {
+        const hn::Vec<DF> xv = hn::LoadU(df, x + t * xs + k);
+        for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+      }
+    }
+  }
+  // The columns past the last whole vector (q8: block) as zero-padded vectors, so that they join the same lanes
+  // whatever NT is: a token's result has the same bits in a decode step and in any prefill tile.
+  for (; k < K; k += L) {
+    const int64_t n = std::min(L, K - k);
+    HWY_ALIGN float wpad[NR][simd::HWY_NAMESPACE::kMaxLanes] = {};
+    HWY_ALIGN float xpad[simd::HWY_NAMESPACE::kMaxLanes] = {};
+    for (int r = 0; r < NR; ++r)
+      for (int64_t i = 0; i < n; ++i) {
+        wpad[r][i] = WeightAt(w + r * ws, k + i);
+        if constexpr (kQ8) wpad[r][i] *= scales[r * ss + (k + i) / kQ8Block];
+      }
+    hn::Vec<DF> wv[NR];
+    for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wpad[r]);
+    for (int t = 0; t < NT; ++t) {
+      for (int64_t i = 0; i < n; ++i) xpad[i] = x[t * xs + k + i];
+      const hn::Vec<DF> xv = hn::Load(df, xpad);
+      for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) sums[t][r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+}
+
+// Writes (or adds) NT x NR tile sums plus the bias into y.
+template <int NT, int NR>
+HWY_INLINE void Store(const Job& j, int64_t t0, int64_t r0, const float sums[NT][NR]) {
+  for (int t = 0; t < NT; ++t) {
+    float* yrow = j.y + (t0 + t) * j.y_stride + r0;
+    for (int r = 0; r < NR; ++r) {
+      const float v = j.bias ? sums[t][r] + j.bias[r0 + r] : sums[t][r];
+      yrow[r] = j.accumulate ? yrow[r] + v : v;
+    }
+  }
+}
+
+template <int NT, int NR, class T>
+HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
+  const T* w = static_cast<const T*>(j.w) + r0 * j.row_stride;
+  const float* sc = j.scales ? j.scales + r0 * j.scale_stride : nullptr;
+  float sums[NT][NR];
+  Tile<NT, NR>(w, j.row_stride, sc, j.scale_stride, j.x + t0 * j.x_stride, j.x_stride, j.cols, sums);
+  Store<NT, NR>(j, t0, r0, sums);
+}
+
+// Tokens [t0, t1) against rows [r0, r1): kTokens x kRows tiles, then the leftover tokens one at a time, then the
+// leftover rows one at a time.
+template <class T>
+HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) {
+    int64_t t = t0;
+    for (; t + kTokens <= t1; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
+    for (; t < t1; ++t) TileAt<1, kRows, T>(j, t, r);
+  }
+  for (; r < r1; ++r) {
+    int64_t t = t0;
+    for (; t + kTokens <= t1; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
+    for (; t < t1; ++t) TileAt<1, 1, T>(j, t, r);
+  }
+}
+
+template <class T>
+void Run(const Job& j) {
+  // Row groups are the unit of work: a thread streams its rows' weights once per token chunk. Tokens go in chunks
+  // whose activations (chunk x cols floats) stay in L2 while the rows pass.
+  const int64_t groups = (j.rows + kRows - 1) / kRows;
+  const int64_t chunk = std::max<int64_t>(kTokens, (kChunkBytes / (4 * std::max<int64_t>(j.cols, 1))) / kTokens * kTokens);
+  const int threads = int(std::min<int64_t>(j.threads, groups));
+#pragma omp parallel num_threads(threads)
+  for (int64_t t0 = 0; t0 < j.tokens; t0 += chunk) {
+    const int64_t t1 = std::min(j.tokens, t0 + chunk);
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) Block<T>(j, t0, t1, g * kRows, std::min(j.rows, (g + 1) * kRows));
+  }
+}
+
+void RunF32(const Job& j) { Run<float>(j); }
+void RunF16(const Job& j) { Run<hwy::float16_t>(j); }
+void RunBF16(const Job& j) { Run<hwy::bfloat16_t>(j); }
+void RunQ8(const Job& j) { Run<int8_t>(j); }
+const char* LinearTargetName() { return hwy::TargetName(HWY_TARGET); }
+
+}  // namespace rotary::linear_detail::HWY_NAMESPACE
+HWY_AFTER_NAMESPACE();
+
+#if HWY_ONCE
+namespace rotary::linear_detail {
+HWY_EXPORT(RunF32);
+HWY_EXPORT(RunF16);
+HWY_EXPORT(RunBF16);
+HWY_EXPORT(RunQ8);
+HWY_EXPORT(LinearTargetName);
+
+void run(WeightFormat f, const Job& j) {
+  switch (f) {
+    case WeightFormat::F32: HWY_DYNAMIC_DISPATCH(RunF32)(j); break;
+    case WeightFormat::F16: HWY_DYNAMIC_DISPATCH(RunF16)(j); break;
+    case WeightFormat::BF16: HWY_DYNAMIC_DISPATCH(RunBF16)(j); break;
+    case WeightFormat::Q8: HWY_DYNAMIC_DISPATCH(RunQ8)(j); break;
+  }
+}
+
+}  // namespace rotary::linear_detail
+
+const char* rotary::detail::linear_simd_target() { return HWY_DYNAMIC_DISPATCH(linear_detail::LinearTargetName)(); }
+#endif  // HWY_ONCE

@@ -1,0 +1,136 @@
+// rotary_engine/model.h: a decoder-only checkpoint run without torch. The weights stay where they are stored (a
+// memory-mapped safetensors file: bf16, f16, f32) and the linear layers read them in place through the core's
+// kernels (rotary/linear.h), or are converted once at load (LoadOptions::weights: bf16, f16, f32, or q8 - int8
+// blocks of 32 with a scale); attention is the core's fused kernel for a prompt and its KV cache (every position
+// mode: RoPE with any scaling, ReRoPE, Leaky ReRoPE, log-n) for each new token.
+//
+//   Model    the architecture and the weights (shared, read-only): Model::load.
+//   Session  one sequence: a KV cache per layer and the scratch of its steps (no allocation per decode step).
+//
+// Families: Llama / Mistral / Qwen2 (RMSNorm, SwiGLU, optional biases, GQA, tied or untied head) and GPT-NeoX /
+// Pythia (LayerNorm, GELU, parallel residual, a fused per-head [q | k | v] projection used as one matrix). The
+// architecture comes from a Hugging Face config.json through rotary_nn/hf_engine.h; the numbers are tested
+// against the nn float32 model and the float64 transcription of transformers (tests/nn/test_hf_engine.cpp).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rotary/attention.h"
+#include "rotary/dtype.h"
+#include "rotary/kv_cache.h"
+#include "rotary/linear.h"
+#include "rotary/rope_spec.h"
+
+namespace rotary::engine {
+
+enum class NormKind : uint8_t { RmsNorm, LayerNorm };
+enum class MlpKind : uint8_t { SwiGlu, Gelu, GeluTanh };  // down(silu(gate x) * up x); down(gelu(up x)), erf / tanh
+
+struct Architecture {
+  int64_t vocab_size = 0, d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
+  NormKind norm = NormKind::RmsNorm;
+  double norm_eps = 1e-6;
+  MlpKind mlp = MlpKind::SwiGlu;
+  bool qkv_bias = false, out_bias = false, mlp_bias = false;
+  bool parallel_residual = false;  // x + attn(norm1 x) + mlp(norm2 x) (GPT-NeoX)
+  bool fused_qkv = false;          // one [3 n_heads head_dim, d_model] projection, per head [q | k | v] (GPT-NeoX)
+  bool tie_embeddings = false;     // the LM head is the embedding
+  int64_t sliding_window = 0;      // > 0: sequences longer than this are refused (no sliding-window attention)
+  void validate() const;           // rotary::Error naming the field
+};
+
+// A tensor where it is stored; the engine reads it and never writes it.
+struct StoredTensor {
+  DType dtype = DType::F32;
+  const void* data = nullptr;
+  std::vector<int64_t> shape;
+};
+
+// One tensor the engine reads: its name in the engine's terms ("embed", "layers.3.q.weight", ...) and shape.
+struct TensorSlot {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+// Every tensor the architecture reads, in a fixed order.
+std::vector<TensorSlot> tensor_slots(const Architecture& a);
+
+struct LoadOptions {
+  std::optional<WeightFormat> weights;  // convert every matrix at load; unset: as stored (f64 becomes f32)
+  int threads = 0;                      // 0: OpenMP's default
+};
+
+class Model {
+ public:
+  // `lookup(name)` returns the stored tensor for each slot (rotary::Error when absent); its shape must equal the
+  // slot's. `keep_alive` holds whatever owns the stored bytes (the mapped files) for as long as the model lives.
+  static std::shared_ptr<const Model> load(const Architecture& arch,
+                                           const std::function<StoredTensor(const std::string&)>& lookup,
+                                           const LoadOptions& options, std::shared_ptr<const void> keep_alive);
+  ~Model();
+
+  const Architecture& arch() const;
+  WeightFormat matrix_format() const;  // the format of the linear layers' weights as run
+  int64_t weight_bytes_per_token() const;  // bytes of weights a decode step reads (every matrix and the head)
+  int64_t owned_bytes() const;  // bytes the model allocated itself (converted weights, norms, biases)
+  // The LM head: logits [n, vocab_size] of final hidden states [n, d_model] (it reads no sequence state).
+  void logits(const float* hidden, int64_t n, float* out, int threads = 0) const;
+
+  struct Impl;
+  const Impl& impl() const { return *impl_; }
+
+ private:
+  explicit Model(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Where positions enter attention, as the core's kernels take it. rope: head_dim and rotary_dim filled; its
+// scaling's frequencies are taken at the session's current length for the length-dependent types (dynamic NTK,
+// longrope), as transformers does, and the cache is rebuilt from its keys when they change.
+struct PositionMethod {
+  PositionMode mode = PositionMode::Rope;  // Rope, Rerope or LeakyRerope
+  RopeSpec rope;
+  int64_t window = 0;          // Rerope / LeakyRerope
+  double leaky_k = 1.0;        // LeakyRerope
+  int64_t logn_train_len = 0;  // > 1: log-n query scaling
+};
+
+struct SessionOptions {
+  int64_t capacity = 0;         // most tokens the session holds (the KV caches are allocated for it)
+  DType kv_dtype = DType::F32;  // storage of the KV cache (f32, bf16, f16)
+  PositionMethod positions;
+  int64_t prefill_chunk = 512;  // tokens per MLP / head step of a prompt (bounds the activations' memory)
+  int threads = 0;              // 0: OpenMP's default
+};
+
+class Session {
+ public:
+  Session(std::shared_ptr<const Model> model, const SessionOptions& options);  // rotary::Error naming the field
+  ~Session();
+  Session(Session&&) noexcept;
+
+  // Runs n tokens at `positions` (increasing, after the cached ones) through every layer and appends them to the
+  // caches: a first call of several tokens is one fused causal attention over them (a prompt), later tokens
+  // attend to the cache one at a time. hidden: [n, d_model], the final norm's output (null: not wanted).
+  void forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden);
+  // The LM head (Model::logits) at the session's thread count.
+  void logits(const float* hidden, int64_t n, float* out) const;
+  int64_t size() const;      // tokens cached
+  int64_t capacity() const;  // SessionOptions::capacity
+  const Model& model() const;
+  void clear();              // back to an empty sequence
+
+  // Bytes a session with these options allocates (KV caches and scratch for a prompt of `prompt_tokens`), so a
+  // caller can check a run against the machine's memory before starting it.
+  static int64_t bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace rotary::engine

@@ -1,0 +1,201 @@
+// Model: the architecture's checks, the tensor slots, and loading - each matrix used in place in its stored format
+// or converted once (bf16 / f16 / f32 / q8); norms and biases copied to float32 (they are small).
+#include <omp.h>
+
+#include <cstring>
+#include <deque>
+#include <string>
+
+#include "model_impl.h"
+#include "rotary/error.h"
+#include "rotary_engine/model.h"
+
+namespace rotary::engine {
+
+void Architecture::validate() const {
+  check(vocab_size >= 1 && vocab_size <= (int64_t(1) << 31), "vocab_size", vocab_size, "1..2^31");
+  check(d_model >= 1 && d_model <= (1 << 16), "d_model", d_model, "1..65536");
+  check(n_layers >= 1 && n_layers <= 1024, "n_layers", n_layers, "1..1024");
+  check(n_heads >= 1 && n_heads <= 1024, "n_heads", n_heads, "1..1024");
+  check(n_kv_heads >= 1 && n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
+        "a divisor of n_heads = " + std::to_string(n_heads));
+  check(head_dim >= 16 && head_dim <= 256, "head_dim", head_dim, "16..256 (the fused attention kernels')");
+  check(d_ff >= 1 && d_ff <= (int64_t(1) << 20), "d_ff", d_ff, "1..2^20");
+  check(norm_eps > 0 && norm_eps < 1, "norm_eps", norm_eps, "(0, 1)");
+  check(!fused_qkv || n_kv_heads == n_heads, "n_kv_heads", n_kv_heads,
+        "n_heads with a fused qkv projection (GPT-NeoX has no grouped keys)");
+  check(sliding_window >= 0, "sliding_window", sliding_window, ">= 0 (0: none)");
+}
+
+std::vector<TensorSlot> tensor_slots(const Architecture& a) {
+  const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim, ff = a.d_ff;
+  std::vector<TensorSlot> out;
+  auto add = [&](std::string name, std::vector<int64_t> shape) { out.push_back({std::move(name), std::move(shape)}); };
+  auto norm = [&](const std::string& n) {
+    add(n + ".weight", {d});
+    if (a.norm == NormKind::LayerNorm) add(n + ".bias", {d});
+  };
+  auto linear = [&](const std::string& n, int64_t rows, int64_t cols, bool bias) {
+    add(n + ".weight", {rows, cols});
+    if (bias) add(n + ".bias", {rows});
+  };
+  add("embed", {a.vocab_size, d});
+  for (int64_t i = 0; i < a.n_layers; ++i) {
+    const std::string l = "layers." + std::to_string(i) + ".";
+    norm(l + "attn_norm");
+    if (a.fused_qkv) {
+      linear(l + "qkv", 3 * hq, d, a.qkv_bias);
+    } else {
+      linear(l + "q", hq, d, a.qkv_bias);
+      linear(l + "k", hkv, d, a.qkv_bias);
+      linear(l + "v", hkv, d, a.qkv_bias);
+    }
+    linear(l + "o", d, hq, a.out_bias);
+    norm(l + "mlp_norm");
+    if (a.mlp == MlpKind::SwiGlu) linear(l + "gate", ff, d, a.mlp_bias);
+    linear(l + "up", ff, d, a.mlp_bias);
+    linear(l + "down", d, ff, a.mlp_bias);
+  }
+  norm("final_norm");
+  if (!a.tie_embeddings) add("lm_head", {a.vocab_size, d});
+  return out;
+}
+
+namespace {
+
+std::string shape_text(const std::vector<int64_t>& s) {
+  std::string t = "[";
+  for (size_t i = 0; i < s.size(); ++i) t += (i ? ", " : "") + std::to_string(s[i]);
+  return t + "]";
+}
+
+class Loader {
+ public:
+  Loader(Model::Impl& m, const std::function<StoredTensor(const std::string&)>& lookup, const LoadOptions& o)
+      : m_(m), lookup_(lookup), o_(o), threads_(o.threads > 0 ? o.threads : omp_get_max_threads()) {}
+
+  StoredTensor get(const std::string& name, const std::vector<int64_t>& shape) {
+    StoredTensor t = lookup_(name);
+    if (t.shape != shape) fail("tensor " + name + ".shape", shape_text(t.shape), shape_text(shape));
+    if (t.data == nullptr) fail("tensor " + name + ".data", "null", "the tensor's bytes");
+    return t;
+  }
+  // A [rows, cols] matrix in `format`: in place when stored so, else converted into storage the model owns.
+  WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<WeightFormat> want) {
+    const StoredTensor t = get(name, {rows, cols});
+    const WeightFormat f = want ? *want : t.dtype == DType::F64 ? WeightFormat::F32 : weight_format_of(t.dtype);
+    WeightMatrix w;
+    w.format = f, w.rows = rows, w.cols = cols, w.row_stride = cols;
+    if (t.dtype != DType::F64 && f == weight_format_of(t.dtype)) {
+      w.data = t.data;
+      return w;
+    }
+    std::vector<uint8_t>& bytes = m_.owned.emplace_back(size_t(rows * cols * weight_element_size(f)));
+    m_.owned_bytes += int64_t(bytes.size());
+    if (f == WeightFormat::Q8) {
+      std::vector<float>& scales = m_.owned_floats.emplace_back(size_t(rows * q8_blocks(cols)));
+      m_.owned_bytes += int64_t(scales.size()) * 4;
+      quantize_q8(t.data, t.dtype, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()), scales.data(), threads_);
+      w.scales = scales.data(), w.scale_stride = q8_blocks(cols);
+    } else {
+      const DType to = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
+#pragma omp parallel for schedule(static) num_threads(threads_)
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) store_from_double(bytes.data(), to, r * cols + c, load_as_double(t.data, t.dtype, r * cols + c));
+    }
+    w.data = bytes.data();
+    return w;
+  }
+  // A vector as float32 the model owns.
+  const float* vector(const std::string& name, int64_t n) {
+    const StoredTensor t = get(name, {n});
+    std::vector<float>& v = m_.owned_floats.emplace_back(size_t(n));
+    m_.owned_bytes += n * 4;
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(load_as_double(t.data, t.dtype, i));
+    return v.data();
+  }
+  Linear linear(const std::string& n, int64_t rows, int64_t cols, bool bias) {
+    Linear l;
+    l.w = matrix(n + ".weight", rows, cols, o_.weights);
+    if (bias) l.bias = vector(n + ".bias", rows);
+    return l;
+  }
+  NormWeights norm(const std::string& n, NormKind kind, int64_t d) {
+    NormWeights w;
+    w.weight = vector(n + ".weight", d);
+    if (kind == NormKind::LayerNorm) w.bias = vector(n + ".bias", d);
+    return w;
+  }
+
+ private:
+  Model::Impl& m_;
+  const std::function<StoredTensor(const std::string&)>& lookup_;
+  const LoadOptions& o_;
+  int threads_;
+};
+
+}  // namespace
+
+Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Model::~Model() = default;
+const Architecture& Model::arch() const { return impl_->arch; }
+WeightFormat Model::matrix_format() const { return impl_->layers.front().o.w.format; }
+int64_t Model::owned_bytes() const { return impl_->owned_bytes; }
+
+void Model::logits(const float* hidden, int64_t n, float* out, int threads) const {
+  check(n >= 0, "n", n, ">= 0");
+  check(threads >= 0, "threads", threads, ">= 0 (0: OpenMP's default)");
+  if (n == 0) return;
+  LinearParams p;
+  p.w = impl_->head.w, p.tokens = n, p.x = hidden, p.x_stride = impl_->arch.d_model, p.y = out;
+  p.y_stride = impl_->arch.vocab_size, p.threads = threads;
+  linear_forward(p);
+}
+
+int64_t Model::weight_bytes_per_token() const {
+  auto bytes = [](const WeightMatrix& w) {
+    if (!w.data) return int64_t(0);
+    return w.rows * w.cols * weight_element_size(w.format) + (w.scales ? w.rows * q8_blocks(w.cols) * 4 : 0);
+  };
+  int64_t total = bytes(impl_->head.w);
+  for (const Layer& l : impl_->layers)
+    for (const Linear* x : {&l.q, &l.k, &l.v, &l.qkv, &l.o, &l.gate, &l.up, &l.down}) total += bytes(x->w);
+  return total;
+}
+
+std::shared_ptr<const Model> Model::load(const Architecture& arch,
+                                         const std::function<StoredTensor(const std::string&)>& lookup,
+                                         const LoadOptions& options, std::shared_ptr<const void> keep_alive) {
+  arch.validate();
+  check(options.threads >= 0, "threads", options.threads, ">= 0 (0: OpenMP's default)");
+  auto m = std::make_unique<Impl>();
+  m->arch = arch;
+  m->keep_alive = std::move(keep_alive);
+  Loader load(*m, lookup, options);
+  const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
+  // The embedding is read a row per token, so it stays as stored unless it is also the head (tied): then it takes
+  // the matrices' format, which the head's speed and size follow.
+  m->embed = load.matrix("embed", arch.vocab_size, d, arch.tie_embeddings ? options.weights : std::nullopt);
+  for (int64_t i = 0; i < arch.n_layers; ++i) {
+    const std::string p = "layers." + std::to_string(i) + ".";
+    Layer& l = m->layers.emplace_back();
+    l.attn_norm = load.norm(p + "attn_norm", arch.norm, d);
+    if (arch.fused_qkv) {
+      l.qkv = load.linear(p + "qkv", 3 * hq, d, arch.qkv_bias);
+    } else {
+      l.q = load.linear(p + "q", hq, d, arch.qkv_bias);
+      l.k = load.linear(p + "k", hkv, d, arch.qkv_bias);
+      l.v = load.linear(p + "v", hkv, d, arch.qkv_bias);
+    }
+    l.o = load.linear(p + "o", d, hq, arch.out_bias);
+    l.mlp_norm = load.norm(p + "mlp_norm", arch.norm, d);
+    if (arch.mlp == MlpKind::SwiGlu) l.gate = load.linear(p + "gate", arch.d_ff, d, arch.mlp_bias);
+    l.up = load.linear(p + "up", arch.d_ff, d, arch.mlp_bias);
+    l.down = load.linear(p + "down", d, arch.d_ff, arch.mlp_bias);
+  }
+  m->final_norm = load.norm("final_norm", arch.norm, d);
+  m->head.w = arch.tie_embeddings ? m->embed : load.matrix("lm_head", arch.vocab_size, d, options.weights);
+  return std::shared_ptr<const Model>(new Model(std::move(m)));
+}
+
+}  // namespace rotary::engine

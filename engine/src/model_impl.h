@@ -1,0 +1,47 @@
+// engine/src/model_impl.h (internal): what a loaded Model holds - per layer the matrices (in place or owned) and
+// the float32 norms and biases - and the row and norm helpers the session uses.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <vector>
+
+#include "rotary/linear.h"
+#include "rotary_engine/model.h"
+
+namespace rotary::engine {
+
+struct Linear {
+  WeightMatrix w;  // data null: absent (e.g. gate without SwiGLU)
+  const float* bias = nullptr;
+};
+struct NormWeights {
+  const float* weight = nullptr;
+  const float* bias = nullptr;  // LayerNorm only
+};
+struct Layer {
+  NormWeights attn_norm, mlp_norm;
+  Linear q, k, v, qkv, o, gate, up, down;  // qkv: fused_qkv only, else q, k, v
+};
+
+struct Model::Impl {
+  Architecture arch;
+  std::shared_ptr<const void> keep_alive;  // the stored bytes (mapped files)
+  std::deque<std::vector<uint8_t>> owned;  // converted matrices
+  std::deque<std::vector<float>> owned_floats;  // norms, biases, q8 scales
+  int64_t owned_bytes = 0;
+  WeightMatrix embed;
+  std::vector<Layer> layers;
+  NormWeights final_norm;
+  Linear head;
+};
+
+// out[0, cols) = row r of w as float32 (q8: quant x scale).
+void read_row(const WeightMatrix& w, int64_t r, float* out);
+
+// out = norm(x) for n rows of d: RMSNorm x / sqrt(mean x^2 + eps) * weight, or LayerNorm (x - mean) / sqrt(var +
+// eps) * weight + bias; the means in double.
+void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out);
+
+}  // namespace rotary::engine

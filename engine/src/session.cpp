@@ -1,0 +1,315 @@
+// Session: one sequence through the model - embedding rows, then per layer norm, q / k / v projections, attention
+// (the core's fused kernel for a prompt, its KV cache one token at a time after that), output projection added to
+// the residual, norm, MLP added to the residual; the final norm, and the LM head on request. Buffers are sized once
+// (decode allocates nothing per step) and grown only by a longer prompt.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "model_impl.h"
+#include "rotary/error.h"
+#include "rotary_engine/model.h"
+
+namespace rotary::engine {
+
+void read_row(const WeightMatrix& w, int64_t r, float* out) {
+  const int64_t base = r * w.row_stride;
+  switch (w.format) {
+    case WeightFormat::F32: std::memcpy(out, static_cast<const float*>(w.data) + base, size_t(w.cols) * 4); return;
+    case WeightFormat::F16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = f16_to_float(static_cast<const uint16_t*>(w.data)[base + c]);
+      return;
+    case WeightFormat::BF16:
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = bf16_to_float(static_cast<const uint16_t*>(w.data)[base + c]);
+      return;
+    case WeightFormat::Q8: {
+      const int8_t* q = static_cast<const int8_t*>(w.data) + base;
+      const float* s = w.scales + r * w.scale_stride;
+      for (int64_t c = 0; c < w.cols; ++c) out[c] = float(q[c]) * s[c / kQ8Block];
+      return;
+    }
+  }
+}
+
+void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* xr = x + t * d;
+    float* o = out + t * d;
+    if (kind == NormKind::RmsNorm) {
+      double ss = 0;
+      for (int64_t i = 0; i < d; ++i) ss += double(xr[i]) * xr[i];
+      const float inv = float(1.0 / std::sqrt(ss / double(d) + eps));
+      for (int64_t i = 0; i < d; ++i) o[i] = w.weight[i] * (xr[i] * inv);
+    } else {
+      double mean = 0, var = 0;
+      for (int64_t i = 0; i < d; ++i) mean += xr[i];
+      mean /= double(d);
+      for (int64_t i = 0; i < d; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+      const double inv = 1.0 / std::sqrt(var / double(d) + eps);
+      for (int64_t i = 0; i < d; ++i) o[i] = float((xr[i] - mean) * inv) * w.weight[i] + w.bias[i];
+    }
+  }
+}
+
+namespace {
+
+constexpr int64_t kPad = KvCacheLayout::kPad;
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+bool length_dependent(const RopeSpec& r) {
+  return r.scaling == RopeScaling::Dynamic || r.scaling == RopeScaling::LongRope;
+}
+
+float gelu(float x, bool tanh_form) {
+  if (tanh_form) return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
+  return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
+}
+
+// n rows of `width` floats (row stride `stride`) into a packed buffer of `to` (f32: copy).
+void store_rows(const float* src, int64_t n, int64_t width, int64_t stride, DType to, void* dst) {
+  for (int64_t t = 0; t < n; ++t)
+    for (int64_t i = 0; i < width; ++i) store_from_double(dst, to, t * width + i, src[t * stride + i]);
+}
+
+}  // namespace
+
+struct Session::Impl {
+  std::shared_ptr<const Model> model;
+  const Model::Impl& m;
+  const Architecture& a;
+  SessionOptions o;
+  int threads;
+  RopeFreqs freqs;
+  int64_t freqs_len = -1;  // the length the frequencies were taken at (length-dependent scalings)
+  std::vector<KvCache> caches;
+  int64_t last_position = 0;
+  // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
+  std::vector<std::vector<float>> hist_k, hist_v;
+  std::vector<int64_t> hist_pos;
+  // Scratch, [tokens, width] float32 unless said otherwise.
+  std::vector<float> x, h, h2, q, k, v, qkv, att, ff_up, ff_gate;
+  std::vector<uint8_t> qc, kc, vc, oc;  // q, k, v, o in the cache's dtype
+
+  Impl(std::shared_ptr<const Model> mod, const SessionOptions& opt)
+      : model(std::move(mod)), m(model->impl()), a(m.arch), o(opt),
+        threads(opt.threads > 0 ? opt.threads : omp_get_max_threads()) {
+    check(o.capacity >= 1, "capacity", o.capacity, ">= 1 token");
+    check(a.sliding_window == 0 || o.capacity <= a.sliding_window, "capacity", o.capacity,
+          "<= the checkpoint's sliding_window = " + std::to_string(a.sliding_window) +
+              " (rotary has no sliding-window attention; longer sequences would differ from the checkpoint's code)");
+    check(o.kv_dtype == DType::F32 || o.kv_dtype == DType::BF16 || o.kv_dtype == DType::F16, "kv_dtype",
+          dtype_name(o.kv_dtype), "f32, bf16, f16");
+    check(o.prefill_chunk >= 1, "prefill_chunk", o.prefill_chunk, ">= 1");
+    check(o.threads >= 0, "threads", o.threads, ">= 0 (0: OpenMP's default)");
+    const PositionMethod& p = o.positions;
+    check(p.mode != PositionMode::None, "positions.mode", "none", "rope, rerope, leaky_rerope");
+    check(p.rope.head_dim == a.head_dim, "positions.rope.head_dim", p.rope.head_dim,
+          "the model's head_dim = " + std::to_string(a.head_dim));
+    take_freqs(o.capacity);  // validates the rope; the length-dependent ones are taken again per forward
+  }
+
+  PositionParams position_params() const {
+    PositionParams pp;
+    pp.mode = o.positions.mode, pp.freqs = &freqs, pp.window = o.positions.window, pp.leaky_k = o.positions.leaky_k;
+    pp.logn_train_len = o.positions.logn_train_len;
+    return pp;
+  }
+  void take_freqs(int64_t len) {
+    freqs = o.positions.rope.freqs(len);
+    freqs_len = len;
+  }
+  void new_caches() {
+    caches.clear();
+    KvCacheConfig c;
+    c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
+    c.pos = position_params(), c.threads = threads;
+    for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
+  }
+
+  int64_t size() const { return caches.empty() ? 0 : caches.front().size(); }
+
+  void grow(int64_t n) {
+    const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
+    const int64_t chunk = std::min(n, o.prefill_chunk), es = int64_t(dtype_size(o.kv_dtype));
+    auto need = [](auto& v, int64_t size) {
+      if (int64_t(v.size()) < size) v.resize(size_t(size));
+    };
+    need(x, n * d), need(h, n * d), need(h2, n * d), need(q, n * hq), need(k, n * hkv), need(v, n * hkv);
+    need(att, n * hq);
+    if (a.fused_qkv) need(qkv, n * 3 * hq);
+    need(ff_up, chunk * a.d_ff);
+    if (a.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * a.d_ff);
+    need(qc, n * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, n * hq * es);
+  }
+
+  void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
+               bool accumulate) const {
+    LinearParams p;
+    p.w = l.w, p.bias = l.bias, p.tokens = n, p.x = in, p.x_stride = in_stride, p.y = out, p.y_stride = out_stride;
+    p.accumulate = accumulate, p.threads = threads;
+    linear_forward(p);
+  }
+
+  void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
+    check(n >= 1, "n", n, ">= 1 token");
+    check(size() + n <= o.capacity, "tokens", size() + n,
+          "<= the session's capacity = " + std::to_string(o.capacity) + " (cached " + std::to_string(size()) + " + " +
+              std::to_string(n) + " new)");
+    for (int64_t t = 0; t < n; ++t) {
+      if (tokens[t] < 0 || tokens[t] >= a.vocab_size)
+        fail("tokens[" + std::to_string(t) + "]", std::to_string(tokens[t]),
+             "an id in [0, vocab_size = " + std::to_string(a.vocab_size) + ")");
+      const bool first = t == 0 && size() == 0;
+      const int64_t prev = t > 0 ? positions[t - 1] : last_position;
+      if (positions[t] < 0 || positions[t] > kMaxAbsPosition || (!first && positions[t] <= prev))
+        fail("positions[" + std::to_string(t) + "]", std::to_string(positions[t]),
+             first ? "in [0, 2^53]" : "> " + std::to_string(prev) + " (positions increase) and <= 2^53");
+    }
+  }
+
+  void rebuild_caches() {
+    new_caches();
+    if (hist_pos.empty()) return;
+    const int64_t n = int64_t(hist_pos.size()), hkv = a.n_kv_heads * a.head_dim;
+    for (int64_t i = 0; i < a.n_layers; ++i) {
+      store_rows(hist_k[size_t(i)].data(), n, hkv, hkv, o.kv_dtype, grow_bytes(kc, n * hkv));
+      store_rows(hist_v[size_t(i)].data(), n, hkv, hkv, o.kv_dtype, grow_bytes(vc, n * hkv));
+      caches[size_t(i)].append(n, view(kc.data(), a.n_kv_heads), view(vc.data(), a.n_kv_heads), hist_pos.data());
+    }
+  }
+  void* grow_bytes(std::vector<uint8_t>& b, int64_t elements) {
+    const size_t bytes = size_t(elements) * dtype_size(o.kv_dtype);
+    if (b.size() < bytes) b.resize(bytes);
+    return b.data();
+  }
+  // [tokens, heads, head_dim] packed.
+  HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
+
+  void forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden) {
+    check_tokens(tokens, positions, n);
+    const bool dynamic = length_dependent(o.positions.rope);
+    if (caches.empty()) {
+      if (dynamic) take_freqs(positions[n - 1] + 1);
+      new_caches();
+    } else if (dynamic && positions[n - 1] + 1 != freqs_len) {
+      const std::vector<double> before = freqs.inv_freq;
+      const double factor_before = freqs.attention_factor;
+      take_freqs(positions[n - 1] + 1);
+      if (freqs.inv_freq != before || freqs.attention_factor != factor_before) rebuild_caches();
+    }
+    grow(n);
+    const int64_t d = a.d_model, hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
+    const bool prompt = size() == 0 && n > 1;
+    for (int64_t t = 0; t < n; ++t) read_row(m.embed, tokens[t], x.data() + t * d);
+
+    for (int64_t li = 0; li < a.n_layers; ++li) {
+      const Layer& l = m.layers[size_t(li)];
+      KvCache& cache = caches[size_t(li)];
+      apply_norm(a.norm, l.attn_norm, a.norm_eps, x.data(), n, d, h.data());
+      if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
+        project(l.qkv, h.data(), n, d, qkv.data(), 3 * hq, false);
+        for (int64_t t = 0; t < n; ++t)
+          for (int64_t hh = 0; hh < a.n_heads; ++hh) {
+            const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
+            std::memcpy(q.data() + t * hq + hh * hd, src, size_t(hd) * 4);
+            std::memcpy(k.data() + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
+            std::memcpy(v.data() + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
+          }
+      } else {
+        project(l.q, h.data(), n, d, q.data(), hq, false);
+        project(l.k, h.data(), n, d, k.data(), hkv, false);
+        project(l.v, h.data(), n, d, v.data(), hkv, false);
+      }
+      if (dynamic) {
+        if (hist_k.size() < size_t(a.n_layers)) hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
+        hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), k.begin(), k.begin() + n * hkv);
+        hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), v.begin(), v.begin() + n * hkv);
+      }
+      store_rows(q.data(), n, hq, hq, o.kv_dtype, qc.data());
+      store_rows(k.data(), n, hkv, hkv, o.kv_dtype, kc.data());
+      store_rows(v.data(), n, hkv, hkv, o.kv_dtype, vc.data());
+      const int64_t es = int64_t(dtype_size(o.kv_dtype));
+      if (prompt) {
+        AttentionParams p;
+        p.tokens = n, p.head_dim = int(hd), p.dtype = o.kv_dtype;
+        p.q = view(qc.data(), a.n_heads), p.k = view(kc.data(), a.n_kv_heads), p.v = view(vc.data(), a.n_kv_heads);
+        p.o = view(oc.data(), a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
+        p.threads = threads;
+        attention_forward(p);
+        cache.append(n, view(kc.data(), a.n_kv_heads), view(vc.data(), a.n_kv_heads), positions);
+      } else {
+        for (int64_t t = 0; t < n; ++t) {
+          cache.append(1, view(kc.data() + t * hkv * es, a.n_kv_heads), view(vc.data() + t * hkv * es, a.n_kv_heads),
+                       positions + t);
+          DecodeParams p;
+          p.q = view(qc.data() + t * hq * es, a.n_heads), p.o = view(oc.data() + t * hq * es, a.n_heads);
+          p.threads = threads;
+          attention_decode(cache, p);
+        }
+      }
+      for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+      if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
+      project(l.o, att.data(), n, hq, x.data(), d, true);
+      if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
+      for (int64_t t0 = 0; t0 < n; t0 += o.prefill_chunk) {
+        const int64_t c = std::min(o.prefill_chunk, n - t0), ff = a.d_ff;
+        project(l.up, h2.data() + t0 * d, c, d, ff_up.data(), ff, false);
+        if (a.mlp == MlpKind::SwiGlu) {
+          project(l.gate, h2.data() + t0 * d, c, d, ff_gate.data(), ff, false);
+          for (int64_t i = 0; i < c * ff; ++i) {
+            const float g = ff_gate[size_t(i)];
+            ff_up[size_t(i)] *= g / (1.0f + std::exp(-g));
+          }
+        } else {
+          const bool tanh_form = a.mlp == MlpKind::GeluTanh;
+          for (int64_t i = 0; i < c * ff; ++i) ff_up[size_t(i)] = gelu(ff_up[size_t(i)], tanh_form);
+        }
+        project(l.down, ff_up.data(), c, ff, x.data() + t0 * d, d, true);
+      }
+    }
+    if (dynamic) hist_pos.insert(hist_pos.end(), positions, positions + n);
+    last_position = positions[n - 1];
+    if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden);
+  }
+};
+
+Session::Session(std::shared_ptr<const Model> model, const SessionOptions& options)
+    : impl_(std::make_unique<Impl>(std::move(model), options)) {}
+Session::~Session() = default;
+Session::Session(Session&&) noexcept = default;
+
+void Session::forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden) {
+  impl_->forward(tokens, positions, n, hidden);
+}
+
+void Session::logits(const float* hidden, int64_t n, float* out) const { impl_->model->logits(hidden, n, out, impl_->threads); }
+
+int64_t Session::size() const { return impl_->size(); }
+int64_t Session::capacity() const { return impl_->o.capacity; }
+const Model& Session::model() const { return *impl_->model; }
+
+void Session::clear() {
+  impl_->caches.clear();
+  impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
+  impl_->last_position = 0;
+}
+
+int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64_t prompt_tokens) {
+  const Architecture& a = model.arch();
+  const int64_t rotary = o.positions.rope.rotary_dim > 0 ? o.positions.rope.rotary_dim : a.head_dim;
+  const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(a.head_dim - rotary, kPad);
+  const int64_t copies = o.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
+  const int64_t es = int64_t(dtype_size(o.kv_dtype));
+  const int64_t cache = a.n_layers * copies * a.n_kv_heads * o.capacity * row * es;
+  const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
+  const int64_t chunk = std::min(n, o.prefill_chunk);
+  int64_t scratch = 4 * (n * (3 * a.d_model + 2 * hq + 2 * hkv + (a.fused_qkv ? 3 * hq : 0)) + 2 * chunk * a.d_ff);
+  scratch += es * n * (2 * hq + 2 * hkv);
+  // The fused attention's own scratch for the prompt: O(tokens x heads x head_dim), as attention.h promises.
+  scratch += 4 * n * (hq + 2 * hkv) * 2;
+  return cache + scratch;
+}
+
+}  // namespace rotary::engine

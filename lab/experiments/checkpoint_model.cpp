@@ -1,0 +1,162 @@
+// CheckpointModel: the engine or the nn model behind the lab's checkpoint commands.
+#include "experiments/checkpoint_model.h"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "rotary/error.h"
+#include "rotary_engine/generate.h"
+#include "rotary_nn/hf_checkpoint.h"
+#include "rotary_nn/hf_engine.h"
+#include "train/trainer.h"
+
+namespace rotary::experiments {
+
+void CheckpointRunOptions::validate() const {
+  check(engine == "engine" || engine == "torch", "--engine", engine, "engine, torch");
+  if (!weights.empty()) parse_weight_format(weights, "--weights");
+  const DType kv = parse_dtype(kv_dtype);
+  check(kv == DType::F32 || kv == DType::BF16 || kv == DType::F16, "--kv-dtype", kv_dtype, "f32, bf16, f16");
+  if (engine == "torch") {
+    check(weights.empty(), "--weights", weights, "unset with --engine torch (the nn model copies weights to float32)");
+    check(kv == DType::F32, "--kv-dtype", kv_dtype, "f32 with --engine torch");
+  }
+}
+
+nlohmann::json CheckpointRunOptions::key() const {
+  if (engine == "torch") return {{"engine", "torch"}};
+  return {{"engine", engine}, {"weights", weights.empty() ? "stored" : weights}, {"kv_dtype", kv_dtype}};
+}
+
+std::string CheckpointRunOptions::describe() const {
+  if (engine == "torch") return "torch (float32 copies of the weights)";
+  return fmt::format("engine (weights {}, kv cache {})", weights.empty() ? "as stored" : weights, kv_dtype);
+}
+
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
+struct CheckpointModel::Impl {
+  CheckpointRunOptions options;
+  nn::HfModelSpec spec;
+  nn::EncodingConfig active;
+  nn::HfCheckpoint torch_model;                  // --engine torch
+  std::shared_ptr<const engine::Model> model;    // --engine engine
+  int64_t mapped_bytes = 0;                      // weights read in place from the files
+  int threads = 0;
+
+  engine::SessionOptions session(int64_t capacity) const {
+    engine::SessionOptions o;
+    o.capacity = capacity, o.kv_dtype = parse_dtype(options.kv_dtype), o.positions = nn::engine_positions(active);
+    o.threads = threads;
+    return o;
+  }
+};
+
+CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointRunOptions& options)
+    : impl_(std::make_unique<Impl>()) {
+  options.validate();
+  Impl& m = *impl_;
+  m.options = options;
+  m.threads = train::use_threads(options.threads);
+  if (options.engine == "torch") {
+    m.torch_model = nn::load_hf_checkpoint(model_dir);
+    m.spec = m.torch_model.spec;
+  } else {
+    engine::LoadOptions load;
+    load.threads = m.threads;
+    if (!options.weights.empty()) load.weights = parse_weight_format(options.weights, "--weights");
+    nn::HfEngineCheckpoint c = nn::load_hf_engine(model_dir, load);
+    m.spec = c.spec;
+    m.model = c.model;
+    m.mapped_bytes = m.model->weight_bytes_per_token() - m.model->owned_bytes();
+  }
+  m.active = m.spec.config.resolved_encoding();
+}
+
+CheckpointModel::~CheckpointModel() = default;
+const nn::HfModelSpec& CheckpointModel::spec() const { return impl_->spec; }
+const CheckpointRunOptions& CheckpointModel::options() const { return impl_->options; }
+const nn::EncodingConfig& CheckpointModel::active_encoding() const { return impl_->active; }
+
+void CheckpointModel::set_override(const nn::EncodingOverride& o) {
+  Impl& m = *impl_;
+  if (m.torch_model.model) {
+    m.torch_model.model->set_override(o);
+    m.active = m.torch_model.model->active_encoding();
+  } else {
+    m.active = nn::apply_override(m.spec.config, o);
+    nn::engine_positions(m.active);  // a kind the engine cannot run is refused here, before any work
+  }
+}
+
+void CheckpointModel::check_memory(int64_t tokens, const std::string& what) const {
+  const Impl& m = *impl_;
+  if (!m.model) return;
+  const int64_t weights = std::max<int64_t>(m.mapped_bytes, 0) + m.model->owned_bytes();
+  const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), tokens);
+  const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(tokens, 512);
+  const int64_t need = weights + session + logits, have = available_memory_bytes();
+  if (have < 0 || need <= have) return;
+  fail(what, fmt::format("{} tokens, needing {:.2f} GB (weights {:.2f}, KV cache and activations {:.2f}, logits "
+                         "{:.2f})",
+                         tokens, need / 1e9, weights / 1e9, session / 1e9, logits / 1e9),
+       fmt::format("a run that fits the {:.2f} GB available now: fewer tokens, --kv-dtype bf16 (halves the cache), "
+                   "or --weights q8 (about half of bf16's bytes)",
+                   have / 1e9));
+}
+
+std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& tokens) {
+  Impl& m = *impl_;
+  const int64_t T = int64_t(tokens.size()), d = m.spec.config.d_model;
+  std::vector<float> out(size_t(T * d));
+  if (m.torch_model.model) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor h = m.torch_model.model->hidden_states(torch::tensor(tokens, torch::kLong).view({1, T}))[0]
+                                .to(torch::kFloat)
+                                .contiguous();
+    std::memcpy(out.data(), h.data_ptr<float>(), out.size() * 4);
+    return out;
+  }
+  engine::Session s(m.model, m.session(T));
+  std::vector<int64_t> positions(static_cast<size_t>(T));
+  for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = i;
+  s.forward(tokens.data(), positions.data(), T, out.data());
+  return out;
+}
+
+void CheckpointModel::project(const float* hidden, int64_t n, std::vector<float>& logits) {
+  Impl& m = *impl_;
+  const int64_t d = m.spec.config.d_model, V = m.spec.config.vocab_size;
+  logits.resize(size_t(n * V));
+  if (m.torch_model.model) {
+    torch::NoGradGuard no_grad;
+    const torch::Tensor h = torch::from_blob(const_cast<float*>(hidden), {n, d}, torch::kFloat);
+    const torch::Tensor l = m.torch_model.model->project(h).to(torch::kFloat).contiguous();
+    std::memcpy(logits.data(), l.data_ptr<float>(), logits.size() * 4);
+    return;
+  }
+  m.model->logits(hidden, n, logits.data(), m.threads);
+}
+
+std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
+                                               int64_t stop_id, uint64_t seed, int64_t sample_vocab) {
+  Impl& m = *impl_;
+  if (m.torch_model.model)
+    return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed);
+  engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0)));
+  return engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature, .stop_id = stop_id,
+                                      .seed = seed, .sample_vocab = sample_vocab});
+}
+
+}  // namespace rotary::experiments

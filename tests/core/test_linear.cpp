@@ -1,0 +1,190 @@
+// linear_forward beyond its op cases (cases_linear.cpp): q8 quantization's error bound, results independent of the
+// thread count and of how tokens are batched (decode and prefill give the same bits), and bad input refused by name.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "expect_error.h"
+#include "harness.h"
+#include "rotary/linear.h"
+
+namespace rotary {
+namespace {
+
+using test::expect_error;
+using test::expect_error_naming;
+
+std::vector<float> uniform(int64_t n, uint64_t seed, double lo = -1, double hi = 1) {
+  test::GuardedBuffer b(DType::F32, n);
+  test::fill_uniform(b, seed, lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  std::memcpy(v.data(), b.data(), size_t(n) * 4);
+  return v;
+}
+
+TEST(quantize_q8, EveryWeightWithinHalfAScaleAndTheBlockMaximumExact) {
+  const int64_t rows = 5, cols = 75;  // two whole blocks and one of 11
+  std::vector<float> w = uniform(rows * cols, 3, -2, 2);
+  w[7] = 0;                                     // zero stays zero
+  for (int64_t c = 64; c < 75; ++c) w[size_t(2 * cols + c)] = 0;  // an all-zero block: scale 0, quants 0
+  std::vector<int8_t> q(size_t(rows * cols));
+  std::vector<float> s(size_t(rows * q8_blocks(cols)));
+  quantize_q8(w.data(), DType::F32, rows, cols, cols, q.data(), s.data());
+  ASSERT_EQ(q8_blocks(cols), 3);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t b = 0; b < 3; ++b) {
+      const float scale = s[size_t(r * 3 + b)];
+      float amax = 0;
+      for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) amax = std::max(amax, std::fabs(w[size_t(r * cols + c)]));
+      EXPECT_EQ(scale, amax / 127.0f) << "row " << r << " block " << b;
+      for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) {
+        const double wq = double(q[size_t(r * cols + c)]) * scale, wv = w[size_t(r * cols + c)];
+        // Half a step, plus the one rounding of w / scale (|w / scale| <= 127, u = 2^-24).
+        EXPECT_LE(std::fabs(wq - wv), scale * (0.5 + 127 * 0x1p-24)) << "row " << r << " col " << c;
+        if (std::fabs(wv) == amax && amax > 0) EXPECT_EQ(std::abs(q[size_t(r * cols + c)]), 127);
+      }
+    }
+  EXPECT_EQ(q[7], 0);
+  EXPECT_EQ(s[size_t(2 * 3 + 2)], 0.0f);
+}
+
+TEST(quantize_q8, ReadsEveryStorageDtypeAndStride) {
+  const int64_t rows = 3, cols = 40, stride = 45;
+  test::GuardedBuffer bf(DType::BF16, rows * stride), f32(DType::F32, rows * cols);
+  test::fill_uniform(bf, 9);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t c = 0; c < cols; ++c) f32.set(r * cols + c, bf.get(r * stride + c));
+  std::vector<int8_t> qa(size_t(rows * cols)), qb(qa.size());
+  std::vector<float> sa(size_t(rows * 2)), sb(sa.size());
+  quantize_q8(bf.data(), DType::BF16, rows, cols, stride, qa.data(), sa.data());
+  quantize_q8(f32.data(), DType::F32, rows, cols, cols, qb.data(), sb.data());
+  EXPECT_EQ(qa, qb);
+  EXPECT_EQ(sa, sb);
+}
+
+TEST(quantize_q8, RefusesNonFiniteWeightsByPositionBeforeWriting) {
+  std::vector<float> w = uniform(4 * 40, 5);
+  w[size_t(2 * 40 + 33)] = std::numeric_limits<float>::quiet_NaN();
+  w[size_t(3 * 40 + 1)] = std::numeric_limits<float>::infinity();
+  std::vector<int8_t> q(w.size(), 42);
+  std::vector<float> s(8, 42.0f);
+  expect_error([&] { quantize_q8(w.data(), DType::F32, 4, 40, 40, q.data(), s.data()); }, {"weight[2][33] = nan", "finite"});
+  for (int8_t v : q) EXPECT_EQ(v, 42);
+  for (float v : s) EXPECT_EQ(v, 42.0f);
+  expect_error_naming([&] { quantize_q8(w.data(), DType::F32, 0, 40, 40, q.data(), s.data()); }, "rows");
+  expect_error_naming([&] { quantize_q8(w.data(), DType::F32, 4, 40, 39, q.data(), s.data()); }, "src_row_stride");
+}
+
+// A weight matrix of every format over the same values, with its own storage.
+struct Weights {
+  std::vector<uint8_t> data;
+  std::vector<float> scales;
+  WeightMatrix m;
+  Weights(WeightFormat f, int64_t rows, int64_t cols, uint64_t seed) {
+    const std::vector<float> w = uniform(rows * cols, seed);
+    m.format = f, m.rows = rows, m.cols = cols, m.row_stride = cols;
+    data.resize(size_t(rows * cols * weight_element_size(f)));
+    if (f == WeightFormat::Q8) {
+      scales.resize(size_t(rows * q8_blocks(cols)));
+      quantize_q8(w.data(), DType::F32, rows, cols, cols, reinterpret_cast<int8_t*>(data.data()), scales.data());
+      m.scales = scales.data(), m.scale_stride = q8_blocks(cols);
+    } else {
+      const DType t = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
+      for (size_t i = 0; i < w.size(); ++i) store_from_double(data.data(), t, int64_t(i), w[i]);
+    }
+    m.data = data.data();
+  }
+};
+
+constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8};
+
+// Every output is one thread's dot product in a fixed order, so neither the thread count nor the batching of tokens
+// (decode one at a time, prefill tiles of four, chunks) changes a bit: the engine's prefill and decode agree exactly.
+TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
+  const int64_t T = 70, N = 37, K = 4100;  // K: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block
+  const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
+  for (WeightFormat f : kFormats) {
+    Weights w(f, N, K, 13);
+    std::vector<float> one(size_t(T * N)), batch(one.size());
+    LinearParams p;
+    p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
+    for (int64_t t = 0; t < T; ++t) {
+      p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
+      linear_forward(p);
+    }
+    for (int threads : {1, 2, 3, 8}) {
+      std::fill(batch.begin(), batch.end(), -1.0f);
+      p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
+      linear_forward(p);
+      for (size_t i = 0; i < one.size(); ++i)
+        if (std::memcmp(&one[i], &batch[i], 4) != 0) {
+          ADD_FAILURE() << weight_format_name(f) << " threads " << threads << ": token " << i / N << " row " << i % N
+                        << ": one at a time " << one[i] << ", batched " << batch[i];
+          break;
+        }
+    }
+  }
+}
+
+TEST(linear_forward, AccumulateAddsToTheOutput) {
+  Weights w(WeightFormat::BF16, 6, 50, 21);
+  const std::vector<float> x = uniform(3 * 50, 22);
+  std::vector<float> y(18), base(18, 0.0f), residual = uniform(18, 23);
+  LinearParams p;
+  p.w = w.m, p.tokens = 3, p.x = x.data(), p.x_stride = 50, p.y = base.data(), p.y_stride = 6;
+  linear_forward(p);
+  y = residual;
+  p.y = y.data(), p.accumulate = true;
+  linear_forward(p);
+  for (size_t i = 0; i < y.size(); ++i) EXPECT_EQ(y[i], residual[i] + base[i]) << i;
+}
+
+TEST(linear_forward, RefusesBadParamsByName) {
+  Weights w(WeightFormat::Q8, 4, 64, 31);
+  std::vector<float> x(2 * 64), y(2 * 4);
+  auto good = [&] {
+    LinearParams p;
+    p.w = w.m, p.tokens = 2, p.x = x.data(), p.x_stride = 64, p.y = y.data(), p.y_stride = 4;
+    return p;
+  };
+  linear_forward(good());
+  auto refused = [&](auto edit, const std::string& field) {
+    LinearParams p = good();
+    edit(p);
+    expect_error_naming([&] { linear_forward(p); }, field);
+    expect_error_naming([&] { linear_forward_reference(p); }, field);
+  };
+  refused([](LinearParams& p) { p.w.rows = 0; }, "w.rows");
+  refused([](LinearParams& p) { p.w.cols = -3; }, "w.cols");
+  refused([](LinearParams& p) { p.w.row_stride = 63; }, "w.row_stride");
+  refused([](LinearParams& p) { p.w.row_stride = int64_t(1) << 62; }, "w.row_stride");
+  refused([](LinearParams& p) { p.w.data = nullptr; }, "w.data");
+  refused([](LinearParams& p) { p.w.scales = nullptr; }, "w.scales");
+  refused([](LinearParams& p) { p.w.scale_stride = 1; }, "w.scale_stride");
+  refused([](LinearParams& p) { p.w.format = WeightFormat(9); }, "w.format");
+  refused([](LinearParams& p) { p.tokens = -1; }, "tokens");
+  refused([](LinearParams& p) { p.x = nullptr; }, "x");
+  refused([](LinearParams& p) { p.x_stride = 10; }, "x_stride");
+  refused([](LinearParams& p) { p.y_stride = 3; }, "y_stride");
+  refused([&](LinearParams& p) { p.y = x.data() + 60; }, "y");  // overlaps x
+  refused([](LinearParams& p) { p.threads = -2; }, "threads");
+  // Nothing written by a refused call.
+  std::vector<float> before = y;
+  LinearParams p = good();
+  p.x_stride = 1;
+  expect_error_naming([&] { linear_forward(p); }, "x_stride");
+  EXPECT_EQ(y, before);
+}
+
+TEST(weight_format, NamesRoundTripAndUnknownNamesListTheChoices) {
+  for (WeightFormat f : kFormats) EXPECT_EQ(parse_weight_format(weight_format_name(f)), f);
+  expect_error([] { parse_weight_format("int4", "--weights"); }, {"--weights = \"int4\"", "f32, f16, bf16, q8"});
+  EXPECT_EQ(weight_format_of(DType::BF16), WeightFormat::BF16);
+  expect_error([] { weight_format_of(DType::F64); }, "weight dtype = f64");
+}
+
+}  // namespace
+}  // namespace rotary

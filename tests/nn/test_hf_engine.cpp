@@ -1,0 +1,289 @@
+// The torch-free engine (rotary_engine/model.h) on every fixture family (tests/data/hf_checkpoints): its logits
+// against the float64 transcription of transformers (the nn model's own test) and against the nn float32 model
+// under every position method the lab runs on checkpoints; through a prompt (fused attention) and one token at a
+// time (the KV cache); with the weights as stored and converted to bf16 / f16 / f32 / q8; and what it refuses.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+
+#include "expect_error.h"
+#include "rotary/safetensors.h"
+#include "rotary_nn/hf_checkpoint.h"
+#include "rotary_engine/generate.h"
+#include "rotary_nn/hf_engine.h"
+
+namespace rotary::nn {
+namespace {
+
+namespace fs = std::filesystem;
+using test::expect_error;
+
+const fs::path kFixtures = fs::path(ROTARY_SOURCE_DIR) / "tests/data/hf_checkpoints";
+const char* kFamilies[] = {"llama2", "llama3", "mistral", "qwen2", "gpt_neox"};
+
+struct Expected {
+  std::vector<int64_t> tokens;
+  std::map<std::string, std::vector<double>> logits;  // [S * V] float64 of the stored float32
+};
+
+Expected read_expected(const fs::path& dir) {
+  const SafetensorsFile f = SafetensorsFile::open((dir / "expected.safetensors").string());
+  Expected e;
+  for (const SafetensorsTensor& t : f.tensors()) {
+    std::vector<float> v(size_t(t.bytes / 4));
+    std::memcpy(v.data(), t.data, t.bytes);
+    if (t.name == "tokens") {
+      for (float x : v) e.tokens.push_back(int64_t(x));
+    } else {
+      e.logits[t.name] = std::vector<double>(v.begin(), v.end());
+    }
+  }
+  return e;
+}
+
+// max |a - b| / max |b| (the measure of the nn fixture test).
+double relative_error(const std::vector<double>& a, const std::vector<double>& b) {
+  double err = 0, scale = 0;
+  for (size_t i = 0; i < b.size(); ++i) err = std::max(err, std::fabs(a[i] - b[i])), scale = std::max(scale, std::fabs(b[i]));
+  return err / scale;
+}
+
+// Logits [S * V] from the engine: the first `prompt` tokens as one prompt, the rest one at a time.
+std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingConfig& enc,
+                                  const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32) {
+  engine::SessionOptions o;
+  o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc);
+  engine::Session s(c.model, o);
+  const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model, V = c.spec.config.vocab_size;
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  std::vector<float> hidden(size_t(S * d)), logits(size_t(S * V));
+  s.forward(tokens.data(), pos.data(), prompt, hidden.data());
+  for (int64_t t = prompt; t < S; ++t) s.forward(tokens.data() + t, pos.data() + t, 1, hidden.data() + t * d);
+  s.logits(hidden.data(), S, logits.data());
+  EXPECT_EQ(s.size(), S);
+  return std::vector<double>(logits.begin(), logits.end());
+}
+
+std::vector<double> nn_logits(HfCheckpoint& c, const EncodingOverride& o, const std::vector<int64_t>& tokens) {
+  torch::NoGradGuard no_grad;
+  c.model->set_override(o);
+  const torch::Tensor l = c.model->forward(torch::tensor(tokens).view({1, -1}))[0].to(torch::kDouble).contiguous();
+  return std::vector<double>(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
+}
+
+// The float32 model's bound against the transcription (test_hf_checkpoint.cpp: float32 products and norms at
+// 2^-24 relative, measured <= 7e-7 of the largest logit): 5e-6. Two float32 implementations differ by at most
+// the sum of their errors: 1e-5.
+constexpr double kTolF32 = 5e-6, kTolF32Pair = 1e-5;
+
+class HfEngineFixture : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(HfEngineFixture, LogitsMatchTheTranscriptionThroughAPromptAndTheCache) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size());
+  for (int64_t prompt : {S, int64_t(1), S / 2}) {
+    const std::vector<double> got = engine_logits(c, enc, e.tokens, prompt);
+    EXPECT_LT(relative_error(got, e.logits.at("logits")), kTolF32) << "prompt " << prompt;
+  }
+  if (e.logits.count("logits_rerope_w8")) {
+    EncodingConfig rerope = enc;
+    rerope.kind = EncodingKind::Rerope, rerope.window = 8;
+    for (int64_t prompt : {S, S / 2})
+      EXPECT_LT(relative_error(engine_logits(c, rerope, e.tokens, prompt), e.logits.at("logits_rerope_w8")), kTolF32)
+          << "rerope w8, prompt " << prompt;
+  }
+}
+
+// Every position method of `rotary perplexity` against the nn float32 model with the same override.
+TEST_P(HfEngineFixture, EveryPositionMethodMatchesTheNnModel) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  HfCheckpoint ref = load_hf_checkpoint(dir.string());
+  const Expected e = read_expected(dir);
+  const int64_t S = int64_t(e.tokens.size());
+  const RopeSpec trained = ref.model->active_encoding().rope;
+  auto scaled = [&](RopeScaling s, double factor) {
+    RopeSpec r = trained;
+    r.scaling = s, r.factor = factor, r.attention_factor.reset();
+    if (r.max_position_embeddings == 0) r.max_position_embeddings = S / 2;
+    if (s == RopeScaling::Dynamic) r.max_position_embeddings = S / 4;  // so the length matters inside the run
+    if (s == RopeScaling::Yarn && r.original_max_position_embeddings == 0) r.original_max_position_embeddings = S / 2;
+    return r;
+  };
+  struct Method {
+    const char* name;
+    EncodingOverride o;
+  };
+  std::vector<Method> methods = {{"native", {}}};
+  methods.push_back({"rerope", {.kind = EncodingKind::Rerope, .window = 8}});
+  methods.push_back({"leaky_rerope", {.kind = EncodingKind::LeakyRerope, .window = 6, .leaky_k = 4}});
+  methods.push_back({"logn", {.logn_train_len = 12}});
+  methods.push_back({"rerope_logn", {.kind = EncodingKind::Rerope, .window = 5, .logn_train_len = 12}});
+  methods.push_back({"pi", {.rope = scaled(RopeScaling::Linear, 2)}});
+  methods.push_back({"ntk", {.rope = scaled(RopeScaling::NtkFixed, 3)}});
+  methods.push_back({"yarn", {.rope = scaled(RopeScaling::Yarn, 4)}});
+  methods.push_back({"dynamic", {.rope = scaled(RopeScaling::Dynamic, 2)}});
+  for (const Method& m : methods) {
+    const std::vector<double> want = nn_logits(ref, m.o, e.tokens);
+    const EncodingConfig enc = ref.model->active_encoding();
+    EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, S), want), kTolF32Pair) << m.name << ", one prompt";
+    // Dynamic NTK's frequencies follow the length, so decoding differs from a full forward by definition (as in
+    // transformers): the nn model's own decoder is the reference there.
+    std::vector<double> decoded = want;
+    if (m.o.rope && m.o.rope->scaling == RopeScaling::Dynamic) {
+      torch::NoGradGuard no_grad;
+      const torch::Tensor l = ref.model->decode_logits(e.tokens, 3).to(torch::kDouble).contiguous();
+      decoded.assign(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
+      EXPECT_GT(relative_error(decoded, want), 1e-3) << "the dynamic case must exercise a change of frequencies";
+    }
+    EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, 3), decoded), kTolF32Pair) << m.name << ", 3 + 1 at a time";
+  }
+}
+
+// Stored values rounded once more - weights converted at load, or keys and values in a half-precision cache -
+// move the logits against the float32 model in proportion to the storage's unit roundoff u: each rounding is a
+// relative error <= u (rms u / sqrt3), and the logits' error adds such perturbations of the ~10 matrix products
+// and the cached keys of the path in quadrature (first order). Measured on the five fixtures: 1.5-2.5 u of the
+// largest logit for bf16 and f16 (weights and cache alike). q8's step is a block's max / 127: for weights whose
+// block max is a few times their rms that is ~2x bf16's rms error, so it counts as u = 2^-7 (measured 1.7e-2 to
+// 2.9e-2 = 2.2-3.7 u). Allowed: 8 u. Greedy tokens must agree wherever the float32 logits' top two are
+// further apart than twice that bound (where they are closer, either token is within rounding).
+double storage_roundoff(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::F32: return 0x1p-24;
+    case WeightFormat::F16: return 0x1p-11;
+    case WeightFormat::BF16: return 0x1p-8;
+    case WeightFormat::Q8: return 0x1p-7;
+  }
+  return 1;
+}
+
+// Checks the bound above and the greedy tokens of every position of S x V logits.
+void expect_close_to_float32(const std::vector<double>& got, const std::vector<double>& want, int64_t V, double u,
+                             const std::string& what) {
+  const double bound = std::max(8 * u, kTolF32Pair);
+  EXPECT_LT(relative_error(got, want), bound) << what;
+  double scale = 0;
+  for (double w : want) scale = std::max(scale, std::fabs(w));
+  const int64_t S = int64_t(want.size()) / V;
+  int64_t compared = 0;
+  for (int64_t t = 0; t < S; ++t) {
+    const auto row = want.begin() + t * V, grow = got.begin() + t * V;
+    std::vector<double> sorted(row, row + V);
+    std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<>());
+    if (sorted[0] - sorted[1] <= 2 * bound * scale) continue;
+    ++compared;
+    EXPECT_EQ(std::max_element(grow, grow + V) - grow, std::max_element(row, row + V) - row)
+        << what << ": greedy token at position " << t;
+  }
+  EXPECT_GT(compared, 0) << what << ": no position had a clear greedy token";
+}
+
+TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRounding) {
+  const fs::path dir = kFixtures / GetParam();
+  const Expected e = read_expected(dir);
+  HfCheckpoint ref = load_hf_checkpoint(dir.string());
+  const std::vector<double> want = nn_logits(ref, {}, e.tokens);
+  const int64_t V = ref.spec.config.vocab_size;
+  for (WeightFormat f : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8}) {
+    const HfEngineCheckpoint c = load_hf_engine(dir.string(), {.weights = f});
+    EXPECT_EQ(c.model->matrix_format(), f);
+    const EncodingConfig enc = c.spec.config.resolved_encoding();
+    expect_close_to_float32(engine_logits(c, enc, e.tokens, 4), want, V, storage_roundoff(f),
+                            std::string("weights ") + weight_format_name(f));
+  }
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  for (DType kv : {DType::BF16, DType::F16})
+    expect_close_to_float32(engine_logits(c, c.spec.config.resolved_encoding(), e.tokens, 4, kv), want, V,
+                            storage_roundoff(weight_format_of(kv)), std::string("kv cache ") + dtype_name(kv));
+}
+
+// The engine's sampling loop against the nn model's generate(): the same greedy tokens; sampling reproducible by
+// seed and confined to sample_vocab.
+TEST_P(HfEngineFixture, GreedyGenerationEqualsTheNnModelAndSamplingKeepsItsRange) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  HfCheckpoint ref = load_hf_checkpoint(dir.string());
+  const Expected e = read_expected(dir);
+  const std::vector<int64_t> prompt(e.tokens.begin(), e.tokens.begin() + 5);
+  engine::SessionOptions o;
+  o.capacity = 5 + 12, o.positions = engine_positions(c.spec.config.resolved_encoding());
+  engine::Session s(c.model, o);
+  const std::vector<int64_t> greedy = engine::generate(s, prompt, {.max_new = 12});
+  EXPECT_EQ(greedy, ref.model->generate(prompt, 12, 0.0, -1, 0));
+  auto sample = [&](uint64_t seed, int64_t vocab) {
+    engine::Session fresh(c.model, o);
+    return engine::generate(fresh, prompt, {.max_new = 12, .temperature = 1.5, .seed = seed, .sample_vocab = vocab});
+  };
+  const std::vector<int64_t> a = sample(7, 0), b = sample(7, 0), other = sample(8, 0), low = sample(7, 10);
+  EXPECT_EQ(a, b);
+  EXPECT_NE(a, other);  // 12 draws at temperature 1.5 over 64+ ids: equal sequences would be a broken sampler
+  for (int64_t t : low) EXPECT_LT(t, 10);
+  // Stops at stop_id (the first greedy token), which is not returned.
+  engine::Session again(c.model, o);
+  EXPECT_TRUE(engine::generate(again, prompt, {.max_new = 12, .stop_id = greedy.front()}).empty());
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
+
+// What the engine refuses, each by name, before any work: tensors that do not fit the architecture, and sessions
+// and tokens that do not fit the session.
+TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
+  const fs::path dir = kFixtures / "llama2";
+  const HfModelSpec spec = hf_model_spec_file(dir.string());
+  const engine::Architecture arch = engine_architecture(spec);
+  const HfEngineCheckpoint good = load_hf_engine(dir.string());
+  std::vector<float> zeros(size_t(arch.vocab_size * arch.d_model), 0.0f);
+  auto lookup_with = [&](const std::string& bad, engine::StoredTensor t) {
+    return [&, bad, t](const std::string& name) {
+      if (name == bad) return t;
+      // Every other slot: zeros of its shape (the check under test is on `bad`).
+      for (const engine::TensorSlot& s : engine::tensor_slots(arch))
+        if (s.name == name) return engine::StoredTensor{DType::F32, zeros.data(), s.shape};
+      throw Error("rotary: no tensor " + name);
+    };
+  };
+  expect_error([&] { engine::Model::load(arch, lookup_with("layers.1.k.weight", {DType::F32, zeros.data(), {7, 32}}), {}, nullptr); },
+               {"tensor layers.1.k.weight.shape = [7, 32]", "allowed: [32, 32]"});
+  expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.up.weight", {DType::F32, nullptr, {64, 32}}), {}, nullptr); },
+               "tensor layers.0.up.weight.data = null");
+  expect_error([&] { engine::Model::load(arch, [](const std::string& n) -> engine::StoredTensor { throw Error("rotary: no tensor " + n); }, {}, nullptr); },
+               "no tensor embed");
+  engine::Architecture odd = arch;
+  odd.n_kv_heads = 3;
+  expect_error([&] { engine::Model::load(odd, lookup_with("", {}), {}, nullptr); }, "n_kv_heads = 3");
+  // q8 refuses a NaN weight by position (quantize_q8); kept as stored, the same weight would run silently.
+  std::vector<float> nan_q = zeros;
+  nan_q[5] = std::nanf("");
+  expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.q.weight", {DType::F32, nan_q.data(), {32, 32}}), {.weights = WeightFormat::Q8}, nullptr); },
+               "weight[0][5] = nan");
+
+  engine::SessionOptions o;
+  o.capacity = 8, o.positions = engine_positions(spec.config.resolved_encoding());
+  engine::SessionOptions bad = o;
+  bad.kv_dtype = DType::F64;
+  expect_error([&] { engine::Session(good.model, bad); }, "kv_dtype = f64");
+  bad = o, bad.capacity = 0;
+  expect_error([&] { engine::Session(good.model, bad); }, "capacity = 0");
+  bad = o, bad.positions.rope.head_dim = 8;
+  expect_error([&] { engine::Session(good.model, bad); }, "positions.rope.head_dim = 8");
+  engine::Session s(good.model, o);
+  std::vector<float> hidden(size_t(9 * arch.d_model));
+  const int64_t ids[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9}, pos[9] = {0, 1, 2, 3, 4, 5, 6, 7, 8};
+  expect_error([&] { s.forward(ids, pos, 9, hidden.data()); }, "tokens = 9 is invalid; allowed: <= the session's capacity = 8");
+  const int64_t big = arch.vocab_size;
+  expect_error([&] { s.forward(&big, pos, 1, hidden.data()); }, "tokens[0] = " + std::to_string(big));
+  s.forward(ids, pos, 3, hidden.data());
+  expect_error([&] { s.forward(ids, pos + 2, 1, hidden.data()); }, "positions[0] = 2 is invalid; allowed: > 2");
+  EXPECT_EQ(s.size(), 3);  // nothing appended by the refused calls
+  s.forward(ids, pos + 3, 1, hidden.data());
+  EXPECT_EQ(s.size(), 4);
+}
+
+}  // namespace
+}  // namespace rotary::nn
