@@ -240,6 +240,9 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   if (r.lengths.empty()) r.lengths = {r.train_len, 2 * r.train_len, 4 * r.train_len};
   std::sort(r.lengths.begin(), r.lengths.end());
   r.lengths.erase(std::unique(r.lengths.begin(), r.lengths.end()), r.lengths.end());
+  // The default lengths come from config.json (max_position_embeddings), not from validate()'s flags.
+  for (int64_t T : r.lengths)
+    check(T <= kMaxAbsPosition, "lengths", T, fmt::format("<= 2^53 (the default L, 2L, 4L with L = {})", r.train_len));
   check(r.lengths.front() >= r.train_len, "lengths", r.lengths.front(),
         fmt::format(">= L = {} (the loss is taken on the last L tokens of each window)", r.train_len));
   const int64_t longest = r.lengths.back();
@@ -251,9 +254,13 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   const std::vector<int64_t> stream = read_stream(spec, mc.vocab_size);
   r.stream_tokens = int64_t(stream.size());
   const int64_t row = longest + 1;
-  check(int64_t(stream.size()) >= row * spec.windows, "windows x (longest length + 1)", row * spec.windows,
-        fmt::format("<= the {} tokens of {} (fewer --windows, shorter --lengths, or a longer text)", stream.size(),
-                    spec.text_file.empty() ? spec.tokens_file : spec.text_file));
+  const std::string tokens_needed = "windows x (longest length + 1)";
+  const std::string tokens_allowed =
+      fmt::format("<= the {} tokens of {} (fewer --windows, shorter --lengths, or a longer text)", stream.size(),
+                  spec.text_file.empty() ? spec.tokens_file : spec.text_file);
+  // Checked: the product bounds the copies of the windows out of the stream below.
+  const int64_t needed = checked_mul(spec.windows, row, tokens_needed, tokens_allowed);
+  check(int64_t(stream.size()) >= needed, tokens_needed, needed, tokens_allowed);
 
   const std::vector<Method> methods = methods_of(spec, r.train_len);
   // Every (method, length) checked before the first cell runs (a window beyond L, ...), so a refused run writes

