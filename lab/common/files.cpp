@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 
 namespace rotary::lab {
 namespace {
@@ -43,13 +44,7 @@ void make_dirs(const std::string& path) {
   if (ec) throw Error("rotary: cannot create directory " + path + ": " + ec.message());
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io("read", path.string());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
-}
+std::string read_file(const std::filesystem::path& path) { return read_regular_file(path.string(), "file"); }
 
 uint64_t fnv1a64(std::string_view bytes) {
   uint64_t h = 0xcbf29ce484222325ull;

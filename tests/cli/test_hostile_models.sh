@@ -42,5 +42,25 @@ scratch gpt_neox neox_long 'c["max_position_embeddings"] = 2**53'
 expect_error "perplexity: default lengths past 2^53" 2 "lengths = 18014398509481984 is invalid" -- \
   $T "$ROTARY" perplexity "$W/neox_long" --tokens "$W/ids.txt" --windows 512 --out "$W/ovf2" --no-progress
 
+# ---- Files that are not regular files: refused by name, never a blocking open.
+expect_error "perplexity: --tokens DIR" 2 "token id file = $W (a directory)" -- \
+  $T "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W" --train-len 16 --lengths 16 --out "$W/d" --no-progress
+mkfifo "$W/ids.fifo"
+expect_error "perplexity: --tokens FIFO" 2 "ids.fifo (a FIFO)" -- \
+  $T "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W/ids.fifo" --train-len 16 --lengths 16 --out "$W/d" --no-progress
+scratch mistral fifo_config
+rm "$W/fifo_config/config.json" && mkfifo "$W/fifo_config/config.json"
+expect_error "perplexity: config.json a FIFO" 2 "config.json (a FIFO)" -- \
+  $T "$ROTARY" perplexity "$W/fifo_config" --tokens "$W/ids.txt" --out "$W/d" --no-progress
+expect_error "freqs --hf-config FIFO" 2 "config.json (a FIFO)" -- $T "$ROTARY" freqs --hf-config "$W/fifo_config/config.json"
+scratch mistral fifo_weights
+rm "$W/fifo_weights/model.safetensors" && mkfifo "$W/fifo_weights/model.safetensors"
+expect_error "perplexity: model.safetensors a FIFO" 2 "model.safetensors (a FIFO)" -- \
+  $T "$ROTARY" perplexity "$W/fifo_weights" --tokens "$W/ids.txt" --out "$W/d" --no-progress
+scratch mistral dir_config
+rm "$W/dir_config/config.json" && mkdir "$W/dir_config/config.json"
+expect_error "perplexity: config.json a directory" 2 "config.json (a directory)" -- \
+  $T "$ROTARY" perplexity "$W/dir_config" --tokens "$W/ids.txt" --out "$W/d" --no-progress
+
 echo "$fails failed"
 [ "$fails" = 0 ]

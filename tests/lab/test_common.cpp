@@ -1,5 +1,6 @@
 // tests/lab/test_common.cpp: the lab's helpers (lab/common): processes, files, gnuplot, machine info.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -106,6 +107,29 @@ TEST(Files, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   EXPECT_TRUE(fs::exists(live));
   EXPECT_TRUE(fs::exists(other));
   EXPECT_EQ(remove_stale_temp_files(dir + "/missing"), 0);
+  fs::remove_all(dir);
+}
+
+// read_file looks before it opens: a FIFO (open() would wait for a writer forever) or a directory is refused by
+// name, without blocking.
+TEST(Files, ReadFileRefusesFifosAndDirectories) {
+  const std::string dir = fresh_dir("read_fifo");
+  const std::string fifo = join_path(dir, "ids.txt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    read_file(fifo);
+    ADD_FAILURE() << "a FIFO was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fifo + " (a FIFO)"), std::string::npos) << e.what();
+  }
+  try {
+    read_file(dir);
+    ADD_FAILURE() << "a directory was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + " (a directory)"), std::string::npos) << e.what();
+  }
+  write_file_atomic(join_path(dir, "plain.txt"), "text");
+  EXPECT_EQ(read_file(join_path(dir, "plain.txt")), "text");
   fs::remove_all(dir);
 }
 

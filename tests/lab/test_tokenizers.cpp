@@ -8,6 +8,7 @@
 //     splits and ids worked out by hand in the comments: no `tokenizers` library is available here;
 //   - every kind of bad input, which must be a rotary::Error naming the file and the field.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -579,7 +580,21 @@ TEST(TokenIdFile, ReadsAndChecks) {
   write_file(file, "99999999999999999999999");
   expect_error([&] { read_token_id_file(file, 9); }, {"token 1 (line 1)"});
   expect_error([&] { read_token_id_file(dir.path() / "missing.txt", 9); }, {"missing.txt"});
+  // A directory (was an internal error from the stream) or a FIFO (open() waited forever) is refused by name.
+  expect_error([&] { read_token_id_file(dir.path(), 9); }, {"token id file = " + dir.path().string() + " (a directory)"});
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo.txt").c_str(), 0600), 0);
+  expect_error([&] { read_token_id_file(dir.path() / "fifo.txt", 9); }, {"fifo.txt (a FIFO)"});
 }
 
 }  // namespace
+// A tokenizer file that is there but is not a regular file is refused by name (not skipped, not waited on).
+TEST(TokenizerErrors, FifoOrDirectoryInPlaceOfATokenizerFile) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir.path() / "tokenizer.json").c_str(), 0600), 0);
+  expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.json (a FIFO)"});
+  fs::remove(dir.path() / "tokenizer.json");
+  fs::create_directory(dir.path() / "tokenizer.model");
+  expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.model (a directory)"});
+}
+
 }  // namespace rotary::lab

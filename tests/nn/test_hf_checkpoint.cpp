@@ -5,6 +5,7 @@
 // directory can be wrong gives an error that names the tensor or field.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -180,6 +181,33 @@ TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
   ScratchModel fewer_layers("qwen2");
   fewer_layers.edit("num_hidden_layers", 1);
   expect_error([&] { fewer_layers.load(); }, {"tensors = model.layers.1.", "qwen2"});
+}
+
+// What the loader opens is checked to be a regular file before open(): a FIFO would block it forever (no writer),
+// a directory named config.json is said to be one (not "malformed JSON").
+TEST(HfCheckpointErrors, FifosAndDirectoriesInPlaceOfFilesAreRefusedWithoutBlocking) {
+  ScratchModel fifo_config("mistral");
+  fs::remove(fifo_config.dir / "config.json");
+  ASSERT_EQ(::mkfifo((fifo_config.dir / "config.json").c_str(), 0600), 0);
+  expect_error([&] { fifo_config.load(); }, {"config.json (a FIFO)", "a readable config.json"});
+  ScratchModel fifo_weights("mistral");
+  fs::remove(fifo_weights.dir / "model.safetensors");
+  ASSERT_EQ(::mkfifo((fifo_weights.dir / "model.safetensors").c_str(), 0600), 0);
+  expect_error([&] { fifo_weights.load(); }, {"model.safetensors (a FIFO)"});
+  ScratchModel fifo_index("llama2");
+  fs::remove(fifo_index.dir / "model.safetensors.index.json");
+  ASSERT_EQ(::mkfifo((fifo_index.dir / "model.safetensors.index.json").c_str(), 0600), 0);
+  expect_error([&] { fifo_index.load(); }, {"model.safetensors.index.json (a FIFO)"});
+  ScratchModel dir_config("mistral");
+  fs::remove(dir_config.dir / "config.json");
+  fs::create_directory(dir_config.dir / "config.json");
+  try {
+    dir_config.load();
+    ADD_FAILURE() << "a directory named config.json was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json (a directory)"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("malformed JSON"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HfCheckpointErrors, ConfigFieldsAreChecked) {
