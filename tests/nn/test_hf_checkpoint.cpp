@@ -7,6 +7,7 @@
 
 #include <sys/stat.h>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -140,6 +141,7 @@ TEST(HfModelSpec, ReadsEachFamilysArchitecture) {
   const HfModelSpec mistral = hf_model_spec_file((kFixtures / "mistral").string());
   EXPECT_EQ(mistral.config.head_dim(), 32);
   EXPECT_EQ(mistral.trained_context, 64);
+  EXPECT_EQ(mistral.config.sliding_window, 0);  // "sliding_window": null, as Mistral v0.2 / v0.3 write it
   const HfModelSpec neox = hf_model_spec_file((kFixtures / "gpt_neox").string());
   EXPECT_TRUE(neox.config.parallel_residual);
   EXPECT_EQ(neox.config.resolved_encoding().rope.rotary_dim, 4);
@@ -170,6 +172,35 @@ struct ScratchModel {
   }
   std::string load() const { return load_hf_checkpoint(dir.string()).spec.model_type; }
 };
+
+// Config keys read with the family's own meaning (transformers' config classes).
+TEST(HfModelSpec, FamilySemanticsOfOptionalKeys) {
+  // sliding_window: null is no window (MistralConfig's None); absent is the class default, 4096.
+  const auto spec_of = [](const std::string& family, const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(kFixtures / family / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    return hf_model_spec(j.dump(), family + "/config.json");
+  };
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j["sliding_window"] = nullptr; }).config.sliding_window, 0);
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j.erase("sliding_window"); }).config.sliding_window, 4096);
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j["sliding_window"] = 32; }).config.sliding_window, 32);
+  // Qwen2: the window only with use_sliding_window, and null there is no window too.
+  EXPECT_EQ(spec_of("qwen2", [](auto& j) { j["use_sliding_window"] = true, j["sliding_window"] = nullptr; })
+                .config.sliding_window, 0);
+  EXPECT_EQ(spec_of("qwen2", [](auto& j) { j["use_sliding_window"] = true, j["sliding_window"] = 16; })
+                .config.sliding_window, 16);
+  expect_error([&] { spec_of("mistral", [](auto& j) { j["sliding_window"] = "wide"; }); }, "sliding_window = \"wide\"");
+  // GPT-NeoX has no num_key_value_heads (GPTNeoXConfig ignores the key): one kv head per head, and it loads.
+  const HfModelSpec neox = spec_of("gpt_neox", [](auto& j) { j["num_key_value_heads"] = 1; });
+  EXPECT_EQ(neox.config.kv_heads(), neox.config.n_heads);
+}
+
+TEST(HfCheckpointErrors, GptNeoxWithAKeyItsFamilyLacksLoads) {
+  ScratchModel neox("gpt_neox");
+  neox.edit("num_key_value_heads", 1);
+  EXPECT_EQ(neox.load(), "gpt_neox");
+}
 
 TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
   ScratchModel more_layers("llama2");
