@@ -6,6 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <fstream>
@@ -212,6 +215,50 @@ TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
   ScratchModel fewer_layers("qwen2");
   fewer_layers.edit("num_hidden_layers", 1);
   expect_error([&] { fewer_layers.load(); }, {"tensors = model.layers.1.", "qwen2"});
+}
+
+// The tensors are checked against config.json before the model is built from it: a vocab_size the embedding
+// does not have is refused at once, not after allocating 2^31 x 32 floats (275 GB: std::bad_alloc, or minutes).
+TEST(HfCheckpointErrors, TensorShapesAreCheckedBeforeTheModelIsAllocated) {
+  ScratchModel huge("llama2");
+  huge.edit("vocab_size", 2147483647);
+  expect_error([&] { huge.load(); }, {"model.embed_tokens.weight shape = [64, 32]", "[2147483647, 32]"});
+  ScratchModel wide("gpt_neox");
+  wide.edit("vocab_size", 20000000);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { wide.load(); }, {"gpt_neox.embed_in.weight", "[20000000, 32]"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+}
+
+// Overwrites the first element of tensor `name` (F32 or BF16) in a safetensors file with `value`.
+void poison_tensor(const fs::path& file, const std::string& name, float value) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_bytes = 0;
+  f.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  f.read(header.data(), std::streamsize(header_bytes));
+  const nlohmann::json j = nlohmann::json::parse(header);
+  const std::string dtype = j.at(name).at("dtype");
+  ASSERT_TRUE(dtype == "F32" || dtype == "BF16") << dtype;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  f.seekp(std::streamoff(8 + header_bytes + j.at(name).at("data_offsets")[0].get<uint64_t>()));
+  if (dtype == "F32") {
+    f.write(reinterpret_cast<const char*>(&bits), 4);
+  } else {
+    const uint16_t high = uint16_t(bits >> 16);  // bfloat16: the float's upper half (NaN and Inf stay so)
+    f.write(reinterpret_cast<const char*>(&high), 2);
+  }
+}
+
+// A NaN or Inf weight is refused at load, naming the tensor (it would turn every loss into nan).
+TEST(HfCheckpointErrors, NonFiniteWeightsAreNamed) {
+  ScratchModel nan_norm("llama3");
+  poison_tensor(nan_norm.dir / "model.safetensors", "model.norm.weight", std::nanf(""));
+  expect_error([&] { nan_norm.load(); }, {"tensor model.norm.weight = non-finite (element 0 is nan)", "finite weights"});
+  ScratchModel inf_sharded("llama2");
+  poison_tensor(inf_sharded.dir / "model-00001-of-00002.safetensors", "model.embed_tokens.weight", -INFINITY);
+  expect_error([&] { inf_sharded.load(); }, {"tensor model.embed_tokens.weight", "-inf"});
 }
 
 // What the loader opens is checked to be a regular file before open(): a FIFO would block it forever (no writer),
