@@ -63,6 +63,15 @@ void apply_tokenizer_config(Tokenizer& tokenizer, std::string_view json_text, co
   }
 }
 
+std::string Tokenizer::decode_continuation(const std::vector<int64_t>& prefix,
+                                           const std::vector<int64_t>& continuation) const {
+  std::vector<int64_t> all = prefix;
+  all.insert(all.end(), continuation.begin(), continuation.end());
+  const std::string whole = decode(all), head = decode(prefix);
+  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
+  return decode(continuation);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& model_dir) {
   const fs::path json_path = model_dir / "tokenizer.json";
   const fs::path model_path = model_dir / "tokenizer.model";

@@ -62,5 +62,36 @@ rm "$W/dir_config/config.json" && mkdir "$W/dir_config/config.json"
 expect_error "perplexity: config.json a directory" 2 "config.json (a directory)" -- \
   $T "$ROTARY" perplexity "$W/dir_config" --tokens "$W/ids.txt" --out "$W/d" --no-progress
 
+# ---- generate: a sentencepiece-style tokenizer covering ids 0..39 of a 64-row embedding (padding rows past the
+# tokenizer): the continuation keeps the space before its first word, and no padding id is ever produced.
+scratch llama2 spm
+/usr/bin/python3 - "$W/spm/tokenizer.json" <<'PY'
+import json, sys
+vocab = {"▁a": 0, "▁b": 1}
+vocab.update({"▁w%d" % i: i for i in range(2, 40)})
+json.dump({"version": "1.0", "added_tokens": [], "normalizer": None,
+           "pre_tokenizer": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
+           "post_processor": None,
+           "decoder": {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "first", "split": True},
+           "model": {"type": "BPE", "dropout": None, "unk_token": None, "continuing_subword_prefix": None,
+                     "end_of_word_suffix": None, "fuse_unk": False, "byte_fallback": False, "ignore_merges": True,
+                     "vocab": vocab, "merges": []}},
+          open(sys.argv[1], "w"), ensure_ascii=False)
+PY
+for temperature in 0 1; do
+  if $T "$ROTARY" generate "$W/spm" --prompt "a b" --max-new 24 --temperature $temperature --seed 3 \
+       > "$W/gen.out" 2> "$W/gen.err"; then
+    grep -Eq '^a b( (a|b|w[0-9]+))+$' "$W/gen.out" && pass "generate (temperature $temperature): words joined with spaces" \
+      || fail "generate printed '$(cat "$W/gen.out")'"
+  else
+    fail "generate (temperature $temperature) exited $?: $(tail -c 300 "$W/gen.err")"
+  fi
+done
+
+# ---- generate on a run directory without checkpoint.pt: says there is no checkpoint (not "model_type = missing").
+mkdir -p "$W/run" && echo '{"task": "addition"}' > "$W/run/config.json"
+expect_error "generate: run directory without checkpoint.pt" 2 "no checkpoint at $W/run" -- \
+  $T "$ROTARY" generate "$W/run" --prompt "1+1"
+
 echo "$fails failed"
 [ "$fails" = 0 ]

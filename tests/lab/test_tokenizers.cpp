@@ -597,4 +597,26 @@ TEST(TokenizerErrors, FifoOrDirectoryInPlaceOfATokenizerFile) {
   expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.model (a directory)"});
 }
 
+// What generate prints after the prompt: the continuation decoded together with the prompt's ids, so that the
+// decoder's rules apply across the boundary (a sentencepiece decoder strips a text's leading space: the new ids
+// alone would print "Paris" after "France is", "France isParis").
+TEST(Decode, ContinuationKeepsTheSpaceAtTheBoundary) {
+  const json j = {  // Llama 2's layout (tokenizers' conversion of a sentencepiece model)
+      {"normalizer", {{"type", "Sequence"},
+                      {"normalizers", {{{"type", "Prepend"}, {"prepend", "▁"}},
+                                       {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}}}}},
+      {"decoder", {{"type", "Sequence"},
+                   {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+                                 {{"type", "Fuse"}},
+                                 {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model", {{"type", "BPE"}, {"unk_token", "<unk>"},
+                 {"vocab", {{"<unk>", 0}, {"▁France", 1}, {"▁is", 2}, {"▁Paris", 3}, {".", 4}}},
+                 {"merges", json::array()}}}};
+  const auto t = parse_tokenizer_json(j.dump(), "t.json");
+  EXPECT_EQ(t->decode({3}), "Paris");  // the decoder's own rule, which loses the space after a prompt
+  EXPECT_EQ(t->decode_continuation({1, 2}, {3, 4}), " Paris.");
+  EXPECT_EQ(t->decode_continuation({1, 2}, {}), "");
+  EXPECT_EQ(t->decode_continuation({}, {3}), "Paris");
+}
+
 }  // namespace rotary::lab
