@@ -563,7 +563,19 @@ TEST(TokenizerErrors, SentencePieceModelBytes) {
   expect_error([] { parse_sentencepiece_model("", "m"); }, {"m: pieces = none"});
   const std::string nfkc = piece("<unk>", 0, 2) + field(2, varint(3 << 3) + varint(2)) +
                            field(3, field(1, "nmt_nfkc") + field(2, "xxxx"));
-  expect_error([&] { parse_sentencepiece_model(nfkc, "m"); }, {"m: normalizer_spec.name = nmt_nfkc", "identity"});
+  expect_error([&] { parse_sentencepiece_model(nfkc, "m"); },
+               {"m: normalizer_spec.precompiled_charsmap = 4 bytes (normalizer nmt_nfkc)", "allowed: none"});
+  // A map under the name "identity": the message names the map, and never lists the rejected value as allowed.
+  const std::string identity_with_map = piece("<unk>", 0, 2) + field(2, varint(3 << 3) + varint(2)) +
+                                        field(3, field(1, "identity") + field(2, "xxxx"));
+  try {
+    parse_sentencepiece_model(identity_with_map, "m");
+    ADD_FAILURE() << "a character map named identity was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("normalizer_spec.precompiled_charsmap = 4 bytes (normalizer identity)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("allowed: identity"), std::string::npos) << msg;
+  }
 }
 
 TEST(TokenIdFile, ReadsAndChecks) {
