@@ -168,6 +168,16 @@ TEST(ExitStatus, EveryExceptionHasItsStatusAndOneLine) {
   EXPECT_EQ(run(std::make_exception_ptr(std::bad_alloc()), text), 71);
   EXPECT_NE(text.find("out of memory"), std::string::npos);
   EXPECT_EQ(run(std::make_exception_ptr(42), text), 70);
+  // Torch's failed allocations are c10::Errors (std::exceptions), not std::bad_alloc: still out of memory. (The
+  // text is libtorch 1.13's CPU allocator's; tests/train checks a real one.)
+  EXPECT_EQ(run(std::make_exception_ptr(std::runtime_error(
+                    "[enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+                    "allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)\nframe #0")),
+                text),
+            71);
+  EXPECT_NE(text.find("out of memory"), std::string::npos) << text;
+  EXPECT_EQ(text.find("internal error"), std::string::npos) << text;
+  EXPECT_EQ(text.find("frame"), std::string::npos) << text;
   EXPECT_EQ(interrupted_exit_status(0), 130);
   EXPECT_EQ(interrupted_exit_status(15), 143);
 }
