@@ -9,6 +9,8 @@
 //   - every kind of bad input, which must be a rotary::Error naming the file and the field.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+
+#include <chrono>
 #include <unistd.h>
 
 #include <algorithm>
@@ -598,7 +600,6 @@ TEST(TokenIdFile, ReadsAndChecks) {
   expect_error([&] { read_token_id_file(dir.path() / "fifo.txt", 9); }, {"fifo.txt (a FIFO)"});
 }
 
-}  // namespace
 // A tokenizer file that is there but is not a regular file is refused by name (not skipped, not waited on).
 TEST(TokenizerErrors, FifoOrDirectoryInPlaceOfATokenizerFile) {
   TempDir dir;
@@ -607,6 +608,25 @@ TEST(TokenizerErrors, FifoOrDirectoryInPlaceOfATokenizerFile) {
   fs::remove(dir.path() / "tokenizer.json");
   fs::create_directory(dir.path() / "tokenizer.model");
   expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.model (a directory)"});
+}
+
+// The regex time limit holds for a whole text, not for each piece of it: a pattern that backtracks badly on every
+// piece between added tokens (60 pieces, each well under a per-piece limit, over 60 s in all) stops within the
+// one budget of the text.
+TEST(TokenizerErrors, SplitRegexTimeIsBudgetedPerText) {
+  json j = llama3_json();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "(a|aa)+b|\\s+|[^\\s]"}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
+  const auto tokenizer = parse_tokenizer_json(j.dump(), "dir/tokenizer.json");
+  const std::string separator = j["added_tokens"][0]["content"];
+  std::string text;
+  for (int piece = 0; piece < 60; ++piece) text += std::string(32, 'a') + separator;
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { tokenizer->encode(text); }, {"tokenizer split regex", "per text"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 45.0);
 }
 
 // What generate prints after the prompt: the continuation decoded together with the prompt's ids, so that the
@@ -631,4 +651,5 @@ TEST(Decode, ContinuationKeepsTheSpaceAtTheBoundary) {
   EXPECT_EQ(t->decode_continuation({}, {3}), "Paris");
 }
 
+}  // namespace
 }  // namespace rotary::lab
