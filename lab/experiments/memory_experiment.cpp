@@ -557,6 +557,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   }
   spec.run.out_dir = lab::join_path(spec.out_dir, "model");
   validate(spec);
+  const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time trains its model and cells
   lab::remove_stale_temp_files(spec.out_dir);
   const auto t0 = Clock::now();
   MemoryResult result;

@@ -270,6 +270,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));
+  const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time writes these cells
   train::StopSignalGuard signals;
   train::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
   int64_t step = 0;

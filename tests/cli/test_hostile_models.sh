@@ -93,5 +93,36 @@ mkdir -p "$W/run" && echo '{"task": "addition"}' > "$W/run/config.json"
 expect_error "generate: run directory without checkpoint.pt" 2 "no checkpoint at $W/run" -- \
   $T "$ROTARY" generate "$W/run" --prompt "1+1"
 
+# ---- Two compares on one --out: the second is refused naming the first's pid; a compare killed with SIGKILL
+# takes its `rotary train` children with it.
+TINY=(--task addition --max-digits 2 --d-model 16 --n-layers 1 --n-heads 1 --seq-len 32 --batch-size 4 --steps 100000
+      --eval-interval 100000 --eval-batches 1 --eval-problems 2 --threads 1 --encodings rope,roper --seeds 1 --jobs 2)
+"$ROTARY" compare "${TINY[@]}" --out "$W/cmp" --no-progress > /dev/null 2>&1 &
+first=$!
+children=""
+for _ in $(seq 1 300); do
+  children=$(ps -o pid= --ppid "$first" | tr -d ' ' | tr '\n' ' ')
+  [ -s "$W/cmp/.rotary.lock" ] && [ -n "$children" ] && break
+  sleep 0.1
+done
+expect_error "compare: a second on the same --out" 2 "in use by another rotary command, pid $first" -- \
+  $T "$ROTARY" compare "${TINY[@]}" --out "$W/cmp" --no-progress
+[ -n "$children" ] && pass "compare started its runs ($children)" || fail "compare started no \`rotary train\`"
+kill -9 "$first"
+wait "$first" 2> /dev/null
+alive=""
+for _ in $(seq 1 100); do
+  alive=""
+  for c in $children; do kill -0 "$c" 2> /dev/null && alive="$alive $c"; done
+  [ -z "$alive" ] && break
+  sleep 0.1
+done
+if [ -z "$alive" ]; then
+  pass "compare's children end with it"
+else
+  fail "compare's children outlived it:$alive"
+  for c in $alive; do kill -9 "$c"; done
+fi
+
 echo "$fails failed"
 [ "$fails" = 0 ]

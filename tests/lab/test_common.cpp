@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -131,6 +132,85 @@ TEST(Files, ReadFileRefusesFifosAndDirectories) {
   write_file_atomic(join_path(dir, "plain.txt"), "text");
   EXPECT_EQ(read_file(join_path(dir, "plain.txt")), "text");
   fs::remove_all(dir);
+}
+
+// One command at a time per output directory: a second lock is refused naming the field and the holder's pid, and
+// the lock is free again once the holder is gone.
+TEST(Files, DirectoryLockRefusesASecondHolder) {
+  const std::string dir = join_path(fresh_dir("lock"), "out");  // created by the lock
+  {
+    const DirectoryLock first(dir, "--out");
+    try {
+      const DirectoryLock second(dir, "--out");
+      ADD_FAILURE() << "two locks on one directory";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--out = " + dir + " (in use by another rotary command, pid " + std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << msg;
+    }
+    // Another process is refused too (flock is per open file, across processes as within one).
+    const pid_t child = ::fork();
+    if (child == 0) {
+      try {
+        const DirectoryLock other(dir, "--out");
+        ::_exit(0);
+      } catch (const Error&) {
+        ::_exit(2);
+      }
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+  }
+  EXPECT_NO_THROW(DirectoryLock(dir, "--out"));  // released with its holder
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
+// A child started with die_with_parent ends when its parent does, even killed outright (SIGKILL: no handler runs).
+TEST(Process, ChildrenStartedToDieWithTheirParentDo) {
+  const std::string dir = fresh_dir("pdeathsig");
+  const std::string pid_file = join_path(dir, "grandchild.pid");
+  const pid_t parent = ::fork();
+  if (parent == 0) {
+    // The parent: starts a child that calls die_with_parent_if_asked (as `rotary` does first thing) and then
+    // sleeps, and waits to be killed.
+    SpawnOptions o;
+    o.program = "/proc/self/exe";
+    o.die_with_parent = true;
+    o.env = {{"ROTARY_TEST_SLEEP_CHILD", pid_file}};
+    pid_t child = 0;
+    if (spawn_process({"test", "--gtest_filter=Process.SleepingChild"}, o, child) != 0) ::_exit(1);
+    for (;;) ::pause();
+  }
+  // Wait for the child to be up, then kill its parent with SIGKILL.
+  pid_t child = 0;
+  for (int i = 0; i < 500 && child == 0; ++i) {
+    std::ifstream in(pid_file);
+    if (!(in >> child)) child = 0, ::usleep(20000);
+  }
+  ASSERT_GT(child, 0) << "the child did not start";
+  ::kill(parent, SIGKILL);
+  ::waitpid(parent, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = ::kill(child, 0) != 0 && errno == ESRCH;
+    if (!gone) ::usleep(20000);
+  }
+  EXPECT_TRUE(gone) << "the child " << child << " outlived its parent";
+  if (!gone) ::kill(child, SIGKILL);
+  fs::remove_all(dir);
+}
+
+// The child of the test above (run as this test binary with a filter): asks to die with its parent, says its pid,
+// sleeps. Skipped when not started that way.
+TEST(Process, SleepingChild) {
+  const char* pid_file = std::getenv("ROTARY_TEST_SLEEP_CHILD");
+  if (pid_file == nullptr) GTEST_SKIP() << "only as the child of ChildrenStartedToDieWithTheirParentDo";
+  die_with_parent_if_asked();
+  write_file_atomic(pid_file, std::to_string(::getpid()) + "\n", Durability::Cache);
+  ::sleep(30);
+  ::_exit(0);
 }
 
 TEST(Lists, RepeatedItemsAreNamed) {
