@@ -62,6 +62,33 @@ rm "$W/dir_config/config.json" && mkdir "$W/dir_config/config.json"
 expect_error "perplexity: config.json a directory" 2 "config.json (a directory)" -- \
   $T "$ROTARY" perplexity "$W/dir_config" --tokens "$W/ids.txt" --out "$W/d" --no-progress
 
+# ---- Results reused only for the same weights: a cell of the old model is not reported after the weights change.
+scratch llama2 weights
+run_cell() {  # <out> -> stderr in $W/cell.err
+  $T "$ROTARY" perplexity "$W/weights" --tokens "$W/ids.txt" --train-len 16 --lengths 32 --methods native --out "$W/$1" \
+    > /dev/null 2> "$W/cell.err"
+}
+run_cell cells && run_cell cells && grep -q "done earlier" "$W/cell.err" \
+  && pass "perplexity: unchanged weights reuse the cell" || fail "unchanged weights: $(tail -c 300 "$W/cell.err")"
+touch -d "2001-01-01" "$W/weights/model-00002-of-00002.safetensors"
+run_cell cells
+grep -q "done earlier" "$W/cell.err" && fail "perplexity: a cell of other weights (a shard's mtime changed) was reused" \
+  || pass "perplexity: changed weights are scored again"
+
+# ---- Non-finite losses: exit 3 as training does, the cell stored as NaN and reused (not recomputed) on a rerun.
+scratch llama2 overflow 'c["rope_scaling"] = {"rope_type": "yarn", "factor": 2.0, "attention_factor": 1e300, "original_max_position_embeddings": 32}'
+$T "$ROTARY" perplexity "$W/overflow" --tokens "$W/ids.txt" --lengths 32 --methods native --out "$W/nan" \
+  > "$W/nan.out" 2> "$W/nan.err"
+code=$?
+[ $code = 3 ] && grep -q "the loss is not finite in" "$W/nan.err" && pass "perplexity: non-finite loss exits 3" \
+  || fail "non-finite loss: exit $code: $(tail -c 300 "$W/nan.err")"
+grep -q "nan\|NaN" "$W/nan.out" && pass "perplexity: the table shows NaN" || fail "no NaN in the table: $(cat "$W/nan.out")"
+$T "$ROTARY" perplexity "$W/overflow" --tokens "$W/ids.txt" --lengths 32 --methods native --out "$W/nan" \
+  > /dev/null 2> "$W/nan2.err"
+code=$?
+[ $code = 3 ] && grep -q "done earlier" "$W/nan2.err" && pass "perplexity: a NaN cell is reused" \
+  || fail "NaN cell rerun: exit $code: $(tail -c 300 "$W/nan2.err")"
+
 # ---- generate: a sentencepiece-style tokenizer covering ids 0..39 of a 64-row embedding (padding rows past the
 # tokenizer): the continuation keeps the space before its first word, and no padding id is ever produced.
 scratch llama2 spm
