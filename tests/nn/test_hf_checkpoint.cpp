@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/stat.h>
+
 #include <chrono>
 #include <cmath>
 #include <cstring>
