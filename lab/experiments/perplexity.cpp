@@ -79,8 +79,9 @@ uint64_t weights_identity(const std::string& model_dir) {
                             int64_t(st.st_mtim.tv_nsec));
     uint64_t header_bytes = 0;
     if (file.extension() == ".safetensors" && ::pread(fd, &header_bytes, 8, 0) == 8) {
-      // (little-endian length, then the JSON header; capped at the file's size, which a valid header never passes)
-      header_bytes = std::min<uint64_t>(header_bytes, uint64_t(std::max<off_t>(st.st_size - 8, 0)));
+      // (little-endian length, then the JSON header; capped at the file's size and at the 100 MB the reader allows,
+      // since a stray file in the directory that the checkpoint does not read is hashed too)
+      header_bytes = std::min<uint64_t>({header_bytes, uint64_t(std::max<off_t>(st.st_size - 8, 0)), uint64_t(100) << 20});
       std::string header(size_t(header_bytes), '\0');
       if (::pread(fd, header.data(), header.size(), 8) == ssize_t(header.size())) identity += header;
     }
