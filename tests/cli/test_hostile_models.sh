@@ -53,6 +53,7 @@ rm "$W/fifo_config/config.json" && mkfifo "$W/fifo_config/config.json"
 expect_error "perplexity: config.json a FIFO" 2 "config.json (a FIFO)" -- \
   $T "$ROTARY" perplexity "$W/fifo_config" --tokens "$W/ids.txt" --out "$W/d" --no-progress
 expect_error "freqs --hf-config FIFO" 2 "config.json (a FIFO)" -- $T "$ROTARY" freqs --hf-config "$W/fifo_config/config.json"
+expect_error "eval of a FIFO" 2 "checkpoint = $W/ids.fifo (a FIFO)" -- $T "$ROTARY" eval "$W/ids.fifo"
 scratch mistral fifo_weights
 rm "$W/fifo_weights/model.safetensors" && mkfifo "$W/fifo_weights/model.safetensors"
 expect_error "perplexity: model.safetensors a FIFO" 2 "model.safetensors (a FIFO)" -- \
