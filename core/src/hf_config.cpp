@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdint>
 #include <filesystem>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/json_guard.h"
 
 namespace rotary {
@@ -371,12 +371,10 @@ std::string read_hf_config_text(const std::string& path, std::string* config_pat
   std::filesystem::path p(path);
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) p /= "config.json";
-  std::ifstream in(p, std::ios::binary);
-  if (!in) fail("hf_config", p.string(), "a readable config.json file (or a model directory holding one)");
-  std::stringstream buf;
-  buf << in.rdbuf();
+  std::string text =
+      read_regular_file(p.string(), "hf_config", "a readable config.json file (or a model directory holding one)");
   if (config_path) *config_path = p.string();
-  return buf.str();
+  return text;
 }
 
 RopeSpec rope_spec_from_hf_config_file(const std::string& path) {

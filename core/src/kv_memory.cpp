@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "storage.h"
 #include "validate.h"
 
@@ -311,12 +312,11 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
 
 KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint) {
   KvMemory m(expected);  // validates `expected`
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("rotary: kv_memory.open: cannot open " + path + ": " + std::strerror(errno));
+  const int fd = open_regular_file(path, "kv_memory.open path", "a rotary memory file (a regular file)");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    throw Error("rotary: kv_memory.open: " + path + " is not a regular file");
+    throw Error("rotary: kv_memory.open: cannot open " + path + ": " + std::strerror(errno));
   }
   const size_t bytes = size_t(st.st_size);
   void* map = bytes > 0 ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
@@ -369,6 +369,10 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
     throw differs("fingerprint", std::to_string(h.fingerprint), std::to_string(fingerprint) + " (another model)");
   m.impl_->mapped_size = h.size;
   m.impl_->mapped_positions = reinterpret_cast<const int64_t*>(base + lay.positions);
+  // The rule append() holds the rows to: a file whose header checks out may still hold positions no model uses
+  // (|pos| past 2^53 turns into wrong angles and overflows pos - query_origin).
+  detail::check_positions(m.impl_->mapped_positions, 0, h.size, "kv_memory.open " + path + ": ",
+                          c.logn_train_len > 1, false);
   for (int64_t k = 0; k < h.kv_heads; ++k) {
     m.impl_->mapped_keys.push_back(reinterpret_cast<const float*>(base + lay.head0 + 2 * size_t(k) * lay.block));
     m.impl_->mapped_values.push_back(

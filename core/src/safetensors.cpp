@@ -10,11 +10,11 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 #include <limits>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/json_guard.h"
 
 namespace rotary {
@@ -40,12 +40,11 @@ int64_t SafetensorsTensor::numel() const {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.source_ = path;
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) throw Error("rotary: cannot open safetensors file " + path + ": " + std::strerror(errno));
+  const int fd = open_regular_file(path, "safetensors file");
   struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+  if (::fstat(fd, &st) != 0) {
     ::close(fd);
-    throw Error("rotary: " + path + " is not a regular file");
+    throw Error("rotary: cannot open safetensors file " + path + ": " + std::strerror(errno));
   }
   f.map_size_ = size_t(st.st_size);
   if (f.map_size_ > 0) {
@@ -190,12 +189,8 @@ SafetensorsCheckpoint SafetensorsCheckpoint::open(const std::string& model_dir) 
   std::error_code ec;
   const fs::path single = dir / "model.safetensors", index = dir / "model.safetensors.index.json";
   if (fs::exists(index, ec)) {
-    std::ifstream in(index, std::ios::binary);
-    if (!in) throw Error("rotary: cannot read " + index.string());
-    std::stringstream buf;
-    buf << in.rdbuf();
     const std::string src = index.string();
-    const nlohmann::json j = parse_json(buf.str(), src);
+    const nlohmann::json j = parse_json(read_regular_file(src, "shard index"), src);
     const nlohmann::json* map = j.is_object() && j.contains("weight_map") ? &j.at("weight_map") : nullptr;
     if (!map || !map->is_object() || map->empty())
       fail(src + ": weight_map", map ? json_excerpt(*map) : "missing", "an object {\"<tensor>\": \"<shard file>\"}");

@@ -2,6 +2,7 @@
 // or converted once (bf16 / f16 / f32 / q8); norms and biases copied to float32 (they are small).
 #include <omp.h>
 
+#include <cmath>
 #include <cstring>
 #include <deque>
 #include <string>
@@ -78,7 +79,30 @@ class Loader {
     StoredTensor t = lookup_(name);
     if (t.shape != shape) fail("tensor " + name + ".shape", shape_text(t.shape), shape_text(shape));
     if (t.data == nullptr) fail("tensor " + name + ".data", "null", "the tensor's bytes");
+    check_finite(name, t);
     return t;
+  }
+  // A NaN or Inf weight would poison every logit after it: refused by name and element, before any work (one
+  // read of the weights, which the first forward would make anyway).
+  void check_finite(const std::string& name, const StoredTensor& t) const {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    int64_t bad = n;
+#pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : bad)
+    for (int64_t i = 0; i < n; ++i) {
+      bool finite = true;
+      switch (t.dtype) {
+        case DType::BF16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7f80u) != 0x7f80u; break;
+        case DType::F16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7c00u) != 0x7c00u; break;
+        case DType::F32: finite = std::isfinite(static_cast<const float*>(t.data)[i]); break;
+        case DType::F64: finite = std::isfinite(static_cast<const double*>(t.data)[i]); break;
+      }
+      if (!finite && i < bad) bad = i;
+    }
+    if (bad < n)
+      fail("tensor " + (t.source.empty() ? name : t.source),
+           "non-finite (element " + std::to_string(bad) + " is " + to_text(load_as_double(t.data, t.dtype, bad)) + ")",
+           "finite weights");
   }
   // A [rows, cols] matrix in `format`: in place when stored so, else converted into storage the model owns.
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<WeightFormat> want) {

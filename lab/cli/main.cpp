@@ -4,6 +4,7 @@
 
 #include "cli/command.h"
 #include "common/exit_status.h"
+#include "common/process.h"
 
 namespace rotary::cli {
 
@@ -26,6 +27,7 @@ CLI::App& subcommand_group(CLI::App& parent, const std::string& name, const std:
 
 // Exit status: one policy for every command, in common/exit_status.h.
 int main(int argc, char** argv) {
+  rotary::lab::die_with_parent_if_asked();  // a `rotary train` that compare or a launcher started ends with it
   CLI::App app{"rotary: rotary position embeddings (RoPE, RoPER, ReRoPE) - kernels, benchmarks and the lab"};
   app.require_subcommand(1);
   app.footer("Exit status: 0 success; 2 bad input (flag, value or file; the message names it); 3 non-finite "

@@ -3,6 +3,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,6 +17,7 @@
 #include <fmt/format.h>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 
 namespace rotary::lab {
 namespace {
@@ -43,12 +45,36 @@ void make_dirs(const std::string& path) {
   if (ec) throw Error("rotary: cannot create directory " + path + ": " + ec.message());
 }
 
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail_io("read", path.string());
-  std::ostringstream os;
-  os << in.rdbuf();
-  return os.str();
+std::string read_file(const std::filesystem::path& path) { return read_regular_file(path.string(), "file"); }
+
+DirectoryLock::DirectoryLock(const std::string& dir, std::string_view field) {
+  make_dirs(dir);
+  const std::string path = join_path(dir, ".rotary.lock");
+  fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+  if (fd_ < 0) fail_io("create the lock file", path);
+  if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
+    const int e = errno;
+    char holder[32] = {};
+    const ssize_t n = ::pread(fd_, holder, sizeof holder - 1, 0);
+    ::close(fd_);
+    fd_ = -1;
+    if (e != EWOULDBLOCK) {
+      errno = e;
+      fail_io("lock", path);
+    }
+    std::string pid(holder, n > 0 ? size_t(n) : 0);
+    while (!pid.empty() && (pid.back() == '\n' || pid.back() == ' ')) pid.pop_back();
+    fail(field, dir + " (in use by another rotary command, pid " + (pid.empty() ? std::string("unknown") : pid) + ")",
+         "a directory no other command is writing to (wait for it to finish, or give another directory)");
+  }
+  const std::string pid = std::to_string(::getpid()) + "\n";
+  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
+    // The lock holds without the pid; only the message of a second command would lack it.
+  }
+}
+
+DirectoryLock::~DirectoryLock() {
+  if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
 uint64_t fnv1a64(std::string_view bytes) {

@@ -30,6 +30,22 @@ bool file_exists(const std::string& path);
 // process was killed mid-write: only those whose process no longer runs, so a concurrent writer keeps its own.
 // Returns how many were removed; a missing `dir` is not an error. Runs and experiments call it when they start.
 int remove_stale_temp_files(const std::string& dir);
+// An exclusive lock on an output directory (flock on "<dir>/.rotary.lock", which holds the holder's pid), held
+// while the object lives: two commands writing one directory at once would run the same work twice and report
+// each other's half-written files. A second command is refused at once: rotary::Error naming `field` (the flag
+// that gave the directory), the directory and the holder's pid. The kernel drops the lock when its process ends
+// however it ends (SIGKILL included), so no stale lock outlives a crash. Creates the directory.
+class DirectoryLock {
+ public:
+  DirectoryLock(const std::string& dir, std::string_view field);
+  ~DirectoryLock();
+  DirectoryLock(const DirectoryLock&) = delete;
+  DirectoryLock& operator=(const DirectoryLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
 // mkdir -p; throws rotary::Error naming the path.
 void make_dirs(const std::string& path);
 std::string join_path(const std::string& dir, const std::string& name);

@@ -4,11 +4,13 @@
 
 #include <fcntl.h>
 #include <spawn.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <csignal>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -46,8 +48,22 @@ bool is_executable_file(const std::string& path) {
 
 }  // namespace
 
-int spawn_process(const std::vector<std::string>& argv, const SpawnOptions& options, pid_t& pid) {
+constexpr const char* kParentPidVariable = "ROTARY_PARENT_PID";
+
+void die_with_parent_if_asked() {
+  const char* parent = std::getenv(kParentPidVariable);
+  if (parent == nullptr) return;
+  const long expected = std::strtol(parent, nullptr, 10);
+  ::unsetenv(kParentPidVariable);
+  ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+  // The parent may have died between our start and the prctl: then we were already adopted by another process.
+  if (expected > 0 && ::getppid() != pid_t(expected)) ::raise(SIGTERM);
+}
+
+int spawn_process(const std::vector<std::string>& argv, const SpawnOptions& given, pid_t& pid) {
   check(!argv.empty(), "command", "\"\"", "a program name and its arguments");
+  SpawnOptions options = given;
+  if (options.die_with_parent) options.env.emplace_back(kParentPidVariable, std::to_string(::getpid()));
   // The file actions run in order in the child: the directory first, so that the relative paths are opened in it.
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);

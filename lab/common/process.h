@@ -24,7 +24,17 @@ struct SpawnOptions {
   std::string stderr_path;  // likewise; empty: inherited (or stdout's file, with stderr_to_stdout)
   bool stderr_to_stdout = false;  // 2>&1
   mode_t file_mode = 0666;        // before the umask
+  // The child ends when this process does, however it ends (SIGKILL included): for `rotary` children, which
+  // call die_with_parent_if_asked() first thing. posix_spawn cannot set PR_SET_PDEATHSIG in the child itself, so
+  // the child is told our pid (ROTARY_PARENT_PID) and asks the kernel for SIGTERM at our death. Spawn from the
+  // main thread: the kernel sends the signal when the spawning thread ends.
+  bool die_with_parent = false;
 };
+
+// In a child started with die_with_parent: PR_SET_PDEATHSIG(SIGTERM), or SIGTERM to itself at once if the parent
+// is already gone. Removes ROTARY_PARENT_PID from the environment (the child's own children are not the parent's).
+// A no-op in a process started otherwise.
+void die_with_parent_if_asked();
 
 // Starts the program with `argv` without waiting for it. Returns 0 and sets `pid`, or the errno value of what
 // failed (the program is missing or cannot be run, a file cannot be opened, no process could be made).

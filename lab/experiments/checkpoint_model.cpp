@@ -100,20 +100,27 @@ void CheckpointModel::set_override(const nn::EncodingOverride& o) {
   }
 }
 
-void CheckpointModel::check_memory(int64_t tokens, const std::string& what) const {
+int64_t CheckpointModel::memory_needed(int64_t tokens) const {
   const Impl& m = *impl_;
-  if (!m.model) return;
+  if (!m.model) return 0;
   const int64_t weights = std::max<int64_t>(m.mapped_bytes, 0) + m.model->owned_bytes();
   const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), tokens);
   const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(tokens, 512);
-  const int64_t need = weights + session + logits, have = available_memory_bytes();
+  return weights + session + logits;
+}
+
+void CheckpointModel::check_memory(int64_t tokens, const std::string& what, int64_t available) const {
+  const Impl& m = *impl_;
+  if (!m.model) return;
+  const int64_t need = memory_needed(tokens), have = available >= 0 ? available : available_memory_bytes();
   if (have < 0 || need <= have) return;
-  fail(what, fmt::format("{} tokens, needing {:.2f} GB (weights {:.2f}, KV cache and activations {:.2f}, logits "
-                         "{:.2f})",
-                         tokens, need / 1e9, weights / 1e9, session / 1e9, logits / 1e9),
+  const int64_t weights = std::max<int64_t>(m.mapped_bytes, 0) + m.model->owned_bytes();
+  fail(what, fmt::format("{} tokens, needing {:.2f} GB (weights {:.2f} GB, KV cache, activations and logits {:.2f} "
+                         "GB)",
+                         tokens, double(need) / 1e9, double(weights) / 1e9, double(need - weights) / 1e9),
        fmt::format("a run that fits the {:.2f} GB available now: fewer tokens, --kv-dtype bf16 (halves the cache), "
                    "or --weights q8 (about half of bf16's bytes)",
-                   have / 1e9));
+                   double(have) / 1e9));
 }
 
 std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& tokens) {
@@ -153,7 +160,7 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
                                                int64_t stop_id, uint64_t seed, int64_t sample_vocab) {
   Impl& m = *impl_;
   if (m.torch_model.model)
-    return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed);
+    return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0)));
   return engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature, .stop_id = stop_id,
                                       .seed = seed, .sample_vocab = sample_vocab});

@@ -42,8 +42,11 @@ class CheckpointModel {
 
   // Refuses (rotary::Error naming the bytes, what is available and the flags that would shrink it) a run of
   // `tokens` tokens at once that does not fit the memory /proc/meminfo reports available: the weights (mapped or
-  // converted), the KV cache and the activations. The torch path is not estimated.
-  void check_memory(int64_t tokens, const std::string& what) const;
+  // converted), the KV cache and the activations. The torch path is not estimated. `available`: the bytes to
+  // compare with (-1: available_memory_bytes()).
+  void check_memory(int64_t tokens, const std::string& what, int64_t available = -1) const;
+  // The bytes check_memory counts for a run of `tokens` (0 on the torch path).
+  int64_t memory_needed(int64_t tokens) const;
 
   // The final norm's output [T, d_model] for tokens at positions 0..T-1: one forward (fused attention).
   std::vector<float> hidden_states(const std::vector<int64_t>& tokens);

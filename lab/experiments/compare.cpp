@@ -96,6 +96,7 @@ bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& to
     o.program = program;
     o.stdout_path = lab::join_path(p.run.dir, "train.log");
     o.stderr_to_stdout = true;
+    o.die_with_parent = true;  // a compare killed outright (SIGKILL) leaves no training behind
     pid_t pid = 0;
     const int err = lab::spawn_process(argv, o, pid);
     if (err != 0) throw Error("rotary: cannot start `rotary train` for " + p.label + ": " + std::strerror(err));
@@ -171,6 +172,8 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
     c.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
     c.validate();
   }
+  // Two compares on one --out would train the same runs and report each other's half-finished ones.
+  const lab::DirectoryLock lock(spec.out_dir, "--out");
   lab::remove_stale_temp_files(spec.out_dir);  // of an earlier compare killed mid-write
 
   CompareResult result;

@@ -253,6 +253,7 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
   spec.text.out_dir = lab::join_path(spec.out_dir, "text_model");
   spec.kv.out_dir = lab::join_path(spec.out_dir, "kv_model");
   validate(spec);
+  const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time trains its models and cells
   lab::remove_stale_temp_files(spec.out_dir);  // of an earlier run killed mid-write
   const auto t0 = Clock::now();
   ExtrapolateResult result;

@@ -38,6 +38,18 @@ int64_t memory_window(const MemorySpec& s, int L, const nn::EncodingConfig& trai
   return std::max<int64_t>({1, L / 2, windowed ? trained.window : 0});
 }
 
+// --memory-window against the model it serves, the rule MemoryKvCache holds it to when it is built, checked before
+// a model is trained or a cell runs: under the rerope policy a ReRoPE model's memory keys must all lie past its
+// window, so W >= that window.
+void check_memory_window(const MemorySpec& s, const nn::EncodingConfig& trained, const std::string& who) {
+  const bool windowed = trained.kind == nn::EncodingKind::Rerope || trained.kind == nn::EncodingKind::LeakyRerope;
+  const bool rerope_policy = std::find(s.policies.begin(), s.policies.end(), "rerope") != s.policies.end();
+  if (s.window > 0 && windowed && rerope_policy)
+    check(s.window >= trained.window, "--memory-window", s.window,
+          fmt::format(">= the ReRoPE window {} of {} under the rerope policy (its memory keys must all lie past "
+                      "the window), or 0 for the default", trained.window, who));
+}
+
 // The key's first digit sits after the needle's "the pass key is:" (the task's format, lab/tasks/passkey.cpp).
 double key_distance(const std::string& prompt) {
   const std::string cue = "the pass key is:";
@@ -514,7 +526,9 @@ void validate(const MemorySpec& spec) {
   lab::check_unique(spec.top_k, "top_k");
   check(spec.full_max_multiple >= 0 && spec.full_max_multiple <= 4096, "full_max", spec.full_max_multiple,
         "a multiple of L in [0, 4096] (0: no baselines)");
-  check(spec.window >= 0 && spec.window <= L, "window", spec.window, fmt::format("0 (= L/2) or in [1, L = {}]", L));
+  check(spec.window >= 0 && spec.window <= L, "--memory-window", spec.window,
+        fmt::format("0 (= L/2) or in [1, L = {}]", L));
+  if (spec.checkpoint.empty()) check_memory_window(spec, spec.run.model.encoding, "the model to train");
   check(spec.problems >= 1 && spec.problems <= 100000, "problems", spec.problems, "an integer in [1, 100000]");
   for (const std::string& i : spec.indexes)
     check(std::find(std::begin(lab::kMemoryIndexKinds), std::end(lab::kMemoryIndexKinds), i) !=
@@ -543,6 +557,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   }
   spec.run.out_dir = lab::join_path(spec.out_dir, "model");
   validate(spec);
+  const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time trains its model and cells
   lab::remove_stale_temp_files(spec.out_dir);
   const auto t0 = Clock::now();
   MemoryResult result;
@@ -561,6 +576,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
             trained.kind == nn::EncodingKind::LeakyRerope,
         who + " encoding.kind", trained.kind, "rope, rerope or leaky_rerope");
   check_baselines(spec.baselines, trained.kind, who);
+  check_memory_window(spec, trained, who);
   use_threads(spec.threads);
 
   const int L = p.info.train_len;

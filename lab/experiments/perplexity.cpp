@@ -1,9 +1,13 @@
 // lab/experiments/perplexity.cpp
 #include "experiments/perplexity.h"
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <functional>
 #include <fmt/format.h>
 #include <sstream>
@@ -12,6 +16,7 @@
 #include "common/files.h"
 #include "common/plots.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/json_guard.h"
 #include "rotary_nn/hf_checkpoint.h"
 #include "tokenizers/tokenizer.h"
@@ -52,25 +57,76 @@ std::vector<int64_t> read_stream(const PerplexitySpec& spec, int64_t vocab_size)
   return ids;
 }
 
+// The identity of a model directory's weights, for the cells' keys: every safetensors file and shard index in it
+// (name, size, modification time) and a hash of each safetensors header (names, dtypes, shapes, offsets). Hashing
+// the gigabytes of data on every run would cost minutes; a changed file changes its size or mtime, and a file
+// copied over with both kept has to change its header to hold other tensors.
+uint64_t weights_identity(const std::string& model_dir) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  std::error_code ec;
+  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")) files.push_back(it->path());
+  }
+  std::sort(files.begin(), files.end());
+  std::string identity;
+  for (const fs::path& file : files) {
+    const int fd = open_regular_file(file.string(), "weights file");
+    struct stat st {};
+    ::fstat(fd, &st);
+    identity += fmt::format("{}\n{}\n{}.{}\n", file.filename().string(), st.st_size, int64_t(st.st_mtim.tv_sec),
+                            int64_t(st.st_mtim.tv_nsec));
+    uint64_t header_bytes = 0;
+    if (file.extension() == ".safetensors" && ::pread(fd, &header_bytes, 8, 0) == 8) {
+      // (little-endian length, then the JSON header; capped at the file's size and at the 100 MB the reader allows,
+      // since a stray file in the directory that the checkpoint does not read is hashed too)
+      header_bytes = std::min<uint64_t>({header_bytes, uint64_t(std::max<off_t>(st.st_size - 8, 0)), uint64_t(100) << 20});
+      std::string header(size_t(header_bytes), '\0');
+      if (::pread(fd, header.data(), header.size(), 8) == ssize_t(header.size())) identity += header;
+    }
+    ::close(fd);
+  }
+  return lab::fnv1a64(identity);
+}
+
 std::string g(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "NaN"; }
+
+// A loss as JSON, non-finite ones included: JSON has no NaN or Inf (nlohmann writes them as null, which would not
+// read back as a number), so they are stored as the strings "NaN", "Infinity", "-Infinity".
+nlohmann::json loss_to_json(double v) {
+  if (std::isfinite(v)) return v;
+  return std::isnan(v) ? "NaN" : v > 0 ? "Infinity" : "-Infinity";
+}
+
+double loss_from_json(const nlohmann::json& v) {
+  if (v.is_number()) return v.get<double>();
+  const std::string& s = v.get_ref<const std::string&>();  // anything else throws: the cell is computed again
+  if (s == "NaN") return std::nan("");
+  if (s == "Infinity" || s == "-Infinity") return s[0] == '-' ? -HUGE_VAL : HUGE_VAL;
+  throw Error("rotary: perplexity cell: loss = " + s + " is invalid; allowed: a number, NaN, Infinity, -Infinity");
+}
 
 nlohmann::json cell_to_json(const PerplexityCell& c) {
   nlohmann::json bins = nlohmann::json::array();
-  for (double v : c.loss_by_bin) bins.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
-  return {{"method", c.method.key()}, {"length", c.length},           {"tail_loss", c.tail_loss},
-          {"full_loss", c.full_loss}, {"tail_tokens", c.tail_tokens}, {"full_tokens", c.full_tokens},
-          {"loss_by_bin", bins},      {"seconds", c.seconds},         {"tokens_per_s", c.tokens_per_s}};
+  for (double v : c.loss_by_bin) bins.push_back(loss_to_json(v));
+  return {{"method", c.method.key()},           {"length", c.length},
+          {"tail_loss", loss_to_json(c.tail_loss)}, {"full_loss", loss_to_json(c.full_loss)},
+          {"tail_tokens", c.tail_tokens},       {"full_tokens", c.full_tokens},
+          {"loss_by_bin", bins},                {"seconds", c.seconds},
+          {"tokens_per_s", c.tokens_per_s}};
 }
 
 void cell_from_json(const nlohmann::json& j, PerplexityCell& c) {
-  c.tail_loss = j.at("tail_loss").get<double>();
-  c.full_loss = j.at("full_loss").get<double>();
+  c.tail_loss = loss_from_json(j.at("tail_loss"));
+  c.full_loss = loss_from_json(j.at("full_loss"));
   c.tail_tokens = j.at("tail_tokens").get<int64_t>();
   c.full_tokens = j.at("full_tokens").get<int64_t>();
   c.seconds = j.at("seconds").get<double>();
   c.tokens_per_s = j.at("tokens_per_s").get<double>();
   c.loss_by_bin.clear();
-  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(v.is_number() ? v.get<double>() : std::nan(""));
+  // (null: a bin no position fell in, as cells written before non-finite losses were stored as strings)
+  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(v.is_null() ? std::nan("") : loss_from_json(v));
 }
 
 // A methods x lengths table of one value per cell (`cell_text`), plain (printed) or markdown (report.md).
@@ -242,6 +298,9 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   if (r.lengths.empty()) r.lengths = {r.train_len, 2 * r.train_len, 4 * r.train_len};
   std::sort(r.lengths.begin(), r.lengths.end());
   r.lengths.erase(std::unique(r.lengths.begin(), r.lengths.end()), r.lengths.end());
+  // The default lengths come from config.json (max_position_embeddings), not from validate()'s flags.
+  for (int64_t T : r.lengths)
+    check(T <= kMaxAbsPosition, "lengths", T, fmt::format("<= 2^53 (the default L, 2L, 4L with L = {})", r.train_len));
   check(r.lengths.front() >= r.train_len, "lengths", r.lengths.front(),
         fmt::format(">= L = {} (the loss is taken on the last L tokens of each window)", r.train_len));
   const int64_t longest = r.lengths.back();
@@ -253,9 +312,13 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   const std::vector<int64_t> stream = read_stream(spec, mc.vocab_size);
   r.stream_tokens = int64_t(stream.size());
   const int64_t row = longest + 1;
-  check(int64_t(stream.size()) >= row * spec.windows, "windows x (longest length + 1)", row * spec.windows,
-        fmt::format("<= the {} tokens of {} (fewer --windows, shorter --lengths, or a longer text)", stream.size(),
-                    spec.text_file.empty() ? spec.tokens_file : spec.text_file));
+  const std::string tokens_needed = "windows x (longest length + 1)";
+  const std::string tokens_allowed =
+      fmt::format("<= the {} tokens of {} (fewer --windows, shorter --lengths, or a longer text)", stream.size(),
+                  spec.text_file.empty() ? spec.tokens_file : spec.text_file);
+  // Checked: the product bounds the copies of the windows out of the stream below.
+  const int64_t needed = checked_mul(spec.windows, row, tokens_needed, tokens_allowed);
+  check(int64_t(stream.size()) >= needed, tokens_needed, needed, tokens_allowed);
 
   const std::vector<Method> methods = methods_of(spec, r.train_len);
   // Every (method, length) checked before the first cell runs (a window beyond L, ...), so a refused run writes
@@ -264,8 +327,10 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
     for (int64_t T : r.lengths) ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
   ckpt.check_memory(longest, "--lengths");  // the longest window, before the first cell
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
+  const uint64_t weights_key = weights_identity(spec.model_dir);
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));
+  const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time writes these cells
   train::StopSignalGuard signals;
   train::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
   int64_t step = 0;
@@ -275,8 +340,10 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       c.method = m;
       c.length = T;
       ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
-      const nlohmann::json settings{{"run", run.key()},{"model_config_json", lab::fnv1a64(model_key)},
+      const nlohmann::json settings{{"run", run.key()},
+                                    {"model_config_json", lab::fnv1a64(model_key)},
                                     {"model_dir", spec.model_dir},
+                                    {"weights", weights_key},
                                     {"stream", stream_hash},
                                     {"windows", spec.windows},
                                     {"longest", longest},
@@ -342,6 +409,9 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   }
   bar.finish();
   ckpt.set_override({});
+  for (const PerplexityCell& c : r.cells)
+    if (!std::isfinite(c.tail_loss) || !std::isfinite(c.full_loss))
+      r.non_finite.push_back(fmt::format("{} at T={}", c.method.label(false), c.length));
   r.table = method_table(r, methods, false, "loss on the last L tokens", tail_loss_text);
   r.seconds = seconds_since(t_start);
   write_report(spec, methods, r);

@@ -83,6 +83,9 @@ struct PerplexityResult {
   bool interrupted = false;
   int signal = 0;
   double seconds = 0;
+  // Cells whose loss is NaN or Inf ("<method> at T=<length>"), which are stored and reported as such: the command
+  // exits with the status of a non-finite training loss when there is any.
+  std::vector<std::string> non_finite;
 };
 
 PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress);

@@ -386,7 +386,9 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     }
     if (s == "seed004_extrapolate") validate(reproduce_extrapolate_spec(spec));
   }
-  lab::make_dirs(spec.out_dir);
+  // Held while the studies run (created here, once everything is checked): a second reproduce on this --out is
+  // refused naming this one.
+  const lab::DirectoryLock lock(spec.out_dir, "--out");
 
   ReproduceResult result;
   std::vector<Claim>& claims = result.claims;

@@ -239,9 +239,14 @@ void SentencePieceModelTokenizer::read_normalizer_spec(std::string_view bytes, s
   }
   // A character map (nmt_nfkc and the like) rewrites text before tokenization; running without it would give
   // other ids, so such models are refused rather than half supported.
-  if (charsmap_size != 0 || rule_tsv_size != 0)
-    fail(source_ + ": normalizer_spec.name", name.empty() ? "(a custom rule)" : name,
-         "identity (a normalizer without a precompiled_charsmap)");
+  // The message names the field that holds the map (the name alone may well be "identity").
+  const std::string which = " (normalizer " + (name.empty() ? std::string("without a name") : name) + ")";
+  const char* allowed = "none (rotary runs sentencepiece's normalizer without a character map only)";
+  if (charsmap_size != 0)
+    fail(source_ + ": normalizer_spec.precompiled_charsmap", std::to_string(charsmap_size) + " bytes" + which, allowed);
+  if (rule_tsv_size != 0)
+    fail(source_ + ": normalizer_spec.normalization_rule_tsv", std::to_string(rule_tsv_size) + " bytes" + which,
+         allowed);
 }
 
 SentencePieceModelTokenizer::SentencePieceModelTokenizer(std::string_view bytes, const std::string& source)

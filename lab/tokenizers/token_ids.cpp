@@ -1,20 +1,17 @@
 // lab/tokenizers/token_ids.cpp: read_token_id_file, the way in for users whose checkpoint has no tokenizer we
 // support: they tokenize elsewhere and hand us the ids as text.
 #include <cctype>
-#include <fstream>
 #include <iterator>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "tokenizers/tokenizer.h"
 
 namespace rotary::lab {
 
 std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64_t vocab_size) {
   check(vocab_size > 0, "vocab_size", vocab_size, "at least 1");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("token id file", path.string(), "a readable file");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("token id file", path.string(), "a readable file");
+  const std::string text = read_regular_file(path.string(), "token id file");
   const std::string allowed = "decimal token ids in [0, " + std::to_string(vocab_size) + ") separated by whitespace";
   std::vector<int64_t> ids;
   size_t line = 1;

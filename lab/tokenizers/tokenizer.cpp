@@ -1,10 +1,10 @@
 // lab/tokenizers/tokenizer.cpp: load_tokenizer (which file of a model directory is read, and tokenizer_config.json
 // on top of it), encode_for_model, and the UTF-8 helpers both tokenizers use.
-#include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/json_guard.h"
 #include "tokenizers/tokenizer_parts.h"
 
@@ -14,13 +14,7 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-std::string read_whole_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail("tokenizer file", path.string(), "a readable file");
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) fail("tokenizer file", path.string(), "a readable file");
-  return bytes;
-}
+std::string read_whole_file(const fs::path& path) { return read_regular_file(path.string(), "tokenizer file"); }
 
 // bos_token / eos_token of tokenizer_config.json: the token's text, or nothing for null / absent.
 std::optional<std::string> config_token_text(const json& config, const std::string& key, const std::string& source) {
@@ -69,20 +63,35 @@ void apply_tokenizer_config(Tokenizer& tokenizer, std::string_view json_text, co
   }
 }
 
+std::string Tokenizer::decode_continuation(const std::vector<int64_t>& prefix,
+                                           const std::vector<int64_t>& continuation) const {
+  std::vector<int64_t> all = prefix;
+  all.insert(all.end(), continuation.begin(), continuation.end());
+  const std::string whole = decode(all), head = decode(prefix);
+  if (whole.compare(0, head.size(), head) == 0) return whole.substr(head.size());
+  return decode(continuation);
+}
+
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& model_dir) {
   const fs::path json_path = model_dir / "tokenizer.json";
   const fs::path model_path = model_dir / "tokenizer.model";
   const fs::path config_path = model_dir / "tokenizer_config.json";
   std::unique_ptr<Tokenizer> tokenizer;
-  if (fs::is_regular_file(json_path)) {
+  // A name that is there but is not a regular file (a directory, a FIFO) is refused by read_whole_file, not
+  // passed over for the next file.
+  const auto present = [](const fs::path& p) {
+    std::error_code ec;
+    return fs::exists(p, ec);
+  };
+  if (present(json_path)) {
     tokenizer = parse_tokenizer_json(read_whole_file(json_path), json_path.string());
-  } else if (fs::is_regular_file(model_path)) {
+  } else if (present(model_path)) {
     tokenizer = parse_sentencepiece_model(read_whole_file(model_path), model_path.string());
   } else {
     fail("tokenizer directory", model_dir.string(), "a directory with tokenizer.json or tokenizer.model (no "
                                                     "tokenizer.json or tokenizer.model in it)");
   }
-  if (fs::is_regular_file(config_path))
+  if (present(config_path))
     apply_tokenizer_config(*tokenizer, read_whole_file(config_path), config_path.string());
   return tokenizer;
 }

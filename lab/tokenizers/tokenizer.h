@@ -36,6 +36,11 @@ class Tokenizer {
   // in the middle of a character) they are returned as they are, where the Python libraries would put U+FFFD.
   // An id outside [0, vocab_size()) or naming no token is a rotary::Error.
   virtual std::string decode(const std::vector<int64_t>& ids) const = 0;
+  // The text `continuation` adds after `prefix`: decode(prefix + continuation) with decode(prefix) taken off its
+  // front, so the decoder's joining rules apply across the boundary (a sentencepiece decoder strips the leading
+  // space of a text, so decode(continuation) alone loses the space before its first word). Where the decoded
+  // prefix is not a prefix of the whole (a byte sequence completed across the boundary), decode(continuation).
+  std::string decode_continuation(const std::vector<int64_t>& prefix, const std::vector<int64_t>& continuation) const;
   // One more than the largest id of any token (the model's embedding table may be larger still).
   virtual int64_t vocab_size() const = 0;
   // "byte_level_bpe" or "sentencepiece_bpe" (both from tokenizer.json), "sentencepiece_model_bpe"

@@ -19,6 +19,7 @@
 #include <unicode/unistr.h>
 #include <unicode/utext.h>
 
+#include <algorithm>
 #include <array>
 #include <nlohmann/json.hpp>
 #include <queue>
@@ -140,6 +141,25 @@ std::string to_icu_pattern(const std::string& pattern, const JsonFields& fields,
   return out;
 }
 
+// The regex work one text may cost, shared by every match made while encoding it: a pattern from the file may
+// backtrack badly, and ICU's own time limit counts one find() at a time, so a text cut into many pieces (by added
+// tokens, or by an earlier pre-tokenizer) could spend that limit once per piece. Counted in ICU's time units
+// (roughly a millisecond of matching each, 10000 match steps), which its match callback reports one at a time:
+// 10000 for any text, plus one per 10 bytes (1000 match steps a byte, far above what a pattern that does not
+// backtrack spends, so a book-length text is never refused for its length).
+struct RegexBudget {
+  static constexpr int32_t kBaseUnits = 10000;
+  explicit RegexBudget(size_t text_bytes)
+      : units_left(int32_t(std::min<size_t>(size_t(kBaseUnits) + text_bytes / 10, size_t(1) << 30))) {}
+  int32_t units_left;
+};
+
+// The match callback: one more unit spent; false (stop) once the text's budget is gone.
+UBool spend_regex_unit(const void* context, int32_t /*steps*/) {
+  RegexBudget& budget = *static_cast<RegexBudget*>(const_cast<void*>(context));
+  return --budget.units_left > 0;
+}
+
 // A compiled split pattern and the matches it finds, as UTF-8 byte offsets.
 class SplitPattern {
  public:
@@ -155,21 +175,27 @@ class SplitPattern {
                          std::to_string(where.offset) + ")");
   }
 
-  std::vector<std::pair<size_t, size_t>> find_all(std::string_view text) const {
+  // Matches in `text`, spending `budget` (the whole text's): rotary::Error once it is spent.
+  std::vector<std::pair<size_t, size_t>> find_all(std::string_view text, RegexBudget& budget) const {
     std::vector<std::pair<size_t, size_t>> matches;
     if (text.empty()) return matches;
     UErrorCode status = U_ZERO_ERROR;
     std::unique_ptr<icu::RegexMatcher> matcher(pattern_->matcher(status));
     UText* input = utext_openUTF8(nullptr, text.data(), int64_t(text.size()), &status);
     if (U_SUCCESS(status)) matcher->reset(input);
-    // A pattern from the file may backtrack badly; stop it (the unit is roughly a millisecond of matching).
-    if (U_SUCCESS(status)) matcher->setTimeLimit(10000, status);
-    while (U_SUCCESS(status) && matcher->find(status)) {
+    // ICU counts time units only under a time limit; the callback, called once per unit, ends the match when the
+    // text's budget is spent (before this limit, which is one unit past it).
+    if (U_SUCCESS(status)) matcher->setTimeLimit(budget.units_left + 1, status);
+    if (U_SUCCESS(status)) matcher->setMatchCallback(spend_regex_unit, &budget, status);
+    while (U_SUCCESS(status) && budget.units_left > 0 && matcher->find(status)) {
       const int64_t start = matcher->start64(status), end = matcher->end64(status);
       if (U_SUCCESS(status)) matches.emplace_back(size_t(start), size_t(end));
     }
     utext_close(input);
-    if (U_FAILURE(status)) fail("tokenizer split regex", u_errorName(status), "a match within the time limit");
+    if (U_FAILURE(status) || budget.units_left <= 0)
+      fail("tokenizer split regex", U_FAILURE(status) ? u_errorName(status) : "U_REGEX_STOPPED_BY_CALLER",
+           "a pattern that splits the text within the time limit (" + std::to_string(RegexBudget::kBaseUnits) +
+               " ICU time units, about as many milliseconds, per text plus one per 10 bytes of it)");
     return matches;
   }
 
@@ -187,14 +213,15 @@ struct Piece {
 enum class SplitBehavior { kIsolated, kRemoved, kMergedWithPrevious, kMergedWithNext };
 
 // `text` cut at the matches of `pattern`, the matches handled as `behavior` says; empty pieces dropped.
-std::vector<Piece> split_piece(const Piece& piece, const SplitPattern& pattern, SplitBehavior behavior) {
+std::vector<Piece> split_piece(const Piece& piece, const SplitPattern& pattern, SplitBehavior behavior,
+                               RegexBudget& budget) {
   struct Span {
     size_t begin, end;
     bool is_match;
   };
   std::vector<Span> spans;
   size_t previous = 0;
-  for (const auto& [begin, end] : pattern.find_all(piece.text)) {
+  for (const auto& [begin, end] : pattern.find_all(piece.text, budget)) {
     if (begin != previous) spans.push_back({previous, begin, false});
     spans.push_back({begin, end, true});
     previous = end;
@@ -306,7 +333,8 @@ class JsonBpeTokenizer final : public Tokenizer {
   // Splits `piece` at the added tokens matched by `normalized` ones (or the others); ids of matched tokens are
   // in `added_id`, -1 for text between them.
   void split_added(const Piece& piece, bool normalized, std::vector<std::pair<Piece, int64_t>>& out) const;
-  std::vector<Piece> pre_tokenize(Piece piece) const;
+  // (`budget`: the regex work left for the text this piece is part of)
+  std::vector<Piece> pre_tokenize(Piece piece, RegexBudget& budget) const;
   void bpe(const std::string& word, std::vector<int64_t>& ids) const;
 
   JsonFields fields_;
@@ -672,7 +700,7 @@ void JsonBpeTokenizer::split_added(const Piece& piece, bool normalized,
   if (done < text.size()) out.push_back({{text.substr(done), piece.at_start && done == 0}, -1});
 }
 
-std::vector<Piece> JsonBpeTokenizer::pre_tokenize(Piece piece) const {
+std::vector<Piece> JsonBpeTokenizer::pre_tokenize(Piece piece, RegexBudget& budget) const {
   std::vector<Piece> pieces{std::move(piece)};
   const ByteCharacters& bytes = byte_characters();
   for (const PreTokenizerStep& step : pre_tokenizer_) {
@@ -680,7 +708,7 @@ std::vector<Piece> JsonBpeTokenizer::pre_tokenize(Piece piece) const {
     for (Piece& p : pieces) {
       if (step.kind == PreTokenizerStep::kByteLevel) {
         if (step.add_prefix_space && (p.text.empty() || p.text[0] != ' ')) p.text.insert(0, 1, ' ');
-        std::vector<Piece> parts = step.pattern ? split_piece(p, *step.pattern, SplitBehavior::kIsolated)
+        std::vector<Piece> parts = step.pattern ? split_piece(p, *step.pattern, SplitBehavior::kIsolated, budget)
                                                 : std::vector<Piece>{p};
         for (Piece& part : parts) {
           std::string mapped;
@@ -688,14 +716,14 @@ std::vector<Piece> JsonBpeTokenizer::pre_tokenize(Piece piece) const {
           next.push_back({std::move(mapped), part.at_start});
         }
       } else if (step.kind == PreTokenizerStep::kSplit) {
-        for (Piece& part : split_piece(p, *step.pattern, step.behavior)) next.push_back(std::move(part));
+        for (Piece& part : split_piece(p, *step.pattern, step.behavior, budget)) next.push_back(std::move(part));
       } else {
         replace_all(p.text, " ", step.replacement);
         const bool starts_marked = p.text.compare(0, step.replacement.size(), step.replacement) == 0;
         if (!starts_marked && (step.prepend_scheme == "always" || (step.prepend_scheme == "first" && p.at_start)))
           p.text.insert(0, step.replacement);
         if (step.pattern) {
-          for (Piece& part : split_piece(p, *step.pattern, step.behavior)) next.push_back(std::move(part));
+          for (Piece& part : split_piece(p, *step.pattern, step.behavior, budget)) next.push_back(std::move(part));
         } else if (!p.text.empty()) {
           next.push_back(std::move(p));
         }
@@ -817,13 +845,14 @@ std::vector<std::pair<std::string, int64_t>> JsonBpeTokenizer::pre_tokens(std::s
     const Piece normalized{normalize(std::move(piece.text)), piece.at_start};
     if (!normalized.text.empty()) split_added(normalized, true, split);
   }
-  // 3. Pre-tokenize each piece between added tokens.
+  // 3. Pre-tokenize each piece between added tokens, all of them within one regex budget.
+  RegexBudget budget(text.size());
   for (auto& [piece, added_id] : split) {
     if (added_id >= 0) {
       out.emplace_back(std::move(piece.text), added_id);
       continue;
     }
-    for (Piece& word : pre_tokenize(std::move(piece))) out.emplace_back(std::move(word.text), -1);
+    for (Piece& word : pre_tokenize(std::move(piece), budget)) out.emplace_back(std::move(word.text), -1);
   }
   return out;
 }

@@ -3,11 +3,13 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <filesystem>
 #include <mutex>
 #include <sstream>
 
 #include "common/files.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "train/config.h"
 #include "train/trainer.h"
 
@@ -79,6 +81,10 @@ CheckpointMeta load_checkpoint(const std::string& path, torch::nn::Module& model
 }
 
 std::string resolve_checkpoint(const std::string& where) {
+  // Something that is there but is neither a file nor a directory (a FIFO, a device) is named as what it is.
+  std::error_code ec;
+  if (std::filesystem::exists(where, ec) && !std::filesystem::is_directory(where, ec))
+    check_regular_file(where, "checkpoint", "a checkpoint file or a run directory");
   const std::string path = lab::file_exists(where) ? where : checkpoint_path(where);
   if (!lab::file_exists(path))
     throw Error("rotary: no checkpoint at " + where + " (give a checkpoint file or a run directory)");

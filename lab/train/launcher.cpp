@@ -54,6 +54,7 @@ int launch_workers(const LaunchSpec& spec, const std::vector<std::string>& argv)
                   {"LOCAL_RANK", std::to_string(i)},
                   {"WORLD_SIZE", std::to_string(world)}};
     if (!master || !*master) worker.env.emplace_back("ROTARY_STORE_FILE", spec.store_file);
+    worker.die_with_parent = true;  // a launcher killed outright leaves no rank blocked in an all-reduce
     pid_t pid = -1;
     const int error = lab::spawn_process(argv, worker, pid);
     if (error == EAGAIN || error == ENOMEM) {  // no process could be made

@@ -384,8 +384,28 @@ struct Decoder {
   }
 };
 
+namespace {
+
+// The id sampled from one position's logits [V] (the first `vocab` of them): argmax at temperature 0, else a draw
+// from softmax(logits / temperature). Non-finite logits (NaN or Inf weights, an attention factor past float range)
+// would give argmax a NaN's index or make torch::multinomial throw; they are refused by name instead.
+int64_t sample_next(const torch::Tensor& logits, int64_t vocab, double temperature, at::Generator& gen,
+                    int64_t position) {
+  const torch::Tensor last = logits.narrow(0, 0, vocab).to(torch::kDouble);
+  if (!torch::isfinite(last).all().item<bool>())
+    fail("logits at position " + std::to_string(position), "non-finite (NaN or Inf)",
+         "finite logits (the model's weights or its position settings overflow)");
+  if (temperature == 0) return last.argmax().item<int64_t>();
+  return torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+}
+
+}  // namespace
+
 std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& prompt, int max_new, double temperature,
-                                               int64_t stop_id, uint64_t seed) {
+                                               int64_t stop_id, uint64_t seed, int64_t sample_vocab) {
+  check(sample_vocab >= 0 && sample_vocab <= config_.vocab_size, "sample_vocab", sample_vocab,
+        "in [0, vocab_size = " + std::to_string(config_.vocab_size) + "] (0: the whole vocabulary)");
+  const int64_t vocab = sample_vocab > 0 ? sample_vocab : int64_t(config_.vocab_size);
   check(!prompt.empty(), "prompt.size()", 0, ">= 1 token");
   check(max_new >= 0, "max_new", max_new, ">= 0");
   check(std::isfinite(temperature) && temperature >= 0, "temperature", temperature, "a finite value >= 0 (0: greedy)");
@@ -406,13 +426,7 @@ std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& promp
   Decoder dec(*this, S + max_new);
   torch::Tensor logits = dec.run(torch::tensor(prompt, i64).view({1, S}), torch::arange(S, i64).view({1, S}));
   for (int64_t p = S;; ++p) {
-    const torch::Tensor last = logits[0][-1].to(torch::kDouble);  // [V]
-    int64_t next;
-    if (temperature == 0) {
-      next = last.argmax().item<int64_t>();
-    } else {
-      next = torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
-    }
+    const int64_t next = sample_next(logits[0][-1], vocab, temperature, gen, p - 1);
     if (next == stop_id) break;
     out.push_back(next);
     if (int64_t(out.size()) == max_new) break;
@@ -504,10 +518,7 @@ std::vector<int64_t> TransformerImpl::generate_with_memory(const std::vector<int
   int64_t fed = 1;
   torch::Tensor logits = dec.run(all.narrow(1, S - 1, 1), torch::full({1, 1}, S - 1, i64));
   for (int64_t p = S;; ++p) {
-    const torch::Tensor last = logits[0][-1].to(torch::kDouble);
-    const int64_t next = temperature == 0
-                             ? last.argmax().item<int64_t>()
-                             : torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+    const int64_t next = sample_next(logits[0][-1], int64_t(config_.vocab_size), temperature, gen, p - 1);
     if (next == stop_id) break;
     out.push_back(next);
     if (int64_t(out.size()) == max_new) break;

@@ -34,6 +34,10 @@ HfCheckpoint load_hf_checkpoint(const std::string& model_dir) {
   HfCheckpoint out;
   out.spec = hf_model_spec_file(model_dir);
   const SafetensorsCheckpoint weights = SafetensorsCheckpoint::open(model_dir);
+  // Every tensor's presence and shape against config.json before the model is allocated from it: a config that
+  // lies (vocab_size 2^31 - 1 beside a [64, 32] embedding) is refused at once instead of allocating its size.
+  const std::vector<HfTensorPlace> places = hf_tensor_places(out.spec);
+  for (const HfTensorPlace& place : places) weights.get(place.theirs, place.their_shape);
   out.model = Transformer(out.spec.config);
   out.model->eval();
 
@@ -43,10 +47,17 @@ HfCheckpoint load_hf_checkpoint(const std::string& model_dir) {
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
   const int64_t heads = out.spec.config.n_heads, hd = out.spec.config.head_dim();
-  for (const HfTensorPlace& place : hf_tensor_places(out.spec)) {
+  for (const HfTensorPlace& place : places) {
     torch::Tensor* param = params.find(place.ours);
     if (!param) throw Error("rotary: internal: no parameter " + place.ours + " for " + place.theirs);
     torch::Tensor w = to_float(weights.get(place.theirs, place.their_shape));
+    // A NaN or Inf weight poisons every logit after it: refused here, by name, rather than reported as a loss of
+    // nan. (A float16 / bfloat16 weight that is finite stays finite in float32.)
+    if (!torch::isfinite(w).all().item<bool>()) {
+      const int64_t bad = (~torch::isfinite(w)).flatten().nonzero()[0].item<int64_t>();
+      fail(model_dir + ": tensor " + place.theirs, "non-finite (element " + std::to_string(bad) + " is " +
+               to_text(w.flatten()[bad].item<float>()) + ")", "finite weights");
+    }
     if (place.part >= 0) {
       // GPT-NeoX's query_key_value rows: per head [q | k | v], each head_dim rows.
       std::vector<int64_t> split = {heads, 3, hd};

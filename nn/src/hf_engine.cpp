@@ -67,7 +67,7 @@ HfEngineCheckpoint load_hf_engine(const std::string& model_dir, const engine::Lo
     // A fused GPT-NeoX qkv slot is the whole query_key_value tensor (its per-head [q | k | v] rows as stored).
     const SafetensorsTensor t = weights->get(place.theirs, place.their_shape);
     used.insert(place.theirs);
-    return engine::StoredTensor{t.dtype, t.data, t.shape};
+    return engine::StoredTensor{t.dtype, t.data, t.shape, place.theirs};
   };
   out.model = engine::Model::load(engine_architecture(out.spec), lookup, options, weights);
   check_hf_tensors_used(out.spec, weights->names(), used, model_dir);

@@ -51,6 +51,14 @@ struct ConfigReader {
     if (!v->is_boolean()) bad(key, *v, "true or false");
     return v->get<bool>();
   }
+  // An optional window: absent -> `fallback` (the config class's default), null -> 0 (transformers' None: no
+  // window; Mistral v0.2 / v0.3 and Qwen2 write "sliding_window": null), else an integer in [lo, hi].
+  int64_t window(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+    const auto it = j.find(key);
+    if (it == j.end()) return fallback;
+    if (it->is_null()) return 0;
+    return integer(key, std::nullopt, lo, hi);
+  }
   std::string text(const std::string& key, const std::string& fallback) const {
     const json* v = present(key);
     if (!v) return fallback;
@@ -72,11 +80,11 @@ void read_llama_like(const ConfigReader& r, const std::string& type, ModelConfig
     c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o without
     c.out_bias = false;
     c.mlp_bias = false;
-    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.integer("sliding_window", 4096, 1, kMaxAbsPosition);
+    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.window("sliding_window", 4096, 1, kMaxAbsPosition);
   } else {
     c.qkv_bias = c.out_bias = r.boolean("attention_bias", false);
     c.mlp_bias = r.boolean("mlp_bias", false);
-    if (type == "mistral") c.sliding_window = r.integer("sliding_window", 4096, 1, kMaxAbsPosition);
+    if (type == "mistral") c.sliding_window = r.window("sliding_window", 4096, 1, kMaxAbsPosition);
   }
   c.tie_embeddings = r.boolean("tie_word_embeddings", false);
 }
@@ -116,7 +124,10 @@ HfModelSpec hf_model_spec(std::string_view config_json, const std::string& sourc
   c.d_model = int(r.integer("hidden_size", std::nullopt, 1, 1 << 16));
   c.n_layers = int(r.integer("num_hidden_layers", std::nullopt, 1, 1024));
   c.n_heads = int(r.integer("num_attention_heads", std::nullopt, 1, 4096));
-  c.n_kv_heads = int(r.integer("num_key_value_heads", c.n_heads, 1, 4096));
+  // GPT-NeoX has no grouped-query attention: GPTNeoXConfig has no num_key_value_heads, and transformers ignores
+  // the key where a config carries it. The Llama-like families read it (default: one kv head per head).
+  c.n_kv_heads = spec.model_type == "gpt_neox" ? c.n_heads
+                                               : int(r.integer("num_key_value_heads", c.n_heads, 1, 4096));
   c.d_ff = int(r.integer("intermediate_size", std::nullopt, 1, 1 << 20));
   c.pre_norm = true;
   c.dropout = 0.0;

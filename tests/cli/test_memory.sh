@@ -79,6 +79,8 @@ expect_error "baselines = rope is invalid" --baselines rope
 expect_error "lengths = 0 is invalid" --lengths 0,2
 expect_error "task = addition is invalid" --task addition
 expect_error "window = 200 is invalid" --memory-window 200
+# Below the ReRoPE window of the model to train (64): refused before training, naming the flag.
+expect_error "--memory-window = 1 is invalid; allowed: >= the ReRoPE window 64" --memory-window 1
 expect_error "encoding.kind = roper is invalid" --encoding roper
 expect_error "indexes = annoy is invalid" --indexes flat,annoy
 [ ! -d "$W/bad/model" ] || fail "a refused run started training"

@@ -64,6 +64,7 @@ fi
 
 expect_error "unknown scale" 2 "scale" -- "$ROTARY" reproduce --scale huge --out "$W/bad"
 expect_error "unknown study" 2 "seed001_memory" -- "$ROTARY" reproduce --studies seed001_memory --out "$W/bad"
+expect_error "empty --studies" 2 '--studies = "" is invalid' -- "$ROTARY" reproduce --studies "" --out "$W/bad"
 [ -e "$W/bad" ] && fail "a refused reproduce created its output directory"
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }

@@ -4,6 +4,7 @@
 // the window). Then top-k selection against brute force, the fast path against the float64 oracle, `none`'s
 // distance-0 placement, and bad input.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <unistd.h>
 
@@ -496,8 +497,24 @@ TEST(KvMemory, SavedMemoryMapsBackAndForeignOrDamagedFilesAreRefused) {
   test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "damaged header");
   write("hello");
   test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "not a rotary memory file");
+  // Positions no model uses (a header that checks out, rows past |2^53|): refused by the rule append() holds.
+  const std::string stored_positions(reinterpret_cast<const char*>(memory.positions()),
+                                     size_t(memory.size()) * sizeof(int64_t));
+  const size_t positions_at = bytes.find(stored_positions);
+  ASSERT_NE(positions_at, std::string::npos);
+  for (const int64_t wild : {int64_t(1) << 62, -(int64_t(1) << 62)}) {
+    std::string far = bytes;
+    std::memcpy(far.data() + positions_at + sizeof(int64_t), &wild, sizeof wild);
+    write(far);
+    test::expect_error([&] { KvMemory::open(path, cfg, 42); }, {path, "positions[1] = " + std::to_string(wild), "2^53"});
+  }
   std::remove(path.c_str());
-  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, "cannot open");
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, {path, "No such file"});
+  // A FIFO or a directory in the file's place is refused before any open() (which would wait for a writer).
+  ASSERT_EQ(::mkfifo(path.c_str(), 0600), 0);
+  test::expect_error([&] { KvMemory::open(path, cfg, 42); }, {path, "a FIFO"});
+  std::remove(path.c_str());
+  test::expect_error([&] { KvMemory::open(dir, cfg, 42); }, "a directory");
 
   // A save that cannot complete leaves no file (nor its temporary) behind.
   const std::string nowhere = dir + "/no_such_dir_" + std::to_string(::getpid()) + "/m.mem";

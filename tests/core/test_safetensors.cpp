@@ -85,7 +85,9 @@ TEST(safetensors, TruncatedOrLyingFilesAreRefusedByField) {
   refused(R"([1, 2])", {"t: header", "JSON object"});
   refused(R"({"w": )", {"t"});  // not JSON
   refused(R"({"__metadata__": {"a": 1}})", {"__metadata__.a", "a string"});
-  expect_error([] { SafetensorsFile::open("/nonexistent/x.safetensors"); }, "cannot open safetensors file");
+  expect_error([] { SafetensorsFile::open("/nonexistent/x.safetensors"); },
+               "safetensors file = /nonexistent/x.safetensors (No such file or directory)");
+  expect_error([] { SafetensorsFile::open("/"); }, "safetensors file = / (a directory)");
 }
 
 // The format does not promise alignment: an unpadded header leaves the data at any address, which the reader

@@ -62,5 +62,31 @@ TEST(perplexity, RunOptionsAreCheckedByFlag) {
   EXPECT_NE(o.key(), CheckpointRunOptions{}.key());  // cells computed with other weights are not reused
 }
 
+// A run is checked against the memory available before it starts: refused naming the flag, the bytes and what
+// would shrink them; the estimate grows with the tokens and halves its cache part with a bf16 cache.
+TEST(perplexity, RunsThatDoNotFitTheMemoryAreRefusedBeforeWork) {
+  const std::string dir = std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_checkpoints/llama3";
+  CheckpointModel f32(dir, {});
+  CheckpointRunOptions half;
+  half.kv_dtype = "bf16";
+  CheckpointModel bf16(dir, half);
+  const int64_t small = f32.memory_needed(16), large = f32.memory_needed(1 << 16);
+  EXPECT_GT(small, 0);
+  EXPECT_GT(large, small);
+  EXPECT_LT(bf16.memory_needed(1 << 16), large);
+  EXPECT_NO_THROW(f32.check_memory(1 << 16, "--lengths", large));
+  try {
+    f32.check_memory(1 << 16, "--lengths", large - 1);
+    ADD_FAILURE() << "not refused";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--lengths = 65536 tokens, needing"), std::string::npos) << m;
+    EXPECT_NE(m.find("--kv-dtype bf16"), std::string::npos) << m;
+  }
+  CheckpointRunOptions torch_run;
+  torch_run.engine = "torch";
+  EXPECT_EQ(CheckpointModel(dir, torch_run).memory_needed(1 << 16), 0);  // not estimated there
+}
+
 }  // namespace
 }  // namespace rotary::experiments

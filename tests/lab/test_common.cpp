@@ -1,9 +1,11 @@
 // tests/lab/test_common.cpp: the lab's helpers (lab/common): processes, files, gnuplot, machine info.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -109,6 +111,108 @@ TEST(Files, StaleTemporaryFilesOfDeadProcessesAreRemoved) {
   fs::remove_all(dir);
 }
 
+// read_file looks before it opens: a FIFO (open() would wait for a writer forever) or a directory is refused by
+// name, without blocking.
+TEST(Files, ReadFileRefusesFifosAndDirectories) {
+  const std::string dir = fresh_dir("read_fifo");
+  const std::string fifo = join_path(dir, "ids.txt");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  try {
+    read_file(fifo);
+    ADD_FAILURE() << "a FIFO was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(fifo + " (a FIFO)"), std::string::npos) << e.what();
+  }
+  try {
+    read_file(dir);
+    ADD_FAILURE() << "a directory was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dir + " (a directory)"), std::string::npos) << e.what();
+  }
+  write_file_atomic(join_path(dir, "plain.txt"), "text");
+  EXPECT_EQ(read_file(join_path(dir, "plain.txt")), "text");
+  fs::remove_all(dir);
+}
+
+// One command at a time per output directory: a second lock is refused naming the field and the holder's pid, and
+// the lock is free again once the holder is gone.
+TEST(Files, DirectoryLockRefusesASecondHolder) {
+  const std::string dir = join_path(fresh_dir("lock"), "out");  // created by the lock
+  {
+    const DirectoryLock first(dir, "--out");
+    try {
+      const DirectoryLock second(dir, "--out");
+      ADD_FAILURE() << "two locks on one directory";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("--out = " + dir + " (in use by another rotary command, pid " + std::to_string(::getpid()) + ")"),
+                std::string::npos)
+          << msg;
+    }
+    // Another process is refused too (flock is per open file, across processes as within one).
+    const pid_t child = ::fork();
+    if (child == 0) {
+      try {
+        const DirectoryLock other(dir, "--out");
+        ::_exit(0);
+      } catch (const Error&) {
+        ::_exit(2);
+      }
+    }
+    int status = 0;
+    ::waitpid(child, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 2);
+  }
+  EXPECT_NO_THROW(DirectoryLock(dir, "--out"));  // released with its holder
+  fs::remove_all(fs::path(dir).parent_path());
+}
+
+// A child started with die_with_parent ends when its parent does, even killed outright (SIGKILL: no handler runs).
+TEST(Process, ChildrenStartedToDieWithTheirParentDo) {
+  const std::string dir = fresh_dir("pdeathsig");
+  const std::string pid_file = join_path(dir, "grandchild.pid");
+  const pid_t parent = ::fork();
+  if (parent == 0) {
+    // The parent: starts a child that calls die_with_parent_if_asked (as `rotary` does first thing) and then
+    // sleeps, and waits to be killed.
+    SpawnOptions o;
+    o.program = "/proc/self/exe";
+    o.die_with_parent = true;
+    o.env = {{"ROTARY_TEST_SLEEP_CHILD", pid_file}};
+    pid_t child = 0;
+    if (spawn_process({"test", "--gtest_filter=Process.SleepingChild"}, o, child) != 0) ::_exit(1);
+    for (;;) ::pause();
+  }
+  // Wait for the child to be up, then kill its parent with SIGKILL.
+  pid_t child = 0;
+  for (int i = 0; i < 500 && child == 0; ++i) {
+    std::ifstream in(pid_file);
+    if (!(in >> child)) child = 0, ::usleep(20000);
+  }
+  ASSERT_GT(child, 0) << "the child did not start";
+  ::kill(parent, SIGKILL);
+  ::waitpid(parent, nullptr, 0);
+  bool gone = false;
+  for (int i = 0; i < 500 && !gone; ++i) {
+    gone = ::kill(child, 0) != 0 && errno == ESRCH;
+    if (!gone) ::usleep(20000);
+  }
+  EXPECT_TRUE(gone) << "the child " << child << " outlived its parent";
+  if (!gone) ::kill(child, SIGKILL);
+  fs::remove_all(dir);
+}
+
+// The child of the test above (run as this test binary with a filter): asks to die with its parent, says its pid,
+// sleeps. Skipped when not started that way.
+TEST(Process, SleepingChild) {
+  const char* pid_file = std::getenv("ROTARY_TEST_SLEEP_CHILD");
+  if (pid_file == nullptr) GTEST_SKIP() << "only as the child of ChildrenStartedToDieWithTheirParentDo";
+  die_with_parent_if_asked();
+  write_file_atomic(pid_file, std::to_string(::getpid()) + "\n", Durability::Cache);
+  ::sleep(30);
+  ::_exit(0);
+}
+
 TEST(Lists, RepeatedItemsAreNamed) {
   EXPECT_NO_THROW(check_unique(std::vector<std::string>{"rope", "roper"}, "encodings"));
   try {
@@ -144,6 +248,16 @@ TEST(ExitStatus, EveryExceptionHasItsStatusAndOneLine) {
   EXPECT_EQ(run(std::make_exception_ptr(std::bad_alloc()), text), 71);
   EXPECT_NE(text.find("out of memory"), std::string::npos);
   EXPECT_EQ(run(std::make_exception_ptr(42), text), 70);
+  // Torch's failed allocations are c10::Errors (std::exceptions), not std::bad_alloc: still out of memory. (The
+  // text is libtorch 1.13's CPU allocator's; tests/train checks a real one.)
+  EXPECT_EQ(run(std::make_exception_ptr(std::runtime_error(
+                    "[enforce fail at alloc_cpu.cpp:75] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+                    "allocate 274877906944 bytes. Error code 12 (Cannot allocate memory)\nframe #0")),
+                text),
+            71);
+  EXPECT_NE(text.find("out of memory"), std::string::npos) << text;
+  EXPECT_EQ(text.find("internal error"), std::string::npos) << text;
+  EXPECT_EQ(text.find("frame"), std::string::npos) << text;
   EXPECT_EQ(interrupted_exit_status(0), 130);
   EXPECT_EQ(interrupted_exit_status(15), 143);
 }

@@ -8,6 +8,9 @@
 //     splits and ids worked out by hand in the comments: no `tokenizers` library is available here;
 //   - every kind of bad input, which must be a rotary::Error naming the file and the field.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <chrono>
 #include <unistd.h>
 
 #include <algorithm>
@@ -562,7 +565,19 @@ TEST(TokenizerErrors, SentencePieceModelBytes) {
   expect_error([] { parse_sentencepiece_model("", "m"); }, {"m: pieces = none"});
   const std::string nfkc = piece("<unk>", 0, 2) + field(2, varint(3 << 3) + varint(2)) +
                            field(3, field(1, "nmt_nfkc") + field(2, "xxxx"));
-  expect_error([&] { parse_sentencepiece_model(nfkc, "m"); }, {"m: normalizer_spec.name = nmt_nfkc", "identity"});
+  expect_error([&] { parse_sentencepiece_model(nfkc, "m"); },
+               {"m: normalizer_spec.precompiled_charsmap = 4 bytes (normalizer nmt_nfkc)", "allowed: none"});
+  // A map under the name "identity": the message names the map, and never lists the rejected value as allowed.
+  const std::string identity_with_map = piece("<unk>", 0, 2) + field(2, varint(3 << 3) + varint(2)) +
+                                        field(3, field(1, "identity") + field(2, "xxxx"));
+  try {
+    parse_sentencepiece_model(identity_with_map, "m");
+    ADD_FAILURE() << "a character map named identity was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("normalizer_spec.precompiled_charsmap = 4 bytes (normalizer identity)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("allowed: identity"), std::string::npos) << msg;
+  }
 }
 
 TEST(TokenIdFile, ReadsAndChecks) {
@@ -579,6 +594,61 @@ TEST(TokenIdFile, ReadsAndChecks) {
   write_file(file, "99999999999999999999999");
   expect_error([&] { read_token_id_file(file, 9); }, {"token 1 (line 1)"});
   expect_error([&] { read_token_id_file(dir.path() / "missing.txt", 9); }, {"missing.txt"});
+  // A directory (was an internal error from the stream) or a FIFO (open() waited forever) is refused by name.
+  expect_error([&] { read_token_id_file(dir.path(), 9); }, {"token id file = " + dir.path().string() + " (a directory)"});
+  ASSERT_EQ(::mkfifo((dir.path() / "fifo.txt").c_str(), 0600), 0);
+  expect_error([&] { read_token_id_file(dir.path() / "fifo.txt", 9); }, {"fifo.txt (a FIFO)"});
+}
+
+// A tokenizer file that is there but is not a regular file is refused by name (not skipped, not waited on).
+TEST(TokenizerErrors, FifoOrDirectoryInPlaceOfATokenizerFile) {
+  TempDir dir;
+  ASSERT_EQ(::mkfifo((dir.path() / "tokenizer.json").c_str(), 0600), 0);
+  expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.json (a FIFO)"});
+  fs::remove(dir.path() / "tokenizer.json");
+  fs::create_directory(dir.path() / "tokenizer.model");
+  expect_error([&] { load_tokenizer(dir.path()); }, {"tokenizer.model (a directory)"});
+}
+
+// The regex time limit holds for a whole text, not for each piece of it: a pattern that backtracks badly on every
+// piece between added tokens (60 pieces, each well under a per-piece limit, over 60 s in all) stops within the
+// one budget of the text.
+TEST(TokenizerErrors, SplitRegexTimeIsBudgetedPerText) {
+  json j = llama3_json();
+  j["normalizer"] = nullptr;
+  j["pre_tokenizer"] = {{"type", "Split"},
+                        {"pattern", {{"Regex", "(a|aa)+b|\\s+|[^\\s]"}}},
+                        {"behavior", "Isolated"},
+                        {"invert", false}};
+  const auto tokenizer = parse_tokenizer_json(j.dump(), "dir/tokenizer.json");
+  const std::string separator = j["added_tokens"][0]["content"];
+  std::string text;
+  for (int piece = 0; piece < 60; ++piece) text += std::string(32, 'a') + separator;
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { tokenizer->encode(text); }, {"tokenizer split regex", "per text"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 45.0);
+}
+
+// What generate prints after the prompt: the continuation decoded together with the prompt's ids, so that the
+// decoder's rules apply across the boundary (a sentencepiece decoder strips a text's leading space: the new ids
+// alone would print "Paris" after "France is", "France isParis").
+TEST(Decode, ContinuationKeepsTheSpaceAtTheBoundary) {
+  const json j = {  // Llama 2's layout (tokenizers' conversion of a sentencepiece model)
+      {"normalizer", {{"type", "Sequence"},
+                      {"normalizers", {{{"type", "Prepend"}, {"prepend", "▁"}},
+                                       {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", "▁"}}}}}},
+      {"decoder", {{"type", "Sequence"},
+                   {"decoders", {{{"type", "Replace"}, {"pattern", {{"String", "▁"}}}, {"content", " "}},
+                                 {{"type", "Fuse"}},
+                                 {{"type", "Strip"}, {"content", " "}, {"start", 1}, {"stop", 0}}}}}},
+      {"model", {{"type", "BPE"}, {"unk_token", "<unk>"},
+                 {"vocab", {{"<unk>", 0}, {"▁France", 1}, {"▁is", 2}, {"▁Paris", 3}, {".", 4}}},
+                 {"merges", json::array()}}}};
+  const auto t = parse_tokenizer_json(j.dump(), "t.json");
+  EXPECT_EQ(t->decode({3}), "Paris");  // the decoder's own rule, which loses the space after a prompt
+  EXPECT_EQ(t->decode_continuation({1, 2}, {3, 4}), " Paris.");
+  EXPECT_EQ(t->decode_continuation({1, 2}, {}), "");
+  EXPECT_EQ(t->decode_continuation({}, {3}), "Paris");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "model_cases.h"
@@ -137,6 +138,51 @@ TEST(generate, StopsAtStopIdAndRestoresTrainingMode) {
   EXPECT_THROW(m->generate({}, 3, 0.0, -1, 0), rotary::Error);
   EXPECT_THROW(m->generate(kPrompt, 3, -1.0, -1, 0), rotary::Error);
   EXPECT_THROW(m->generate({99}, 3, 0.0, -1, 0), rotary::Error);
+}
+
+// Ids at or past sample_vocab (an embedding's padding rows, which the tokenizer cannot print) are never produced:
+// the model below prefers them: its final norm outputs all ones, the head's rows are ones for them, zeros else.
+TEST(generate, NeverProducesIdsPastTheSamplingVocabulary) {
+  ModelConfig c = small_config("rope");
+  c.tie_embeddings = false;
+  Transformer m = make(c, true);
+  const int64_t V = m->config().vocab_size, covered = V - 8;
+  {
+    torch::NoGradGuard no_grad;
+    auto params = m->named_parameters();
+    params["ln_final.weight"].zero_();
+    params["ln_final.bias"].fill_(1);
+    params["lm_head.weight"].zero_();
+    params["lm_head.weight"].narrow(0, covered, V - covered).fill_(1);
+  }
+  const std::vector<int64_t> free = m->generate(kPrompt, kNew, 0.0, -1, 0);
+  ASSERT_TRUE(std::any_of(free.begin(), free.end(), [&](int64_t id) { return id >= covered; }))
+      << "the test model does not prefer the padding rows";
+  for (const double temperature : {0.0, 1.0, 5.0}) {
+    const std::vector<int64_t> out = m->generate(kPrompt, kNew, temperature, -1, 7, covered);
+    ASSERT_EQ(out.size(), size_t(kNew));
+    for (const int64_t id : out) EXPECT_LT(id, covered) << "temperature " << temperature;
+  }
+  EXPECT_THROW(m->generate(kPrompt, 3, 0.0, -1, 0, V + 1), rotary::Error);
+}
+
+// NaN or Inf logits are refused by name, greedy (argmax would pick the NaN's index) and sampled (torch's
+// multinomial would throw its own error, an internal error to the command line).
+TEST(generate, NonFiniteLogitsAreRefusedByName) {
+  Transformer m = make(small_config("rope"), true);
+  {
+    torch::NoGradGuard no_grad;
+    for (auto& p : m->named_parameters())
+      if (p.key() == "ln_final.weight") p.value().fill_(std::nan(""));
+  }
+  for (const double temperature : {0.0, 1.0}) {
+    try {
+      m->generate(kPrompt, 3, temperature, -1, 0);
+      ADD_FAILURE() << "NaN logits sampled at temperature " << temperature;
+    } catch (const rotary::Error& e) {
+      EXPECT_NE(std::string(e.what()).find("logits at position 5 = non-finite"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

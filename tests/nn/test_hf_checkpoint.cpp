@@ -5,13 +5,20 @@
 // directory can be wrong gives an error that names the tensor or field.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "expect_error.h"
 #include "rotary/safetensors.h"
 #include "rotary_nn/hf_checkpoint.h"
+#include "rotary_nn/hf_engine.h"
 
 namespace rotary::nn {
 namespace {
@@ -139,6 +146,7 @@ TEST(HfModelSpec, ReadsEachFamilysArchitecture) {
   const HfModelSpec mistral = hf_model_spec_file((kFixtures / "mistral").string());
   EXPECT_EQ(mistral.config.head_dim(), 32);
   EXPECT_EQ(mistral.trained_context, 64);
+  EXPECT_EQ(mistral.config.sliding_window, 0);  // "sliding_window": null, as Mistral v0.2 / v0.3 write it
   const HfModelSpec neox = hf_model_spec_file((kFixtures / "gpt_neox").string());
   EXPECT_TRUE(neox.config.parallel_residual);
   EXPECT_EQ(neox.config.resolved_encoding().rope.rotary_dim, 4);
@@ -170,6 +178,35 @@ struct ScratchModel {
   std::string load() const { return load_hf_checkpoint(dir.string()).spec.model_type; }
 };
 
+// Config keys read with the family's own meaning (transformers' config classes).
+TEST(HfModelSpec, FamilySemanticsOfOptionalKeys) {
+  // sliding_window: null is no window (MistralConfig's None); absent is the class default, 4096.
+  const auto spec_of = [](const std::string& family, const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(kFixtures / family / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    return hf_model_spec(j.dump(), family + "/config.json");
+  };
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j["sliding_window"] = nullptr; }).config.sliding_window, 0);
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j.erase("sliding_window"); }).config.sliding_window, 4096);
+  EXPECT_EQ(spec_of("mistral", [](auto& j) { j["sliding_window"] = 32; }).config.sliding_window, 32);
+  // Qwen2: the window only with use_sliding_window, and null there is no window too.
+  EXPECT_EQ(spec_of("qwen2", [](auto& j) { j["use_sliding_window"] = true, j["sliding_window"] = nullptr; })
+                .config.sliding_window, 0);
+  EXPECT_EQ(spec_of("qwen2", [](auto& j) { j["use_sliding_window"] = true, j["sliding_window"] = 16; })
+                .config.sliding_window, 16);
+  expect_error([&] { spec_of("mistral", [](auto& j) { j["sliding_window"] = "wide"; }); }, "sliding_window = \"wide\"");
+  // GPT-NeoX has no num_key_value_heads (GPTNeoXConfig ignores the key): one kv head per head, and it loads.
+  const HfModelSpec neox = spec_of("gpt_neox", [](auto& j) { j["num_key_value_heads"] = 1; });
+  EXPECT_EQ(neox.config.kv_heads(), neox.config.n_heads);
+}
+
+TEST(HfCheckpointErrors, GptNeoxWithAKeyItsFamilyLacksLoads) {
+  ScratchModel neox("gpt_neox");
+  neox.edit("num_key_value_heads", 1);
+  EXPECT_EQ(neox.load(), "gpt_neox");
+}
+
 TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
   ScratchModel more_layers("llama2");
   more_layers.edit("num_hidden_layers", 3);
@@ -180,6 +217,81 @@ TEST(HfCheckpointErrors, MissingAndMisshapedTensorsAreNamed) {
   ScratchModel fewer_layers("qwen2");
   fewer_layers.edit("num_hidden_layers", 1);
   expect_error([&] { fewer_layers.load(); }, {"tensors = model.layers.1.", "qwen2"});
+}
+
+// The tensors are checked against config.json before the model is built from it: a vocab_size the embedding
+// does not have is refused at once, not after allocating 2^31 x 32 floats (275 GB: std::bad_alloc, or minutes).
+TEST(HfCheckpointErrors, TensorShapesAreCheckedBeforeTheModelIsAllocated) {
+  ScratchModel huge("llama2");
+  huge.edit("vocab_size", 2147483647);
+  expect_error([&] { huge.load(); }, {"model.embed_tokens.weight shape = [64, 32]", "[2147483647, 32]"});
+  ScratchModel wide("gpt_neox");
+  wide.edit("vocab_size", 20000000);
+  const auto t0 = std::chrono::steady_clock::now();
+  expect_error([&] { wide.load(); }, {"gpt_neox.embed_in.weight", "[20000000, 32]"});
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 2.0);
+}
+
+// Overwrites the first element of tensor `name` (F32 or BF16) in a safetensors file with `value`.
+void poison_tensor(const fs::path& file, const std::string& name, float value) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_bytes = 0;
+  f.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  f.read(header.data(), std::streamsize(header_bytes));
+  const nlohmann::json j = nlohmann::json::parse(header);
+  const std::string dtype = j.at(name).at("dtype");
+  ASSERT_TRUE(dtype == "F32" || dtype == "BF16") << dtype;
+  uint32_t bits = 0;
+  std::memcpy(&bits, &value, sizeof bits);
+  f.seekp(std::streamoff(8 + header_bytes + j.at(name).at("data_offsets")[0].get<uint64_t>()));
+  if (dtype == "F32") {
+    f.write(reinterpret_cast<const char*>(&bits), 4);
+  } else {
+    const uint16_t high = uint16_t(bits >> 16);  // bfloat16: the float's upper half (NaN and Inf stay so)
+    f.write(reinterpret_cast<const char*>(&high), 2);
+  }
+}
+
+// A NaN or Inf weight is refused at load, naming the tensor (it would turn every loss into nan).
+TEST(HfCheckpointErrors, NonFiniteWeightsAreNamed) {
+  ScratchModel nan_norm("llama3");
+  poison_tensor(nan_norm.dir / "model.safetensors", "model.norm.weight", std::nanf(""));
+  expect_error([&] { nan_norm.load(); }, {"tensor model.norm.weight = non-finite (element 0 is nan)", "finite weights"});
+  ScratchModel inf_sharded("llama2");
+  poison_tensor(inf_sharded.dir / "model-00001-of-00002.safetensors", "model.embed_tokens.weight", -INFINITY);
+  expect_error([&] { inf_sharded.load(); }, {"tensor model.embed_tokens.weight", "-inf"});
+  // The engine, which reads the weights in place, refuses them the same way.
+  expect_error([&] { load_hf_engine(nan_norm.dir.string()); },
+               {"tensor model.norm.weight = non-finite (element 0 is nan)", "finite weights"});
+  expect_error([&] { load_hf_engine(inf_sharded.dir.string()); }, {"tensor model.embed_tokens.weight", "-inf"});
+}
+
+// What the loader opens is checked to be a regular file before open(): a FIFO would block it forever (no writer),
+// a directory named config.json is said to be one (not "malformed JSON").
+TEST(HfCheckpointErrors, FifosAndDirectoriesInPlaceOfFilesAreRefusedWithoutBlocking) {
+  ScratchModel fifo_config("mistral");
+  fs::remove(fifo_config.dir / "config.json");
+  ASSERT_EQ(::mkfifo((fifo_config.dir / "config.json").c_str(), 0600), 0);
+  expect_error([&] { fifo_config.load(); }, {"config.json (a FIFO)", "a readable config.json"});
+  ScratchModel fifo_weights("mistral");
+  fs::remove(fifo_weights.dir / "model.safetensors");
+  ASSERT_EQ(::mkfifo((fifo_weights.dir / "model.safetensors").c_str(), 0600), 0);
+  expect_error([&] { fifo_weights.load(); }, {"model.safetensors (a FIFO)"});
+  ScratchModel fifo_index("llama2");
+  fs::remove(fifo_index.dir / "model.safetensors.index.json");
+  ASSERT_EQ(::mkfifo((fifo_index.dir / "model.safetensors.index.json").c_str(), 0600), 0);
+  expect_error([&] { fifo_index.load(); }, {"model.safetensors.index.json (a FIFO)"});
+  ScratchModel dir_config("mistral");
+  fs::remove(dir_config.dir / "config.json");
+  fs::create_directory(dir_config.dir / "config.json");
+  try {
+    dir_config.load();
+    ADD_FAILURE() << "a directory named config.json was read";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("config.json (a directory)"), std::string::npos) << e.what();
+    EXPECT_EQ(std::string(e.what()).find("malformed JSON"), std::string::npos) << e.what();
+  }
 }
 
 TEST(HfCheckpointErrors, ConfigFieldsAreChecked) {

@@ -248,20 +248,21 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
       throw Error("rotary: no tensor " + name);
     };
   };
-  expect_error([&] { engine::Model::load(arch, lookup_with("layers.1.k.weight", {DType::F32, zeros.data(), {7, 32}}), {}, nullptr); },
+  expect_error([&] { engine::Model::load(arch, lookup_with("layers.1.k.weight", {DType::F32, zeros.data(), {7, 32}, ""}), {}, nullptr); },
                {"tensor layers.1.k.weight.shape = [7, 32]", "allowed: [32, 32]"});
-  expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.up.weight", {DType::F32, nullptr, {64, 32}}), {}, nullptr); },
+  expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.up.weight", {DType::F32, nullptr, {64, 32}, ""}), {}, nullptr); },
                "tensor layers.0.up.weight.data = null");
   expect_error([&] { engine::Model::load(arch, [](const std::string& n) -> engine::StoredTensor { throw Error("rotary: no tensor " + n); }, {}, nullptr); },
                "no tensor embed");
   engine::Architecture odd = arch;
   odd.n_kv_heads = 3;
   expect_error([&] { engine::Model::load(odd, lookup_with("", {}), {}, nullptr); }, "n_kv_heads = 3");
-  // q8 refuses a NaN weight by position (quantize_q8); kept as stored, the same weight would run silently.
+  // A NaN weight is refused by tensor and element, in place and before a conversion alike.
   std::vector<float> nan_q = zeros;
   nan_q[5] = std::nanf("");
-  expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.q.weight", {DType::F32, nan_q.data(), {32, 32}}), {.weights = WeightFormat::Q8}, nullptr); },
-               "weight[0][5] = nan");
+  for (std::optional<WeightFormat> f : {std::optional<WeightFormat>(), std::optional<WeightFormat>(WeightFormat::Q8)})
+    expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.q.weight", {DType::F32, nan_q.data(), {32, 32}, "q_proj"}), {.weights = f}, nullptr); },
+                 {"tensor q_proj = non-finite (element 5 is nan)", "finite weights"});
 
   engine::SessionOptions o;
   o.capacity = 8, o.positions = engine_positions(spec.config.resolved_encoding());

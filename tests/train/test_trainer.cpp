@@ -4,6 +4,7 @@
 
 #include <filesystem>
 
+#include "common/exit_status.h"
 #include "common/files.h"
 #include "rotary/error.h"
 #include "train/checkpoint.h"
@@ -167,6 +168,25 @@ TEST_F(Trainer, NonFiniteLossStopsTheRunAndKeepsTheLastCheckpoint) {
   std::optional<RunSummary> s = read_summary(dir);
   ASSERT_TRUE(s);
   EXPECT_EQ(s->status, "non_finite");
+}
+
+// A failed torch allocation is a c10::Error, not std::bad_alloc: the exit-status policy still calls it out of
+// memory (71), not a bug in rotary (70). 2^60 floats: no machine has them.
+TEST(ExitStatus, TorchAllocationFailureIsOutOfMemory) {
+  std::exception_ptr error;
+  try {
+    const torch::Tensor t = torch::empty({int64_t(1) << 60}, torch::kFloat);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  ASSERT_TRUE(error) << "torch allocated 2^60 floats";
+  std::FILE* out = std::tmpfile();
+  EXPECT_EQ(lab::report_exception(error, out), lab::kExitOutOfMemory);
+  std::rewind(out);
+  char text[512] = {};
+  std::fread(text, 1, sizeof text - 1, out);
+  std::fclose(out);
+  EXPECT_NE(std::string(text).find("out of memory"), std::string::npos) << text;
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // the call without reading our code: "rotary: rotary_dim = 7 is invalid; allowed: an even number in [2, 128]".
 #pragma once
 
+#include <cstdint>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -35,6 +36,15 @@ std::string to_text(const T& value) {
 template <class T>
 inline void check(bool ok, std::string_view field, const T& value, std::string_view allowed) {
   if (!ok) fail(field, to_text(value), allowed);
+}
+
+// a * b for counts and sizes that come from a user (lengths x windows, rows x width): rotary::Error naming
+// `field` with both factors and `allowed` when the product does not fit in int64, so an overflowed product never
+// passes a bound check and then sizes a copy or an allocation.
+inline int64_t checked_mul(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
+  int64_t product = 0;
+  if (__builtin_mul_overflow(a, b, &product)) fail(field, to_text(a) + " x " + to_text(b) + " (past 2^63)", allowed);
+  return product;
 }
 
 }  // namespace rotary

@@ -49,6 +49,7 @@ struct StoredTensor {
   DType dtype = DType::F32;
   const void* data = nullptr;
   std::vector<int64_t> shape;
+  std::string source;  // where it is stored (a checkpoint's tensor name), for messages; empty: the slot's name
 };
 
 // One tensor the engine reads: its name in the engine's terms ("embed", "layers.3.q.weight", ...) and shape.

@@ -167,10 +167,10 @@ void run_engine(const BenchCheckpointArgs& a) {
     }
     decode_tps.push_back(double(a.decode) / since(t0));
   }
+  const int64_t rss = peak_rss_bytes();  // before the probe's own buffer
   const int64_t read = model->weight_bytes_per_token();
   const double probe = lab::read_bandwidth(std::clamp<int64_t>(read, int64_t(256) << 20, int64_t(1) << 30), threads);
   const double rate = double(read) * median(decode_tps);
-  const int64_t rss = peak_rss_bytes();
   if (a.json) {
     nlohmann::json j{{"engine", "engine"}, {"shape", shape}, {"weights", weight_format_name(model->matrix_format())},
                      {"kv_dtype", a.run.kv_dtype}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},

@@ -1,4 +1,5 @@
 // rotary generate: sample from a trained model, or a Hugging Face checkpoint, through the KV-cache decoder.
+#include <algorithm>
 #include <cstdio>
 #include <filesystem>
 
@@ -24,13 +25,20 @@ struct GenerateCommand {
   experiments::CheckpointRunOptions run_options;  // Hugging Face checkpoints: --engine, --weights, --kv-dtype
   std::vector<CLI::Option*> run_flags;
 
-  // A Hugging Face model directory (config.json and safetensors, no checkpoint.pt of ours): its own tokenizer
-  // (BOS as the model expects), stop at its EOS.
+  // A Hugging Face model directory (config.json and a weights file of the Hugging Face layout, no checkpoint.pt of
+  // ours): its own tokenizer (BOS as the model expects), stop at its EOS. A run directory of ours also has a
+  // config.json; without checkpoint.pt it is still a run directory, and load_run says that it has no checkpoint.
   static bool is_hf_model(const std::string& where) {
     namespace fs = std::filesystem;
     std::error_code ec;
-    return fs::is_directory(where, ec) && fs::exists(fs::path(where) / "config.json", ec) &&
-           !fs::exists(fs::path(where) / "checkpoint.pt", ec);
+    const fs::path dir(where);
+    if (!fs::is_directory(dir, ec) || !fs::exists(dir / "config.json", ec) || fs::exists(dir / "checkpoint.pt", ec))
+      return false;
+    // (the formats rotary does not read are listed so that SafetensorsCheckpoint::open names them)
+    for (const char* weights : {"model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                                "pytorch_model.bin.index.json", "model.gguf"})
+      if (fs::exists(dir / weights, ec)) return true;
+    return false;
   }
 
   void run_hf() {
@@ -42,8 +50,11 @@ struct GenerateCommand {
     check(!ids.empty(), "--prompt", "\"\"", "at least one token");
     c.check_memory(int64_t(ids.size()) + max_new, "--prompt tokens + --max-new");
     const int64_t stop = no_stop || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
-    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, 0);
-    std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode(out).c_str());
+    // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
+    // tokens) are never sampled: they could not be printed.
+    const int64_t sample_vocab = std::min<int64_t>(tokenizer->vocab_size(), c.spec().config.vocab_size);
+    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, sample_vocab);
+    std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
   }
 
   void run() {

@@ -1,6 +1,8 @@
 // rotary perplexity: seed 004's measurement on a real checkpoint - loss on the last L tokens of windows of
 // growing length, per inference-time method (experiments/perplexity.h).
 #include <cstdio>
+#include <fmt/format.h>
+#include <string>
 
 #include "cli/command.h"
 #include "cli/torch/checkpoint_flags.h"
@@ -46,6 +48,15 @@ struct PerplexityCommand {
     std::printf("%s", r.table.c_str());
     if (!r.plot_problem.empty()) std::printf("note: %s\n", r.plot_problem.c_str());
     std::printf("report: %s, %s (%.0f s)\n", r.report_md.c_str(), r.csv.c_str(), r.seconds);
+    if (!r.non_finite.empty()) {
+      // As a training run whose loss stops being finite: the table is kept (NaN where it is), the status says so.
+      std::string cells;
+      for (size_t i = 0; i < r.non_finite.size() && i < 5; ++i) cells += (i ? ", " : "") + r.non_finite[i];
+      if (r.non_finite.size() > 5) cells += fmt::format(", ... ({} in all)", r.non_finite.size());
+      std::fprintf(stderr, "rotary perplexity: the loss is not finite in %s (the model's weights or the method's "
+                   "settings overflow)\n", cells.c_str());
+      throw CLI::RuntimeError(lab::kExitNonFiniteLoss);
+    }
   }
 };
 

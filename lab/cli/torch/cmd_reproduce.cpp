@@ -14,11 +14,13 @@ struct ReproduceCommand {
   std::string scale = "default", studies, out = "runs/reproduce", cache_dir;
   int jobs = 0;
   bool no_progress = false;
+  CLI::Option* studies_option = nullptr;
 
   void run() {
     experiments::ReproduceSpec spec;
     spec.scale = scale;
-    if (!studies.empty()) spec.studies = parse_name_list(studies, "--studies");
+    // Given means given: --studies "" is an empty list, refused as every empty list is, not "all studies".
+    if (studies_option->count()) spec.studies = parse_name_list(studies, "--studies");
     spec.out_dir = out;
     spec.cache_dir = cache_dir;
     spec.jobs = jobs;
@@ -43,7 +45,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--scale", cmd->scale,
                   "smoke (a minute or two: the machinery, not the claims), default (about an hour on 2 cores) or "
                   "seed (the seeds' model sizes and steps: for a GPU-class machine)");
-  sub->add_option("--studies", cmd->studies,
+  cmd->studies_option = sub->add_option("--studies", cmd->studies,
                   "comma-separated subset: seed000_addition, seed000_substring_index, seed000_substring_search, "
                   "seed002_text, seed002_performer, seed002_runtime, seed004_extrapolate, seed003_decay (default: all)");
   sub->add_option("--out", cmd->out, "output directory (default runs/reproduce)");

@@ -5,10 +5,12 @@
 // Families (config.json "model_type"):
 //   llama    Llama 2 / 3 / 3.1 / 3.2 (and TinyLlama, Vicuna, ...): RMSNorm, SwiGLU, no biases unless
 //            attention_bias / mlp_bias say so, GQA, tied or untied head.
-//   mistral  as llama; sliding_window (v0.1: 4096) is kept, and sequences longer than it are refused.
+//   mistral  as llama; sliding_window (v0.1: 4096; absent: 4096; null, as v0.2 / v0.3 write it: no window) is
+//            kept, and sequences longer than it are refused.
 //   qwen2    as llama with q, k, v biases (Qwen2 / Qwen2.5); use_sliding_window as Mistral's window.
 //   gpt_neox GPT-NeoX / Pythia: LayerNorm with biases, GELU, parallel residual, fused query_key_value (per head
-//            [q | k | v]), partial rotation (rotary_pct).
+//            [q | k | v]), partial rotation (rotary_pct); no GQA (num_key_value_heads, which GPTNeoXConfig does
+//            not have, is ignored as transformers ignores it).
 // The rotation - base, partial rotary, every rope_scaling type - comes from the same config.json through
 // rotary::rope_spec_from_hf_config, so the checkpoint's own RoPE (Llama 3.1's llama3, Qwen's yarn, ...) is what
 // runs unless the user overrides it (EncodingOverride).

@@ -139,9 +139,11 @@ class TransformerImpl : public torch::nn::Module {
   // steps). No-op for the other attention kinds.
   void redraw_performer_features(uint64_t seed);
   // Autoregressive sampling through the KV-cache decoder: prompt [S] -> generated ids (excluding the prompt).
-  // temperature 0 = greedy. Stops after max_new tokens or when `stop_id` is produced (not included).
+  // temperature 0 = greedy. Stops after max_new tokens or when `stop_id` is produced (not included). Only ids in
+  // [0, sample_vocab) are ever produced (0: the whole vocabulary): a checkpoint's embedding table may have padding
+  // rows past the last id its tokenizer has. Non-finite logits are a rotary::Error naming the position.
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int max_new, double temperature,
-                                int64_t stop_id, uint64_t seed);
+                                int64_t stop_id, uint64_t seed, int64_t sample_vocab = 0);
   // Teacher-forced decoding through the same caches: prefill tokens[0, prefill_len), then feed the rest one token
   // at a time. Returns logits [S, V] for every position, which equal forward(tokens)[0] up to rounding (for tests
   // and decode benchmarks).

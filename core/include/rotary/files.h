@@ -1,0 +1,30 @@
+// rotary/files.h: opening a file a user named (config.json, safetensors, a memory file, tokenizer files, token ids)
+// without blocking on it.
+//
+// open() of a FIFO waits for a writer, and a directory opens but fails on the first read; either would be a hang
+// or an error that does not say what is wrong. Every reader of a user's file goes through these, which look at the
+// file with stat() first and open it non-blocking, and refuse anything but a regular file by name:
+// "rotary: <field> = <path> (a directory) is invalid; allowed: <allowed>".
+#pragma once
+
+#include <string>
+#include <string_view>
+
+namespace rotary {
+
+// rotary::Error naming `field`, `path` and what it is instead (missing, a directory, a FIFO, ...) unless `path`
+// is a regular file. `allowed` says what the caller reads there ("a regular file" by default).
+void check_regular_file(const std::string& path, std::string_view field,
+                        std::string_view allowed = "a readable regular file");
+
+// The whole of the regular file `path` (check_regular_file first, then a non-blocking open and a second check of
+// what was opened, so a file swapped for a FIFO in between is refused too).
+std::string read_regular_file(const std::string& path, std::string_view field,
+                              std::string_view allowed = "a readable regular file");
+
+// A file descriptor (O_RDONLY | O_CLOEXEC) of the regular file `path`, checked as read_regular_file checks it; the
+// caller closes it. For readers that map the file instead of reading it.
+int open_regular_file(const std::string& path, std::string_view field,
+                      std::string_view allowed = "a readable regular file");
+
+}  // namespace rotary
