@@ -67,10 +67,11 @@ DirectoryLock::DirectoryLock(const std::string& dir, std::string_view field) {
     fail(field, dir + " (in use by another rotary command, pid " + (pid.empty() ? std::string("unknown") : pid) + ")",
          "a directory no other command is writing to (wait for it to finish, or give another directory)");
   }
+  // The holder's pid, for a second command's message. Should the write fail, the lock holds all the same and that
+  // message says "pid unknown".
   const std::string pid = std::to_string(::getpid()) + "\n";
-  if (::ftruncate(fd_, 0) != 0 || ::pwrite(fd_, pid.data(), pid.size(), 0) != ssize_t(pid.size())) {
-    // The lock holds without the pid; only the message of a second command would lack it.
-  }
+  const bool pid_written = ::ftruncate(fd_, 0) == 0 && ::pwrite(fd_, pid.data(), pid.size(), 0) == ssize_t(pid.size());
+  (void)pid_written;
 }
 
 DirectoryLock::~DirectoryLock() {

@@ -48,7 +48,10 @@ bool is_executable_file(const std::string& path) {
 
 }  // namespace
 
+namespace {
+// How a child learns the pid of the parent it must not outlive (SpawnOptions::die_with_parent).
 constexpr const char* kParentPidVariable = "ROTARY_PARENT_PID";
+}  // namespace
 
 void die_with_parent_if_asked() {
   const char* parent = std::getenv(kParentPidVariable);

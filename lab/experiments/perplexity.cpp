@@ -92,20 +92,11 @@ uint64_t weights_identity(const std::string& model_dir) {
 
 std::string g(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "NaN"; }
 
-// A loss as JSON, non-finite ones included: JSON has no NaN or Inf (nlohmann writes them as null, which would not
-// read back as a number), so they are stored as the strings "NaN", "Infinity", "-Infinity".
-nlohmann::json loss_to_json(double v) {
-  if (std::isfinite(v)) return v;
-  return std::isnan(v) ? "NaN" : v > 0 ? "Infinity" : "-Infinity";
-}
-
-double loss_from_json(const nlohmann::json& v) {
-  if (v.is_number()) return v.get<double>();
-  const std::string& s = v.get_ref<const std::string&>();  // anything else throws: the cell is computed again
-  if (s == "NaN") return std::nan("");
-  if (s == "Infinity" || s == "-Infinity") return s[0] == '-' ? -HUGE_VAL : HUGE_VAL;
-  throw Error("rotary: perplexity cell: loss = " + s + " is invalid; allowed: a number, NaN, Infinity, -Infinity");
-}
+// A loss as JSON, the way the other experiments' cells store theirs (extrapolate, memory): JSON has no NaN or Inf,
+// so a non-finite loss is null, and null reads back as NaN - a NaN cell is reused as what it is, not computed again
+// on every rerun (get<double>() of a null threw, which read as a damaged cell).
+nlohmann::json loss_to_json(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
+double loss_from_json(const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); }
 
 nlohmann::json cell_to_json(const PerplexityCell& c) {
   nlohmann::json bins = nlohmann::json::array();
@@ -125,8 +116,7 @@ void cell_from_json(const nlohmann::json& j, PerplexityCell& c) {
   c.seconds = j.at("seconds").get<double>();
   c.tokens_per_s = j.at("tokens_per_s").get<double>();
   c.loss_by_bin.clear();
-  // (null: a bin no position fell in, as cells written before non-finite losses were stored as strings)
-  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(v.is_null() ? std::nan("") : loss_from_json(v));
+  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(loss_from_json(v));  // (null also: no position)
 }
 
 // A methods x lengths table of one value per cell (`cell_text`), plain (printed) or markdown (report.md).

@@ -29,6 +29,8 @@
 #include <utility>
 #include <vector>
 
+#include <fmt/format.h>
+
 #include "common/files.h"
 #include "common/limits.h"
 #include "rotary/error.h"
@@ -146,6 +148,16 @@ void from_json(const json& j, TrainConfig& c) { settings::from_json(train_settin
 
 void TrainConfig::validate() const {
   settings::check(train_settings(), *this);  // every field inside its declared range
+  // Products of fields that are each in range: one step's rows are generated and tensored at once (2^20 x 2^20
+  // tokens ran the machine out of memory), and the held-out row count is an int (2^20 x 2^20 overflowed it).
+  const std::string batch_allowed = fmt::format("<= 2^26 = {} tokens per step", lab::kMaxBatchTokens);
+  const int64_t batch_tokens = checked_mul(batch_size, seq_len, "batch_size x seq_len", batch_allowed);
+  check(batch_tokens <= lab::kMaxBatchTokens, "batch_size x seq_len",
+        fmt::format("{} x {} = {}", batch_size, seq_len, batch_tokens), batch_allowed);
+  const std::string heldout_allowed = fmt::format("<= 2^31 - 1 = {} held-out rows", lab::kMaxHeldOutRows);
+  const int64_t heldout_rows = checked_mul(eval_batches, batch_size, "eval_batches x batch_size", heldout_allowed);
+  check(heldout_rows <= lab::kMaxHeldOutRows, "eval_batches x batch_size",
+        fmt::format("{} x {} = {}", eval_batches, batch_size, heldout_rows), heldout_allowed);
   check(model.vocab_size >= 0, "model.vocab_size", model.vocab_size, "0 (from the task) or the task's vocabulary size");
   nn::ModelConfig m = model;
   if (m.vocab_size == 0) m.vocab_size = 2;  // the task fills it in; validate the rest now

@@ -34,13 +34,15 @@ PY
 /usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
 
 # ---- Sizes: windows x (longest + 1) overflows int64 (was SIGSEGV: the copy read outside the stream), and the
-# default lengths L, 2L, 4L from a config whose L is 2^53 (was exit 71 after an overflowed bound passed).
+# default lengths L, 2L, 4L from a config whose L is 2^53 (was exit 71 after an overflowed bound passed). The
+# stream holds 3000 tokens, more than the wrapped products (2048 and 512), which therefore passed the bound.
+/usr/bin/python3 -c "import random; random.seed(2); print(' '.join(str(random.randrange(64)) for _ in range(3000)))" > "$W/ids3k.txt"
 expect_error "perplexity: windows x (longest + 1) past 2^63" 2 "windows x (longest length + 1) = 2048 x" -- \
-  $T "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W/ids.txt" --train-len 16 --lengths 64,8796093022208k \
+  $T "$ROTARY" perplexity "$FIX/gpt_neox" --tokens "$W/ids3k.txt" --train-len 16 --lengths 64,8796093022208k \
   --windows 2048 --out "$W/ovf" --no-progress
 scratch gpt_neox neox_long 'c["max_position_embeddings"] = 2**53'
 expect_error "perplexity: default lengths past 2^53" 2 "lengths = 18014398509481984 is invalid" -- \
-  $T "$ROTARY" perplexity "$W/neox_long" --tokens "$W/ids.txt" --windows 512 --out "$W/ovf2" --no-progress
+  $T "$ROTARY" perplexity "$W/neox_long" --tokens "$W/ids3k.txt" --windows 512 --out "$W/ovf2" --no-progress
 
 # ---- Files that are not regular files: refused by name, never a blocking open.
 expect_error "perplexity: --tokens DIR" 2 "token id file = $W (a directory)" -- \

@@ -135,6 +135,21 @@ TEST(Config, ValidateNamesTheBadField) {
   EXPECT_EQ(bad([](TrainConfig&) {}), "");
 }
 
+// Fields each inside its range whose product is not: a step of 2^20 rows of 2^20 tokens (made at once: it ran the
+// machine out of memory) and 2^20 x 2^20 held-out rows (counted in an int) are refused, naming the product.
+TEST(Config, ProductsOfFieldsAreBounded) {
+  auto bad = [](auto mutate) {
+    TrainConfig c;
+    mutate(c);
+    return error_of([&] { c.validate(); });
+  };
+  const std::string step = bad([](TrainConfig& c) { c.batch_size = 1 << 20, c.seq_len = 1 << 20; });
+  EXPECT_NE(step.find("batch_size x seq_len = 1048576 x 1048576 = 1099511627776 is invalid"), std::string::npos) << step;
+  const std::string heldout = bad([](TrainConfig& c) { c.batch_size = 1 << 11, c.seq_len = 2, c.eval_batches = 1 << 20; });
+  EXPECT_NE(heldout.find("eval_batches x batch_size = 1048576 x 2048 = 2147483648"), std::string::npos) << heldout;
+  EXPECT_EQ(bad([](TrainConfig& c) { c.batch_size = 64, c.seq_len = 1 << 20; }), "");  // 2^26 tokens: the bound
+}
+
 TEST(Config, FirstDifferenceFindsNestedFieldsAndIgnoresBookkeeping) {
   TrainConfig a, b;
   b.out_dir = "elsewhere";
