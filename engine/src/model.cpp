@@ -1,6 +1,8 @@
 // Model: the architecture's checks, the tensor slots, and loading - each matrix used in place in its stored format
 // or converted once (bf16 / f16 / f32 / q8); norms and biases copied to float32 (they are small).
 #include <omp.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -128,7 +130,22 @@ class Loader {
         for (int64_t c = 0; c < cols; ++c) store_from_double(bytes.data(), to, r * cols + c, load_as_double(t.data, t.dtype, r * cols + c));
     }
     w.data = bytes.data();
+    release_pages(t);
     return w;
+  }
+  // A converted tensor's stored bytes are not read again: their pages (of a mapped file, read once by the
+  // conversion) are handed back, so that a model converted to q8 holds its q8 bytes, not also the file it came from
+  // (Llama-2-13B: 14.6 GB of q8 beside a 26 GB bf16 file). MADV_PAGEOUT only reclaims - it never changes contents -
+  // so it is safe whatever memory the lookup returned; whole pages inside the tensor only.
+  static void release_pages(const StoredTensor& t) {
+    int64_t n = 1;
+    for (int64_t d : t.shape) n *= d;
+    const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
+    const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + uintptr_t(n) * dtype_size(t.dtype)) / page * page;
+#ifdef MADV_PAGEOUT
+    if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);  // advice: failure is harmless
+#endif
   }
   // A vector as float32 the model owns.
   const float* vector(const std::string& name, int64_t n) {
