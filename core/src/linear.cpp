@@ -115,6 +115,18 @@ void linear_forward(const LinearParams& p) {
   linear_detail::run(p.w.format, j);
 }
 
+void weight_row(const WeightMatrix& w, int64_t r, float* out) {
+  check(r >= 0 && r < w.rows, "row", r, "in [0, w.rows = " + std::to_string(w.rows) + ")");
+  if (w.format == WeightFormat::Q8) {
+    const int8_t* q = static_cast<const int8_t*>(w.data) + r * w.row_stride;
+    const float* s = w.scales + r * w.scale_stride;
+    for (int64_t c = 0; c < w.cols; ++c) out[c] = float(q[c]) * s[c / kQ8Block];
+    return;
+  }
+  const DType t = w.format == WeightFormat::F32 ? DType::F32 : w.format == WeightFormat::F16 ? DType::F16 : DType::BF16;
+  detail::load_row(w.data, t, r * w.row_stride, w.cols, out);
+}
+
 void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int64_t src_row_stride, int8_t* quants,
                  float* scales, int threads) {
   detail::check_dtype(src_dtype, "src_dtype");

@@ -72,6 +72,12 @@ std::string shape_text(const std::vector<int64_t>& s) {
   return t + "]";
 }
 
+int64_t elements(const StoredTensor& t) {
+  int64_t n = 1;
+  for (int64_t d : t.shape) n *= d;
+  return n;
+}
+
 class Loader {
  public:
   Loader(Model::Impl& m, const std::function<StoredTensor(const std::string&)>& lookup, const LoadOptions& o)
@@ -87,8 +93,7 @@ class Loader {
   // A NaN or Inf weight would poison every logit after it: refused by name and element, before any work (one
   // read of the weights, which the first forward would make anyway).
   void check_finite(const std::string& name, const StoredTensor& t) const {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
+    const int64_t n = elements(t);
     int64_t bad = n;
 #pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : bad)
     for (int64_t i = 0; i < n; ++i) {
@@ -138,8 +143,7 @@ class Loader {
   // (Llama-2-13B: 14.6 GB of q8 beside a 26 GB bf16 file). MADV_PAGEOUT only reclaims - it never changes contents -
   // so it is safe whatever memory the lookup returned; whole pages inside the tensor only.
   static void release_pages(const StoredTensor& t) {
-    int64_t n = 1;
-    for (int64_t d : t.shape) n *= d;
+    const int64_t n = elements(t);
     const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
     const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
     const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + uintptr_t(n) * dtype_size(t.dtype)) / page * page;

@@ -1,5 +1,5 @@
 // engine/src/model_impl.h (internal): what a loaded Model holds - per layer the matrices (in place or owned) and
-// the float32 norms and biases - and the row and norm helpers the session uses.
+// the float32 norms and biases - and the norm the session uses.
 #pragma once
 
 #include <cstdint>
@@ -36,9 +36,6 @@ struct Model::Impl {
   NormWeights final_norm;
   Linear head;
 };
-
-// out[0, cols) = row r of w as float32 (q8: quant x scale).
-void read_row(const WeightMatrix& w, int64_t r, float* out);
 
 // out = norm(x) for n rows of d: RMSNorm x / sqrt(mean x^2 + eps) * weight, or LayerNorm (x - mean) / sqrt(var +
 // eps) * weight + bias; the means in double.

@@ -14,25 +14,6 @@
 
 namespace rotary::engine {
 
-void read_row(const WeightMatrix& w, int64_t r, float* out) {
-  const int64_t base = r * w.row_stride;
-  switch (w.format) {
-    case WeightFormat::F32: std::memcpy(out, static_cast<const float*>(w.data) + base, size_t(w.cols) * 4); return;
-    case WeightFormat::F16:
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = f16_to_float(static_cast<const uint16_t*>(w.data)[base + c]);
-      return;
-    case WeightFormat::BF16:
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = bf16_to_float(static_cast<const uint16_t*>(w.data)[base + c]);
-      return;
-    case WeightFormat::Q8: {
-      const int8_t* q = static_cast<const int8_t*>(w.data) + base;
-      const float* s = w.scales + r * w.scale_stride;
-      for (int64_t c = 0; c < w.cols; ++c) out[c] = float(q[c]) * s[c / kQ8Block];
-      return;
-    }
-  }
-}
-
 void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out) {
   for (int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * d;
@@ -67,12 +48,6 @@ float gelu(float x, bool tanh_form) {
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
 }
 
-// n rows of `width` floats (row stride `stride`) into a packed buffer of `to` (f32: copy).
-void store_rows(const float* src, int64_t n, int64_t width, int64_t stride, DType to, void* dst) {
-  for (int64_t t = 0; t < n; ++t)
-    for (int64_t i = 0; i < width; ++i) store_from_double(dst, to, t * width + i, src[t * stride + i]);
-}
-
 }  // namespace
 
 struct Session::Impl {
@@ -90,7 +65,7 @@ struct Session::Impl {
   std::vector<int64_t> hist_pos;
   // Scratch, [tokens, width] float32 unless said otherwise.
   std::vector<float> x, h, h2, q, k, v, qkv, att, ff_up, ff_gate;
-  std::vector<uint8_t> qc, kc, vc, oc;  // q, k, v, o in the cache's dtype
+  std::vector<uint8_t> qc, kc, vc, oc;  // q, k, v, o converted to a bf16 / f16 cache's dtype (unused for f32)
 
   Impl(std::shared_ptr<const Model> mod, const SessionOptions& opt)
       : model(std::move(mod)), m(model->impl()), a(m.arch), o(opt),
@@ -141,7 +116,18 @@ struct Session::Impl {
     if (a.fused_qkv) need(qkv, n * 3 * hq);
     need(ff_up, chunk * a.d_ff);
     if (a.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * a.d_ff);
-    need(qc, n * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, n * hq * es);
+    if (o.kv_dtype != DType::F32)
+      need(qc, n * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, n * hq * es);
+  }
+
+  // The first `count` floats of `f` as the attention kernels take them, in the cache's dtype: `f` itself for an f32
+  // cache (no copy on the decode path), else rounded into `conv` (grown only when a longer prompt needs it).
+  char* in_kv_dtype(std::vector<float>& f, std::vector<uint8_t>& conv, int64_t count) {
+    if (o.kv_dtype == DType::F32) return reinterpret_cast<char*>(f.data());
+    const size_t bytes = size_t(count) * dtype_size(o.kv_dtype);
+    if (conv.size() < bytes) conv.resize(bytes);
+    for (int64_t i = 0; i < count; ++i) store_from_double(conv.data(), o.kv_dtype, i, f[size_t(i)]);
+    return reinterpret_cast<char*>(conv.data());
   }
 
   void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
@@ -173,16 +159,9 @@ struct Session::Impl {
     new_caches();
     if (hist_pos.empty()) return;
     const int64_t n = int64_t(hist_pos.size()), hkv = a.n_kv_heads * a.head_dim;
-    for (int64_t i = 0; i < a.n_layers; ++i) {
-      store_rows(hist_k[size_t(i)].data(), n, hkv, hkv, o.kv_dtype, grow_bytes(kc, n * hkv));
-      store_rows(hist_v[size_t(i)].data(), n, hkv, hkv, o.kv_dtype, grow_bytes(vc, n * hkv));
-      caches[size_t(i)].append(n, view(kc.data(), a.n_kv_heads), view(vc.data(), a.n_kv_heads), hist_pos.data());
-    }
-  }
-  void* grow_bytes(std::vector<uint8_t>& b, int64_t elements) {
-    const size_t bytes = size_t(elements) * dtype_size(o.kv_dtype);
-    if (b.size() < bytes) b.resize(bytes);
-    return b.data();
+    for (int64_t i = 0; i < a.n_layers; ++i)
+      caches[size_t(i)].append(n, view(in_kv_dtype(hist_k[size_t(i)], kc, n * hkv), a.n_kv_heads),
+                               view(in_kv_dtype(hist_v[size_t(i)], vc, n * hkv), a.n_kv_heads), hist_pos.data());
   }
   // [tokens, heads, head_dim] packed.
   HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
@@ -202,7 +181,7 @@ struct Session::Impl {
     grow(n);
     const int64_t d = a.d_model, hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
     const bool prompt = size() == 0 && n > 1;
-    for (int64_t t = 0; t < n; ++t) read_row(m.embed, tokens[t], x.data() + t * d);
+    for (int64_t t = 0; t < n; ++t) weight_row(m.embed, tokens[t], x.data() + t * d);
 
     for (int64_t li = 0; li < a.n_layers; ++li) {
       const Layer& l = m.layers[size_t(li)];
@@ -227,29 +206,30 @@ struct Session::Impl {
         hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), k.begin(), k.begin() + n * hkv);
         hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), v.begin(), v.begin() + n * hkv);
       }
-      store_rows(q.data(), n, hq, hq, o.kv_dtype, qc.data());
-      store_rows(k.data(), n, hkv, hkv, o.kv_dtype, kc.data());
-      store_rows(v.data(), n, hkv, hkv, o.kv_dtype, vc.data());
       const int64_t es = int64_t(dtype_size(o.kv_dtype));
+      char* qs = in_kv_dtype(q, qc, n * hq);
+      char* ks = in_kv_dtype(k, kc, n * hkv);
+      char* vs = in_kv_dtype(v, vc, n * hkv);
+      char* os = o.kv_dtype == DType::F32 ? reinterpret_cast<char*>(att.data()) : reinterpret_cast<char*>(oc.data());
       if (prompt) {
         AttentionParams p;
         p.tokens = n, p.head_dim = int(hd), p.dtype = o.kv_dtype;
-        p.q = view(qc.data(), a.n_heads), p.k = view(kc.data(), a.n_kv_heads), p.v = view(vc.data(), a.n_kv_heads);
-        p.o = view(oc.data(), a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
+        p.q = view(qs, a.n_heads), p.k = view(ks, a.n_kv_heads), p.v = view(vs, a.n_kv_heads);
+        p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
         p.threads = threads;
         attention_forward(p);
-        cache.append(n, view(kc.data(), a.n_kv_heads), view(vc.data(), a.n_kv_heads), positions);
+        cache.append(n, view(ks, a.n_kv_heads), view(vs, a.n_kv_heads), positions);
       } else {
         for (int64_t t = 0; t < n; ++t) {
-          cache.append(1, view(kc.data() + t * hkv * es, a.n_kv_heads), view(vc.data() + t * hkv * es, a.n_kv_heads),
-                       positions + t);
+          cache.append(1, view(ks + t * hkv * es, a.n_kv_heads), view(vs + t * hkv * es, a.n_kv_heads), positions + t);
           DecodeParams p;
-          p.q = view(qc.data() + t * hq * es, a.n_heads), p.o = view(oc.data() + t * hq * es, a.n_heads);
+          p.q = view(qs + t * hq * es, a.n_heads), p.o = view(os + t * hq * es, a.n_heads);
           p.threads = threads;
           attention_decode(cache, p);
         }
       }
-      for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+      if (o.kv_dtype != DType::F32)
+        for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
       if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
       project(l.o, att.data(), n, hq, x.data(), d, true);
       if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());

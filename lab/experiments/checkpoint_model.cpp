@@ -55,6 +55,9 @@ struct CheckpointModel::Impl {
   int64_t mapped_bytes = 0;                      // weights read in place from the files
   int threads = 0;
 
+  // Bytes the weights take in memory: the mapped ones read in place and the ones the model converted.
+  int64_t weight_bytes() const { return std::max<int64_t>(mapped_bytes, 0) + model->owned_bytes(); }
+
   engine::SessionOptions session(int64_t capacity) const {
     engine::SessionOptions o;
     o.capacity = capacity, o.kv_dtype = parse_dtype(options.kv_dtype), o.positions = nn::engine_positions(active);
@@ -103,10 +106,9 @@ void CheckpointModel::set_override(const nn::EncodingOverride& o) {
 int64_t CheckpointModel::memory_needed(int64_t tokens) const {
   const Impl& m = *impl_;
   if (!m.model) return 0;
-  const int64_t weights = std::max<int64_t>(m.mapped_bytes, 0) + m.model->owned_bytes();
   const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), tokens);
   const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(tokens, 512);
-  return weights + session + logits;
+  return m.weight_bytes() + session + logits;
 }
 
 void CheckpointModel::check_memory(int64_t tokens, const std::string& what, int64_t available) const {
@@ -114,7 +116,7 @@ void CheckpointModel::check_memory(int64_t tokens, const std::string& what, int6
   if (!m.model) return;
   const int64_t need = memory_needed(tokens), have = available >= 0 ? available : available_memory_bytes();
   if (have < 0 || need <= have) return;
-  const int64_t weights = std::max<int64_t>(m.mapped_bytes, 0) + m.model->owned_bytes();
+  const int64_t weights = m.weight_bytes();
   fail(what, fmt::format("{} tokens, needing {:.2f} GB (weights {:.2f} GB, KV cache, activations and logits {:.2f} "
                          "GB)",
                          tokens, double(need) / 1e9, double(weights) / 1e9, double(need - weights) / 1e9),

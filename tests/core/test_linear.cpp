@@ -129,6 +129,23 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   }
 }
 
+// weight_row (an embedding row) reads every format as the reference does: each row times a one-hot x.
+TEST(weight_row, EqualsTheMatrixTimesAOneHotVector) {
+  for (WeightFormat f : kFormats) {
+    Weights w(f, 5, 37, 41);
+    std::vector<float> row(37), want(5 * 37), onehot(37 * 37, 0.0f);
+    for (int c = 0; c < 37; ++c) onehot[size_t(c * 37 + c)] = 1;
+    LinearParams p;  // y[c][r] = W[r][c]
+    p.w = w.m, p.tokens = 37, p.x = onehot.data(), p.x_stride = 37, p.y = want.data(), p.y_stride = 5;
+    linear_forward_reference(p);
+    for (int64_t r = 0; r < 5; ++r) {
+      weight_row(w.m, r, row.data());
+      for (int64_t c = 0; c < 37; ++c) EXPECT_EQ(row[size_t(c)], want[size_t(c * 5 + r)]) << weight_format_name(f);
+    }
+    expect_error_naming([&] { weight_row(w.m, 5, row.data()); }, "row");
+  }
+}
+
 TEST(linear_forward, AccumulateAddsToTheOutput) {
   Weights w(WeightFormat::BF16, 6, 50, 21);
   const std::vector<float> x = uniform(3 * 50, 22);

@@ -59,6 +59,9 @@ struct LinearParams {
   int threads = 0;              // 0 = all OpenMP threads
 };
 
+// out[0, w.cols) = row r of w as float32 (q8: quant x scale): an embedding table's row, in any format.
+void weight_row(const WeightMatrix& w, int64_t r, float* out);
+
 // y = x W^T + bias (+ y). Throws rotary::Error naming the field for bad params, before anything is written.
 void linear_forward(const LinearParams& p);
 // The float64 oracle: the same contract, every product and sum in double.
