@@ -278,6 +278,10 @@ SentencePieceModelTokenizer::SentencePieceModelTokenizer(std::string_view bytes,
     const Piece& p = pieces_[i];
     const std::string field = source_ + ": pieces[" + std::to_string(i) + "].piece";
     if (p.text.empty()) fail(field, "\"\"", "a non-empty piece");
+    // A piece that ends inside a character (a user-defined "af\xC3") would split the text's characters, leaving
+    // encode() at a continuation byte that no character starts: every piece is whole UTF-8 text, as
+    // sentencepiece's trainer writes them.
+    check_utf8(p.text, field);
     const bool mergeable = p.type == kNormal || p.type == kUserDefined || p.type == kUnused;
     if (!(mergeable ? mergeable_ : reserved_).emplace(p.text, int(i)).second)
       fail(field, "\"" + p.text + "\"", "a piece not defined before");
@@ -344,6 +348,8 @@ std::vector<int64_t> SentencePieceModelTokenizer::encode(std::string_view text) 
         length = piece.size();
     const bool frozen = length > 0;
     if (!frozen) length = utf8_char_length(normalized, at);
+    if (length == 0) fail(source_ + ": encode", "text split inside a character at byte " + std::to_string(at),
+                          "pieces of whole UTF-8 characters");  // unreachable after the load checks: never loop
     const int index = int(symbols.size());
     symbols.push_back({index - 1, at + length < normalized.size() ? index + 1 : -1, frozen, at, length});
     at += length;

@@ -563,6 +563,11 @@ TEST(TokenizerErrors, SentencePieceModelBytes) {
   expect_error([] { parse_sentencepiece_model(std::string("\x0a\x02\x18\x09", 4), "m"); },
                {"m: pieces[0].type", "type 9"});
   expect_error([] { parse_sentencepiece_model("", "m"); }, {"m: pieces = none"});
+  // A user-defined piece ending inside a character (found by the fuzzer: "af\xC3" left encode() at the
+  // continuation byte of "caf\xC3\xA9" forever, growing its symbols until memory ran out) is refused at load.
+  const std::string partial = model_proto(2) + piece("af\xC3", 0, 4);
+  expect_error([&] { parse_sentencepiece_model(partial, "m"); },
+               {"m: pieces[4].piece", "malformed UTF-8 sequence at byte 2"});
   const std::string nfkc = piece("<unk>", 0, 2) + field(2, varint(3 << 3) + varint(2)) +
                            field(3, field(1, "nmt_nfkc") + field(2, "xxxx"));
   expect_error([&] { parse_sentencepiece_model(nfkc, "m"); },
