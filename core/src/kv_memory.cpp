@@ -15,6 +15,8 @@
 #include <cmath>
 #include <limits>
 #include <string>
+#include <string_view>
+#include <utility>
 #include <vector>
 
 #include "rotary/error.h"
@@ -78,7 +80,10 @@ struct KvMemory::Impl {
   RopeFreqs freqs;
   std::vector<std::vector<float>> keys, values;  // per kv head: [size, D] (owned storage)
   std::vector<int64_t> positions;
-  // A memory opened from a file: the storage is the read-only mapping, these point into it.
+  // A memory read by open_bytes (open(): from its file's mapping): the storage is borrowed, read-only, and these
+  // point into it. `map`: the mapping open() made, owned (unmapped with the memory); null for open_bytes' caller's
+  // bytes.
+  bool borrowed = false;
   void* map = nullptr;
   size_t map_size = 0;
   int64_t mapped_size = 0;
@@ -190,7 +195,7 @@ void KvMemory::clear() {
   impl_->positions.clear();
 }
 
-bool KvMemory::read_only() const { return impl_->map != nullptr; }
+bool KvMemory::read_only() const { return impl_->borrowed; }
 int64_t KvMemory::size() const { return read_only() ? impl_->mapped_size : int64_t(impl_->positions.size()); }
 int64_t KvMemory::kv_heads() const { return impl_->config.kv_heads; }
 int KvMemory::head_dim() const { return impl_->config.head_dim; }
@@ -218,7 +223,6 @@ namespace {
 
 constexpr char kMemoryMagic[8] = {'R', 'T', 'K', 'V', 'M', 'E', 'M', '1'};
 constexpr size_t kAlign = 64;
-size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
 uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ULL) {
   const auto* p = static_cast<const uint8_t*>(data);
@@ -241,16 +245,37 @@ std::string header_bytes(const FileHeader& h, const std::vector<double>& inv_fre
   return b;
 }
 
-// Offsets of the blocks after the header: positions, then keys / values of head 0, 1, ...
+// Offsets of the blocks after the header (positions, then keys / values of head 0, 1, ...), in int64 with every
+// sum and product checked: a header's counts that imply more than 2^63 bytes are a rotary::Error naming them
+// (`where`: "kv_memory.open: <file>" or "kv_memory.save: <file>"), never a wrapped size a small buffer matches.
 struct FileLayout {
-  size_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] f32 block, aligned
-  FileLayout(size_t header_end, int64_t size, int64_t heads, int64_t D) {
-    positions = align_up(header_end);
-    head0 = align_up(positions + size_t(size) * sizeof(int64_t));
-    block = align_up(size_t(size) * size_t(D) * sizeof(float));
-    total = head0 + 2 * size_t(heads) * block;
-  }
+  int64_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] f32 block, aligned
 };
+
+int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) fail(field, to_text(a) + " + " + to_text(b) + " (past 2^63)", allowed);
+  return sum;
+}
+
+FileLayout file_layout(int64_t header_end, int64_t size, int64_t heads, int64_t D, const std::string& where) {
+  const std::string_view allowed = "counts whose blocks fit in 2^63 bytes";
+  auto align = [&](int64_t n, const std::string& what) {
+    return checked_add(n, int64_t(kAlign) - 1, where + ": " + what, allowed) / int64_t(kAlign) * int64_t(kAlign);
+  };
+  FileLayout l;
+  l.positions = align(header_end, "header bytes");
+  const int64_t position_bytes = checked_mul(size, int64_t(sizeof(int64_t)), where + ": size x 8", allowed);
+  l.head0 = align(checked_add(l.positions, position_bytes, where + ": positions offset + bytes", allowed),
+                  "positions offset + bytes");
+  const int64_t elems = checked_mul(size, D, where + ": size x head_dim", allowed);
+  l.block = align(checked_mul(elems, int64_t(sizeof(float)), where + ": size x head_dim x 4", allowed),
+                  "size x head_dim x 4");
+  const int64_t blocks = checked_mul(checked_mul(2, heads, where + ": 2 x kv_heads", allowed), l.block,
+                                     where + ": 2 x kv_heads x block bytes", allowed);
+  l.total = checked_add(l.head0, blocks, where + ": first block offset + block bytes", allowed);
+  return l;
+}
 
 void write_all(int fd, const void* data, size_t n, const std::string& path) {
   const auto* p = static_cast<const char*>(data);
@@ -261,6 +286,15 @@ void write_all(int fd, const void* data, size_t n, const std::string& path) {
     p += w, n -= size_t(w);
   }
 }
+
+// The mapping of open(): unmapped unless handed on to the memory it backs.
+struct Mapping {
+  void* data = nullptr;
+  size_t size = 0;
+  ~Mapping() {
+    if (data) ::munmap(data, size);
+  }
+};
 
 }  // namespace
 
@@ -276,7 +310,7 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
     inv_freq = impl_->freqs.inv_freq;
   }
   const std::string head = std::string(kMemoryMagic, 8) + header_bytes(h, inv_freq);
-  const FileLayout lay(head.size(), h.size, h.kv_heads, h.head_dim);
+  const FileLayout lay = file_layout(int64_t(head.size()), h.size, h.kv_heads, h.head_dim, "kv_memory.save: " + path);
   const std::string tmp = path + ".tmp." + std::to_string(::getpid());
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) throw Error("rotary: kv_memory.save: cannot create " + tmp + ": " + std::strerror(errno));
@@ -284,15 +318,15 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
     const std::string zeros(kAlign, '\0');
     size_t at = 0;
     auto put = [&](const void* data, size_t n) { write_all(fd, data, n, tmp), at += n; };
-    auto pad_to = [&](size_t offset) { put(zeros.data(), offset - at); };
+    auto pad_to = [&](int64_t offset) { put(zeros.data(), size_t(offset) - at); };
     put(head.data(), head.size());
     pad_to(lay.positions);
     put(positions(), size_t(h.size) * sizeof(int64_t));
     const size_t row_bytes = size_t(h.size) * size_t(h.head_dim) * sizeof(float);
     for (int64_t k = 0; k < h.kv_heads; ++k) {
-      pad_to(lay.head0 + 2 * size_t(k) * lay.block);
+      pad_to(lay.head0 + 2 * k * lay.block);
       put(keys(k), row_bytes);
-      pad_to(lay.head0 + (2 * size_t(k) + 1) * lay.block);
+      pad_to(lay.head0 + (2 * k + 1) * lay.block);
       put(values(k), row_bytes);
     }
     pad_to(lay.total);
@@ -311,43 +345,73 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
 }
 
 KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint) {
-  KvMemory m(expected);  // validates `expected`
+  KvMemory{expected};  // `expected` is validated before the file is looked at
   const int fd = open_regular_file(path, "kv_memory.open path", "a rotary memory file (a regular file)");
   struct stat st {};
   if (::fstat(fd, &st) != 0) {
+    const int e = errno;
     ::close(fd);
-    throw Error("rotary: kv_memory.open: cannot open " + path + ": " + std::strerror(errno));
+    throw Error("rotary: kv_memory.open: cannot open " + path + ": " + std::strerror(e));
   }
-  const size_t bytes = size_t(st.st_size);
-  void* map = bytes > 0 ? ::mmap(nullptr, bytes, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  Mapping map;
+  map.size = size_t(st.st_size);
+  void* data = map.size > 0 ? ::mmap(nullptr, map.size, PROT_READ, MAP_SHARED, fd, 0) : nullptr;
+  const int e = errno;
   ::close(fd);
-  if (map == MAP_FAILED) throw Error("rotary: kv_memory.open: cannot map " + path + ": " + std::strerror(errno));
-  m.impl_->map = map ? map : nullptr;
-  m.impl_->map_size = bytes;
-  auto bad = [&](const std::string& what) -> Error { return Error("rotary: kv_memory.open: " + path + ": " + what); };
-  const auto* base = static_cast<const char*>(map);
-  if (bytes < 8 + sizeof(FileHeader) || std::memcmp(base, kMemoryMagic, 8) != 0)
+  if (data == MAP_FAILED) throw Error("rotary: kv_memory.open: cannot map " + path + ": " + std::strerror(e));
+  map.data = data;
+  KvMemory m = open_bytes(map.data, map.size, expected, fingerprint, path);  // the one reader of the format
+  m.impl_->map = std::exchange(map.data, nullptr);  // the memory owns the mapping its views point into
+  m.impl_->map_size = map.size;
+  return m;
+}
+
+KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConfig& expected, uint64_t fingerprint,
+                              const std::string& source) {
+  KvMemory m(expected);  // validates `expected`
+  auto bad = [&](const std::string& what) -> Error {
+    return Error("rotary: kv_memory.open: " + source + ": " + what);
+  };
+  // A header field outside what save() can write: named with its value and what is allowed.
+  auto damaged = [&](const char* field, int64_t value, const std::string& allowed) -> Error {
+    return bad("a damaged header: " + std::string(field) + " = " + std::to_string(value) +
+               " is invalid; allowed: " + allowed);
+  };
+  const auto* base = static_cast<const char*>(data);
+  if (base == nullptr || bytes < 8 + sizeof(FileHeader) || std::memcmp(base, kMemoryMagic, 8) != 0)
     throw bad("not a rotary memory file (no RTKVMEM1 magic)");
+  // The views are int64 and float arrays at 64-byte multiples from the start: the start must hold an int64.
+  if (reinterpret_cast<uintptr_t>(base) % alignof(int64_t) != 0)
+    throw bad("bytes at address " + std::to_string(reinterpret_cast<uintptr_t>(base)) +
+              " are invalid; allowed: an address aligned to 8 bytes (a mapping or a heap buffer)");
   FileHeader h;
   std::memcpy(&h, base + 8, sizeof h);
-  if (h.has_freqs < 0 || h.has_freqs > 1 || h.rotary_dim < 0 || h.rotary_dim > 4096 || h.rotary_dim % 2 != 0 ||
-      h.kv_heads < 1 || h.kv_heads > 4096 || h.head_dim < 2 || h.head_dim > 4096 || h.size < 0 ||
-      h.size > (int64_t(1) << 40))
-    throw bad("a damaged header");
-  const size_t pairs = h.has_freqs ? size_t(h.rotary_dim / 2) : 0;
+  if (h.has_freqs < 0 || h.has_freqs > 1) throw damaged("has_freqs", h.has_freqs, "0 or 1");
+  if (h.rotary_dim < 0 || h.rotary_dim > 4096 || h.rotary_dim % 2 != 0)
+    throw damaged("rotary_dim", h.rotary_dim, "an even number in 0..4096");
+  if (h.kv_heads < 1 || h.kv_heads > 4096) throw damaged("kv_heads", h.kv_heads, "1..4096");
+  if (h.head_dim < 2 || h.head_dim > 4096) throw damaged("head_dim", h.head_dim, "2..4096");
+  if (h.size < 0 || h.size > (int64_t(1) << 40)) throw damaged("size", h.size, "0..2^40 rows");
+  const size_t pairs = h.has_freqs ? size_t(h.rotary_dim / 2) : 0;  // at most 2048
   const size_t header_end = 8 + sizeof h + pairs * sizeof(double) + sizeof(uint64_t);
-  if (bytes < header_end) throw bad("truncated inside its header");
+  if (bytes < header_end)
+    throw bad("truncated inside its header (" + std::to_string(bytes) + " bytes where rotary_dim = " +
+              std::to_string(h.rotary_dim) + " needs " + std::to_string(header_end) + ")");
   std::vector<double> inv_freq(pairs);
-  std::memcpy(inv_freq.data(), base + 8 + sizeof h, pairs * sizeof(double));
+  if (pairs > 0) std::memcpy(inv_freq.data(), base + 8 + sizeof h, pairs * sizeof(double));
   uint64_t stored_hash = 0;
   std::memcpy(&stored_hash, base + header_end - sizeof(uint64_t), sizeof stored_hash);
   const std::string hb = header_bytes(h, inv_freq);
   if (std::memcmp(hb.data() + hb.size() - sizeof(uint64_t), &stored_hash, sizeof stored_hash) != 0)
     throw bad("a damaged header (checksum)");
-  const FileLayout lay(header_end, h.size, h.kv_heads, h.head_dim);
-  if (bytes != lay.total)
+  // Every block offset and length, from counts the checksum vouches for but a crafted file can still choose:
+  // in checked arithmetic, then the whole layout against the bytes there are.
+  const FileLayout lay = file_layout(int64_t(header_end), h.size, h.kv_heads, h.head_dim, "kv_memory.open: " + source);
+  if (uint64_t(lay.total) != uint64_t(bytes))
     throw bad("size " + std::to_string(bytes) + " bytes where its header implies " + std::to_string(lay.total) +
-              (bytes < lay.total ? " (truncated)" : " (trailing bytes)"));
+              (uint64_t(bytes) < uint64_t(lay.total) ? " (truncated)" : " (trailing bytes)") + " for size = " +
+              std::to_string(h.size) + " rows, kv_heads = " + std::to_string(h.kv_heads) +
+              ", head_dim = " + std::to_string(h.head_dim));
   const KvMemoryConfig& c = m.impl_->config;
   auto differs = [&](const std::string& field, const std::string& file, const std::string& want) {
     return bad("written for " + field + " = " + file + ", this model has " + want);
@@ -355,7 +419,10 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   if (h.kv_heads != c.kv_heads) throw differs("kv_heads", std::to_string(h.kv_heads), std::to_string(c.kv_heads));
   if (h.head_dim != c.head_dim) throw differs("head_dim", std::to_string(h.head_dim), std::to_string(c.head_dim));
   if (h.policy != int64_t(c.policy))
-    throw differs("policy", h.policy >= 0 && h.policy <= int64_t(MemoryPolicy::Unlimiformer) ? memory_policy_name(MemoryPolicy(h.policy)) : "?",
+    throw differs("policy",
+                  h.policy >= 0 && h.policy <= int64_t(MemoryPolicy::Unlimiformer)
+                      ? memory_policy_name(MemoryPolicy(h.policy))
+                      : std::to_string(h.policy) + " (no policy)",
                   memory_policy_name(c.policy));
   if (h.window != c.window) throw differs("window", std::to_string(h.window), std::to_string(c.window));
   if (h.logn_train_len != c.logn_train_len)
@@ -367,16 +434,17 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   if (!same_rotation) throw bad("written for another rotation (frequencies, layout or attention factor)");
   if (h.fingerprint != fingerprint)
     throw differs("fingerprint", std::to_string(h.fingerprint), std::to_string(fingerprint) + " (another model)");
-  m.impl_->mapped_size = h.size;
-  m.impl_->mapped_positions = reinterpret_cast<const int64_t*>(base + lay.positions);
+  Impl& im = *m.impl_;
+  im.borrowed = true;
+  im.mapped_size = h.size;
+  im.mapped_positions = reinterpret_cast<const int64_t*>(base + lay.positions);
   // The rule append() holds the rows to: a file whose header checks out may still hold positions no model uses
   // (|pos| past 2^53 turns into wrong angles and overflows pos - query_origin).
-  detail::check_positions(m.impl_->mapped_positions, 0, h.size, "kv_memory.open " + path + ": ",
-                          c.logn_train_len > 1, false);
+  detail::check_positions(im.mapped_positions, 0, h.size, "kv_memory.open " + source + ": ", c.logn_train_len > 1,
+                          false);
   for (int64_t k = 0; k < h.kv_heads; ++k) {
-    m.impl_->mapped_keys.push_back(reinterpret_cast<const float*>(base + lay.head0 + 2 * size_t(k) * lay.block));
-    m.impl_->mapped_values.push_back(
-        reinterpret_cast<const float*>(base + lay.head0 + (2 * size_t(k) + 1) * lay.block));
+    im.mapped_keys.push_back(reinterpret_cast<const float*>(base + lay.head0 + 2 * k * lay.block));
+    im.mapped_values.push_back(reinterpret_cast<const float*>(base + lay.head0 + (2 * k + 1) * lay.block));
   }
   return m;
 }

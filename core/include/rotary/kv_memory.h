@@ -30,6 +30,7 @@
 // Values are stored as given (RoPER's value rotation is not supported here).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -71,6 +72,14 @@ class KvMemory {
   // the file and what does not fit: not a memory file, truncated or padded, another layout than `expected`
   // (kv_heads, head_dim, policy, window, log-n, the rotation), another fingerprint. Such a memory cannot append.
   static KvMemory open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint = 0);
+  // The reader open() runs on its mapping, for bytes already in memory (tests, fuzzing, a file read some other
+  // way): the same checks, every count, length and offset of the header checked against `size` in overflow-safe
+  // arithmetic, errors naming `source` as open() names the path. The bytes are BORROWED, not copied: the memory
+  // returned points into them (read-only, cannot append), and the caller keeps them alive and unchanged for as
+  // long as it (or a memory moved from it) is used. `data` must be aligned to 8 bytes (a mapping or a heap
+  // buffer; refused otherwise).
+  static KvMemory open_bytes(const void* data, size_t size, const KvMemoryConfig& expected, uint64_t fingerprint = 0,
+                             const std::string& source = "memory bytes");
   bool read_only() const;
 
   // Adds n tokens. k, v: [n, Hkv, D] strided views of `dtype` (any storage dtype; kept as fp32); positions: [n],
