@@ -72,4 +72,21 @@ std::string read_regular_file(const std::string& path, std::string_view field, s
   return bytes;
 }
 
+void sync_directory_of(const std::string& path, std::string_view who) {
+  const size_t slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  auto failed = [&](int e) {
+    throw Error("rotary: " + std::string(who) + ": fsync of directory " + dir + " (holding " + path +
+                "): " + std::strerror(e));
+  };
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) failed(errno);
+  int rc = 0;
+  while ((rc = ::fsync(fd)) != 0 && errno == EINTR) {
+  }
+  const int e = errno;
+  ::close(fd);
+  if (rc != 0 && e != EINVAL) failed(e);
+}
+
 }  // namespace rotary

@@ -342,6 +342,9 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
     ::unlink(tmp.c_str());
     throw Error("rotary: kv_memory.save: cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
   }
+  // The rename is durable only once the directory entry is on disk: without this a crash right after save()
+  // returns can leave the old file (or none) in place.
+  sync_directory_of(path, "kv_memory.save");
 }
 
 KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint) {

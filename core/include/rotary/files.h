@@ -27,4 +27,10 @@ std::string read_regular_file(const std::string& path, std::string_view field,
 int open_regular_file(const std::string& path, std::string_view field,
                       std::string_view allowed = "a readable regular file");
 
+// fsync of the directory holding `path` (its parent, "." for a bare name): a file renamed into place is durable
+// only once its directory entry is, so an atomic write (temporary file, fsync, rename) calls this after the rename.
+// rotary::Error "rotary: <who>: fsync of directory <dir> (holding <path>): <reason>" if the directory cannot be
+// opened or synced; a file system that cannot sync directories at all (EINVAL) is not an error.
+void sync_directory_of(const std::string& path, std::string_view who);
+
 }  // namespace rotary

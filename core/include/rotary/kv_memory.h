@@ -64,8 +64,9 @@ class KvMemory {
   KvMemory(KvMemory&&) noexcept;
   KvMemory& operator=(KvMemory&&) noexcept;
 
-  // Writes the memory to `path` atomically - a temporary file beside it, fsync, rename - so the file is either
-  // complete or absent. `fingerprint`: the caller's hash of the model the keys came from (0: none), checked by
+  // Writes the memory to `path` atomically - a temporary file beside it, fsync, rename, fsync of the directory
+  // (files.h's sync_directory_of) - so the file is either complete or absent, and once save() returns it survives
+  // a crash. `fingerprint`: the caller's hash of the model the keys came from (0: none), checked by
   // open(). Layout: docs/memory.md.
   void save(const std::string& path, uint64_t fingerprint = 0) const;
   // Maps a file written by save(), read-only (a million-token memory need not live in RAM). rotary::Error naming
