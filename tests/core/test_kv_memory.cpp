@@ -10,15 +10,22 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <vector>
 
+#include "../../fuzz/kv_memory_seeds.h"
 #include "expect_error.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/kv_cache.h"
 #include "rotary/kv_memory.h"
 #include "rotary/rope_spec.h"
@@ -519,6 +526,195 @@ TEST(KvMemory, SavedMemoryMapsBackAndForeignOrDamagedFilesAreRefused) {
   // A save that cannot complete leaves no file (nor its temporary) behind.
   const std::string nowhere = dir + "/no_such_dir_" + std::to_string(::getpid()) + "/m.mem";
   test::expect_error([&] { memory.save(nowhere); }, "cannot create");
+  // save() ends with an fsync of the directory (the rename's durability); that step names the directory when it
+  // cannot be done.
+  test::expect_error([&] { sync_directory_of(nowhere, "kv_memory.save"); },
+                     {"kv_memory.save: fsync of directory " + dir + "/no_such_dir_", "No such file"});
+  sync_directory_of(path, "kv_memory.save");
+}
+
+// ---- the reader on bytes (KvMemory::open_bytes, the one reader open() runs on its mapping) --------------------
+
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// Header field i (docs/memory.md: kv_heads, head_dim, policy, window, logn_train_len, size, has_freqs, rotary_dim,
+// layout, fingerprint, attention_factor) set to `value`, and the FNV-1a checksum made right again: a crafted
+// file, so the checks behind the checksum are reached.
+void refresh_checksum(std::string& b) {
+  int64_t has_freqs = 0, rotary_dim = 0;
+  std::memcpy(&has_freqs, b.data() + 8 + 6 * 8, 8);
+  std::memcpy(&rotary_dim, b.data() + 8 + 7 * 8, 8);
+  const size_t end = 8 + 88 + (has_freqs == 1 ? size_t(rotary_dim / 2) * 8 : 0);
+  if (end + 8 > b.size()) return;
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 8; i < end; ++i) h = (h ^ uint8_t(b[i])) * 0x100000001b3ULL;
+  std::memcpy(b.data() + end, &h, 8);
+}
+std::string with_field(std::string b, int field, int64_t value) {
+  std::memcpy(b.data() + 8 + 8 * field, &value, 8);
+  refresh_checksum(b);
+  return b;
+}
+enum Field { kKvHeads, kHeadDim, kPolicy, kWindow, kLogn, kSize, kHasFreqs, kRotaryDim, kLayout };
+
+// open_bytes over an exact-size heap copy of `b` (so ASan sees a read past its end): a rotary::Error naming
+// `source`, or a memory whose every view lies inside the bytes. Returns whether it loaded.
+bool refused_or_inside(const std::string& b, const KvMemoryConfig& cfg, uint64_t fingerprint) {
+  const std::unique_ptr<char[]> copy(new char[b.size()]);
+  std::memcpy(copy.get(), b.data(), b.size());
+  const char* lo = copy.get();
+  const char* hi = lo + b.size();
+  try {
+    const KvMemory m = KvMemory::open_bytes(copy.get(), b.size(), cfg, fingerprint, "crafted.mem");
+    EXPECT_TRUE(m.read_only());
+    auto inside = [&](const void* p, int64_t bytes) {
+      const char* c = static_cast<const char*>(p);
+      return c >= lo && bytes >= 0 && bytes <= hi - c;
+    };
+    EXPECT_TRUE(inside(m.positions(), m.size() * 8));
+    for (int64_t h = 0; h < m.kv_heads(); ++h) {
+      EXPECT_TRUE(inside(m.keys(h), m.size() * m.head_dim() * 4));
+      EXPECT_TRUE(inside(m.values(h), m.size() * m.head_dim() * 4));
+    }
+    return true;
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("crafted.mem"), std::string::npos) << e.what();
+    return false;
+  }
+}
+
+struct SeedFiles {
+  RopeFreqs freqs = fuzz::kv_memory_seed_freqs();
+  std::vector<fuzz::KvMemorySeed> seeds = fuzz::kv_memory_seeds(&freqs);
+  std::string path(size_t i) const {
+    return ::testing::TempDir() + "/rotary_kv_seed_" + std::to_string(::getpid()) + "_" + seeds[i].file;
+  }
+};
+
+void expect_same_memory(const KvMemory& a, const KvMemory& b) {
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_EQ(a.kv_heads(), b.kv_heads());
+  ASSERT_EQ(a.head_dim(), b.head_dim());
+  const size_t block = size_t(a.size() * a.head_dim()) * sizeof(float);
+  EXPECT_EQ(0, std::memcmp(a.positions(), b.positions(), size_t(a.size()) * sizeof(int64_t)));
+  for (int64_t h = 0; h < a.kv_heads(); ++h) {
+    EXPECT_EQ(0, std::memcmp(a.keys(h), b.keys(h), block));
+    EXPECT_EQ(0, std::memcmp(a.values(h), b.values(h), block));
+  }
+}
+
+// The bytes of a saved file read as open(path) reads the file, with views into the caller's bytes.
+TEST(KvMemory, OpenBytesReadsWhatOpenReads) {
+  SeedFiles sf;
+  for (size_t i = 0; i < sf.seeds.size(); ++i) {
+    const fuzz::KvMemorySeed& seed = sf.seeds[i];
+    SCOPED_TRACE(seed.file);
+    const KvMemory memory = fuzz::kv_memory_seed_memory(seed);
+    memory.save(sf.path(i), seed.fingerprint);
+    const std::string bytes = file_bytes(sf.path(i));
+    const KvMemory from_file = KvMemory::open(sf.path(i), seed.config, seed.fingerprint);
+    std::remove(sf.path(i).c_str());  // the mapping stays valid
+    const KvMemory from_bytes = KvMemory::open_bytes(bytes.data(), bytes.size(), seed.config, seed.fingerprint, "x");
+    expect_same_memory(from_bytes, memory);
+    expect_same_memory(from_bytes, from_file);
+    EXPECT_TRUE(from_bytes.read_only());
+    // Borrowed: the views point into the caller's bytes.
+    EXPECT_GE(static_cast<const void*>(from_bytes.keys(0)), static_cast<const void*>(bytes.data()));
+    EXPECT_LT(static_cast<const void*>(from_bytes.values(seed.config.kv_heads - 1)),
+              static_cast<const void*>(bytes.data() + bytes.size()));
+    const std::vector<float> q(size_t(seed.config.head_dim), 0.5f);
+    for (int64_t row = 0; row < memory.size(); ++row)
+      EXPECT_EQ(from_bytes.row_logit(q.data(), 20, 0, row, 0), memory.row_logit(q.data(), 20, 0, row, 0));
+  }
+}
+
+// Every prefix of a valid file, bytes past its end, a null or unaligned buffer, and headers that lie about a count
+// with a correct checksum: each one a rotary::Error naming the source and the field, never a read past the bytes.
+TEST(KvMemory, OpenBytesRefusesCutsAndLyingHeaders) {
+  SeedFiles sf;
+  const fuzz::KvMemorySeed& seed = sf.seeds[0];
+  const KvMemoryConfig& cfg = seed.config;
+  const uint64_t fp = seed.fingerprint;
+  fuzz::kv_memory_seed_memory(seed).save(sf.path(0), fp);
+  const std::string bytes = file_bytes(sf.path(0));
+  std::remove(sf.path(0).c_str());
+  ASSERT_EQ(bytes.size(), 704u);
+  EXPECT_TRUE(refused_or_inside(bytes, cfg, fp));
+  for (size_t cut = 0; cut < bytes.size(); ++cut) {
+    SCOPED_TRACE(cut);
+    EXPECT_FALSE(refused_or_inside(bytes.substr(0, cut), cfg, fp));
+  }
+  for (size_t extra = 1; extra <= 64; ++extra) EXPECT_FALSE(refused_or_inside(bytes + std::string(extra, '\0'), cfg, fp));
+  auto refused = [&](const std::string& b, std::initializer_list<std::string> parts) {
+    const std::unique_ptr<char[]> copy(new char[b.size()]);
+    std::memcpy(copy.get(), b.data(), b.size());
+    test::expect_error([&] { KvMemory::open_bytes(copy.get(), b.size(), cfg, fp, "crafted.mem"); }, parts);
+  };
+  refused(bytes.substr(0, 703), {"crafted.mem", "size 703 bytes where its header implies 704 (truncated)"});
+  refused(bytes.substr(0, 100), {"crafted.mem", "truncated inside its header", "rotary_dim = 4 needs 120"});
+  test::expect_error([&] { KvMemory::open_bytes(nullptr, 0, cfg, fp, "crafted.mem"); },
+                     {"crafted.mem", "not a rotary memory file"});
+  {
+    const std::unique_ptr<char[]> shifted(new char[bytes.size() + 1]);
+    std::memcpy(shifted.get() + 1, bytes.data(), bytes.size());
+    test::expect_error([&] { KvMemory::open_bytes(shifted.get() + 1, bytes.size(), cfg, fp, "crafted.mem"); },
+                       {"crafted.mem", "aligned to 8 bytes"});
+  }
+  // Counts out of range, named with their value and what is allowed.
+  refused(with_field(bytes, kKvHeads, 0), {"crafted.mem", "damaged header", "kv_heads = 0 is invalid", "1..4096"});
+  refused(with_field(bytes, kHeadDim, 5000), {"head_dim = 5000 is invalid", "2..4096"});
+  refused(with_field(bytes, kSize, -1), {"size = -1 is invalid", "0..2^40"});
+  refused(with_field(bytes, kSize, int64_t(1) << 41), {"size = 2199023255552 is invalid"});
+  refused(with_field(bytes, kHasFreqs, 2), {"has_freqs = 2 is invalid"});
+  refused(with_field(bytes, kRotaryDim, 3), {"rotary_dim = 3 is invalid"});
+  refused(with_field(bytes, kRotaryDim, 4096), {"truncated inside its header", "rotary_dim = 4096 needs 16488"});
+  // Counts in range that the bytes do not hold: the layout they imply against the size.
+  refused(with_field(bytes, kSize, 5), {"size 704 bytes where its header implies 960 (truncated)", "size = 5 rows"});
+  refused(with_field(bytes, kSize, 2), {"implies 448 (trailing bytes)"});
+  refused(with_field(bytes, kSize, int64_t(1) << 40), {"(truncated)", "size = 1099511627776 rows"});
+  refused(with_field(bytes, kKvHeads, 4096), {"(truncated)", "kv_heads = 4096"});
+  // Counts whose blocks pass 2^63 bytes: refused by the checked arithmetic, not compared after wrapping.
+  std::string huge = with_field(with_field(with_field(bytes, kSize, int64_t(1) << 40), kHeadDim, 4096), kKvHeads, 4096);
+  refused(huge, {"crafted.mem", "2 x kv_heads x block bytes = 8192 x 18014398509481984 (past 2^63)"});
+  // In range and the right size, but not this model's.
+  refused(with_field(bytes, kPolicy, 7), {"written for policy = 7 (no policy), this model has rerope"});
+  refused(with_field(bytes, kRotaryDim, 6), {"another rotation"});
+  refused(with_field(bytes, kLayout, 9), {"another rotation"});
+  // A count the padding absorbs (4 rows of 8 floats fill the 128-byte blocks 3 rows were padded to) is a valid
+  // file for that header: it loads, its fourth row the padding's zeros, every view inside the bytes.
+  EXPECT_TRUE(refused_or_inside(with_field(bytes, kSize, 4), cfg, fp));
+  // Every header byte set to each of a few values, the checksum made right: refused or inside the bytes.
+  for (size_t at = 8; at < 8 + 88 + 16; ++at)
+    for (const int value : {0x00, 0x01, 0x02, 0x7f, 0x80, 0xff}) {
+      std::string b = bytes;
+      b[at] = char(value);
+      refresh_checksum(b);
+      SCOPED_TRACE(std::to_string(at) + " = " + std::to_string(value));
+      refused_or_inside(b, cfg, fp);
+    }
+}
+
+// The fuzz target's seeds (fuzz/corpus/kv_memory/) are what save() writes for fuzz/kv_memory_seeds.h's memories;
+// ROTARY_WRITE_FUZZ_SEEDS=1 rewrites them after a change of the format.
+TEST(KvMemory, FuzzSeedsAreWhatSaveWrites) {
+  SeedFiles sf;
+  const bool rewrite = std::getenv("ROTARY_WRITE_FUZZ_SEEDS") != nullptr;
+  for (size_t i = 0; i < sf.seeds.size(); ++i) {
+    const fuzz::KvMemorySeed& seed = sf.seeds[i];
+    SCOPED_TRACE(seed.file);
+    fuzz::kv_memory_seed_memory(seed).save(sf.path(i), seed.fingerprint);
+    const std::string saved = file_bytes(sf.path(i));
+    std::remove(sf.path(i).c_str());
+    const std::string checked_in = std::string(ROTARY_SOURCE_DIR) + "/fuzz/corpus/kv_memory/" + seed.file;
+    if (rewrite) {
+      std::ofstream(checked_in, std::ios::binary) << saved;
+    }
+    EXPECT_EQ(file_bytes(checked_in), saved) << checked_in << " is not what save() writes";
+    EXPECT_NO_THROW(KvMemory::open(checked_in, seed.config, seed.fingerprint));
+  }
 }
 
 // MemoryKvCache, token by token across several moves to the memory (W = 6: the window holds 6..11 tokens): with
