@@ -99,20 +99,58 @@ void linear_detail::validate(const LinearParams& p) {
   if (p.bias && overlap(y, span_of(p.bias, 1, 0, w.rows, 4))) fail("y", "a buffer overlapping bias", "a separate buffer");
 }
 
-void linear_forward(const LinearParams& p) {
-  linear_detail::validate(p);
-  if (p.tokens == 0) return;
-  linear_detail::Job j;
-  j.w = p.w.data, j.rows = p.w.rows, j.cols = p.w.cols, j.row_stride = p.w.row_stride;
-  j.scales = p.w.scales, j.scale_stride = p.w.scale_stride;
-  j.bias = p.bias, j.tokens = p.tokens, j.x = p.x, j.x_stride = p.x_stride, j.y = p.y, j.y_stride = p.y_stride;
-  j.accumulate = p.accumulate;
-  j.threads = p.threads > 0 ? p.threads : omp_get_max_threads();
+void linear_forward(const LinearParams& p) { linear_forward_group(&p, 1); }
+
+void linear_forward_group(const LinearParams* products, int count) {
+  check(count >= 1, "count", count, ">= 1 product");
+  if (products == nullptr) fail("products", "null", "a non-null pointer");
+  const auto field = [&](int i, std::string_view name) {
+    return count == 1 ? std::string(name) : "products[" + std::to_string(i) + "]." + std::string(name);
+  };
+  for (int i = 0; i < count; ++i) {
+    try {
+      linear_detail::validate(products[i]);
+    } catch (const Error& e) {
+      if (count == 1) throw;
+      // "rotary: w.rows = 0 ..." names the field within its product: "rotary: products[1].w.rows = 0 ...".
+      std::string what = e.what();
+      const std::string_view prefix = "rotary: ";
+      const size_t at = what.rfind(prefix, 0) == 0 ? prefix.size() : 0;
+      throw Error(what.insert(at, "products[" + std::to_string(i) + "]."));
+    }
+    check(products[i].threads == products[0].threads, field(i, "threads"), products[i].threads,
+          "products[0].threads = " + std::to_string(products[0].threads) + " (one team of threads runs the group)");
+  }
+  // Products run at once: none may write where another reads or writes.
+  std::vector<linear_detail::Job> jobs;
+  int64_t work = 0;
+  for (int i = 0; i < count; ++i) {
+    const LinearParams& p = products[i];
+    if (p.tokens == 0) continue;
+    const Span y = span_of(p.y, p.tokens, p.y_stride, p.w.rows, 4);
+    for (int o = 0; o < count; ++o) {
+      const LinearParams& q = products[o];
+      if (o == i || q.tokens == 0) continue;
+      if (overlap(y, span_of(q.x, q.tokens, q.x_stride, q.w.cols, 4)) ||
+          overlap(y, span_of(q.y, q.tokens, q.y_stride, q.w.rows, 4)) ||
+          overlap(y, span_of(q.w.data, q.w.rows, q.w.row_stride, q.w.cols, weight_element_size(q.w.format))) ||
+          (q.bias && overlap(y, span_of(q.bias, 1, 0, q.w.rows, 4))))
+        fail(field(i, "y"), "a buffer overlapping products[" + std::to_string(o) + "]'s x, y, weights or bias",
+             "a separate buffer (the group runs its products at once)");
+    }
+    linear_detail::Job j;
+    j.format = p.w.format, j.w = p.w.data, j.rows = p.w.rows, j.cols = p.w.cols, j.row_stride = p.w.row_stride;
+    j.scales = p.w.scales, j.scale_stride = p.w.scale_stride;
+    j.bias = p.bias, j.tokens = p.tokens, j.x = p.x, j.x_stride = p.x_stride, j.y = p.y, j.y_stride = p.y_stride;
+    j.accumulate = p.accumulate;
+    jobs.push_back(j);
+    work += p.tokens * p.w.rows * p.w.cols;
+  }
+  if (jobs.empty()) return;
   // A thread costs a few microseconds to wake: small products (a GQA model's k / v projections in decode) stay on
   // fewer threads, each given at least ~64k multiply-adds.
-  const int64_t work = p.tokens * p.w.rows * p.w.cols;
-  j.threads = int(std::clamp<int64_t>(work / 65536, 1, j.threads));
-  linear_detail::run(p.w.format, j);
+  const int threads = products[0].threads > 0 ? products[0].threads : omp_get_max_threads();
+  linear_detail::run(jobs.data(), int(jobs.size()), int(std::clamp<int64_t>(work / 65536, 1, threads)));
 }
 
 void weight_row(const WeightMatrix& w, int64_t r, float* out) {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "linear_kernel.h"
 #include "simd_targets.h"
@@ -28,6 +30,10 @@ using DF = hn::ScalableTag<float>;
 
 constexpr int kRows = 4;    // weight rows per tile
 constexpr int kTokens = 4;  // tokens per prefill tile (16 accumulators + 8 loaded vectors: fits AVX2's 16 registers)
+// Decode reads each weight once, so its speed is how soon the bytes arrive. A tile's rows are short streams (a
+// 896-wide bf16 row is 28 cache lines) that the hardware prefetcher keeps relearning; each row is prefetched this
+// many bytes ahead of its loads, running on into the row kRows below (the next tile's) past its end.
+constexpr int64_t kPrefetchBytes = 1024;
 
 // Lanes(df) weights from p as float lanes (int8: widened exactly; the q8 scale is applied by the caller).
 template <class T>
@@ -48,6 +54,22 @@ HWY_INLINE float WeightAt(const T* p, int64_t c) {
   else if constexpr (std::is_same_v<T, float>) return p[c];
   else if constexpr (std::is_same_v<T, hwy::bfloat16_t>) return bf16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
   else return f16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
+}
+
+// Decode (one token: nothing reused, bound by the bus): at the first vector of each cache line of row r's columns
+// [k, k + L), asks for the line kPrefetchBytes ahead in the row, or past the row's end in row r + NR (the next
+// tile's). Prefill reuses each weight kTokens times and is bound by arithmetic, so it does not prefetch.
+template <int NR, class T>
+HWY_INLINE void PrefetchAhead(const T* w, int64_t ws, int64_t K, int64_t k, int64_t L) {
+  constexpr int64_t kAhead = kPrefetchBytes / int64_t(sizeof(T)), kLine = 64 / int64_t(sizeof(T));
+  if (k % kLine >= L) return;  // not the first vector in its line (a vector is at most one line)
+  const int64_t ahead = k + kAhead;
+  for (int r = 0; r < NR; ++r) {
+    const int64_t row = ahead < K ? r : r + NR, col = ahead < K ? ahead : ahead - K;
+    // An address, not a pointer into w: past the matrix's last row it is never dereferenced (a prefetch does not
+    // fault), and no out-of-bounds pointer is formed.
+    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + uintptr_t(row * ws + col) * sizeof(T)));
+  }
 }
 
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
@@ -71,6 +93,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
         hn::Vec<DF> scale[NR];
         for (int r = 0; r < NR; ++r) scale[r] = hn::Set(df, scales[r * ss + k / kQ8Block]);
         for (int64_t j = k; j < k + kQ8Block; j += L) {
+          if constexpr (NT == 1) PrefetchAhead<NR>(w, ws, K, j, L);
           hn::Vec<DF> wv[NR];
           for (int r = 0; r < NR; ++r) wv[r] = hn::Mul(LoadWeights(df, w + r * ws + j), scale[r]);
           for (int t = 0; t < NT; ++t) {
@@ -82,6 +105,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     }
   } else {
     for (; k + L <= K; k += L) {
+      if constexpr (NT == 1) PrefetchAhead<NR>(w, ws, K, k, L);
       hn::Vec<DF> wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + k);
       for (int t = 0; t < NT; ++t) {
@@ -151,25 +175,43 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
   }
 }
 
-template <class T>
-void Run(const Job& j) {
-  // Row groups are the unit of work: a thread streams its rows' weights once per token chunk. Tokens go in chunks
-  // whose activations (chunk x cols floats) stay in L2 while the rows pass.
-  const int64_t groups = (j.rows + kRows - 1) / kRows;
-  const int64_t chunk = std::max<int64_t>(kTokens, (kChunkBytes / (4 * std::max<int64_t>(j.cols, 1))) / kTokens * kTokens);
-  const int threads = int(std::min<int64_t>(j.threads, groups));
-#pragma omp parallel num_threads(threads)
-  for (int64_t t0 = 0; t0 < j.tokens; t0 += chunk) {
-    const int64_t t1 = std::min(j.tokens, t0 + chunk);
-#pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) Block<T>(j, t0, t1, g * kRows, std::min(j.rows, (g + 1) * kRows));
+void BlockOf(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  switch (j.format) {
+    case WeightFormat::F32: return Block<float>(j, t0, t1, r0, r1);
+    case WeightFormat::F16: return Block<hwy::float16_t>(j, t0, t1, r0, r1);
+    case WeightFormat::BF16: return Block<hwy::bfloat16_t>(j, t0, t1, r0, r1);
+    case WeightFormat::Q8: return Block<int8_t>(j, t0, t1, r0, r1);
   }
 }
 
-void RunF32(const Job& j) { Run<float>(j); }
-void RunF16(const Job& j) { Run<hwy::float16_t>(j); }
-void RunBF16(const Job& j) { Run<hwy::bfloat16_t>(j); }
-void RunQ8(const Job& j) { Run<int8_t>(j); }
+void RunJobs(const Job* jobs, int count, int threads) {
+  // Row groups of every job, numbered one after another, are the unit of work: a thread streams its rows'
+  // weights once per token chunk. Tokens go in chunks whose activations (chunk x cols floats) stay in L2 while the
+  // rows pass (the smallest chunk of any job; chunking changes no result bit).
+  std::vector<int64_t> first(size_t(count) + 1, 0);  // job i's groups are [first[i], first[i + 1])
+  int64_t chunk = std::numeric_limits<int64_t>::max(), tokens = 0;
+  for (int i = 0; i < count; ++i) {
+    const Job& j = jobs[i];
+    first[size_t(i) + 1] = first[size_t(i)] + (j.rows + kRows - 1) / kRows;
+    chunk = std::min(chunk, std::max<int64_t>(kTokens, (kChunkBytes / (4 * std::max<int64_t>(j.cols, 1))) / kTokens * kTokens));
+    tokens = std::max(tokens, j.tokens);
+  }
+  const int64_t groups = first.back();
+  threads = int(std::min<int64_t>(threads, groups));
+#pragma omp parallel num_threads(threads)
+  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+    int i = 0;  // the job of group g: groups are visited in increasing order by each thread
+#pragma omp for schedule(static)
+    for (int64_t g = 0; g < groups; ++g) {
+      while (g >= first[size_t(i) + 1]) ++i;
+      const Job& j = jobs[i];
+      if (t0 >= j.tokens) continue;
+      const int64_t r0 = (g - first[size_t(i)]) * kRows;
+      BlockOf(j, t0, std::min(j.tokens, t0 + chunk), r0, std::min(j.rows, r0 + kRows));
+    }
+  }
+}
+
 const char* LinearTargetName() { return hwy::TargetName(HWY_TARGET); }
 
 }  // namespace rotary::linear_detail::HWY_NAMESPACE
@@ -177,20 +219,10 @@ HWY_AFTER_NAMESPACE();
 
 #if HWY_ONCE
 namespace rotary::linear_detail {
-HWY_EXPORT(RunF32);
-HWY_EXPORT(RunF16);
-HWY_EXPORT(RunBF16);
-HWY_EXPORT(RunQ8);
+HWY_EXPORT(RunJobs);
 HWY_EXPORT(LinearTargetName);
 
-void run(WeightFormat f, const Job& j) {
-  switch (f) {
-    case WeightFormat::F32: HWY_DYNAMIC_DISPATCH(RunF32)(j); break;
-    case WeightFormat::F16: HWY_DYNAMIC_DISPATCH(RunF16)(j); break;
-    case WeightFormat::BF16: HWY_DYNAMIC_DISPATCH(RunBF16)(j); break;
-    case WeightFormat::Q8: HWY_DYNAMIC_DISPATCH(RunQ8)(j); break;
-  }
-}
+void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs)(jobs, count, threads); }
 
 }  // namespace rotary::linear_detail
 

@@ -12,6 +12,7 @@ namespace rotary::linear_detail {
 inline constexpr int64_t kChunkBytes = 256 * 1024;
 
 struct Job {
+  WeightFormat format = WeightFormat::F32;
   const void* w = nullptr;
   int64_t rows = 0, cols = 0, row_stride = 0;
   const float* scales = nullptr;
@@ -23,13 +24,12 @@ struct Job {
   float* y = nullptr;
   int64_t y_stride = 0;
   bool accumulate = false;
-  int threads = 1;
 };
 
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);
 
-// Runs the kernel for format `f` at the SIMD target dispatch selects.
-void run(WeightFormat f, const Job& j);
+// Runs `count` jobs as one, their row groups shared among `threads` threads, at the SIMD target dispatch selects.
+void run(const Job* jobs, int count, int threads);
 
 }  // namespace rotary::linear_detail

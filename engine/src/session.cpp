@@ -130,12 +130,16 @@ struct Session::Impl {
     return reinterpret_cast<char*>(conv.data());
   }
 
-  void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
-               bool accumulate) const {
+  LinearParams product(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
+                       bool accumulate) const {
     LinearParams p;
     p.w = l.w, p.bias = l.bias, p.tokens = n, p.x = in, p.x_stride = in_stride, p.y = out, p.y_stride = out_stride;
     p.accumulate = accumulate, p.threads = threads;
-    linear_forward(p);
+    return p;
+  }
+  void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
+               bool accumulate) const {
+    linear_forward(product(l, in, n, in_stride, out, out_stride, accumulate));
   }
 
   void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
@@ -197,9 +201,11 @@ struct Session::Impl {
             std::memcpy(v.data() + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
           }
       } else {
-        project(l.q, h.data(), n, d, q.data(), hq, false);
-        project(l.k, h.data(), n, d, k.data(), hkv, false);
-        project(l.v, h.data(), n, d, v.data(), hkv, false);
+        // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
+        const LinearParams qkv_products[] = {product(l.q, h.data(), n, d, q.data(), hq, false),
+                                             product(l.k, h.data(), n, d, k.data(), hkv, false),
+                                             product(l.v, h.data(), n, d, v.data(), hkv, false)};
+        linear_forward_group(qkv_products, 3);
       }
       if (dynamic) {
         if (hist_k.size() < size_t(a.n_layers)) hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
@@ -235,9 +241,10 @@ struct Session::Impl {
       if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
       for (int64_t t0 = 0; t0 < n; t0 += o.prefill_chunk) {
         const int64_t c = std::min(o.prefill_chunk, n - t0), ff = a.d_ff;
-        project(l.up, h2.data() + t0 * d, c, d, ff_up.data(), ff, false);
+        const LinearParams up_gate[] = {product(l.up, h2.data() + t0 * d, c, d, ff_up.data(), ff, false),
+                                        product(l.gate, h2.data() + t0 * d, c, d, ff_gate.data(), ff, false)};
+        linear_forward_group(up_gate, a.mlp == MlpKind::SwiGlu ? 2 : 1);
         if (a.mlp == MlpKind::SwiGlu) {
-          project(l.gate, h2.data() + t0 * d, c, d, ff_gate.data(), ff, false);
           for (int64_t i = 0; i < c * ff; ++i) {
             const float g = ff_gate[size_t(i)];
             ff_up[size_t(i)] *= g / (1.0f + std::exp(-g));

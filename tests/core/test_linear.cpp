@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 #include "expect_error.h"
@@ -194,6 +195,75 @@ TEST(linear_forward, RefusesBadParamsByName) {
   p.x_stride = 1;
   expect_error_naming([&] { linear_forward(p); }, "x_stride");
   EXPECT_EQ(y, before);
+}
+
+// A group shares one team of threads among its products' rows; each product keeps the bits it has alone, whatever
+// its neighbours (formats, shapes, token counts, an empty one) and the thread count.
+TEST(linear_forward_group, EachProductHasItsBitsAlone) {
+  struct Case {
+    WeightFormat f;
+    int64_t rows, cols, tokens;
+  };
+  const Case cases[] = {{WeightFormat::BF16, 37, 130, 5}, {WeightFormat::Q8, 8, 70, 5}, {WeightFormat::F32, 3, 9, 1},
+                        {WeightFormat::F16, 21, 130, 0}, {WeightFormat::BF16, 64, 33, 13}};
+  constexpr int n = 5;
+  std::vector<std::unique_ptr<Weights>> w;
+  std::vector<std::vector<float>> x, bias, alone(n), grouped(n);
+  for (int i = 0; i < n; ++i) {
+    const Case& c = cases[i];
+    w.push_back(std::make_unique<Weights>(c.f, c.rows, c.cols, 50 + uint64_t(i)));
+    x.push_back(uniform(std::max<int64_t>(c.tokens, 1) * c.cols, 60 + uint64_t(i)));
+    bias.push_back(uniform(c.rows, 70 + uint64_t(i)));
+  }
+  for (int threads : {1, 2, 3, 7}) {
+    std::vector<LinearParams> ps(n);
+    for (int i = 0; i < n; ++i) {
+      const Case& c = cases[i];
+      alone[size_t(i)].assign(size_t(std::max<int64_t>(c.tokens, 1) * c.rows), 0.5f);
+      grouped[size_t(i)] = alone[size_t(i)];
+      LinearParams& p = ps[size_t(i)];
+      p.w = w[size_t(i)]->m, p.bias = i % 2 ? nullptr : bias[size_t(i)].data(), p.tokens = c.tokens;
+      p.x = x[size_t(i)].data(), p.x_stride = c.cols, p.y_stride = c.rows, p.accumulate = i == 4;
+      p.threads = threads;
+      p.y = alone[size_t(i)].data();
+      linear_forward(p);
+      p.y = grouped[size_t(i)].data();
+    }
+    linear_forward_group(ps.data(), n);
+    for (int i = 0; i < n; ++i)
+      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
+          << "product " << i << " threads " << threads;
+  }
+}
+
+TEST(linear_forward_group, RefusesBadGroupsByNameBeforeWriting) {
+  Weights w(WeightFormat::BF16, 4, 64, 81);
+  std::vector<float> x(2 * 64), y0(2 * 4, 7.0f), y1(2 * 4, 7.0f);
+  auto good = [&] {
+    std::vector<LinearParams> ps(2);
+    for (int i = 0; i < 2; ++i) {
+      ps[size_t(i)].w = w.m, ps[size_t(i)].tokens = 2, ps[size_t(i)].x = x.data(), ps[size_t(i)].x_stride = 64;
+      ps[size_t(i)].y = (i ? y1 : y0).data(), ps[size_t(i)].y_stride = 4;
+    }
+    return ps;
+  };
+  std::vector<LinearParams> ps = good();
+  ps[1].w.rows = 0;
+  expect_error([&] { linear_forward_group(ps.data(), 2); }, {"rotary: products[1].w.rows = 0"});
+  ps = good();
+  ps[1].threads = 3;
+  expect_error([&] { linear_forward_group(ps.data(), 2); }, {"products[1].threads = 3", "products[0].threads = 0"});
+  ps = good();
+  ps[1].y = y0.data() + 2;  // writes where product 0 writes
+  expect_error([&] { linear_forward_group(ps.data(), 2); }, {"products[0].y", "products[1]'s x, y, weights or bias"});
+  std::vector<float> x1(2 * 64);
+  ps = good();
+  ps[1].x = x1.data(), ps[1].y = x.data();  // writes what product 0 reads
+  expect_error([&] { linear_forward_group(ps.data(), 2); }, {"products[1].y", "products[0]'s x, y, weights or bias"});
+  expect_error_naming([&] { linear_forward_group(ps.data(), 0); }, "count");
+  expect_error_naming([&] { linear_forward_group(nullptr, 1); }, "products");
+  for (float v : y0) EXPECT_EQ(v, 7.0f);
+  for (float v : y1) EXPECT_EQ(v, 7.0f);
 }
 
 TEST(weight_format, NamesRoundTripAndUnknownNamesListTheChoices) {

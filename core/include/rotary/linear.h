@@ -64,6 +64,12 @@ void weight_row(const WeightMatrix& w, int64_t r, float* out);
 
 // y = x W^T + bias (+ y). Throws rotary::Error naming the field for bad params, before anything is written.
 void linear_forward(const LinearParams& p);
+// Several products as one call: their weight rows are shared among one team of threads, as one product's rows
+// would be (decode's q, k and v, or gate and up, wake the threads once, and the small k and v share the large q's
+// work instead of running alone). Each product is checked as linear_forward checks it (a message names
+// products[i]); no product's y may overlap another's x, y, weights or bias; every `threads` must be equal. Each
+// product's result has the bits linear_forward gives it.
+void linear_forward_group(const LinearParams* products, int count);
 // The float64 oracle: the same contract, every product and sum in double.
 void linear_forward_reference(const LinearParams& p);
 
