@@ -37,64 +37,6 @@ std::string value_text(double v) {
 std::string value_text(int64_t v) { return std::to_string(v); }
 std::string value_text(const std::string& v) { return v; }
 
-// One JSON object and the path that names its keys in messages ("", "rope_scaling.", "text_config.").
-struct Obj {
-  const json* j = nullptr;
-  std::string prefix;
-
-  std::string path(std::string_view key) const { return prefix + std::string(key); }
-  // The value at `key`; nullptr when absent or null (transformers treats both as "not given").
-  const json* find(std::string_view key) const {
-    if (j == nullptr) return nullptr;
-    auto it = j->find(std::string(key));
-    return it == j->end() || it->is_null() ? nullptr : &*it;
-  }
-
-  std::optional<double> number(std::string_view key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_number()) fail(path(key), show(*v), "a number");
-    return v->get<double>();
-  }
-  std::optional<int64_t> integer(std::string_view key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (v->is_number_integer()) {
-      if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) fail(path(key), show(*v), "an integer < 2^63");
-      return v->get<int64_t>();
-    }
-    if (v->is_number_float()) {
-      const double d = v->get<double>();
-      if (d == std::floor(d) && std::abs(d) < 9.0e18) return int64_t(d);
-    }
-    fail(path(key), show(*v), "an integer");
-  }
-  std::optional<std::string> text(std::string_view key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_string()) fail(path(key), show(*v), "a string");
-    return v->get<std::string>();
-  }
-  std::optional<bool> boolean(std::string_view key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_boolean()) fail(path(key), show(*v), "true or false");
-    return v->get<bool>();
-  }
-  std::optional<std::vector<double>> number_list(std::string_view key) const {
-    const json* v = find(key);
-    if (!v) return std::nullopt;
-    if (!v->is_array()) fail(path(key), show(*v), "a list of numbers");
-    std::vector<double> out;
-    for (size_t i = 0; i < v->size(); ++i) {
-      const json& e = (*v)[i];
-      if (!e.is_number()) fail(path(key) + "[" + std::to_string(i) + "]", show(e), "a number");
-      out.push_back(e.get<double>());
-    }
-    return out;
-  }
-};
-
 // A value that may be given under several keys (old and new names, top level and rope dict): the first one
 // given, after checking that every other one given agrees with it.
 template <class T>
@@ -124,7 +66,7 @@ std::string rotary_dim_text(double fraction, int64_t head_dim, int64_t rotary_di
          ") = " + std::to_string(rotary_dim) + ")";
 }
 
-double require_number(const Obj& o, std::string_view key, const std::string& why) {
+double require_number(const JsonObject& o, std::string_view key, const std::string& why) {
   const std::optional<double> v = o.number(key);
   if (!v) fail(o.path(key), "missing", "a number (" + why + ")");
   return *v;
@@ -135,24 +77,24 @@ void check_at_least_one(double v, const std::string& path, const std::string& ty
 }
 
 // Multimodal configs keep the language model's fields under text_config.
-Obj language_config(const json& root) {
+JsonObject language_config(const json& root) {
   const bool flat = root.contains("num_attention_heads") || root.contains("head_dim") ||
                     root.contains("hidden_size") || root.contains("rope_scaling") || root.contains("rope_theta");
   auto tc = root.find("text_config");
-  if (!flat && tc != root.end() && tc->is_object()) return Obj{&*tc, "text_config."};
-  return Obj{&root, ""};
+  if (!flat && tc != root.end() && tc->is_object()) return JsonObject(&*tc, "text_config.");
+  return JsonObject(&root, "");
 }
 
 // The rope dict: rope_scaling (transformers 4) or rope_parameters (transformers 5); when both are given they
 // are merged and must agree on every key they share.
-Obj rope_dict(const Obj& cfg, json& merged) {
+JsonObject rope_dict(const JsonObject& cfg, json& merged) {
   const json* scaling = cfg.find("rope_scaling");
   const json* params = cfg.find("rope_parameters");
   if (scaling && !scaling->is_object())
     fail(cfg.path("rope_scaling"), show(*scaling), "an object with rope_type (or type) and its fields, or null");
   if (params && !params->is_object())
     fail(cfg.path("rope_parameters"), show(*params), "an object with rope_type and its fields, or null");
-  if (!scaling && !params) return Obj{nullptr, cfg.path("rope_scaling.")};
+  if (!scaling && !params) return JsonObject(nullptr, cfg.path("rope_scaling."));
   if (scaling && params) {
     for (auto it = params->begin(); it != params->end(); ++it) {
       auto other = scaling->find(it.key());
@@ -162,7 +104,7 @@ Obj rope_dict(const Obj& cfg, json& merged) {
     }
     merged = *params;
     merged.update(*scaling);
-    return Obj{&merged, cfg.path("rope_scaling.")};
+    return JsonObject(&merged, cfg.path("rope_scaling."));
   }
   const json* d = scaling ? scaling : params;
   const std::string name = scaling ? "rope_scaling." : "rope_parameters.";
@@ -173,10 +115,10 @@ Obj rope_dict(const Obj& cfg, json& merged) {
         fail(cfg.path(name + it.key()), show(*it),
              "one rope dict for all layers (per-layer-type RoPE is not supported)");
   }
-  return Obj{d, cfg.path(name)};
+  return JsonObject(d, cfg.path(name));
 }
 
-RopeScaling rope_type(const Obj& cfg, const Obj& rope) {
+RopeScaling rope_type(const JsonObject& cfg, const JsonObject& rope) {
   const Given<std::string> type =
       agree<std::string>({{rope.text("rope_type"), rope.path("rope_type")}, {rope.text("type"), rope.path("type")}});
   if (!type.value) return RopeScaling::None;
@@ -194,7 +136,7 @@ RopeScaling rope_type(const Obj& cfg, const Obj& rope) {
 
 // The rotated head width: qk_rope_head_dim for MLA models (transformers sets head_dim to it), else head_dim,
 // else hidden_size / num_attention_heads.
-int64_t head_dim_of(const Obj& cfg) {
+int64_t head_dim_of(const JsonObject& cfg) {
   const std::optional<int64_t> explicit_dim = cfg.integer("head_dim");
   const std::optional<int64_t> mla_dim = cfg.integer("qk_rope_head_dim");
   int64_t d = 0;
@@ -230,9 +172,9 @@ int64_t head_dim_of(const Obj& cfg) {
 RopeSpec rope_spec_from_hf_config(std::string_view json_text) {
   const json root = parse_json(json_text, "config.json");
   if (!root.is_object()) fail("config.json", show(root), "a JSON object (the model's config)");
-  const Obj cfg = language_config(root);
+  const JsonObject cfg = language_config(root);
   json merged;
-  const Obj rope = rope_dict(cfg, merged);
+  const JsonObject rope = rope_dict(cfg, merged);
 
   RopeSpec spec;
   spec.layout = RopeLayout::HalfSplit;  // every Hugging Face model rotates half-split pairs

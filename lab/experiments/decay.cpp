@@ -55,7 +55,7 @@ MeasuredDecay measure_decay(nn::Transformer& model, const lab::Task& task, int w
   const nn::EncodingConfig& e = model->active_encoding();
   check(e.kind == nn::EncodingKind::Rope, "encoding.kind", e.kind,
         "rope (the decay is a function of the distance m - n only under plain RoPE)");
-  check(model->config().attention == "softmax", "attention", model->config().attention, "softmax");
+  check(model->config().attention == nn::AttentionKind::Softmax, "attention", model->config().attention, "softmax");
   check(windows >= 1, "windows", windows, ">= 1");
   check(seq_len >= 2, "seq_len", seq_len, ">= 2");
   check(samples >= 1 && samples <= (int64_t{1} << 24), "samples", samples, "an integer in [1, 16777216]");

@@ -248,7 +248,7 @@ class MemoryCellRunner {
     } else if (c.kind == "memory") {
       p_.model->set_override({});
       nn::MemoryDecodeOptions o = memory_options(c.name, c.top_k);
-      if (c.name != own) o.reference_policy = c.reference = own;
+      if (c.name != own) o.reference_policy = parse_memory_policy(c.reference = own);
       acc = exact_match(p_.model, *task, spec_.problems, spec_.eval_seed, spec_.eval_seed,
                         [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
                           nn::MemoryDecodeStats s;
@@ -313,7 +313,7 @@ class MemoryCellRunner {
   nn::MemoryDecodeOptions memory_options(const std::string& policy, int top_k) const {
     nn::MemoryDecodeOptions o;
     o.window = window_;
-    o.policy = policy;
+    o.policy = parse_memory_policy(policy);
     o.top_k = top_k;
     o.retrieve_in_prompt = false;
     o.prefill_chunk = window_;

@@ -44,7 +44,7 @@ void shrink_to_smoke(TrainConfig& c) {
   c.model.d_model = 32;  // head_dim 16: the smallest the fused kernels take (ALiBi and T5 run fused)
   c.model.n_layers = 1;
   c.model.n_heads = 2;
-  if (c.model.attention == "performer") c.model.performer_features = 8;
+  if (c.model.attention == nn::AttentionKind::Performer) c.model.performer_features = 8;
   c.seq_len = std::min(c.seq_len, 32);
   c.batch_size = 4;
   c.steps = 16;
@@ -123,7 +123,7 @@ StudyCompare compare_study(const ReproduceSpec& r, const std::string& study) {
     s.encodings = {"none", "rope"};
     c = small_run("text");
     c.task_options.text_tokenizer = "char";
-    c.model.attention = "performer";
+    c.model.attention = nn::AttentionKind::Performer;
     c.eval_problems = 0;
     c.eval_interval = 100;
     c.eval_batches = 4;

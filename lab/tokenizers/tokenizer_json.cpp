@@ -58,41 +58,32 @@ const ByteCharacters& byte_characters() {
   return table;
 }
 
-// The JSON of one tokenizer.json, read with every field checked: errors name the file and the field's path.
+// The JSON of one tokenizer.json, read with every field checked through the core's JsonObject (one rule for every
+// JSON reader, json_guard.h), addressed here by (object, path) as the nested file is walked: errors name the file
+// and the field's path ("<file>: model.vocab").
 class JsonFields {
  public:
   explicit JsonFields(std::string source) : source_(std::move(source)) {}
   [[noreturn]] void fail_at(const std::string& path, const std::string& value, std::string_view allowed) const {
     fail(source_ + ": " + path, value, allowed);
   }
-  // obj[key] or nullptr when absent or null.
-  const json* find(const json& obj, const char* key) const {
-    const auto it = obj.find(key);
-    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  // `obj` (found at `path`) as a JsonObject naming its keys "<file>: <path>.<key>".
+  JsonObject at(const json& obj, const std::string& path) const {
+    return JsonObject(&obj, source_ + ": " + path + ".");
   }
+  // obj[key] or nullptr when absent or null.
+  const json* find(const json& obj, const char* key) const { return JsonObject(&obj, "").find(key); }
   const json& object(const json& v, const std::string& path) const {
-    if (!v.is_object()) fail_at(path, json_excerpt(v), "a JSON object");
-    return v;
+    return *JsonObject::of(v, source_ + ": " + path).json();
   }
   std::string string(const json& obj, const char* key, const std::string& path) const {
-    const json* v = find(obj, key);
-    if (!v || !v->is_string()) fail_at(path + "." + key, v ? json_excerpt(*v) : "(missing)", "a string");
-    return v->get<std::string>();
+    return at(obj, path).required_text(key);
   }
   bool boolean(const json& obj, const char* key, const std::string& path, bool otherwise) const {
-    const json* v = find(obj, key);
-    if (!v) return otherwise;
-    if (!v->is_boolean()) fail_at(path + "." + key, json_excerpt(*v), "true or false");
-    return v->get<bool>();
+    return at(obj, path).boolean(key).value_or(otherwise);
   }
   int64_t integer(const json& obj, const char* key, const std::string& path, int64_t low, int64_t high) const {
-    const json* v = find(obj, key);
-    const std::string allowed = "an integer in [" + std::to_string(low) + ", " + std::to_string(high) + "]";
-    if (!v || !v->is_number_integer()) fail_at(path + "." + key, v ? json_excerpt(*v) : "(missing)", allowed);
-    const int64_t value = v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX
-                                                                                                : v->get<int64_t>();
-    if (value < low || value > high) fail_at(path + "." + key, json_excerpt(*v), allowed);
-    return value;
+    return at(obj, path).required_integer(key, low, high);
   }
   const std::string& source() const { return source_; }
 
@@ -399,10 +390,11 @@ void JsonBpeTokenizer::read_model(const json& model) {
     fields_.fail_at("model.vocab", vocab ? json_excerpt(*vocab) : "(missing)", "an object of token: id");
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     const json& value = it.value();
-    if (!value.is_number_integer() || value < 0 || value > kMaxTokenId)
+    const std::optional<int64_t> given = json_integer(value, 0, kMaxTokenId);
+    if (!given)
       fields_.fail_at("model.vocab[" + json_excerpt(json(it.key())) + "]", json_excerpt(value),
                       "an integer id in [0, 2^31 - 1]");
-    const int64_t id = value.get<int64_t>();
+    const int64_t id = *given;
     vocab_.emplace(it.key(), id);
     if (!token_of_id_.emplace(id, it.key()).second)
       fields_.fail_at("model.vocab[" + json(it.key()).dump() + "]", std::to_string(id),
@@ -632,11 +624,12 @@ void JsonBpeTokenizer::read_post_processor(const json& v, const std::string& pat
       const std::string name = fields_.string(fields_.object(*special, item_path), "id", item_path + ".SpecialToken");
       const json* entry = specials && specials->is_object() ? fields_.find(*specials, name.c_str()) : nullptr;
       const json* ids = entry && entry->is_object() ? fields_.find(*entry, "ids") : nullptr;
-      if (!ids || !ids->is_array() || ids->size() != 1 || !(*ids)[0].is_number_integer() || (*ids)[0] < 0 ||
-          (*ids)[0] > kMaxTokenId)
+      const std::optional<int64_t> id =
+          ids && ids->is_array() && ids->size() == 1 ? json_integer((*ids)[0], 0, kMaxTokenId) : std::nullopt;
+      if (!id)
         fields_.fail_at(path + ".special_tokens[" + json(name).dump() + "].ids",
                         ids ? json_excerpt(*ids) : "(missing)", "one token id");
-      (seen_sequence ? after : before).push_back((*ids)[0].get<int64_t>());
+      (seen_sequence ? after : before).push_back(*id);
     } else {
       fields_.fail_at(item_path, json_excerpt(item), allowed);
     }

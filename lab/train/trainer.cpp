@@ -236,7 +236,7 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
     set_lr(*optimizer, lr);
     // Performer: fresh random features every performer_redraw steps, drawn from (seed, step) so every rank and a
     // resumed run draw the same ones (the current draw is a buffer of the model, saved in the checkpoint).
-    const int64_t redraw = config.model.attention == "performer" ? config.model.performer_redraw : 0;
+    const int64_t redraw = config.model.attention == nn::AttentionKind::Performer ? config.model.performer_redraw : 0;
     if (redraw > 0 && step > 0 && step % redraw == 0)
       model->redraw_performer_features(config.seed * 0x9e3779b97f4a7c15ULL + uint64_t(step));
 

@@ -216,9 +216,9 @@ torch_ops::AttentionPosition fused_attention_position(const PositionContext& pc)
 }
 
 LinearFeatures linear_features(const torch::Tensor& x, const torch::Tensor& positions, const PositionContext& pc,
-                               const std::string& attention, const torch::Tensor& projection, bool query) {
+                               AttentionKind attention, const torch::Tensor& projection, bool query) {
   const bool rope = pc.enc.kind == EncodingKind::Rope;
-  if (attention == "performer") {
+  if (attention == AttentionKind::Performer) {
     const torch::Tensor xr = rope ? rotate_plain(x, positions, pc, pc.attention_factor) : x;
     const torch::Tensor f = performer_features(xr, projection, query);
     return {f, f};
@@ -229,7 +229,7 @@ LinearFeatures linear_features(const torch::Tensor& x, const torch::Tensor& posi
 
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
-                                     const PositionContext& pc, const std::string& attention,
+                                     const PositionContext& pc, AttentionKind attention,
                                      const torch::Tensor& projection) {
   const int64_t group = q.size(2) / k.size(2);
   const LinearFeatures fq = linear_features(q, q_positions, pc, attention, projection, /*query=*/true);
@@ -246,12 +246,13 @@ torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor
 
 torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& positions, const PositionContext& pc,
-                                     const std::string& attention, const torch::Tensor& projection) {
+                                     AttentionKind attention, const torch::Tensor& projection) {
   // The core kernel has one kv head per query head: GQA repeats k, v (autograd sums their gradients back).
   const int64_t group = q.size(2) / k.size(2);
   const bool rope = pc.enc.kind == EncodingKind::Rope;
   const std::string layout(layout_name(pc.enc.rope.layout));
-  if (attention == "performer") {  // rotate (the fused rope op), then FAVOR+, then the kernel on those features
+  // The performer: rotate (the fused rope op), then FAVOR+, then the kernel on those features.
+  if (attention == AttentionKind::Performer) {
     auto turned = [&](const torch::Tensor& x) {
       return rope ? torch_ops::rope(x, positions, pc.inv_freq, pc.attention_factor, layout) : x;
     };
@@ -306,9 +307,9 @@ torch::Tensor performer_features(const torch::Tensor& x, const torch::Tensor& pr
 }
 
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
+                              const torch::Tensor& positions, const PositionContext& pc, AttentionKind attention,
                               bool fused, const torch::Tensor& projection) {
-  if (attention != "softmax")
+  if (attention != AttentionKind::Softmax)
     return fused ? linear_attention_fused(q, k, v, positions, pc, attention, projection)
                  : linear_attention_plain(q, k, v, positions, positions, pc, attention, projection);
   return fused ? softmax_attention_fused(q, k, v, positions, pc)

@@ -17,27 +17,23 @@ namespace {
 
 using nlohmann::json;
 
-std::string choices(std::span<const std::string_view> names) {
-  std::string s;
-  for (auto n : names) s += (s.empty() ? "" : ", ") + std::string(n);
-  return s;
-}
-
-bool is_one_of(std::string_view v, std::span<const std::string_view> names) {
-  return std::find(names.begin(), names.end(), v) != names.end();
-}
-
-// A string field that takes one of `allowed` (declared once: JSON, flags, --help and messages list the same names).
-template <class M, class Ref>
-settings::Setting<M> string_choice(const std::string& path, const std::string& flag, const std::string& help, Ref ref,
-                                   std::span<const std::string_view> allowed) {
+// A setting whose value is one of the enum values `kinds`, spelled by `name` (declared once: JSON, flags, --help and
+// messages list the same names; the code compares the enum).
+template <class M, class Ref, class E, size_t N, class Name>
+settings::Setting<M> enum_choice(const std::string& path, const std::string& flag, const std::string& help, Ref ref,
+                                 const E (&kinds)[N], Name name) {
   return settings::choice<M>(
       path, flag, help, ref,
-      settings::names([allowed] { return std::vector<std::string>(allowed.begin(), allowed.end()); }),
-      [](const std::string& a) { return a; },
-      [path, allowed](const std::string& a) {
-        if (!is_one_of(a, allowed)) fail(path, a, choices(allowed));
-        return a;
+      settings::names([&kinds, name] {
+        std::vector<std::string> n;
+        for (E k : kinds) n.emplace_back(name(k));
+        return n;
+      }),
+      name,
+      [&kinds, name, path](const std::string& text) {
+        for (E k : kinds)
+          if (name(k) == text) return k;
+        fail(path, text, "a name of the list");  // choice() replaces this message by one listing the names
       });
 }
 
@@ -130,6 +126,16 @@ EncodingKind parse_encoding_kind(std::string_view name, std::string_view field) 
 
 std::ostream& operator<<(std::ostream& os, EncodingKind kind) { return os << encoding_kind_name(kind); }
 
+std::string_view attention_kind_name(AttentionKind kind) {
+  switch (kind) {
+    case AttentionKind::Softmax: return "softmax";
+    case AttentionKind::Linear: return "linear";
+    case AttentionKind::Performer: return "performer";
+  }
+  return "?";
+}
+std::ostream& operator<<(std::ostream& os, AttentionKind kind) { return os << attention_kind_name(kind); }
+
 bool is_rotary(EncodingKind kind) {
   return kind == EncodingKind::Rope || kind == EncodingKind::Roper || kind == EncodingKind::Rerope ||
          kind == EncodingKind::LeakyRerope;
@@ -156,20 +162,22 @@ void ModelConfig::validate() const {
   check(n_kv_heads == 0 || n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
         "0 (= n_heads) or a divisor of n_heads = " + std::to_string(n_heads));
   validate_encoding(encoding, head_dim(), "encoding.");
-  if (attention != "softmax") {
+  if (attention != AttentionKind::Softmax) {
+    const std::string attention_name(attention_kind_name(attention));
     const bool ok = encoding.kind == EncodingKind::None || encoding.kind == EncodingKind::Learned ||
                     encoding.kind == EncodingKind::Sinusoidal || encoding.kind == EncodingKind::Rope;
     check(ok, "encoding.kind", encoding.kind,
-          "none, learned, sinusoidal, rope with attention = " + attention +
+          "none, learned, sinusoidal, rope with attention = " + attention_name +
               " (linear attention has no score bias to add, and no clipped distances or value rotation)");
     check(encoding.logn_train_len == 0, "encoding.logn_train_len", encoding.logn_train_len,
-          "0 with attention = " + attention + " (log-n sharpens a softmax's scores, which linear attention has not)");
+          "0 with attention = " + attention_name +
+              " (log-n sharpens a softmax's scores, which linear attention has not)");
   }
-  if (attention == "performer")
+  if (attention == AttentionKind::Performer)
     check(performer_feature_count() <= 1024, "performer_features", performer_feature_count(),
           "1..1024 (the linear attention kernel's feature width; round(head_dim ln head_dim) passes it from "
           "head_dim 190 on: set performer_features)");
-  if (attention != "performer") {
+  if (attention != AttentionKind::Performer) {
     const ModelConfig d;
     check(performer_features == d.performer_features, "performer_features", performer_features,
           std::to_string(d.performer_features) + " (only attention = performer uses random features)");
@@ -177,7 +185,7 @@ void ModelConfig::validate() const {
           std::to_string(d.performer_redraw) + " (only attention = performer redraws features)");
   }
   // The fused attention kernel takes head dims 16..256; linear attention never calls it.
-  if (fused && attention == "softmax")
+  if (fused && attention == AttentionKind::Softmax)
     check(head_dim() >= 16 && head_dim() <= 256, "head_dim", head_dim(),
           "16..256 with fused = true (the fused attention kernel's range); set fused = false for other sizes");
 }
@@ -237,9 +245,9 @@ EncodingConfig apply_override(const ModelConfig& trained, const EncodingOverride
   if (o.leaky_k) e.leaky_k = *o.leaky_k;
   if (o.logn_train_len) e.logn_train_len = *o.logn_train_len;
   validate_encoding(e, trained.head_dim(), "override.");
-  if (trained.attention != "softmax")
+  if (trained.attention != AttentionKind::Softmax)
     check(e.logn_train_len == 0, "override.logn_train_len", e.logn_train_len,
-          "0 with attention = " + trained.attention);
+          "0 with attention = " + std::string(attention_kind_name(trained.attention)));
   return e;
 }
 
@@ -334,13 +342,14 @@ const settings::Table<ModelConfig>& model_settings() {
                                [](auto& c) -> auto& { return c.pre_norm; }, boolean());
     norm.flag_words = {"post", "pre"};
     t.push_back(std::move(norm));
-    t.push_back(if_not_default(string_choice<M>(
+    t.push_back(if_not_default(enum_choice<M>(
         "normalization", "--normalization", "the blocks' norm", [](auto& c) -> auto& { return c.normalization; },
-        kNormalizations)));
+        engine::kNormKinds, engine::norm_kind_name)));
     t.push_back(if_not_default(field<M>("norm_eps", "--norm-eps", "epsilon of every norm",
                                         [](auto& c) -> auto& { return c.norm_eps; }, reals(0, 1, true, false))));
-    t.push_back(if_not_default(string_choice<M>("mlp", "--mlp", "the MLP's form (swiglu: down(silu(gate) * up))",
-                                                [](auto& c) -> auto& { return c.mlp; }, kMlpKinds)));
+    t.push_back(if_not_default(enum_choice<M>("mlp", "--mlp", "the MLP's form (swiglu: down(silu(gate) * up))",
+                                              [](auto& c) -> auto& { return c.mlp; }, engine::kMlpKinds,
+                                              engine::mlp_kind_name)));
     t.push_back(if_not_default(field<M>("qkv_bias", "--qkv-bias", "biases on the q, k, v projections",
                                         [](auto& c) -> auto& { return c.qkv_bias; }, boolean())));
     t.push_back(if_not_default(field<M>("out_bias", "--out-bias", "bias on the attention's output projection",
@@ -360,13 +369,13 @@ const settings::Table<ModelConfig>& model_settings() {
                          [](auto& c) -> auto& { return c.tie_embeddings; }, boolean()));
     t.push_back(field<M>("max_seq_len", "--max-seq-len", "learned positions: table size",
                          [](auto& c) -> auto& { return c.max_seq_len; }, integers(1, kMaxSequenceLength)));
-    t.push_back(string_choice<M>("attention", "--attention",
-                                 "softmax, linear (RoPE as in RoFormer eq. 19) or performer (FAVOR+, rope before "
-                                 "the feature map)",
-                                 [](auto& c) -> auto& { return c.attention; }, kAttentionKinds));
+    t.push_back(enum_choice<M>("attention", "--attention",
+                               "softmax, linear (RoPE as in RoFormer eq. 19) or performer (FAVOR+, rope before "
+                               "the feature map)",
+                               [](auto& c) -> auto& { return c.attention; }, kAttentionKinds, attention_kind_name));
     // Written only for the performer, so the configs of the other kinds keep their form.
     auto performer_only = [](Setting<M> s) {
-      s.written = [](const M& c) { return c.attention == "performer"; };
+      s.written = [](const M& c) { return c.attention == AttentionKind::Performer; };
       return s;
     };
     t.push_back(performer_only(field<M>("performer_features", "--performer-features",
@@ -379,13 +388,8 @@ const settings::Table<ModelConfig>& model_settings() {
                                         integers(0, kMaxAbsPosition, "0 = never"))));
     t.push_back(field<M>("fused", "--fused", "rotary's fused ops (true) or plain torch ops (false)",
                          [](auto& c) -> auto& { return c.fused; }, boolean()));
-    t.push_back(choice<M>("encoding.kind", "--encoding", "how positions enter the model",
-                          [](auto& c) -> auto& { return c.encoding.kind; }, names([] {
-                            std::vector<std::string> n;
-                            for (EncodingKind k : kEncodingKinds) n.emplace_back(encoding_kind_name(k));
-                            return n;
-                          }),
-                          encoding_kind_name, [](const std::string& n) { return parse_encoding_kind(n, "encoding.kind"); }));
+    t.push_back(enum_choice<M>("encoding.kind", "--encoding", "how positions enter the model",
+                               [](auto& c) -> auto& { return c.encoding.kind; }, kEncodingKinds, encoding_kind_name));
     nest(t, "encoding.rope", rope_settings(), [](auto& c) -> auto& { return c.encoding.rope; });
     t.push_back(field<M>("encoding.rotary_fraction", "--rotary-fraction", "fraction of each head that rotates",
                          [](auto& c) -> auto& { return c.encoding.rotary_fraction; }, reals(0, 1, true, false)));

@@ -64,21 +64,21 @@ class CoreCache final : public LayerCache {
 
 class PlainCache final : public LayerCache {
  public:
-  PlainCache(const PositionContext& pc, std::string attention, torch::Tensor projection)
-      : pc_(pc), attention_(std::move(attention)), projection_(std::move(projection)) {}
+  PlainCache(const PositionContext& pc, AttentionKind attention, torch::Tensor projection)
+      : pc_(pc), attention_(attention), projection_(std::move(projection)) {}
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
     k_ = k_.defined() ? torch::cat({k_, k}, 1) : k;
     v_ = v_.defined() ? torch::cat({v_, v}, 1) : v;
     pos_ = pos_.defined() ? torch::cat({pos_, positions}, 1) : positions;
   }
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
-    return attention_ == "softmax" ? softmax_attention_plain(q, k_, v_, q_position, pos_, pc_)
-                                   : linear_attention_plain(q, k_, v_, q_position, pos_, pc_, attention_, projection_);
+    if (attention_ == AttentionKind::Softmax) return softmax_attention_plain(q, k_, v_, q_position, pos_, pc_);
+    return linear_attention_plain(q, k_, v_, q_position, pos_, pc_, attention_, projection_);
   }
 
  private:
   PositionContext pc_;
-  std::string attention_;
+  AttentionKind attention_;
   torch::Tensor projection_;
   torch::Tensor k_, v_, pos_;  // [1, L, Hkv, D], [1, L, Hkv, D], [1, L]
 };
@@ -87,8 +87,8 @@ class PlainCache final : public LayerCache {
 // the features of linear_features, and o = num(q)^T S / den(q) . z.
 class LinearStateCache final : public LayerCache {
  public:
-  LinearStateCache(const PositionContext& pc, std::string attention, torch::Tensor projection)
-      : pc_(pc), attention_(std::move(attention)), projection_(std::move(projection)) {}
+  LinearStateCache(const PositionContext& pc, AttentionKind attention, torch::Tensor projection)
+      : pc_(pc), attention_(attention), projection_(std::move(projection)) {}
   void append(const torch::Tensor& k, const torch::Tensor& v, const torch::Tensor& positions) override {
     const LinearFeatures f = linear_features(k, positions, pc_, attention_, projection_, /*query=*/false);
     const torch::Tensor s = torch::einsum("nhd,nhe->hde", {f.num[0], v[0]}), z = f.den[0].sum(0);
@@ -105,7 +105,7 @@ class LinearStateCache final : public LayerCache {
 
  private:
   PositionContext pc_;
-  std::string attention_;
+  AttentionKind attention_;
   torch::Tensor projection_;
   torch::Tensor state_, z_;
 };
@@ -124,7 +124,7 @@ class MemoryCache final : public LayerCache {
     c.window = o.window;
     c.kv_heads = kv_heads;
     c.head_dim = int(head_dim);
-    c.policy = parse_memory_policy(o.policy);
+    c.policy = o.policy;
     freqs_ = torch_ops::freqs_from(ap.inv_freq.value(), ap.attention_factor, ap.layout, head_dim);
     c.pos.mode = ap.mode == "rope" ? PositionMode::Rope
                  : ap.mode == "rerope" ? PositionMode::Rerope : PositionMode::LeakyRerope;
@@ -133,8 +133,8 @@ class MemoryCache final : public LayerCache {
     c.pos.leaky_k = ap.leaky_k;
     c.pos.logn_train_len = ap.logn_train_len;
     cache_ = std::make_unique<MemoryKvCache>(c);
-    if (!o.reference_policy.empty()) {
-      c.policy = parse_memory_policy(o.reference_policy);
+    if (o.reference_policy) {
+      c.policy = *o.reference_policy;
       reference_ = std::make_unique<MemoryKvCache>(c);
     }
   }
@@ -329,7 +329,7 @@ struct Decoder {
 
   const ModelConfig& config() const { return model.config_; }
   bool core_cache() const {
-    return config().fused && config().attention == "softmax" && !has_score_bias(model.active_.kind);
+    return config().fused && config().attention == AttentionKind::Softmax && !has_score_bias(model.active_.kind);
   }
   std::unique_ptr<LayerCache> new_cache(size_t layer) {
     if (memory)
@@ -337,7 +337,7 @@ struct Decoder {
                                            stats);
     if (core_cache()) return std::make_unique<CoreCache>(capacity, config().kv_heads(), config().head_dim(), dtype, pc);
     const torch::Tensor& projection = model.blocks_[layer]->performer_projection();
-    if (config().fused && config().attention != "softmax")
+    if (config().fused && config().attention != AttentionKind::Softmax)
       return std::make_unique<LinearStateCache>(pc, config().attention, projection);
     return std::make_unique<PlainCache>(pc, config().attention, projection);
   }
@@ -465,7 +465,8 @@ void average_over_steps(MemoryDecodeStats& s) {
 }
 
 void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, const MemoryDecodeOptions& o) {
-  check(c.attention == "softmax" && c.fused, "attention", c.fused ? c.attention : "softmax (fused = false)",
+  check(c.attention == AttentionKind::Softmax && c.fused, "attention",
+        c.fused ? std::string(attention_kind_name(c.attention)) : "softmax (fused = false)",
         "softmax with fused = true (decoding with a memory runs the core's decoder)");
   check(active.kind == EncodingKind::Rope || active.kind == EncodingKind::Rerope ||
             active.kind == EncodingKind::LeakyRerope,
@@ -475,14 +476,6 @@ void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, c
   check(o.window >= 1, "memory.window", o.window, ">= 1");
   check(o.top_k >= 0, "memory.top_k", o.top_k, ">= 0 (0: the window alone)");
   check(o.prefill_chunk >= 0, "memory.prefill_chunk", o.prefill_chunk, ">= 0 (0 or 1: one token at a time)");
-  parse_memory_policy(o.policy);
-  if (!o.reference_policy.empty()) {
-    try {
-      parse_memory_policy(o.reference_policy);
-    } catch (const Error&) {
-      fail("memory.reference_policy", o.reference_policy, "exact, rerope, none or unlimiformer (or empty: none)");
-    }
-  }
 }
 
 }  // namespace

@@ -15,10 +15,7 @@ engine::Architecture engine_architecture(const HfModelSpec& spec) {
   engine::Architecture a;
   a.vocab_size = c.vocab_size, a.d_model = c.d_model, a.n_layers = c.n_layers, a.n_heads = c.n_heads;
   a.n_kv_heads = c.kv_heads(), a.head_dim = c.head_dim(), a.d_ff = c.ff_dim();
-  a.norm = c.normalization == "rmsnorm" ? engine::NormKind::RmsNorm : engine::NormKind::LayerNorm;
-  a.norm_eps = c.norm_eps;
-  a.mlp = c.mlp == "swiglu" ? engine::MlpKind::SwiGlu : c.mlp == "gelu_tanh" ? engine::MlpKind::GeluTanh
-                                                                               : engine::MlpKind::Gelu;
+  a.norm = c.normalization, a.norm_eps = c.norm_eps, a.mlp = c.mlp;
   a.qkv_bias = c.qkv_bias, a.out_bias = c.out_bias, a.mlp_bias = c.mlp_bias;
   a.parallel_residual = c.parallel_residual, a.tie_embeddings = c.tie_embeddings;
   a.fused_qkv = spec.model_type == "gpt_neox";

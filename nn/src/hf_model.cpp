@@ -16,90 +16,54 @@ namespace {
 
 using nlohmann::json;
 
-// Reads keys of one config.json, each error naming the source and the key.
-struct ConfigReader {
-  const json& j;
-  const std::string& source;
+// A norm's epsilon: absent -> `fallback` (the config class's default), else a number in (0, 1].
+double epsilon(const JsonObject& r, std::string_view key, double fallback) {
+  const double eps = r.number(key).value_or(fallback);
+  if (!(eps > 0 && eps <= 1)) r.fail_at(key, *r.find(key), "a number in (0, 1]");
+  return eps;
+}
 
-  const json* present(const std::string& key) const {
-    auto it = j.find(key);
-    return it == j.end() || it->is_null() ? nullptr : &*it;
-  }
-  [[noreturn]] void bad(const std::string& key, const json& v, const std::string& allowed) const {
-    fail(source + ": " + key, json_excerpt(v), allowed);
-  }
-  int64_t integer(const std::string& key, std::optional<int64_t> fallback, int64_t lo, int64_t hi) const {
-    const json* v = present(key);
-    if (!v) {
-      if (!fallback) fail(source + ": " + key, "missing", "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-      return *fallback;
-    }
-    if (!v->is_number_integer() || v->get<int64_t>() < lo || v->get<int64_t>() > hi)
-      bad(key, *v, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return v->get<int64_t>();
-  }
-  double real(const std::string& key, double fallback, double lo, double hi) const {
-    const json* v = present(key);
-    if (!v) return fallback;
-    if (!v->is_number() || !(v->get<double>() > lo) || v->get<double>() > hi)
-      bad(key, *v, "a number in (" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-    return v->get<double>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    const json* v = present(key);
-    if (!v) return fallback;
-    if (!v->is_boolean()) bad(key, *v, "true or false");
-    return v->get<bool>();
-  }
-  // An optional window: absent -> `fallback` (the config class's default), null -> 0 (transformers' None: no
-  // window; Mistral v0.2 / v0.3 and Qwen2 write "sliding_window": null), else an integer in [lo, hi].
-  int64_t window(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
-    const auto it = j.find(key);
-    if (it == j.end()) return fallback;
-    if (it->is_null()) return 0;
-    return integer(key, std::nullopt, lo, hi);
-  }
-  std::string text(const std::string& key, const std::string& fallback) const {
-    const json* v = present(key);
-    if (!v) return fallback;
-    if (!v->is_string()) bad(key, *v, "a string");
-    return v->get<std::string>();
-  }
-};
+// An optional window: absent -> `fallback` (the config class's default), null -> 0 (transformers' None: no
+// window; Mistral v0.2 / v0.3 and Qwen2 write "sliding_window": null), else an integer in [lo, hi].
+int64_t window(const JsonObject& r, std::string_view key, int64_t fallback, int64_t lo, int64_t hi) {
+  if (!r.json()->contains(std::string(key))) return fallback;
+  return r.integer(key, lo, hi).value_or(0);
+}
 
 constexpr int64_t kIntMax = std::numeric_limits<int>::max();
 
 // Llama, Mistral, Qwen2: RMSNorm + SwiGLU decoders that differ in defaults and biases.
-void read_llama_like(const ConfigReader& r, const std::string& type, ModelConfig& c) {
-  const std::string act = r.text("hidden_act", "silu");
-  if (act != "silu") fail(r.source + ": hidden_act", act, "silu (the " + type + " family's SwiGLU)");
-  c.normalization = "rmsnorm";
-  c.mlp = "swiglu";
-  c.norm_eps = r.real("rms_norm_eps", 1e-6, 0, 1);
+void read_llama_like(const JsonObject& r, const std::string& type, ModelConfig& c) {
+  const std::string act = r.text("hidden_act").value_or("silu");
+  if (act != "silu") fail(r.path("hidden_act"), act, "silu (the " + type + " family's SwiGLU)");
+  c.normalization = NormKind::RmsNorm;
+  c.mlp = MlpKind::SwiGlu;
+  c.norm_eps = epsilon(r, "rms_norm_eps", 1e-6);
   if (type == "qwen2") {
     c.qkv_bias = true;  // Qwen2Attention: q, k, v with bias, o without
     c.out_bias = false;
     c.mlp_bias = false;
-    if (r.boolean("use_sliding_window", false)) c.sliding_window = r.window("sliding_window", 4096, 1, kMaxAbsPosition);
+    if (r.boolean("use_sliding_window").value_or(false))
+      c.sliding_window = window(r, "sliding_window", 4096, 1, kMaxAbsPosition);
   } else {
-    c.qkv_bias = c.out_bias = r.boolean("attention_bias", false);
-    c.mlp_bias = r.boolean("mlp_bias", false);
-    if (type == "mistral") c.sliding_window = r.window("sliding_window", 4096, 1, kMaxAbsPosition);
+    c.qkv_bias = c.out_bias = r.boolean("attention_bias").value_or(false);
+    c.mlp_bias = r.boolean("mlp_bias").value_or(false);
+    if (type == "mistral") c.sliding_window = window(r, "sliding_window", 4096, 1, kMaxAbsPosition);
   }
-  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  c.tie_embeddings = r.boolean("tie_word_embeddings").value_or(false);
 }
 
-void read_gpt_neox(const ConfigReader& r, ModelConfig& c) {
-  const std::string act = r.text("hidden_act", "gelu");
-  if (act == "gelu") c.mlp = "gelu";
-  else if (act == "gelu_new" || act == "gelu_fast" || act == "gelu_pytorch_tanh") c.mlp = "gelu_tanh";
-  else fail(r.source + ": hidden_act", act, "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh (GPT-NeoX's GELUs)");
-  c.normalization = "layernorm";
-  c.norm_eps = r.real("layer_norm_eps", 1e-5, 0, 1);
-  c.qkv_bias = c.out_bias = r.boolean("attention_bias", true);
+void read_gpt_neox(const JsonObject& r, ModelConfig& c) {
+  const std::string act = r.text("hidden_act").value_or("gelu");
+  if (act == "gelu") c.mlp = MlpKind::Gelu;
+  else if (act == "gelu_new" || act == "gelu_fast" || act == "gelu_pytorch_tanh") c.mlp = MlpKind::GeluTanh;
+  else fail(r.path("hidden_act"), act, "gelu, gelu_new, gelu_fast, gelu_pytorch_tanh (GPT-NeoX's GELUs)");
+  c.normalization = NormKind::LayerNorm;
+  c.norm_eps = epsilon(r, "layer_norm_eps", 1e-5);
+  c.qkv_bias = c.out_bias = r.boolean("attention_bias").value_or(true);
   c.mlp_bias = true;
-  c.parallel_residual = r.boolean("use_parallel_residual", true);
-  c.tie_embeddings = r.boolean("tie_word_embeddings", false);
+  c.parallel_residual = r.boolean("use_parallel_residual").value_or(true);
+  c.tie_embeddings = r.boolean("tie_word_embeddings").value_or(false);
 }
 
 std::string model_types() {
@@ -113,25 +77,25 @@ std::string model_types() {
 HfModelSpec hf_model_spec(std::string_view config_json, const std::string& source) {
   const json j = parse_json(config_json, source);
   if (!j.is_object()) fail(source, json_excerpt(j), "a JSON object (a model's config.json)");
-  const ConfigReader r{j, source};
+  const JsonObject r(&j, source + ": ");
   HfModelSpec spec;
-  spec.model_type = r.text("model_type", "");
+  spec.model_type = r.text("model_type").value_or("");
   if (std::find(std::begin(kHfModelTypes), std::end(kHfModelTypes), spec.model_type) == std::end(kHfModelTypes))
     fail(source + ": model_type", spec.model_type.empty() ? "missing" : spec.model_type, model_types());
 
   ModelConfig& c = spec.config;
-  c.vocab_size = int(r.integer("vocab_size", std::nullopt, 1, kIntMax));
-  c.d_model = int(r.integer("hidden_size", std::nullopt, 1, 1 << 16));
-  c.n_layers = int(r.integer("num_hidden_layers", std::nullopt, 1, 1024));
-  c.n_heads = int(r.integer("num_attention_heads", std::nullopt, 1, 4096));
+  c.vocab_size = int(r.required_integer("vocab_size", 1, kIntMax));
+  c.d_model = int(r.required_integer("hidden_size", 1, 1 << 16));
+  c.n_layers = int(r.required_integer("num_hidden_layers", 1, 1024));
+  c.n_heads = int(r.required_integer("num_attention_heads", 1, 4096));
   // GPT-NeoX has no grouped-query attention: GPTNeoXConfig has no num_key_value_heads, and transformers ignores
   // the key where a config carries it. The Llama-like families read it (default: one kv head per head).
   c.n_kv_heads = spec.model_type == "gpt_neox" ? c.n_heads
-                                               : int(r.integer("num_key_value_heads", c.n_heads, 1, 4096));
-  c.d_ff = int(r.integer("intermediate_size", std::nullopt, 1, 1 << 20));
+                                               : int(r.integer("num_key_value_heads", 1, 4096).value_or(c.n_heads));
+  c.d_ff = int(r.required_integer("intermediate_size", 1, 1 << 20));
   c.pre_norm = true;
   c.dropout = 0.0;
-  c.attention = "softmax";
+  c.attention = AttentionKind::Softmax;
   c.fused = true;
   if (spec.model_type == "gpt_neox") read_gpt_neox(r, c);
   else read_llama_like(r, spec.model_type, c);
@@ -147,7 +111,7 @@ HfModelSpec hf_model_spec(std::string_view config_json, const std::string& sourc
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (the model " + source + " describes, in rotary's terms)");
   }
-  const int64_t max_pos = r.integer("max_position_embeddings", 2048, 1, kMaxAbsPosition);
+  const int64_t max_pos = r.integer("max_position_embeddings", 1, kMaxAbsPosition).value_or(2048);
   spec.trained_context = rope.original_max_position_embeddings > 0 && rope.scaling != RopeScaling::None
                              ? rope.original_max_position_embeddings
                              : max_pos;
@@ -174,7 +138,7 @@ std::vector<HfTensorPlace> hf_tensor_places(const HfModelSpec& spec) {
   };
   auto norm = [&](const std::string& ours, const std::string& theirs) {
     add(ours + ".weight", theirs + ".weight", {d});
-    if (c.normalization == "layernorm") add(ours + ".bias", theirs + ".bias", {d});
+    if (c.normalization == NormKind::LayerNorm) add(ours + ".bias", theirs + ".bias", {d});
   };
   if (spec.model_type == "gpt_neox") {
     add("tok_emb.weight", "gpt_neox.embed_in.weight", {V, d});

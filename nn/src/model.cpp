@@ -15,7 +15,7 @@ tnn::Linear linear(int64_t in, int64_t out, bool bias) { return tnn::Linear(tnn:
 
 }  // namespace
 
-NormImpl::NormImpl(const std::string& kind, int64_t dim, double eps) : rms_(kind == "rmsnorm"), eps_(eps) {
+NormImpl::NormImpl(NormKind kind, int64_t dim, double eps) : rms_(kind == NormKind::RmsNorm), eps_(eps) {
   weight_ = register_parameter("weight", torch::ones({dim}));
   if (!rms_) bias_ = register_parameter("bias", torch::zeros({dim}));
 }
@@ -39,11 +39,12 @@ BlockImpl::BlockImpl(const ModelConfig& c)
   wv_ = register_module("wv", linear(d, n_kv_heads_ * hd, c.qkv_bias));
   wo_ = register_module("wo", linear(n_heads_ * hd, d, c.out_bias));
   ln_mlp_ = register_module("ln_mlp", Norm(c.normalization, d, c.norm_eps));
-  if (mlp_kind_ == "swiglu") fc_gate_ = register_module("fc_gate", linear(d, ff, c.mlp_bias));
+  if (mlp_kind_ == MlpKind::SwiGlu) fc_gate_ = register_module("fc_gate", linear(d, ff, c.mlp_bias));
   fc_in_ = register_module("fc_in", linear(d, ff, c.mlp_bias));
   fc_out_ = register_module("fc_out", linear(ff, d, c.mlp_bias));
   drop_ = register_module("drop", tnn::Dropout(c.dropout));
-  if (c.attention == "performer")  // the first draw from torch's generator, seeded like the parameters' init
+  // The first draw from torch's generator, seeded like the parameters' init.
+  if (c.attention == AttentionKind::Performer)
     performer_proj_ = register_buffer(
         "performer_proj", draw_performer_projection(c.performer_feature_count(), hd, at::detail::getDefaultCPUGenerator()));
 }
@@ -56,8 +57,8 @@ void BlockImpl::redraw_performer_projection(at::Generator gen) {
 }
 
 torch::Tensor BlockImpl::mlp(const torch::Tensor& h) {
-  if (mlp_kind_ == "swiglu") return fc_out_(torch::silu(fc_gate_(h)) * fc_in_(h));
-  return fc_out_(torch::gelu(fc_in_(h), mlp_kind_ == "gelu_tanh" ? "tanh" : "none"));
+  if (mlp_kind_ == MlpKind::SwiGlu) return fc_out_(torch::silu(fc_gate_(h)) * fc_in_(h));
+  return fc_out_(torch::gelu(fc_in_(h), mlp_kind_ == MlpKind::GeluTanh ? "tanh" : "none"));
 }
 
 torch::Tensor BlockImpl::forward(const torch::Tensor& x, const Attend& attend) {

@@ -1,5 +1,6 @@
 // rotary/json_guard.h: the nesting bound every JSON reader applies before parsing, the parse that turns every
-// nlohmann exception into a rotary::Error, and the excerpt that error messages show of a value.
+// nlohmann exception into a rotary::Error, the excerpt that error messages show of a value, and JsonObject, the
+// checked field reader every JSON reader uses (its one rule for integers).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -7,6 +8,7 @@
 
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
+#include "expect_error.h"
 
 namespace rotary {
 namespace {
@@ -76,6 +78,63 @@ TEST(json_guard, ExcerptIsShortWhateverTheValue) {
   EXPECT_EQ(deep, std::string(97, '[') + "...");
   // Strings that are not UTF-8 (nlohmann's dump throws on them) show with a replacement character.
   EXPECT_EQ(json_excerpt(json(std::string("a\xff"))), "\"a\xef\xbf\xbd\"");
+}
+
+// The one rule for integers (config.json, the HF model spec and tokenizer.json all read through it): JSON
+// integers, and numbers written with a fraction whose value is integral, in range; nothing else.
+TEST(json_guard, OneRuleForIntegers) {
+  EXPECT_EQ(json_integer(json(4096)), 4096);
+  EXPECT_EQ(json_integer(json(-3)), -3);
+  EXPECT_EQ(json_integer(json::parse("4096.0")), 4096);   // Python's json.dumps(float(4096))
+  EXPECT_EQ(json_integer(json::parse("-0.0")), 0);
+  EXPECT_EQ(json_integer(json::parse("1e3")), 1000);
+  EXPECT_EQ(json_integer(json::parse("9223372036854775807")), INT64_MAX);
+  EXPECT_FALSE(json_integer(json::parse("9223372036854775808")));   // unsigned past 2^63 - 1
+  EXPECT_FALSE(json_integer(json::parse("18446744073709551615")));  // would wrap to -1 as int64
+  EXPECT_FALSE(json_integer(json::parse("4.5")));
+  EXPECT_FALSE(json_integer(json::parse("1e300")));                 // integral, but no int64
+  EXPECT_FALSE(json_integer(json::parse("9007199254740993.0")));    // past 2^53: not exact in the double
+  EXPECT_FALSE(json_integer(json("4")));
+  EXPECT_FALSE(json_integer(json(true)));
+  EXPECT_FALSE(json_integer(json(nullptr)));
+  EXPECT_EQ(json_integer(json(5), 1, 5), 5);
+  EXPECT_FALSE(json_integer(json(6), 1, 5));
+  EXPECT_FALSE(json_integer(json::parse("0.0"), 1, 5));
+  EXPECT_EQ(json_integer_allowed(1, 5), "an integer in [1, 5]");
+  EXPECT_EQ(json_integer_allowed(), "an integer");
+}
+
+TEST(json_guard, JsonObjectNamesTheFieldTheValueAndWhatIsAllowed) {
+  const json j = json::parse(R"({"n": 7, "x": 0.5, "s": "a", "b": true, "l": [1, 2.5], "z": null, "o": {"k": 1},
+                                 "f": 8.0, "bad_l": [1, "2"]})");
+  const JsonObject o(&j, "config.json: ");
+  EXPECT_EQ(o.integer("n"), 7);
+  EXPECT_EQ(o.integer("f"), 8);
+  EXPECT_EQ(o.number("x"), 0.5);
+  EXPECT_EQ(o.text("s"), "a");
+  EXPECT_EQ(o.boolean("b"), true);
+  EXPECT_EQ(o.number_list("l"), (std::vector<double>{1, 2.5}));
+  // Absent and null are both "not given".
+  EXPECT_FALSE(o.integer("missing"));
+  EXPECT_FALSE(o.integer("z"));
+  EXPECT_FALSE(JsonObject(nullptr, "rope_scaling.").number("factor"));
+  EXPECT_EQ(o.object("o").integer("k"), 1);
+  EXPECT_EQ(o.object("o").path("k"), "config.json: o.k");
+  EXPECT_FALSE(o.object("absent").integer("k"));
+
+  test::expect_error([&] { o.integer("x"); }, {"config.json: x = 0.5", "allowed: an integer"});
+  test::expect_error([&] { o.integer("n", 1, 5); }, {"config.json: n = 7", "an integer in [1, 5]"});
+  test::expect_error([&] { o.number("s"); }, {"config.json: s = \"a\"", "a number"});
+  test::expect_error([&] { o.text("n"); }, {"config.json: n = 7", "a string"});
+  test::expect_error([&] { o.boolean("n"); }, {"config.json: n = 7", "true or false"});
+  test::expect_error([&] { o.number_list("bad_l"); }, {"config.json: bad_l[1] = \"2\"", "a number"});
+  test::expect_error([&] { o.number_list("n"); }, {"config.json: n = 7", "a list of numbers"});
+  test::expect_error([&] { o.object("n"); }, {"config.json: n = 7", "a JSON object"});
+  test::expect_error([&] { o.required_integer("missing", 0, 9); }, {"config.json: missing = (missing)",
+                                                                     "an integer in [0, 9]"});
+  test::expect_error([&] { o.required_text("z"); }, {"config.json: z = (missing)", "a string"});
+  test::expect_error([&] { JsonObject::of(json::array(), "tokenizer.json: model"); },
+                     {"tokenizer.json: model = []", "a JSON object"});
 }
 
 }  // namespace

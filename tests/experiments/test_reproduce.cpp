@@ -89,7 +89,7 @@ TEST(Reproduce, EveryScaleDescribesValidRuns) {
   EXPECT_EQ(text.base.task, "text");
   EXPECT_EQ(text.base.eval_problems, 0);
   const CompareSpec perf = reproduce_compare_spec(d, "seed002_performer");
-  EXPECT_EQ(perf.base.model.attention, "performer");
+  EXPECT_EQ(perf.base.model.attention, nn::AttentionKind::Performer);
   EXPECT_EQ(perf.base.task_options.text_tokenizer, "char");
   EXPECT_EQ(perf.encodings, (std::vector<std::string>{"none", "rope"}));
 }

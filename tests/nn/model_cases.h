@@ -89,29 +89,29 @@ inline std::vector<Case> all_cases() {
   }
   {
     ModelConfig c = small_config("rope");
-    c.attention = "linear";
+    c.attention = AttentionKind::Linear;
     add("linear_rope", c);
   }
   {
     ModelConfig c = small_config("rope");
-    c.attention = "linear";
+    c.attention = AttentionKind::Linear;
     c.encoding.rope = yarn_spec();
     c.encoding.rope.layout = RopeLayout::Interleaved;
     add("linear_rope_yarn_interleaved", c);
   }
   {
     ModelConfig c = small_config("none");
-    c.attention = "linear";
+    c.attention = AttentionKind::Linear;
     add("linear_none", c);
   }
   {
     ModelConfig c = small_config("rope");  // rotary before FAVOR+, GQA, m = round(16 ln 16) = 44
-    c.attention = "performer";
+    c.attention = AttentionKind::Performer;
     add("performer_rope", c);
   }
   {
     ModelConfig c = small_config("rope");
-    c.attention = "performer";
+    c.attention = AttentionKind::Performer;
     c.encoding.rope = yarn_spec();
     c.encoding.rope.layout = RopeLayout::Interleaved;
     c.encoding.rotary_fraction = 0.5;
@@ -120,7 +120,7 @@ inline std::vector<Case> all_cases() {
   }
   {
     ModelConfig c = small_config("learned");
-    c.attention = "performer";
+    c.attention = AttentionKind::Performer;
     c.n_kv_heads = 0;
     add("performer_learned_mha", c);
   }

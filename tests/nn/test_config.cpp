@@ -85,6 +85,10 @@ TEST(config, JsonErrorsNameTheField) {
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"kind": "xpos"}})"),
                {"encoding.kind", "xpos", "none, learned, sinusoidal, alibi, t5, rope, roper, rerope, leaky_rerope"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"kind": "rope", "windw": 3}})"), {"encoding.windw"});
+  // The kinds are enums in the code; their names are checked where they come in.
+  expect_error(parse(R"({"vocab_size": 9, "normalization": "batchnorm"})"),
+               {"normalization = batchnorm", "layernorm, rmsnorm"});
+  expect_error(parse(R"({"vocab_size": 9, "mlp": "relu"})"), {"mlp = relu", "gelu, gelu_tanh, swiglu"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"scaling": "stretchy"}}})"), {"stretchy"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"yarn": {"beta": 1}}}})"),
                {"encoding.rope.yarn.beta"});
@@ -126,13 +130,12 @@ TEST(config, ValidateNamesTheField) {
   expect_error(bad([](ModelConfig& c) { c.encoding.rope.head_dim = 32; }), {"encoding.rope.head_dim"});
   expect_error(bad([](ModelConfig& c) { c.encoding.rope.scaling = RopeScaling::Linear, c.encoding.rope.factor = -1; }),
                {"factor", "encoding.rope"});
-  expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.kind = EncodingKind::Alibi; }), {"encoding.kind", "linear"});
-  expect_error(bad([](ModelConfig& c) { c.attention = "linear", c.encoding.logn_train_len = 16; }),
+  expect_error(bad([](ModelConfig& c) { c.attention = AttentionKind::Linear, c.encoding.kind = EncodingKind::Alibi; }),
+               {"encoding.kind", "linear"});
+  expect_error(bad([](ModelConfig& c) { c.attention = AttentionKind::Linear, c.encoding.logn_train_len = 16; }),
                {"encoding.logn_train_len"});
   expect_error(bad([](ModelConfig& c) { c.d_model = 32; }), {"head_dim = 8", "16..256", "fused = false"});
   // The checkpoint families' block options.
-  expect_error(bad([](ModelConfig& c) { c.normalization = "batchnorm"; }), {"normalization = batchnorm", "layernorm, rmsnorm"});
-  expect_error(bad([](ModelConfig& c) { c.mlp = "relu"; }), {"mlp = relu", "gelu, gelu_tanh, swiglu"});
   expect_error(bad([](ModelConfig& c) { c.norm_eps = 0; }), {"norm_eps = 0"});
   expect_error(bad([](ModelConfig& c) { c.pre_norm = false, c.parallel_residual = true; }), {"parallel_residual", "pre_norm"});
   expect_error(bad([](ModelConfig& c) { c.sliding_window = -1; }), {"sliding_window = -1"});
@@ -150,9 +153,9 @@ TEST(config, ValidateNamesTheField) {
   c.fused = false;
   EXPECT_NO_THROW(c.validate());
   c.fused = true;
-  c.attention = "linear";  // the linear attention kernel takes any head_dim up to 1024
+  c.attention = AttentionKind::Linear;  // the linear attention kernel takes any head_dim up to 1024
   EXPECT_NO_THROW(c.validate());
-  c.attention = "softmax";
+  c.attention = AttentionKind::Softmax;
   c.encoding.kind = EncodingKind::Alibi;  // the score-bias kinds now run in the fused kernel too
   expect_error_naming([&] { c.validate(); }, "head_dim");
 }

@@ -212,7 +212,7 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
     const double bound = 3.0 * (p32 - full).abs().max().item<double>() + 8.0 * 1.1920929e-07 * full.abs().max().item<double>();
     MemoryDecodeOptions o;
     o.window = 6;
-    o.policy = std::string(kind) == "rope" ? "exact" : "rerope";
+    o.policy = std::string(kind) == "rope" ? MemoryPolicy::Exact : MemoryPolicy::Rerope;
     o.top_k = 1000;
     MemoryDecodeStats stats;
     const torch::Tensor got = m->decode_logits_with_memory(seq, o, &stats).to(torch::kDouble);
@@ -255,7 +255,7 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
   m->to(torch::kFloat);
   MemoryDecodeOptions o;
   o.window = 6;
-  o.policy = "rerope";
+  o.policy = MemoryPolicy::Rerope;
   EXPECT_EQ(m->decode_logits_with_memory(seq, o).size(0), int64_t(seq.size()));
 }
 
@@ -272,7 +272,7 @@ TEST(generate_with_memory, UnlimiformerPolicyRunsThroughTheModel) {
   const torch::Tensor full = m->forward(tokens)[0].detach();
   m->to(torch::kFloat);
   MemoryDecodeOptions o;
-  o.policy = "unlimiformer";
+  o.policy = MemoryPolicy::Unlimiformer;
   o.top_k = 1000;
   o.window = 64;
   EXPECT_LE((m->decode_logits_with_memory(seq, o).to(torch::kDouble) - full).abs().max().item<double>(), 1e-4);
@@ -309,16 +309,13 @@ TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
   MemoryDecodeOptions bad = o;
   bad.window = 0;
   refuses("rope", true, bad, "memory.window");
-  bad = o, bad.policy = "unlimited";
-  refuses("rope", true, bad, "memory_policy");
   bad = o, bad.top_k = -1;
   refuses("rope", true, bad, "memory.top_k");
   bad = o, bad.prefill_chunk = -2;
   refuses("rope", true, bad, "memory.prefill_chunk");
-  bad = o, bad.policy = "rerope";  // window 4 < the ReRoPE window 5: memory keys nearer than w would sit at w
+  // Window 4 < the ReRoPE window 5: memory keys nearer than w would sit at w.
+  bad = o, bad.policy = MemoryPolicy::Rerope;
   refuses("rerope", true, bad, "memory_kv_cache.window");
-  bad = o, bad.reference_policy = "nearest";
-  refuses("rope", true, bad, "memory.reference_policy = nearest");
 }
 
 // reference_policy: a policy measured against itself retrieves the same rows with the same logits (overlap 1,
@@ -333,14 +330,14 @@ TEST(generate_with_memory, ReferencePolicyMeasuresTheRetrievedSetAndLogits) {
   o.top_k = 4;
   o.retrieve_in_prompt = false;
   const std::vector<int64_t> plain = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
-  o.reference_policy = "exact";
+  o.reference_policy = MemoryPolicy::Exact;
   MemoryDecodeStats same;
   EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &same), plain);
   EXPECT_GT(same.compared_steps, 0);
   EXPECT_EQ(same.compared_steps, same.retrieving_steps);  // every step that retrieved was compared
   EXPECT_EQ(same.reference_overlap, 1.0);
   EXPECT_EQ(same.logit_error, 0.0);
-  o.policy = "unlimiformer";
+  o.policy = MemoryPolicy::Unlimiformer;
   MemoryDecodeStats moved;
   m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &moved);
   EXPECT_EQ(moved.compared_steps, moved.retrieving_steps);

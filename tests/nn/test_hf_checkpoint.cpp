@@ -132,8 +132,8 @@ INSTANTIATE_TEST_SUITE_P(Families, HfRerope, ::testing::Values("llama2", "gpt_ne
 
 TEST(HfModelSpec, ReadsEachFamilysArchitecture) {
   const HfModelSpec llama = hf_model_spec_file((kFixtures / "llama3").string());
-  EXPECT_EQ(llama.config.normalization, "rmsnorm");
-  EXPECT_EQ(llama.config.mlp, "swiglu");
+  EXPECT_EQ(llama.config.normalization, NormKind::RmsNorm);
+  EXPECT_EQ(llama.config.mlp, MlpKind::SwiGlu);
   EXPECT_FALSE(llama.config.qkv_bias);
   EXPECT_TRUE(llama.config.tie_embeddings);
   EXPECT_EQ(llama.config.kv_heads(), 1);
@@ -150,7 +150,7 @@ TEST(HfModelSpec, ReadsEachFamilysArchitecture) {
   const HfModelSpec neox = hf_model_spec_file((kFixtures / "gpt_neox").string());
   EXPECT_TRUE(neox.config.parallel_residual);
   EXPECT_EQ(neox.config.resolved_encoding().rope.rotary_dim, 4);
-  EXPECT_EQ(neox.config.normalization, "layernorm");
+  EXPECT_EQ(neox.config.normalization, NormKind::LayerNorm);
 }
 
 // ---- Bad checkpoints ---------------------------------------------------------------------------------------------
@@ -199,6 +199,36 @@ TEST(HfModelSpec, FamilySemanticsOfOptionalKeys) {
   // GPT-NeoX has no num_key_value_heads (GPTNeoXConfig ignores the key): one kv head per head, and it loads.
   const HfModelSpec neox = spec_of("gpt_neox", [](auto& j) { j["num_key_value_heads"] = 1; });
   EXPECT_EQ(neox.config.kv_heads(), neox.config.n_heads);
+}
+
+// config.json is read with the core's one rule for integers (json_guard.h), as the RoPE fields are: 32.0 (as
+// Python writes float(32)) is 32; 32.5, a string, a value past 2^63 or out of range is refused naming the key.
+TEST(HfModelSpec, IntegersFollowTheOneRuleOfEveryJsonReader) {
+  const auto spec_of = [](const std::function<void(nlohmann::json&)>& edit) {
+    std::ifstream in(kFixtures / "llama2" / "config.json");
+    nlohmann::json j = nlohmann::json::parse(in);
+    edit(j);
+    return hf_model_spec(j.dump(), "llama2/config.json");
+  };
+  const HfModelSpec plain = spec_of([](auto&) {});
+  const HfModelSpec written_as_floats = spec_of([](auto& j) {
+    for (const char* key : {"hidden_size", "num_hidden_layers", "intermediate_size", "vocab_size"})
+      j[key] = j[key].template get<double>();
+  });
+  EXPECT_EQ(written_as_floats.config.d_model, plain.config.d_model);
+  EXPECT_EQ(written_as_floats.config.n_layers, plain.config.n_layers);
+  EXPECT_EQ(written_as_floats.config.d_ff, plain.config.d_ff);
+  EXPECT_EQ(written_as_floats.config.vocab_size, plain.config.vocab_size);
+  expect_error([&] { spec_of([](auto& j) { j["hidden_size"] = 32.5; }); },
+               {"llama2/config.json: hidden_size = 32.5", "an integer in [1, 65536]"});
+  expect_error([&] { spec_of([](auto& j) { j["num_hidden_layers"] = "2"; }); },
+               {"llama2/config.json: num_hidden_layers = \"2\"", "an integer in [1, 1024]"});
+  expect_error([&] { spec_of([](auto& j) { j["vocab_size"] = uint64_t(1) << 63; }); },
+               {"vocab_size = 9223372036854775808", "an integer in [1, 2147483647]"});
+  expect_error([&] { spec_of([](auto& j) { j.erase("intermediate_size"); }); },
+               {"llama2/config.json: intermediate_size = (missing)", "an integer in [1, 1048576]"});
+  expect_error([&] { spec_of([](auto& j) { j["rms_norm_eps"] = 0; }); },
+               {"llama2/config.json: rms_norm_eps = 0", "a number in (0, 1]"});
 }
 
 TEST(HfCheckpointErrors, GptNeoxWithAKeyItsFamilyLacksLoads) {

@@ -142,7 +142,7 @@ void exact_zero_gradients_stay_zero_float32(const ModelConfig& c) {
     EXPECT_LE(max_abs(p.grads[i].second), 8.0 * FLT_EPSILON * scale) << "plain " << t.grads[i].first;
   }
   // Softmax scores that ignore a per-row shift make every layer's key bias gradient zero: the check above ran.
-  if (c.attention == "softmax" && !is_rotary(c.encoding.kind)) {
+  if (c.attention == AttentionKind::Softmax && !is_rotary(c.encoding.kind)) {
     EXPECT_GE(zeros, c.n_layers);
   }
 }
@@ -186,7 +186,7 @@ TEST(model, ShiftingPositionsLeavesRotaryLogitsUnchanged) {
     const ModelConfig& c = cs.config;
     // A performer with rope is relative only in expectation over its random draw: one fixed projection w is not
     // rotation-invariant, so phi(R(m) q) . phi(R(n) k) depends on m, n and not only on n - m.
-    if (c.attention == "performer" && is_rotary(c.encoding.kind)) continue;
+    if (c.attention == AttentionKind::Performer && is_rotary(c.encoding.kind)) continue;
     const bool relative = is_rotary(c.encoding.kind) && c.encoding.logn_train_len == 0;
     const bool absolute = c.encoding.kind == EncodingKind::Learned || c.encoding.kind == EncodingKind::Sinusoidal || c.encoding.logn_train_len > 0;
     if (!relative && !absolute) continue;
@@ -268,7 +268,7 @@ TEST(t5, FusedAttentionRunsTheCoreOpWithTheTableGradient) {
     std::vector<torch::Tensor> grads[2];
     torch::Tensor out[2];
     for (int fused = 0; fused < 2; ++fused) {
-      out[fused] = model_attention(q, k, v, pos, pc, "softmax", fused == 1);
+      out[fused] = model_attention(q, k, v, pos, pc, AttentionKind::Softmax, fused == 1);
       std::vector<torch::Tensor> wrt = {q, k, v};
       if (e.kind == EncodingKind::T5) wrt.push_back(table);
       grads[fused] = torch::autograd::grad({(out[fused] * w).sum()}, wrt);
@@ -300,7 +300,7 @@ TEST(t5, TheBiasTableIsOneParameterThatLearns) {
 
 TEST(model, FusedLinearAttentionRunsTheCoreOp) {
   ModelConfig c = small_config("rope");
-  c.attention = "linear";
+  c.attention = AttentionKind::Linear;
   const PositionContext pc = make_position_context(c.resolved_encoding(), c.n_heads, c.head_dim(), kSeq);
   torch::manual_seed(3);
   auto make_input = [&](int64_t heads) {
@@ -308,8 +308,8 @@ TEST(model, FusedLinearAttentionRunsTheCoreOp) {
   };
   const torch::Tensor q = make_input(c.n_heads), k = make_input(c.kv_heads()), v = make_input(c.kv_heads());
   const torch::Tensor pos = torch::arange(kSeq, torch::kLong).expand({kBatch, kSeq}) * 3;
-  const torch::Tensor fused = model_attention(q, k, v, pos, pc, "linear", /*fused=*/true);
-  const torch::Tensor plain = model_attention(q, k, v, pos, pc, "linear", /*fused=*/false);
+  const torch::Tensor fused = model_attention(q, k, v, pos, pc, AttentionKind::Linear, /*fused=*/true);
+  const torch::Tensor plain = model_attention(q, k, v, pos, pc, AttentionKind::Linear, /*fused=*/false);
   ASSERT_TRUE(fused.grad_fn() && plain.grad_fn());
   EXPECT_NE(fused.grad_fn()->name().find("LinearAttentionFunction"), std::string::npos) << fused.grad_fn()->name();
   EXPECT_EQ(plain.grad_fn()->name().find("LinearAttentionFunction"), std::string::npos) << plain.grad_fn()->name();

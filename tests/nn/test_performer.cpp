@@ -100,7 +100,7 @@ TEST(performer, ApproximatesSoftmaxAttentionBetterWithMoreFeatures) {
   const torch::Tensor exact = softmax_attention_plain(q, k, v, pos, pos, pc);
   auto error_with = [&](int64_t m) {
     const torch::Tensor w = draw_performer_projection(m, D, generator(21)).to(torch::kDouble);
-    const torch::Tensor approx = linear_attention_plain(q, k, v, pos, pos, pc, "performer", w);
+    const torch::Tensor approx = linear_attention_plain(q, k, v, pos, pos, pc, AttentionKind::Performer, w);
     return (approx - exact).norm().item<double>() / exact.norm().item<double>();
   };
   const double coarse = error_with(16), fine = error_with(4096);
@@ -113,7 +113,7 @@ TEST(performer, ApproximatesSoftmaxAttentionBetterWithMoreFeatures) {
 // with h = 1e-6 are accurate to ~1e-9 here).
 TEST(performer, FusedGradientsMatchFiniteDifferences) {
   ModelConfig c = testing::small_config("rope");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   const int64_t B = 1, S = 6, Hq = 2, Hkv = 1, D = 16, m = 12;
   const PositionContext pc = make_position_context(c.resolved_encoding(), int(Hq), int(D), S);
   const torch::Tensor w = draw_performer_projection(m, D, generator(5)).to(torch::kDouble);
@@ -124,7 +124,7 @@ TEST(performer, FusedGradientsMatchFiniteDifferences) {
   const torch::Tensor pos = torch::tensor({3, 4, 6, 7, 11, 12}, torch::kLong).view({1, S});
   const torch::Tensor weight = torch::randn({B, S, Hq, D}, torch::kDouble);
   auto loss = [&](const torch::Tensor& a, const torch::Tensor& b, const torch::Tensor& cv) {
-    return (model_attention(a, b, cv, pos, pc, "performer", /*fused=*/true, w) * weight).sum();
+    return (model_attention(a, b, cv, pos, pc, AttentionKind::Performer, /*fused=*/true, w) * weight).sum();
   };
   loss(q, k, v).backward();
   torch::NoGradGuard no_grad;
@@ -150,7 +150,7 @@ TEST(performer, FusedGradientsMatchFiniteDifferences) {
 // 2^34 floats (64 GiB) and throw; the features are N x m (m = 44: 23 MB).
 TEST(performer, FusedRunsAtSequenceLengthsNoQuadraticBufferFits) {
   ModelConfig c = testing::small_config("rope");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   const int64_t N = int64_t(1) << 17, D = 16;
   const PositionContext pc = make_position_context(c.resolved_encoding(), 1, int(D), N);
   const torch::Tensor w = draw_performer_projection(44, D, generator(9));
@@ -158,7 +158,7 @@ TEST(performer, FusedRunsAtSequenceLengthsNoQuadraticBufferFits) {
   torch::Tensor q = torch::randn({1, N, 1, D}).requires_grad_(), k = torch::randn({1, N, 1, D}).requires_grad_();
   torch::Tensor v = torch::randn({1, N, 1, D}).requires_grad_();
   const torch::Tensor pos = torch::arange(N, torch::kLong).view({1, N});
-  const torch::Tensor out = model_attention(q, k, v, pos, pc, "performer", /*fused=*/true, w);
+  const torch::Tensor out = model_attention(q, k, v, pos, pc, AttentionKind::Performer, /*fused=*/true, w);
   out.sum().backward();
   EXPECT_TRUE(torch::isfinite(out).all().item<bool>());
   for (const torch::Tensor* x : {&q, &k, &v}) EXPECT_TRUE(torch::isfinite(x->grad()).all().item<bool>());
@@ -169,7 +169,7 @@ TEST(performer, FusedRunsAtSequenceLengthsNoQuadraticBufferFits) {
 // another; the projection is a buffer, so it is saved with the model, and no parameter.
 TEST(performer, RedrawIsDeterministicPerSeedAndPerLayer) {
   ModelConfig c = testing::small_config("rope");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   torch::manual_seed(1);
   Transformer a(c);
   torch::manual_seed(2);
@@ -191,10 +191,10 @@ TEST(performer, RedrawIsDeterministicPerSeedAndPerLayer) {
 
 TEST(performer, SettingsItCannotUseAreRefusedNamingTheField) {
   ModelConfig c = testing::small_config("alibi");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   expect_error([&] { c.validate(); }, {"encoding.kind", "attention = performer"});
   c = testing::small_config("rope");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   c.encoding.logn_train_len = 8;
   expect_error([&] { c.validate(); }, "encoding.logn_train_len");
   c = testing::small_config("rope");
@@ -204,7 +204,7 @@ TEST(performer, SettingsItCannotUseAreRefusedNamingTheField) {
   c.performer_redraw = 5;
   expect_error([&] { c.validate(); }, "performer_redraw");
   c = testing::small_config("rope");
-  c.attention = "performer";
+  c.attention = AttentionKind::Performer;
   c.performer_features = 1025;
   expect_error([&] { c.validate(); }, "performer_features");
   c.performer_features = 0, c.d_model = 1024, c.n_heads = 4, c.n_kv_heads = 0;  // head_dim 256: 256 ln 256 = 1420
@@ -217,7 +217,7 @@ TEST(performer, SettingsItCannotUseAreRefusedNamingTheField) {
   EXPECT_FALSE(nlohmann::json(testing::small_config("rope")).contains("performer_features"));
   ModelConfig back = j.get<ModelConfig>();
   EXPECT_EQ(back.performer_features, 512);
-  EXPECT_EQ(back.attention, "performer");
+  EXPECT_EQ(back.attention, AttentionKind::Performer);
 }
 
 }  // namespace

@@ -101,7 +101,7 @@ TEST_F(Trainer, InterruptedAndResumedRunRepeatsTheUninterruptedOne) {
 TEST_F(Trainer, PerformerRedrawsAndResumesExactly) {
   auto performer = [](const std::string& out, int64_t redraw) {
     TrainConfig c = tiny(out);
-    c.model.attention = "performer";
+    c.model.attention = nn::AttentionKind::Performer;
     c.model.performer_redraw = redraw;
     return c;
   };

@@ -5,16 +5,23 @@
 // (error messages), copies, operator==, merge_patch. 100000 '[' overflow the stack there. Every reader therefore
 // parses through parse_json, which refuses text nested deeper than kMaxJsonDepth (real configs nest 3 or 4
 // levels) before parsing it, and shows values in error messages through json_excerpt, which stops after a
-// hundred characters instead of dumping a value of any size.
+// hundred characters instead of dumping a value of any size. Readers then take fields out of the parsed value
+// through JsonObject, the one checked reader (a config.json's RoPE fields, the HF model spec, tokenizer.json): each
+// field's type checked, errors naming the field's path, and one rule for integers (json_integer).
 //
-// check_json_depth is compiled into the core; parse_json and json_excerpt are inline so that the core's library
-// keeps nlohmann_json private (a consumer that includes this header needs nlohmann_json 3 itself).
+// check_json_depth is compiled into the core; the rest is inline so that the core's library keeps nlohmann_json
+// private (a consumer that includes this header needs nlohmann_json 3 itself).
 #pragma once
 
+#include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 #include "rotary/error.h"
 
@@ -80,5 +87,123 @@ inline std::string json_excerpt(const nlohmann::json& v, size_t max_chars = 100)
   }
   return out;
 }
+
+// The one rule for integers every reader applies: a JSON integer, or a number written with a fraction whose value
+// is integral (4096.0: Python's json writes float(4096) so, and transformers reads such configs), in [lo, hi].
+// nullopt for anything else: another type, 4.5, a value outside [lo, hi] (an unsigned value past 2^63 included).
+inline std::optional<int64_t> json_integer(const nlohmann::json& v, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+  int64_t x = 0;
+  if (v.is_number_unsigned()) {
+    if (v.get<uint64_t>() > uint64_t(INT64_MAX)) return std::nullopt;
+    x = int64_t(v.get<uint64_t>());
+  } else if (v.is_number_integer()) {
+    x = v.get<int64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!(d == std::floor(d) && std::abs(d) < 0x1p53)) return std::nullopt;  // exact in a double and in int64
+    x = int64_t(d);
+  } else {
+    return std::nullopt;
+  }
+  if (x < lo || x > hi) return std::nullopt;
+  return x;
+}
+
+// "an integer in [lo, hi]", or "an integer" when the range is all of int64: what json_integer allows, in words.
+inline std::string json_integer_allowed(int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) {
+  if (lo == INT64_MIN && hi == INT64_MAX) return "an integer";
+  return "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+}
+
+// One JSON object read with every field checked. A field is named "<prefix><key>" in errors, the prefix carrying
+// the source and the path to the object ("config.json: ", "rope_scaling.", "tokenizer.json: model."), as
+// "rotary: <prefix><key> = <value> is invalid; allowed: <what>". A field that is absent or JSON null is not given
+// (std::nullopt): transformers and tokenizers treat both as "use the default". The object may be absent (nullptr):
+// then no field is given. JsonObject refers to the value it reads; the value must outlive it.
+class JsonObject {
+ public:
+  JsonObject(const nlohmann::json* object, std::string prefix) : object_(object), prefix_(std::move(prefix)) {}
+  // `value` must be a JSON object, else an error naming `name` (its whole path) and `allowed`.
+  static JsonObject of(const nlohmann::json& value, const std::string& name,
+                       std::string_view allowed = "a JSON object") {
+    if (!value.is_object()) fail(name, json_excerpt(value), allowed);
+    return JsonObject(&value, name + ".");
+  }
+
+  const nlohmann::json* json() const { return object_; }
+  const std::string& prefix() const { return prefix_; }
+  std::string path(std::string_view key) const { return prefix_ + std::string(key); }
+
+  // The value at `key`; nullptr when absent or null.
+  const nlohmann::json* find(std::string_view key) const {
+    if (object_ == nullptr) return nullptr;
+    const auto it = object_->find(std::string(key));
+    return it == object_->end() || it->is_null() ? nullptr : &*it;
+  }
+  [[noreturn]] void fail_at(std::string_view key, const nlohmann::json& value, std::string_view allowed) const {
+    fail(path(key), json_excerpt(value), allowed);
+  }
+  [[noreturn]] void missing(std::string_view key, std::string_view allowed) const {
+    fail(path(key), "(missing)", allowed);
+  }
+
+  std::optional<int64_t> integer(std::string_view key, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) const {
+    const nlohmann::json* v = find(key);
+    if (!v) return std::nullopt;
+    const std::optional<int64_t> x = json_integer(*v, lo, hi);
+    if (!x) fail_at(key, *v, json_integer_allowed(lo, hi));
+    return x;
+  }
+  std::optional<double> number(std::string_view key) const {
+    const nlohmann::json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) fail_at(key, *v, "a number");
+    return v->get<double>();
+  }
+  std::optional<std::string> text(std::string_view key) const {
+    const nlohmann::json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_string()) fail_at(key, *v, "a string");
+    return v->get<std::string>();
+  }
+  std::optional<bool> boolean(std::string_view key) const {
+    const nlohmann::json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_boolean()) fail_at(key, *v, "true or false");
+    return v->get<bool>();
+  }
+  std::optional<std::vector<double>> number_list(std::string_view key) const {
+    const nlohmann::json* v = find(key);
+    if (!v) return std::nullopt;
+    if (!v->is_array()) fail_at(key, *v, "a list of numbers");
+    std::vector<double> out;
+    for (size_t i = 0; i < v->size(); ++i) {
+      const nlohmann::json& e = (*v)[i];
+      if (!e.is_number()) fail(path(key) + "[" + std::to_string(i) + "]", json_excerpt(e), "a number");
+      out.push_back(e.get<double>());
+    }
+    return out;
+  }
+  // The object at `key` as a JsonObject named "<prefix><key>."; an absent one when not given.
+  JsonObject object(std::string_view key) const {
+    const nlohmann::json* v = find(key);
+    if (v && !v->is_object()) fail_at(key, *v, "a JSON object");
+    return JsonObject(v, path(key) + ".");
+  }
+
+  // Fields that must be given: missing ones are an error saying what is allowed.
+  int64_t required_integer(std::string_view key, int64_t lo = INT64_MIN, int64_t hi = INT64_MAX) const {
+    if (!find(key)) missing(key, json_integer_allowed(lo, hi));
+    return *integer(key, lo, hi);
+  }
+  std::string required_text(std::string_view key) const {
+    if (!find(key)) missing(key, "a string");
+    return *text(key);
+  }
+
+ private:
+  const nlohmann::json* object_;
+  std::string prefix_;
+};
 
 }  // namespace rotary

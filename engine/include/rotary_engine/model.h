@@ -17,7 +17,9 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <ostream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "rotary/attention.h"
@@ -28,8 +30,17 @@
 
 namespace rotary::engine {
 
+// The blocks' normalisation and MLP (the nn layer's ModelConfig uses these too). The names ("rmsnorm",
+// "gelu_tanh") appear only at the edges - JSON, flags, messages - through norm_kind_name / mlp_kind_name.
 enum class NormKind : uint8_t { RmsNorm, LayerNorm };
 enum class MlpKind : uint8_t { SwiGlu, Gelu, GeluTanh };  // down(silu(gate x) * up x); down(gelu(up x)), erf / tanh
+// Every kind, in the order messages and --help list them.
+inline constexpr NormKind kNormKinds[] = {NormKind::LayerNorm, NormKind::RmsNorm};
+inline constexpr MlpKind kMlpKinds[] = {MlpKind::Gelu, MlpKind::GeluTanh, MlpKind::SwiGlu};
+std::string_view norm_kind_name(NormKind kind);  // "layernorm", "rmsnorm"
+std::string_view mlp_kind_name(MlpKind kind);    // "gelu", "gelu_tanh", "swiglu"
+std::ostream& operator<<(std::ostream& os, NormKind kind);  // the name, so check() messages show it
+std::ostream& operator<<(std::ostream& os, MlpKind kind);
 
 struct Architecture {
   int64_t vocab_size = 0, d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;

@@ -215,9 +215,9 @@ void run(const BenchCheckpointArgs& a) {
     cfg.n_heads = a.heads;
     cfg.n_kv_heads = a.kv_heads;
     cfg.d_ff = a.ff;
-    cfg.normalization = "rmsnorm";
+    cfg.normalization = nn::NormKind::RmsNorm;
     cfg.norm_eps = 1e-6;
-    cfg.mlp = "swiglu";
+    cfg.mlp = nn::MlpKind::SwiGlu;
     cfg.qkv_bias = true;
     cfg.out_bias = cfg.mlp_bias = false;
     cfg.tie_embeddings = true;

@@ -77,7 +77,7 @@ torch::Tensor softmax_attention_plain(const torch::Tensor& q, const torch::Tenso
 torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                       const torch::Tensor& positions, const PositionContext& pc);
 
-// Linear attention (attention "linear" or "performer"), causal, O(N) memory in the fused form.
+// Linear attention (AttentionKind Linear or Performer), causal, O(N) memory in the fused form.
 //   linear: RoFormer eq. 19, phi = elu + 1, RoPE on phi(q), phi(k) in the numerator only (kind rope; no rotation
 //     otherwise).
 //   performer: FAVOR+ (Choromanski et al. 2021): RoPE on q and k first (kind rope), then the positive random
@@ -92,11 +92,12 @@ torch::Tensor softmax_attention_fused(const torch::Tensor& q, const torch::Tenso
 // kernel has no grouping).
 torch::Tensor linear_attention_plain(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& q_positions, const torch::Tensor& k_positions,
-                                     const PositionContext& pc, const std::string& attention = "linear",
+                                     const PositionContext& pc, AttentionKind attention = AttentionKind::Linear,
                                      const torch::Tensor& projection = {});
 torch::Tensor linear_attention_fused(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
                                      const torch::Tensor& positions, const PositionContext& pc,
-                                     const std::string& attention = "linear", const torch::Tensor& projection = {});
+                                     AttentionKind attention = AttentionKind::Linear,
+                                     const torch::Tensor& projection = {});
 
 // The features of q or k [B, S, H, D] at positions [B, S] for the numerator and the normaliser of linear attention:
 // linear (a R(pos) phi(x), phi(x)); performer (phi(R(pos) x), the same). The plain forms and the decoder's running
@@ -105,7 +106,7 @@ struct LinearFeatures {
   torch::Tensor num, den;  // [B, S, H, D] (linear) or [B, S, H, m] (performer)
 };
 LinearFeatures linear_features(const torch::Tensor& x, const torch::Tensor& positions, const PositionContext& pc,
-                               const std::string& attention, const torch::Tensor& projection, bool query);
+                               AttentionKind attention, const torch::Tensor& projection, bool query);
 
 // FAVOR+ positive random features of x [..., D] (q or k, already rotated) with projection w [m, D]:
 //   phi(x)_i = m^-1/2 (exp(w_i . x' - |x'|^2 / 2 - c) + eps),   x' = x D^-1/4,
@@ -126,11 +127,11 @@ torch::Tensor performer_features(const torch::Tensor& x, const torch::Tensor& pr
 // the variance of the estimate against i.i.d. rows).
 torch::Tensor draw_performer_projection(int64_t m, int64_t d, at::Generator gen);
 
-// The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): attention "softmax",
-// "linear" or "performer" (projection: the layer's random features); fused -> the rotary ops, else the plain
+// The full-sequence attention the model runs (q, k, v [B, S, H, D] -> [B, S, Hq, D]): softmax, linear or
+// performer attention (projection: the layer's random features); fused -> the rotary ops, else the plain
 // forms.
 torch::Tensor model_attention(const torch::Tensor& q, const torch::Tensor& k, const torch::Tensor& v,
-                              const torch::Tensor& positions, const PositionContext& pc, const std::string& attention,
+                              const torch::Tensor& positions, const PositionContext& pc, AttentionKind attention,
                               bool fused, const torch::Tensor& projection = {});
 
 // Repeats kv heads for grouped-query attention: [B, S, Hkv, D] -> [B, S, Hkv * group, D] (head h -> h / group).

@@ -2,6 +2,7 @@
 // libtorch): position encoding, model shape, JSON, validation, and inference-time overrides.
 #pragma once
 
+#include <cstdint>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <ostream>
@@ -11,6 +12,7 @@
 
 #include "rotary/rope_spec.h"
 #include "rotary/settings.h"
+#include "rotary_engine/model.h"
 #include "rotary_nn/limits.h"
 
 namespace rotary::nn {
@@ -24,12 +26,17 @@ inline constexpr EncodingKind kEncodingKinds[] = {EncodingKind::None,  EncodingK
                                                   EncodingKind::Alibi, EncodingKind::T5,      EncodingKind::Rope,
                                                   EncodingKind::Roper, EncodingKind::Rerope,  EncodingKind::LeakyRerope};
 // softmax; linear: RoFormer eq. 19 (phi = elu + 1, RoPE on the features); performer: FAVOR+ (Choromanski et al.),
-// positive orthogonal random features of the (rotated) q and k.
-inline constexpr std::string_view kAttentionKinds[] = {"softmax", "linear", "performer"};
-// The block's normalisation and MLP: GPT-2's LayerNorm + GELU by default; Llama, Mistral and Qwen use RMSNorm +
-// SwiGLU (docs/checkpoints.md); GPT-NeoX LayerNorm + GELU with a parallel residual.
-inline constexpr std::string_view kNormalizations[] = {"layernorm", "rmsnorm"};
-inline constexpr std::string_view kMlpKinds[] = {"gelu", "gelu_tanh", "swiglu"};
+// positive orthogonal random features of the (rotated) q and k. Names at the edges only, as for EncodingKind.
+enum class AttentionKind : uint8_t { Softmax, Linear, Performer };
+inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::Softmax, AttentionKind::Linear,
+                                                    AttentionKind::Performer};
+std::string_view attention_kind_name(AttentionKind kind);  // "softmax", "linear", "performer"
+std::ostream& operator<<(std::ostream& os, AttentionKind kind);
+// The block's normalisation and MLP, the engine's enums (it runs the same blocks): GPT-2's LayerNorm + GELU by
+// default; Llama, Mistral and Qwen use RMSNorm + SwiGLU (docs/checkpoints.md); GPT-NeoX LayerNorm + GELU with a
+// parallel residual.
+using engine::MlpKind;
+using engine::NormKind;
 
 std::string_view encoding_kind_name(EncodingKind kind);  // "none", "learned", ..., "leaky_rerope"
 // rotary::Error "<field> = <name> is invalid; allowed: none, learned, ..." for an unknown name.
@@ -75,9 +82,9 @@ struct ModelConfig {
   int d_ff = 0;            // 0 = 4 * d_model
   int head_dim_override = 0;  // JSON "head_dim": 0 = d_model / n_heads (Mistral Nemo, Qwen3 set their own)
   bool pre_norm = true;
-  std::string normalization = "layernorm";  // layernorm (weight, bias) | rmsnorm (weight only)
+  NormKind normalization = NormKind::LayerNorm;  // layernorm (weight, bias) | rmsnorm (weight only)
   double norm_eps = 1e-5;
-  std::string mlp = "gelu";  // gelu (erf) | gelu_tanh | swiglu: down(silu(gate(x)) * up(x))
+  MlpKind mlp = MlpKind::Gelu;  // gelu (erf) | gelu_tanh | swiglu: down(silu(gate(x)) * up(x))
   bool qkv_bias = true;      // biases of the q, k, v projections (Llama: none; Qwen2: these only)
   bool out_bias = true;      // bias of the attention's output projection
   bool mlp_bias = true;      // biases of the MLP's projections
@@ -87,7 +94,7 @@ struct ModelConfig {
   double dropout = 0.0;
   bool tie_embeddings = true;
   int max_seq_len = 1024;  // learned absolute positions only
-  std::string attention = "softmax";  // softmax | linear (RoPE as in RoFormer eq. 19) | performer (FAVOR+)
+  AttentionKind attention = AttentionKind::Softmax;  // softmax | linear (RoFormer eq. 19) | performer (FAVOR+)
   int performer_features = 0;         // performer: random features m per layer (0 = round(head_dim ln head_dim))
   int64_t performer_redraw = 1000;    // performer: training redraws the features every N steps (0 = never)
   bool fused = true;       // true: rotary torch ops (fused kernels); false: plain torch ops (the baseline)

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "rotary/kv_memory.h"
 #include "rotary_nn/config.h"
 
 namespace rotary {
@@ -27,7 +28,7 @@ namespace rotary::nn {
 // (Llama: x / sqrt(mean(x^2) + eps) * weight, reduced in float32 at least, as Hugging Face does).
 class NormImpl : public torch::nn::Module {
  public:
-  NormImpl(const std::string& kind, int64_t dim, double eps);
+  NormImpl(NormKind kind, int64_t dim, double eps);
   torch::Tensor forward(const torch::Tensor& x);
 
  private:
@@ -54,7 +55,7 @@ class BlockImpl : public torch::nn::Module {
 
   int n_heads_, n_kv_heads_, head_dim_;
   bool pre_norm_, parallel_;
-  std::string mlp_kind_;
+  MlpKind mlp_kind_;
   Norm ln_attn_{nullptr}, ln_mlp_{nullptr};
   torch::nn::Linear wq_{nullptr}, wk_{nullptr}, wv_{nullptr}, wo_{nullptr};
   torch::nn::Linear fc_in_{nullptr}, fc_out_{nullptr}, fc_gate_{nullptr};  // fc_gate_: swiglu only
@@ -84,14 +85,15 @@ struct MemoryStep {
 
 struct MemoryDecodeOptions {
   int64_t window = 0;             // tokens per layer kept exact, >= 1 (>= the ReRoPE window for policy rerope)
-  std::string policy = "exact";   // exact | rerope | none | unlimiformer: where retrieved keys sit (kv_memory.h)
+  MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit (kv_memory.h)
   int top_k = 32;                 // memory keys per head and step (0: the window alone)
   bool retrieve_in_prompt = true; // false: prompt tokens see the window alone, retrieval starts at the last one
   int64_t prefill_chunk = 0;      // > 1: the prompt goes through in chunks of this many tokens, each attending to
                                   // the window and itself in one fused call (0 or 1: one token at a time)
-  std::string reference_policy;   // non-empty: a second memory under this policy is kept beside the first, and each
-                                  // token-by-token step that retrieves measures how `policy` moves the retrieved set
-                                  // and the logits from it (MemoryDecodeStats: seed 001's question on Unlimiformer)
+  // Set: a second memory under this policy is kept beside the first, and each token-by-token step that retrieves
+  // measures how `policy` moves the retrieved set and the logits from it (MemoryDecodeStats: seed 001's question
+  // on Unlimiformer).
+  std::optional<MemoryPolicy> reference_policy;
   // Set: called at every token-by-token step that retrieves, per layer, after the step (its time is not counted
   // in MemoryDecodeStats::answer_seconds). rotary memory measures an approximate index's recall with it.
   std::function<void(const MemoryStep&)> on_retrieve;
