@@ -1,20 +1,48 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in scripts/debian-packages.txt that are missing. Idempotent: when all are
-# present it changes nothing and needs no network. Run as root (or with sudo available).
+# Installs the Debian packages listed in scripts/debian-packages.txt that are missing, then the tokenizer oracle's
+# npm packages (tests/tokenizer_oracle, pinned by its package-lock.json) when they are missing or the lock file
+# changed. Idempotent: when all are present it changes nothing and needs no network. Run as root (or with sudo
+# available).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mapfile -t wanted < <(grep -v '^\s*#' "$here/debian-packages.txt" | sed 's/\s.*//' | grep -v '^$')
+# A package that an installed one provides counts as present (NodeSource's nodejs provides npm and conflicts with
+# Debian's).
+declare -A provided=()
+while read -r p; do
+  [ -n "$p" ] && provided["$p"]=1
+done < <(dpkg-query -W -f='${db:Status-Abbrev}|${Provides}\n' 2>/dev/null | awk -F'|' '$1 ~ /^ii/ {print $2}' |
+         tr ',' '\n' | sed 's/([^)]*)//; s/:any//; s/^ *//; s/ *$//')
 missing=()
 for p in "${wanted[@]}"; do
+  if [ -n "${provided[$p]:-}" ]; then continue; fi
   if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then missing+=("$p"); fi
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "setup: all ${#wanted[@]} Debian packages present"
-  exit 0
+else
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  echo "setup: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -q
+  $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
-echo "setup: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -q
-$sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
+
+# The tokenizer oracle's npm packages: npm ci from the lock file (no install scripts), redone only when a pinned
+# package is missing or the lock file differs from the one last installed (its hash is kept in node_modules).
+oracle="$(cd "$here/../tests/tokenizer_oracle" && pwd)"
+stamp="$oracle/node_modules/.rotary-lock-sha256"
+lock_hash="$(sha256sum "$oracle/package-lock.json" | cut -d' ' -f1)"
+installed=1
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_hash" ]; then installed=0; fi
+while read -r name; do
+  if [ ! -f "$oracle/node_modules/$name/package.json" ]; then installed=0; fi
+done < <(node -p 'Object.keys(require(process.argv[1]).dependencies).join("\n")' "$oracle/package.json")
+if [ $installed -eq 1 ]; then
+  echo "setup: the tokenizer oracle's npm packages present (tests/tokenizer_oracle)"
+else
+  echo "setup: npm ci in tests/tokenizer_oracle"
+  (cd "$oracle" && npm ci --ignore-scripts --no-audit --no-fund --no-progress)
+  echo "$lock_hash" > "$stamp"
+fi

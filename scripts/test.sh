@@ -14,7 +14,7 @@ phases=()
 phase_done() { phases+=("$(printf '%-34s %4d s' "$1" $((SECONDS - phase_start)))"); phase_start=$SECONDS; }
 
 bash "$root/scripts/setup.sh"
-phase_done "setup (Debian packages)"
+phase_done "setup (Debian, npm packages)"
 
 echo "== build (Release)"
 bash "$root/scripts/build.sh"
