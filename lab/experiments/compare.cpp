@@ -140,9 +140,9 @@ bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& to
       }
     } else if (code > 128 || stopping) {
       stopping = true;
-      result.interrupted = true;
       // The signal this process had (its children then exit 130 from the SIGINT it passed on), else the child's.
-      result.signal = stop_signal() != 0 ? stop_signal() : code > 128 ? code - 128 : SIGINT;
+      result.run.status = RunStatus::Interrupted;
+      result.run.signal = stop_signal() != 0 ? stop_signal() : code > 128 ? code - 128 : SIGINT;
     } else {
       for (const Child& other : running) ::kill(other.pid, SIGINT);
       for (const Child& other : running) lab::wait_process(other.pid);
@@ -151,9 +151,9 @@ bool train_in_processes(const std::string& program, std::vector<PlannedRun*>& to
     }
   }
   if (stopping) {
-    result.interrupted = true;
-    if (result.signal == 0) result.signal = stop_signal();
-    result.message = "interrupted; the runs saved their checkpoints: rerun the same compare to continue";
+    result.run = RunOutcome::interrupted_by(result.run.signal != 0 ? result.run.signal : stop_signal(),
+                                            "interrupted; the runs saved their checkpoints: rerun the same compare "
+                                            "to continue");
     return false;
   }
   return true;
@@ -235,9 +235,7 @@ CompareResult run_compare(const CompareSpec& spec, bool progress) {
       opts.label = p->label;
       TrainResult r = train::train(p->config, opts);
       if (r.status == TrainStatus::Interrupted) {
-        result.interrupted = true;
-        result.signal = r.signal;
-        result.message = r.message + "; rerun the same compare to continue";
+        result.run = RunOutcome::interrupted_by(r.signal, r.message + "; rerun the same compare to continue");
         return result;
       }
       if (r.status == TrainStatus::NonFinite) {

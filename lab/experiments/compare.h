@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/cell_store.h"
 #include "experiments/report.h"
 #include "train/config.h"
 
@@ -36,9 +37,7 @@ CompareSpec default_compare_spec();
 struct CompareResult {
   std::vector<CompareRun> runs;
   ReportFiles report;          // empty when interrupted
-  bool interrupted = false;
-  std::string message;
-  int signal = 0;
+  RunOutcome run;
 };
 
 // rotary::Error for an unknown encoding (before anything runs), or a run directory that holds a different run.

@@ -11,6 +11,7 @@
 #include "common/files.h"
 #include "common/limits.h"
 #include "common/lists.h"
+#include "experiments/cell_store.h"
 #include "experiments/extrapolate_eval.h"
 #include "experiments/extrapolate_report.h"
 #include "experiments/prepared_model.h"
@@ -73,29 +74,25 @@ nlohmann::json cell_settings(const Prepared& p, const ExtrapolateSpec& spec, con
 }
 
 nlohmann::json cell_to_json(const Cell& c) {
-  nlohmann::json j{{"metric", c.metric},   {"method", c.method.key()},   {"test_len", c.test_len},
-                   {"accuracy", c.accuracy}, {"count", c.count},         {"seconds", c.seconds},
-                   {"answer_distance", c.answer_distance}};
-  j["loss"] = std::isfinite(c.loss) ? nlohmann::json(c.loss) : nlohmann::json(nullptr);
-  nlohmann::json lbp = nlohmann::json::array();
-  for (double v : c.loss_by_position) lbp.push_back(std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr));
-  j["loss_by_position"] = lbp;
-  return j;
+  return {{"metric", c.metric},       {"method", c.method.key()}, {"test_len", c.test_len},
+          {"accuracy", c.accuracy},   {"count", c.count},         {"seconds", c.seconds},
+          {"answer_distance", c.answer_distance}, {"loss", c.loss}, {"loss_by_position", c.loss_by_position}};
 }
 
 void cell_from_json(const nlohmann::json& j, Cell& c) {
-  c.loss = j.at("loss").is_number() ? j["loss"].get<double>() : std::nan("");
+  c.loss = cell_number(j.at("loss"));
   c.accuracy = j.at("accuracy").get<double>();
   c.count = j.at("count").get<int64_t>();
   c.seconds = j.at("seconds").get<double>();
   c.answer_distance = j.value("answer_distance", 0.0);
   c.loss_by_position.clear();
-  for (const auto& v : j.at("loss_by_position")) c.loss_by_position.push_back(v.is_number() ? v.get<double>() : std::nan(""));
+  for (const auto& v : j.at("loss_by_position")) c.loss_by_position.push_back(cell_number(v));
 }
 
 class CellRunner {
  public:
-  CellRunner(const ExtrapolateSpec& spec, bool progress, int total) : spec_(spec), progress_(progress), total_(total) {}
+  CellRunner(const ExtrapolateSpec& spec, bool progress, int total)
+      : spec_(spec), cells_(lab::join_path(spec.out_dir, "cells")), progress_(progress), total_(total) {}
 
   Cell run(Prepared& p, const std::vector<std::vector<int32_t>>& rows, const std::string& metric, const Method& m,
            int test_len, bool sweep) {
@@ -109,9 +106,7 @@ class CellRunner {
     p.model->set_override(method_override(m, p.model->config().resolved_encoding(), L, test_len));
     const bool decoded = length_dependent_method(m) && metric != "retrieval";
     const nlohmann::json settings = cell_settings(p, spec_, metric, p.model->active_encoding(), test_len, decoded);
-    const std::string path = lab::join_path(
-        lab::join_path(lab::join_path(lab::join_path(spec_.out_dir, "cells"), p.info.role + "_" + metric), fmt::format("T{}", test_len)),
-        m.key() + ".json");
+    const std::string path = fmt::format("{}_{}/T{}/{}.json", p.info.role, metric, test_len, m.key());
     const std::string label = fmt::format("[{}/{}] {} T={} {}", index_, total_, metric, test_len, m.label(p.info.trained_logn));
 
     if (auto it = memo_.find(path); it != memo_.end()) {  // the sweep repeats a main-table cell
@@ -119,30 +114,18 @@ class CellRunner {
       same.sweep = sweep;
       return same;
     }
-    if (lab::file_exists(path)) {
-      nlohmann::json stored;  // stays null (computed again below) if the file is not readable JSON
-      try {
-        stored = parse_json(lab::read_file(path), path);
-      } catch (const Error&) {
-      }
-      bool readable = false;
-      if (stored.is_object() && stored.value("settings", nlohmann::json()) == settings && stored.contains("result")) {
-        try {
-          Cell read = c;
-          cell_from_json(stored["result"], read);
-          c = read;
-          readable = true;
-        } catch (const nlohmann::json::exception&) {
-          // A damaged cell file (edited, or not from this version): computed again below, like a missing one.
-        }
-      }
-      if (readable) {
-        c.reused = true;
-        if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
-        memo_[path] = c;
-        return c;
-      }
+    Cell read = c;
+    const CellLookup found =
+        cells_.find(path, settings, [&](const nlohmann::json& result) { cell_from_json(result, read); });
+    if (found == CellLookup::Reused) {
+      c = read;
+      c.reused = true;
+      if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
+      memo_[path] = c;
+      return c;
     }
+    if (progress_ && found != CellLookup::Missing)
+      std::fprintf(stderr, "%s: stored cell %s, computed again\n", label.c_str(), cell_lookup_name(found));
     const auto t0 = Clock::now();
     if (metric == "retrieval") {
       const RetrievalScore r = score_retrieval(p.model, test_len, spec_.problems, spec_.eval_seed);
@@ -159,8 +142,7 @@ class CellRunner {
       if (metric == "text" && test_len == max_len(spec_) && !sweep) c.loss_by_position = s.loss_by_position;
     }
     c.seconds = seconds_since(t0);
-    lab::make_dirs(path.substr(0, path.find_last_of('/')));
-    lab::write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", cell_to_json(c)}}.dump() + "\n");
+    cells_.store(path, settings, cell_to_json(c));
     if (progress_) {
       const std::string what = metric == "retrieval"
                                    ? fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.count)
@@ -175,6 +157,7 @@ class CellRunner {
   const ExtrapolateSpec& spec_;
   bool progress_;
   int total_, index_ = 0;
+  CellStore cells_;
   std::map<std::string, Cell> memo_;
 };
 
@@ -259,10 +242,10 @@ ExtrapolateResult run_extrapolate(const ExtrapolateSpec& spec_in, bool progress)
   ExtrapolateResult result;
 
   Prepared text, kv;
-  Interruption stopped;
+  RunOutcome stopped;
   auto stop = [&] {
-    result.interrupted = true, result.signal = stopped.signal;
-    result.message = stopped.message + "; rerun the same extrapolate to continue";
+    result.run =
+        RunOutcome::interrupted_by(stopped.signal, stopped.message + "; rerun the same extrapolate to continue");
     return result;
   };
   if (!prepare_model(spec.text, spec.text_checkpoint, "text", progress, text, stopped)) return stop();

@@ -79,10 +79,7 @@ nlohmann::json cell_result_json(const MemoryCell& c) {
 }
 
 void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
-  auto number = [&](const char* key) {  // null: a quantity the cell does not have (NaN when written)
-    const nlohmann::json& v = j.at(key);
-    return v.is_null() ? std::nan("") : v.get<double>();
-  };
+  auto number = [&](const char* key) { return cell_number(j.at(key)); };  // null: a quantity the cell lacks
   c.accuracy = number("accuracy");
   c.problems = j.at("problems").get<int>();
   c.key_distance = number("key_distance");
@@ -200,29 +197,25 @@ void check_baselines(const std::vector<std::string>& baselines, nn::EncodingKind
 class MemoryCellRunner {
  public:
   MemoryCellRunner(const MemorySpec& spec, PreparedModel& p, int64_t window, bool progress, int total)
-      : spec_(spec), p_(p), window_(window), progress_(progress), total_(total) {}
+      : spec_(spec), p_(p), cells_(lab::join_path(spec.out_dir, "cells")), window_(window), progress_(progress),
+        total_(total) {}
 
   MemoryCell run(MemoryCell c) {
     ++index_;
     const nlohmann::json settings = cell_settings(p_, spec_, c, window_);
     const std::string stem = c.kind == "full" ? c.name : fmt::format("{}_k{}", c.name, c.top_k);
-    const std::string path = lab::join_path(
-        lab::join_path(lab::join_path(spec_.out_dir, "cells"), fmt::format("T{}", c.test_len)), c.kind + "_" + stem + ".json");
+    const std::string path = fmt::format("T{}/{}_{}.json", c.test_len, c.kind, stem);
     const std::string label = fmt::format("[{}/{}] T={} {} {}", index_, total_, c.test_len, c.kind, stem);
-    if (lab::file_exists(path)) {
-      try {
-        const nlohmann::json stored = parse_json(lab::read_file(path), path);
-        if (stored.value("settings", nlohmann::json()) == settings) {
-          MemoryCell read = c;
-          cell_result_from_json(stored.at("result"), read);
-          read.reused = true;
-          if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
-          return read;
-        }
-      } catch (const std::exception&) {
-        // An unreadable or damaged cell (edited, cut short, another version's): computed again, like a missing one.
-      }
+    MemoryCell read = c;
+    const CellLookup found =
+        cells_.find(path, settings, [&](const nlohmann::json& result) { cell_result_from_json(result, read); });
+    if (found == CellLookup::Reused) {
+      read.reused = true;
+      if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
+      return read;
     }
+    if (progress_ && found != CellLookup::Missing)
+      std::fprintf(stderr, "%s: stored cell %s, computed again\n", label.c_str(), cell_lookup_name(found));
     const auto t0 = Clock::now();
     lab::TaskOptions options = p_.config.task_options;
     options.passkey_eval_len = c.test_len;
@@ -284,11 +277,7 @@ class MemoryCellRunner {
     for (const ProblemResult& r : acc.results) distance += key_distance(r.prompt);
     c.key_distance = acc.total ? distance / acc.total : std::nan("");
     c.seconds = seconds_since(t0);
-    lab::make_dirs(path.substr(0, path.find_last_of('/')));
-    nlohmann::json result = cell_result_json(c);
-    for (auto& [k, v] : result.items())
-      if (v.is_number_float() && !std::isfinite(v.get<double>())) v = nullptr;
-    lab::write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", result}}.dump() + "\n");
+    cells_.store(path, settings, cell_result_json(c));
     if (progress_) {
       std::string what = fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.problems);
       if (c.kind == "memory")
@@ -322,6 +311,7 @@ class MemoryCellRunner {
 
   const MemorySpec& spec_;
   PreparedModel& p_;
+  CellStore cells_;
   int64_t window_;
   bool progress_;
   int total_, index_ = 0;
@@ -563,10 +553,10 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   MemoryResult result;
 
   PreparedModel p;
-  Interruption stopped;
+  RunOutcome stopped;
   if (!prepare_model(spec.run, spec.checkpoint, "passkey", progress, p, stopped)) {
-    result.interrupted = true, result.signal = stopped.signal;
-    result.message = stopped.message + "; rerun the same memory command to continue";
+    result.run =
+        RunOutcome::interrupted_by(stopped.signal, stopped.message + "; rerun the same memory command to continue");
     return result;
   }
   const std::string who = "passkey model (" + p.info.checkpoint + ")";

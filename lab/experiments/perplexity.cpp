@@ -92,31 +92,22 @@ uint64_t weights_identity(const std::string& model_dir) {
 
 std::string g(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "NaN"; }
 
-// A loss as JSON, the way the other experiments' cells store theirs (extrapolate, memory): JSON has no NaN or Inf,
-// so a non-finite loss is null, and null reads back as NaN - a NaN cell is reused as what it is, not computed again
-// on every rerun (get<double>() of a null threw, which read as a damaged cell).
-nlohmann::json loss_to_json(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
-double loss_from_json(const nlohmann::json& v) { return v.is_null() ? std::nan("") : v.get<double>(); }
-
+// A cell's result (cell_store.h stores a NaN loss as null and cell_number reads it back as NaN).
 nlohmann::json cell_to_json(const PerplexityCell& c) {
-  nlohmann::json bins = nlohmann::json::array();
-  for (double v : c.loss_by_bin) bins.push_back(loss_to_json(v));
-  return {{"method", c.method.key()},           {"length", c.length},
-          {"tail_loss", loss_to_json(c.tail_loss)}, {"full_loss", loss_to_json(c.full_loss)},
-          {"tail_tokens", c.tail_tokens},       {"full_tokens", c.full_tokens},
-          {"loss_by_bin", bins},                {"seconds", c.seconds},
-          {"tokens_per_s", c.tokens_per_s}};
+  return {{"method", c.method.key()},   {"length", c.length},           {"tail_loss", c.tail_loss},
+          {"full_loss", c.full_loss},   {"tail_tokens", c.tail_tokens}, {"full_tokens", c.full_tokens},
+          {"loss_by_bin", c.loss_by_bin}, {"seconds", c.seconds},       {"tokens_per_s", c.tokens_per_s}};
 }
 
 void cell_from_json(const nlohmann::json& j, PerplexityCell& c) {
-  c.tail_loss = loss_from_json(j.at("tail_loss"));
-  c.full_loss = loss_from_json(j.at("full_loss"));
+  c.tail_loss = cell_number(j.at("tail_loss"));
+  c.full_loss = cell_number(j.at("full_loss"));
   c.tail_tokens = j.at("tail_tokens").get<int64_t>();
   c.full_tokens = j.at("full_tokens").get<int64_t>();
   c.seconds = j.at("seconds").get<double>();
   c.tokens_per_s = j.at("tokens_per_s").get<double>();
   c.loss_by_bin.clear();
-  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(loss_from_json(v));  // (null also: no position)
+  for (const auto& v : j.at("loss_by_bin")) c.loss_by_bin.push_back(cell_number(v));  // (null also: no position)
 }
 
 // A methods x lengths table of one value per cell (`cell_text`), plain (printed) or markdown (report.md).
@@ -321,6 +312,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));
   const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time writes these cells
+  const CellStore cells(lab::join_path(spec.out_dir, "cells"));
   train::StopSignalGuard signals;
   train::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
   int64_t step = 0;
@@ -339,25 +331,20 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
                                     {"longest", longest},
                                     {"train_len", r.train_len},
                                     {"encoding", nlohmann::json(ckpt.active_encoding())}};
-      const std::string path =
-          lab::join_path(lab::join_path(lab::join_path(spec.out_dir, "cells"), m.key()), fmt::format("T{}.json", T));
-      if (lab::file_exists(path)) {
-        try {
-          const nlohmann::json stored = parse_json(lab::read_file(path), path);
-          if (stored.at("settings") == settings) {
-            cell_from_json(stored.at("result"), c);
-            c.reused = true;
-          }
-        } catch (const std::exception&) {
-          // An unreadable or foreign cell file is computed again, like a missing one.
-        }
-      }
-      if (c.reused) {
+      const std::string name = fmt::format("{}/T{}.json", m.key(), T);
+      PerplexityCell read = c;
+      const CellLookup found =
+          cells.find(name, settings, [&](const nlohmann::json& result) { cell_from_json(result, read); });
+      if (found == CellLookup::Reused) {
+        c = read;
+        c.reused = true;
         step += spec.windows;
         bar.message(fmt::format("T={} {}: done earlier (loss {:.4f})", T, m.label(false), c.tail_loss));
         r.cells.push_back(c);
         continue;
       }
+      if (found != CellLookup::Missing)
+        bar.message(fmt::format("T={} {}: stored cell {}, computed again", T, m.label(false), cell_lookup_name(found)));
       const auto t0 = Clock::now();
       std::vector<double> by_pos(size_t(T), 0.0);
       for (int w = 0; w < spec.windows; ++w) {
@@ -371,8 +358,8 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
         bar.update(++step, loss.tail_loss, double(T) / std::max(1e-9, seconds_since(tw)));
         if (train::stop_requested()) {
           bar.finish();
-          r.interrupted = true;
-          r.signal = train::stop_signal();
+          r.run = RunOutcome::interrupted_by(train::stop_signal(), "interrupted; the finished cells are in " +
+                                                                     spec.out_dir + ", a rerun continues");
           r.seconds = seconds_since(t_start);
           return r;  // the finished cells are on disk; a rerun continues from here
         }
@@ -390,8 +377,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
         c.loss_by_bin[size_t(b)] = n_bin[size_t(b)] ? c.loss_by_bin[size_t(b)] / double(n_bin[size_t(b)]) : std::nan("");
       c.seconds = seconds_since(t0);
       c.tokens_per_s = double(T * spec.windows) / std::max(1e-9, c.seconds);
-      lab::make_dirs(path.substr(0, path.find_last_of('/')));
-      lab::write_file_atomic(path, nlohmann::json{{"settings", settings}, {"result", cell_to_json(c)}}.dump() + "\n");
+      cells.store(name, settings, cell_to_json(c));
       bar.message(fmt::format("T={} {}: loss on the last {} tokens {:.4f}, whole window {:.4f} ({:.0f} tokens/s)", T,
                               m.label(false), r.train_len, c.tail_loss, c.full_loss, c.tokens_per_s));
       r.cells.push_back(c);

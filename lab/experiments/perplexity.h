@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/cell_store.h"
 #include "experiments/checkpoint_model.h"
 #include "experiments/extrapolate_methods.h"
 #include "rotary_nn/model.h"
@@ -80,8 +81,7 @@ struct PerplexityResult {
   std::string table;        // the tail-loss table (methods x lengths), as printed
   std::string report_md, csv;
   std::string plot_problem; // why there are no PNGs ("" when there are)
-  bool interrupted = false;
-  int signal = 0;
+  RunOutcome run;
   double seconds = 0;
   // Cells whose loss is NaN or Inf ("<method> at T=<length>"), which are stored and reported as such: the command
   // exits with the status of a non-finite training loss when there is any.

@@ -17,7 +17,7 @@ namespace rotary::experiments {
 using namespace train;
 
 bool prepare_model(const TrainConfig& run, const std::string& checkpoint, const std::string& role, bool progress,
-                   PreparedModel& out, Interruption& stopped) {
+                   PreparedModel& out, RunOutcome& stopped) {
   std::string path = checkpoint;
   out.info.role = role;
   out.info.heldout_loss = std::nan("");
@@ -41,9 +41,7 @@ bool prepare_model(const TrainConfig& run, const std::string& checkpoint, const 
       opts.label = role + " model";
       TrainResult r = train::train(run, opts);
       if (r.status == TrainStatus::Interrupted) {
-        stopped.interrupted = true;
-        stopped.signal = r.signal;
-        stopped.message = r.message;
+        stopped = RunOutcome::interrupted_by(r.signal, r.message);
         return false;
       }
       if (r.status == TrainStatus::NonFinite) throw Error("rotary: the " + role + " model diverged: " + r.message);

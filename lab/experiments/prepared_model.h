@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "experiments/cell_store.h"
 #include "rotary_nn/model.h"
 #include "train/config.h"
 
@@ -29,31 +30,23 @@ struct PreparedModel {
   nn::Transformer model{nullptr};
 };
 
-// Why preparing stopped before a model was ready: training was interrupted (SIGINT / SIGTERM), and rerunning the
-// same command continues it.
-struct Interruption {
-  bool interrupted = false;
-  int signal = 0;
-  std::string message;
-};
-
-// What an experiment's run returns besides its cells: the report, the plots written (or why none), and whether
-// it stopped early (a signal while training; rerunning the same command continues).
+// What an experiment's run returns besides its cells: how it ended (a signal while training or scoring stops it;
+// rerunning the same command continues), the report and the plots written (or why none).
 struct ExperimentOutcome {
+  RunOutcome run;
   std::string report_md;
   std::vector<std::string> plots;
   std::string plot_problem;
-  bool interrupted = false;
-  std::string message;
-  int signal = 0;
   double seconds = 0;
 };
 
 // Trains `run` in run.out_dir (or reuses a finished run with the same settings, or continues an interrupted one)
 // unless `checkpoint` (a file or run directory) is given, then loads it into `out`. Returns false when training
-// was interrupted (`stopped` says how). rotary::Error when run.out_dir holds a finished run with other settings
-// (naming the first field that differs) or the model diverged.
+// was interrupted (`stopped` says how: RunStatus::Interrupted, the signal and the trainer's message).
+// rotary::Error when run.out_dir holds a finished run with other settings (naming the first field that differs) or
+// the model diverged: a trained model is the expensive input of every cell and is never replaced silently, while
+// a cell (cell_store.h) is recomputed when its settings change.
 bool prepare_model(const train::TrainConfig& run, const std::string& checkpoint, const std::string& role,
-                   bool progress, PreparedModel& out, Interruption& stopped);
+                   bool progress, PreparedModel& out, RunOutcome& stopped);
 
 }  // namespace rotary::experiments

@@ -266,20 +266,17 @@ std::string verdict_of(bool ok) { return ok ? "reproduced" : "not reproduced"; }
 
 // ---- child processes (benchmarks, decay) ---------------------------------------------------------------------
 
-// Runs `rotary <args>` unless <dir>/<name>.json holds the output of the same command; returns its JSON output
-// (the command's stdout) or null with `problem` set.
+// Runs `rotary <args>` unless <dir>/<name>.json holds the output of the same command (a cell of cell_store.h
+// whose settings are the command line); returns its JSON output (the command's stdout) or null with `problem` set.
 json cached_child_json(const ReproduceSpec& r, const std::string& dir, const std::string& name,
                        const std::vector<std::string>& args, std::string& problem, bool progress) {
-  const std::string out = lab::join_path(dir, name + ".json"), cmd = lab::join_path(dir, name + ".command");
+  const CellStore store(dir);
   std::string line;
   for (const std::string& a : args) line += (line.empty() ? "" : " ") + a;
-  if (lab::file_exists(out) && lab::file_exists(cmd) && lab::read_file(cmd) == line) {
-    try {
-      return json::parse(lab::read_file(out));
-    } catch (const std::exception&) {
-      // a damaged file: run it again
-    }
-  }
+  const json settings{{"command", line}};
+  json stored;
+  if (store.find(name + ".json", settings, [&](const json& result) { stored = result; }) == CellLookup::Reused)
+    return stored;
   if (r.rotary_program.empty()) {
     problem = "no rotary program to run `rotary " + line + "`";
     return nullptr;
@@ -303,8 +300,7 @@ json cached_child_json(const ReproduceSpec& r, const std::string& dir, const std
       return nullptr;
     }
   }
-  lab::write_file_atomic(out, j.dump(2));
-  lab::write_file_atomic(cmd, line);
+  store.store(name + ".json", settings, j);
   return j;
 }
 
@@ -394,9 +390,8 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
   std::vector<Claim>& claims = result.claims;
   std::ostringstream sections;  // the report's per-study sections
   auto interrupted = [&](const std::string& what, const std::string& message, int signal) {
-    result.interrupted = true;
-    result.signal = signal;
-    result.message = what + ": " + message + "; rerun the same `rotary reproduce` to continue";
+    result.run =
+        RunOutcome::interrupted_by(signal, what + ": " + message + "; rerun the same `rotary reproduce` to continue");
     return result;
   };
   // Runs a compare study into `in`; false when it was interrupted (result then says so).
@@ -404,8 +399,8 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     sc = compare_study(spec, study);
     if (progress) std::fprintf(stderr, "reproduce: %s (%s)\n", study.c_str(), sc.note.c_str());
     CompareResult r = run_compare(sc.spec, progress);
-    if (r.interrupted) {
-      interrupted(study, r.message, r.signal);
+    if (r.run.interrupted()) {
+      interrupted(study, r.run.message, r.run.signal);
       return false;
     }
     in = ReportInputs{sc.spec.out_dir, sc.spec.base.task, sc.spec.encodings, r.runs, sc.spec.base, "", {}};
@@ -587,7 +582,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     es.command_line = spec.command_line;
     if (progress) std::fprintf(stderr, "reproduce: seed004_extrapolate\n");
     ex = run_extrapolate(es, progress);
-    if (ex->interrupted) return interrupted("seed004_extrapolate", ex->message, ex->signal);
+    if (ex->run.interrupted()) return interrupted("seed004_extrapolate", ex->run.message, ex->run.signal);
   }
   {
     const int L = es.text.seq_len;

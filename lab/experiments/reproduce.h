@@ -57,9 +57,7 @@ struct ReproduceResult {
   std::vector<Claim> claims;
   std::string report_md;       // <out>/report.md
   std::string claims_json;     // <out>/claims.json
-  bool interrupted = false;
-  std::string message;
-  int signal = 0;
+  RunOutcome run;
   double seconds = 0;
 };
 

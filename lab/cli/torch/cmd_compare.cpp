@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/torch/run_outcome.h"
 #include "cli/command.h"
 #include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
@@ -33,10 +34,7 @@ struct CompareCommand {
     spec.command_line = quoted_command_line();
 
     experiments::CompareResult r = experiments::run_compare(spec, !no_progress);
-    if (r.interrupted) {
-      std::fprintf(stderr, "rotary compare: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
-    }
+    exit_if_interrupted(r.run, "compare");
     experiments::ReportInputs in;
     in.encodings = spec.encodings;
     in.runs = r.runs;

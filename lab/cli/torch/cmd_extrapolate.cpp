@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
+#include "cli/torch/run_outcome.h"
 #include "cli/command.h"
 #include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
@@ -65,10 +66,7 @@ struct ExtrapolateCommand {
   void run() {
     const experiments::ExtrapolateSpec spec = resolve();
     experiments::ExtrapolateResult r = experiments::run_extrapolate(spec, !no_progress);
-    if (r.interrupted) {
-      std::fprintf(stderr, "rotary extrapolate: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
-    }
+    exit_if_interrupted(r.run, "extrapolate");
     std::vector<int> lengths;
     for (int m : spec.multiples) lengths.push_back(spec.text.seq_len * m);
     std::sort(lengths.begin(), lengths.end());

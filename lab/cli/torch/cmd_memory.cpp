@@ -2,6 +2,7 @@
 // retrieval memory under each position policy, beside the full-context baselines where they fit.
 #include <cstdio>
 
+#include "cli/torch/run_outcome.h"
 #include "cli/command.h"
 #include "cli/torch/train_flags.h"
 #include "common/exit_status.h"
@@ -54,10 +55,7 @@ struct MemoryCommand {
   void run() {
     const experiments::MemorySpec spec = resolve();
     experiments::MemoryResult r = experiments::run_memory(spec, !no_progress);
-    if (r.interrupted) {
-      std::fprintf(stderr, "rotary memory: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
-    }
+    exit_if_interrupted(r.run, "memory");
     std::printf("%s\n", r.report_md.c_str());
     std::printf("report: %s/report.md (%.0f s)\n", spec.out_dir.c_str(), r.seconds);
   }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 #include <string>
 
+#include "cli/torch/run_outcome.h"
 #include "cli/command.h"
 #include "cli/torch/checkpoint_flags.h"
 #include "cli/torch/train_flags.h"
@@ -40,11 +41,7 @@ struct PerplexityCommand {
     spec.logn = logn == "both" ? std::vector<bool>{false, true} : std::vector<bool>{logn == "on"};
     spec.command_line = quoted_command_line();
     experiments::PerplexityResult r = experiments::run_perplexity(spec, !no_progress);
-    if (r.interrupted) {
-      std::fprintf(stderr, "rotary perplexity: interrupted; the finished cells are in %s, a rerun continues\n",
-                   spec.out_dir.c_str());
-      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
-    }
+    exit_if_interrupted(r.run, "perplexity");
     std::printf("%s", r.table.c_str());
     if (!r.plot_problem.empty()) std::printf("note: %s\n", r.plot_problem.c_str());
     std::printf("report: %s, %s (%.0f s)\n", r.report_md.c_str(), r.csv.c_str(), r.seconds);

@@ -2,6 +2,7 @@
 // beside our numbers (lab/experiments/reproduce.h).
 #include <cstdio>
 
+#include "cli/torch/run_outcome.h"
 #include "cli/command.h"
 #include "common/exit_status.h"
 #include "cli/torch/train_flags.h"
@@ -27,10 +28,7 @@ struct ReproduceCommand {
     spec.rotary_program = "/proc/self/exe";
     spec.command_line = quoted_command_line();
     const experiments::ReproduceResult r = experiments::run_reproduce(spec, !no_progress);
-    if (r.interrupted) {
-      std::fprintf(stderr, "rotary reproduce: %s\n", r.message.c_str());
-      throw CLI::RuntimeError(lab::interrupted_exit_status(r.signal));
-    }
+    exit_if_interrupted(r.run, "reproduce");
     std::printf("%-4s %-28s %-32s %s\n", "seed", "study", "verdict", "claim");
     for (const experiments::Claim& c : r.claims)
       std::printf("%-4s %-28s %-32s %s\n", c.seed.c_str(), c.study.c_str(), c.verdict.c_str(), c.claim.c_str());
