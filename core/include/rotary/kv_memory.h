@@ -147,7 +147,8 @@ void validate_memory_attention(const KvMemory& memory, const MemoryAttentionPara
 void memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
 // float64 oracle, written apart from the fast path and from search_query / row_logit
 // (core/src/memory_attention_reference.cpp): every logit from the policy table above in double (cos/sin of the
-// exact angle), a full sort of the rows (ties: the earlier row), the softmax and the merge in double, one thread. (The stronger check is against full attention: with top_k = size, window + memory equals
+// exact angle), a full sort of the rows (ties: the earlier row), the softmax and the merge in double, one thread.
+// (The stronger check is against full attention: with top_k = size, window + memory equals
 // attention_decode_reference over all the tokens - tests/core/test_kv_memory.cpp.)
 void memory_attention_reference(const KvMemory& memory, const MemoryAttentionParams& p);
 
@@ -190,7 +191,7 @@ class MemoryKvCache {
 
   // n tokens, k, v [n, Hkv, D] fp32 un-rotated, positions increasing past the last one.
   void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions);
-  // One decode step (MemoryDecodeParams below): the window through attention_decode, the memory's top-k through
+  // One decode step (MemoryDecodeParams above): the window through attention_decode, the memory's top-k through
   // memory_attention, merged into p.o.
   void decode(const MemoryDecodeParams& p) const;
 
