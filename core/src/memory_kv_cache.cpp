@@ -1,6 +1,7 @@
 // core/src/memory_kv_cache.cpp: MemoryKvCache (rotary/kv_memory.h) - a KvCache window with a KvMemory behind it.
-// Apart from kv_memory.cpp so that the memory and its file reader build without the decode kernels (the fuzz
-// target of the memory file links kv_memory.cpp alone, fuzz/CMakeLists.txt).
+// Apart from the memory (kv_memory.cpp, kv_memory_file.cpp, memory_attention*.cpp) so that the memory and its file
+// reader build without the decode kernels (the fuzz target of the memory file links those alone,
+// fuzz/CMakeLists.txt).
 #include <algorithm>
 #include <cstdint>
 #include <memory>
@@ -99,43 +100,41 @@ void MemoryKvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, co
   m.window->append(c.window, m.rows_view(m.k_rows, 0), m.rows_view(m.v_rows, 0), m.pos_rows.data());
 }
 
-void MemoryKvCache::decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o,
-                           double softmax_scale, float* memory_mass, int64_t* retrieved, int threads,
-                           const int64_t* candidates) const {
+void MemoryKvCache::decode(const MemoryDecodeParams& d) const {
   const Impl& m = *impl_;
   check(m.window->size() > 0, "memory_kv_cache size", 0, "> 0 (append before decoding)");
-  check(top_k >= 0, "memory_kv_cache.decode top_k", top_k, ">= 0 (0: the window alone)");
-  const int64_t Hq = q.heads;
+  check(d.top_k >= 0, "memory_kv_cache.decode top_k", d.top_k, ">= 0 (0: the window alone)");
+  const int64_t Hq = d.q.heads;
   std::vector<float> lse(size_t(std::max<int64_t>(Hq, 1)));
   DecodeParams p;
-  p.q = q;
-  p.o = o;
+  p.q = d.q;
+  p.o = d.o;
   p.lse = lse.data();
-  p.q_positions = &q_position;
-  p.softmax_scale = softmax_scale;
-  p.threads = threads;
+  p.q_positions = &d.q_position;
+  p.softmax_scale = d.softmax_scale;
+  p.threads = d.threads;
   attention_decode(*m.window, p);  // validates q, o, the position and the head counts
-  const int k = int(std::min<int64_t>(top_k, m.memory->size()));
-  if (memory_mass) std::fill_n(memory_mass, Hq, 0.f);
-  if (retrieved) std::fill_n(retrieved, Hq * top_k, int64_t(-1));
+  const int k = int(std::min<int64_t>(d.top_k, m.memory->size()));
+  if (d.memory_mass) std::fill_n(d.memory_mass, Hq, 0.f);
+  if (d.retrieved) std::fill_n(d.retrieved, Hq * d.top_k, int64_t(-1));
   if (k == 0) return;
   std::vector<int64_t> rows(size_t(Hq * k));
   MemoryAttentionParams mp;
-  mp.query_origin = query_origin(q_position);
+  mp.query_origin = query_origin(d.q_position);
   mp.tokens = 1;
-  mp.q = q;
-  mp.q_positions = &q_position;
+  mp.q = d.q;
+  mp.q_positions = &d.q_position;
   mp.top_k = k;
-  mp.softmax_scale = softmax_scale;
-  mp.o = o;
+  mp.softmax_scale = d.softmax_scale;
+  mp.o = d.o;
   mp.lse = lse.data();
   mp.retrieved = rows.data();
-  mp.memory_mass = memory_mass;
-  mp.threads = threads;
-  mp.candidates = candidates;
+  mp.memory_mass = d.memory_mass;
+  mp.threads = d.threads;
+  mp.candidates = d.candidates;
   memory_attention(*m.memory, mp);
-  if (retrieved)
-    for (int64_t h = 0; h < Hq; ++h) std::copy_n(rows.data() + h * k, k, retrieved + h * top_k);
+  if (d.retrieved)
+    for (int64_t h = 0; h < Hq; ++h) std::copy_n(rows.data() + h * k, k, d.retrieved + h * d.top_k);
 }
 
 int64_t MemoryKvCache::query_origin(int64_t position) const {

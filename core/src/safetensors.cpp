@@ -1,18 +1,13 @@
 // core/src/safetensors.cpp: see rotary/safetensors.h.
 #include "rotary/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <sstream>
 #include <limits>
 
+#include "mapped_file.h"
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
@@ -40,23 +35,9 @@ int64_t SafetensorsTensor::numel() const {
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   SafetensorsFile f;
   f.source_ = path;
-  const int fd = open_regular_file(path, "safetensors file");
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    ::close(fd);
-    throw Error("rotary: cannot open safetensors file " + path + ": " + std::strerror(errno));
-  }
-  f.map_size_ = size_t(st.st_size);
-  if (f.map_size_ > 0) {
-    f.map_ = ::mmap(nullptr, f.map_size_, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (f.map_ == MAP_FAILED) {
-      f.map_ = nullptr;
-      ::close(fd);
-      throw Error("rotary: cannot map " + path + ": " + std::strerror(errno));
-    }
-  }
-  ::close(fd);
-  f.parse(static_cast<const uint8_t*>(f.map_), f.map_size_);
+  f.map_ = std::make_unique<detail::MappedFile>(
+      detail::MappedFile::open(path, "safetensors file", "a readable regular file", "safetensors"));
+  f.parse(static_cast<const uint8_t*>(f.map_->data()), f.map_->size());
   return f;
 }
 
@@ -68,24 +49,10 @@ SafetensorsFile SafetensorsFile::from_bytes(std::string_view bytes, const std::s
   return f;
 }
 
-SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept { *this = std::move(o); }
-
-SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept {
-  if (this != &o) {
-    if (map_) ::munmap(map_, map_size_);
-    source_ = std::move(o.source_);
-    map_ = o.map_, map_size_ = o.map_size_;
-    o.map_ = nullptr, o.map_size_ = 0;
-    owned_ = std::move(o.owned_);  // a vector's buffer moves: the views into it stay valid
-    tensors_ = std::move(o.tensors_);
-    metadata_ = std::move(o.metadata_);
-  }
-  return *this;
-}
-
-SafetensorsFile::~SafetensorsFile() {
-  if (map_) ::munmap(map_, map_size_);
-}
+// A vector's buffer moves with it, and the mapping stays where it is: the tensors' views stay valid.
+SafetensorsFile::SafetensorsFile(SafetensorsFile&& o) noexcept = default;
+SafetensorsFile& SafetensorsFile::operator=(SafetensorsFile&& o) noexcept = default;
+SafetensorsFile::~SafetensorsFile() = default;
 
 void SafetensorsFile::parse(const uint8_t* bytes, size_t size) {
   const std::string& src = source_;

@@ -147,7 +147,7 @@ class MemoryCache final : public LayerCache {
   }
   torch::Tensor attend(const torch::Tensor& q, const torch::Tensor& q_position) override {
     const torch::Tensor q2 = q[0][0].to(torch::kFloat).contiguous();  // [Hq, D]
-    const int64_t Hq = q2.size(0), D = q2.size(1);
+    const int64_t Hq = q2.size(0);
     torch::Tensor out = torch::empty_like(q2);
     std::vector<float> mass(static_cast<size_t>(Hq));
     const int k = retrieve_ ? top_k_ : 0;
@@ -160,8 +160,11 @@ class MemoryCache final : public LayerCache {
       candidates.assign(static_cast<size_t>(Hq * step.top_k), -1);
       search_(step, candidates.data());
     }
-    cache_->decode({q2.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {out.data_ptr<float>(), Hq, Hq * D, D}, scale_,
-                   mass.data(), got.empty() ? nullptr : got.data(), 0, candidates.empty() ? nullptr : candidates.data());
+    MemoryDecodeParams params = decode_params(q2, out, pos, k);
+    params.memory_mass = mass.data();
+    params.retrieved = got.empty() ? nullptr : got.data();
+    params.candidates = candidates.empty() ? nullptr : candidates.data();
+    cache_->decode(params);
     if (k > 0 && reference_ && cache_->memory().size() > 0) compare(q2, pos, k, got);
     if (k > 0 && on_retrieve_ && cache_->memory().size() > 0) probe(q2, pos, k, got);
     if (k > 0 && cache_->memory().size() > 0) {
@@ -229,8 +232,9 @@ class MemoryCache final : public LayerCache {
     const int64_t Hq = q.size(0), D = q.size(1), group = Hq / cache_->config().kv_heads;
     torch::Tensor scratch = torch::empty_like(q);
     std::vector<int64_t> want(got.size());
-    reference_->decode({q.data_ptr<float>(), Hq, Hq * D, D}, pos, k, {scratch.data_ptr<float>(), Hq, Hq * D, D},
-                       scale_, nullptr, want.data());
+    MemoryDecodeParams params = decode_params(q, scratch, pos, k);
+    params.retrieved = want.data();
+    reference_->decode(params);
     const KvMemory& mem = cache_->memory();
     const KvMemory& ref = reference_->memory();
     const int64_t origin = cache_->config().policy == MemoryPolicy::Unlimiformer ? cache_->query_origin(pos) : 0;
@@ -265,6 +269,17 @@ class MemoryCache final : public LayerCache {
     stats_.reference_seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   }
 
+  // A decode step of query q [Hq, D] fp32 contiguous at pos into out (as q), top_k = k; no optional outputs.
+  MemoryDecodeParams decode_params(const torch::Tensor& q, torch::Tensor& out, int64_t pos, int k) const {
+    const int64_t Hq = q.size(0), D = q.size(1);
+    MemoryDecodeParams params;
+    params.q = {q.data_ptr<float>(), Hq, Hq * D, D};
+    params.q_position = pos;
+    params.o = {out.data_ptr<float>(), Hq, Hq * D, D};
+    params.top_k = k;
+    params.softmax_scale = scale_;
+    return params;
+  }
   // The step as MemoryDecodeOptions' hooks see it (without the rows attended). q [Hq, D].
   MemoryStep step_of(const torch::Tensor& q, int64_t pos, int k) const {
     MemoryStep step;

@@ -739,7 +739,8 @@ TEST(MemoryKvCache, StepByStepEqualsFullAttentionWithAllOfMemory) {
       std::vector<float> o(size_t(s.Hq * s.D)), mass(size_t(s.Hq));
       std::vector<int64_t> rows(size_t(s.Hq * 100));
       const HeadsView qv{s.q.data(), s.Hq, s.Hq * s.D, s.D}, ov{o.data(), s.Hq, s.Hq * s.D, s.D};
-      cache.decode(qv, q_pos, 100, ov, 0, mass.data(), rows.data());
+      cache.decode(
+          {.q = qv, .q_position = q_pos, .o = ov, .top_k = 100, .memory_mass = mass.data(), .retrieved = rows.data()});
       std::vector<float> o_full, lse_full;
       decode_step(s, pp, 0, t + 1, q_pos, o_full, lse_full);
       ASSERT_LT(max_abs_diff(o, o_full), 2e-5) << "step " << t;
@@ -756,15 +757,16 @@ TEST(MemoryKvCache, StepByStepEqualsFullAttentionWithAllOfMemory) {
         std::vector<float> o_top(o.size()), o_cand(o.size());
         std::vector<int64_t> top(size_t(s.Hq * 3)), cand(size_t(s.Hq * 3)), got(size_t(s.Hq * 3));
         const HeadsView top_v{o_top.data(), s.Hq, s.Hq * s.D, s.D}, cand_v{o_cand.data(), s.Hq, s.Hq * s.D, s.D};
-        cache.decode(qv, q_pos, 3, top_v, 0, nullptr, top.data());
+        cache.decode({.q = qv, .q_position = q_pos, .o = top_v, .top_k = 3, .retrieved = top.data()});
         for (int64_t h = 0; h < s.Hq; ++h)
           for (int i = 0; i < 3; ++i) cand[size_t(h * 3 + i)] = top[size_t(h * 3 + 2 - i)];
-        cache.decode(qv, q_pos, 3, cand_v, 0, nullptr, got.data(), 0, cand.data());
+        cache.decode({.q = qv, .q_position = q_pos, .o = cand_v, .top_k = 3, .retrieved = got.data(),
+                      .candidates = cand.data()});
         ASSERT_LT(max_abs_diff(o_cand, o_top), 1e-6) << "step " << t;
         ASSERT_EQ(got, top) << "step " << t;
       }
       // The window alone.
-      cache.decode(qv, q_pos, 0, ov);
+      cache.decode({.q = qv, .q_position = q_pos, .o = ov, .top_k = 0});
       std::vector<float> o_win, lse_win;
       decode_step(s, pp, t + 1 - cache.window_size(), cache.window_size(), q_pos, o_win, lse_win);
       ASSERT_LT(max_abs_diff(o, o_win), 2e-5) << "step " << t;

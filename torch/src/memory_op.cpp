@@ -64,8 +64,15 @@ class MemoryKvCacheHolder : public torch::CustomClassHolder {
     at::Tensor out = at::empty_like(q3, at::MemoryFormat::Contiguous);
     at::Tensor mass = at::zeros({q.size(0)}, at::kFloat);
     at::Tensor rows = at::full({q.size(0), top_k}, -1, at::kLong);
-    cache_->decode(heads_view(q3), q_position, int(top_k), heads_view(out), softmax_scale, mass.data_ptr<float>(),
-                   rows.data_ptr<int64_t>());
+    MemoryDecodeParams params;
+    params.q = heads_view(q3);
+    params.q_position = q_position;
+    params.o = heads_view(out);
+    params.top_k = int(top_k);
+    params.softmax_scale = softmax_scale;
+    params.memory_mass = mass.data_ptr<float>();
+    params.retrieved = rows.data_ptr<int64_t>();
+    cache_->decode(params);
     return {out.view(q.sizes()), mass, rows};
   }
 

@@ -145,8 +145,10 @@ void validate_memory_attention(const KvMemory& memory, const MemoryAttentionPara
 // Exact top-k over the whole memory (flat inner-product search, fp32, threads over (token, head)), softmax over
 // the retrieved keys, merged into o / lse. Ties in score keep the earlier row.
 void memory_attention(const KvMemory& memory, const MemoryAttentionParams& p);
-// float64 oracle: the search query in double (cos/sin of the exact angle), every score and the softmax in double,
-// a full stable sort. (The stronger check is against full attention: with top_k = size, window + memory equals
+// float64 oracle, written apart from the fast path and from search_query / row_logit
+// (core/src/memory_attention_reference.cpp): every logit from the policy table above in double (cos/sin of the
+// exact angle), a full sort of the rows (ties: the earlier row), the softmax and the merge in double, one thread.
+// (The stronger check is against full attention: with top_k = size, window + memory equals
 // attention_decode_reference over all the tokens - tests/core/test_kv_memory.cpp.)
 void memory_attention_reference(const KvMemory& memory, const MemoryAttentionParams& p);
 
@@ -163,6 +165,23 @@ struct MemoryKvCacheConfig {
   MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit; rerope places them at pos.window
 };
 
+// One decode step of a MemoryKvCache: one query token, the window and the top-k of the memory.
+struct MemoryDecodeParams {
+  HeadsView q;                          // [Hq, D] fp32, Hq % Hkv == 0
+  int64_t q_position = 0;               // >= the last position appended
+  HeadsView o;                          // [Hq, D] fp32 output
+  int top_k = 32;                       // memory keys per head; 0: the window alone; more than the memory holds:
+                                        // all of it
+  double softmax_scale = 0;             // 0 means 1/sqrt(D)
+  float* memory_mass = nullptr;         // optional [Hq]: the share of the softmax mass on the memory
+  int64_t* retrieved = nullptr;         // optional [Hq, top_k]: the memory rows retrieved, best first (-1 past
+                                        // what there is)
+  const int64_t* candidates = nullptr;  // optional [Hq, min(top_k, memory size)], rows or -1: the rows an index
+                                        // proposed, attended instead of the exact top-k
+                                        // (MemoryAttentionParams::candidates); null: the exact search
+  int threads = 0;                      // OpenMP threads at most; 0: omp_get_max_threads()
+};
+
 class MemoryKvCache {
  public:
   explicit MemoryKvCache(const MemoryKvCacheConfig& config);  // rotary::Error naming the field
@@ -172,14 +191,9 @@ class MemoryKvCache {
 
   // n tokens, k, v [n, Hkv, D] fp32 un-rotated, positions increasing past the last one.
   void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions);
-  // One query token q [Hq, D] at q_position (>= the last position): o [Hq, D]. top_k memory keys per head (0:
-  // the window alone; more than the memory holds: all of it). Optional outputs per head: the share of the softmax
-  // mass on the memory ([Hq]) and the memory rows retrieved ([Hq, top_k], -1 past what there is). `candidates`
-  // ([Hq, min(top_k, memory size)], rows or -1): the rows an index proposed, attended instead of the exact top-k
-  // (MemoryAttentionParams::candidates); null: the exact search.
-  void decode(const HeadsView& q, int64_t q_position, int top_k, const HeadsView& o, double softmax_scale = 0,
-              float* memory_mass = nullptr, int64_t* retrieved = nullptr, int threads = 0,
-              const int64_t* candidates = nullptr) const;
+  // One decode step (MemoryDecodeParams above): the window through attention_decode, the memory's top-k through
+  // memory_attention, merged into p.o.
+  void decode(const MemoryDecodeParams& p) const;
 
   // Policy Unlimiformer's query origin: the position of the first query that retrieved. The first call fixes it
   // at `position` (decode() calls it when it retrieves; a chunked prefill that retrieves calls it too); later calls

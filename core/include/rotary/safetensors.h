@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +22,10 @@
 #include "rotary/dtype.h"
 
 namespace rotary {
+
+namespace detail {
+class MappedFile;  // core-internal (core/src/mapped_file.h)
+}  // namespace detail
 
 struct SafetensorsTensor {
   std::string name;
@@ -56,8 +61,7 @@ class SafetensorsFile {
   void parse(const uint8_t* bytes, size_t size);  // fills tensors_ and metadata_ or throws
 
   std::string source_;
-  void* map_ = nullptr;  // mmap'd file (open), or null
-  size_t map_size_ = 0;
+  std::unique_ptr<detail::MappedFile> map_;  // the file mapped read-only (open), or null
   std::vector<uint8_t> owned_;  // from_bytes
   std::vector<SafetensorsTensor> tensors_;
   std::map<std::string, std::string> metadata_;

@@ -1,0 +1,67 @@
+// core/src/mapped_file.h (internal): the file plumbing of the core's two binary formats - safetensors (read) and
+// the retrieval memory's file (read and written, kv_memory_file.cpp):
+//   MappedFile         a regular file mapped read-only (files.h's open_regular_file, fstat, mmap), unmapped with it
+//   write_file_atomic  a temporary file beside the target, written, fsync'ed, renamed over it, then files.h's
+//                      sync_directory_of: the target is either complete or absent, and survives a crash once written
+//   fnv1a64            FNV-1a 64, the memory file's header checksum (not cryptographic)
+// lab/common/files.h keeps an atomic writer of its own (write_file_atomic, with a non-durable mode and a per-thread
+// counter in the temporary name) and its own fnv1a64: the lab is a higher layer and core/src is not its interface.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+namespace rotary::detail {
+
+class MappedFile {
+ public:
+  // Maps the regular file `path` read-only. Errors: open_regular_file's, naming `field` and `allowed` (missing,
+  // a directory, a FIFO, ...); then "rotary: <who>: cannot open <path>: <reason>" (fstat) or "rotary: <who>:
+  // cannot map <path>: <reason>". An empty file maps to data() == nullptr, size() == 0.
+  static MappedFile open(const std::string& path, std::string_view field, std::string_view allowed,
+                         std::string_view who);
+  MappedFile() = default;
+  ~MappedFile();
+  MappedFile(MappedFile&& other) noexcept;
+  MappedFile& operator=(MappedFile&& other) noexcept;
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const void* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// What write_file_atomic hands its `fill`: writes the bytes given in order to the temporary file.
+class FileSink {
+ public:
+  virtual void write(const void* data, size_t n) = 0;
+  // Zero bytes up to `offset` bytes written in all (nothing if there already).
+  void pad_to(uint64_t offset);
+  uint64_t written() const { return written_; }
+
+ protected:
+  ~FileSink() = default;
+  uint64_t written_ = 0;
+};
+
+// Writes `path` atomically: `fill` writes the content to "<path>.tmp.<pid>", which is fsync'ed and renamed over
+// `path`, then the directory is synced. A failure removes the temporary file and throws rotary::Error
+// "rotary: <who>: cannot create <tmp>: <reason>" / "writing <tmp>" / "fsync <tmp>" / "cannot rename <tmp> to
+// <path>" (or sync_directory_of's); whatever `fill` throws passes through after the same clean-up.
+void write_file_atomic(const std::string& path, std::string_view who, const std::function<void(FileSink&)>& fill);
+
+inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
+inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1a64Offset) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+}  // namespace rotary::detail
