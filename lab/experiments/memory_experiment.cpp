@@ -18,6 +18,7 @@
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
 #include "rotary/kv_memory.h"
+#include "rotary_nn/memory_decoding.h"
 #include "tasks/task.h"
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
@@ -234,7 +235,7 @@ class MemoryCellRunner {
       acc = exact_match(p_.model, *task, spec_.index_problems, spec_.eval_seed, spec_.eval_seed,
                         [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
                           probe.new_prompt();
-                          return p_.model->generate_with_memory(prompt, max_new, 0.0, stop_id, seed, o);
+                          return nn::generate_with_memory(*p_.model, prompt, max_new, 0.0, stop_id, seed, o);
                         });
       probe.finish(c);
       c.memory_mass = c.ms_per_answer_token = c.reference_overlap = c.logit_error = std::nan("");
@@ -246,7 +247,7 @@ class MemoryCellRunner {
                         [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
                           nn::MemoryDecodeStats s;
                           std::vector<int64_t> out =
-                              p_.model->generate_with_memory(prompt, max_new, 0.0, stop_id, seed, o, &s);
+                              nn::generate_with_memory(*p_.model, prompt, max_new, 0.0, stop_id, seed, o, &s);
                           if (s.retrieving_steps > 0) mass += s.memory_mass, ++retrieving;
                           if (s.compared_steps > 0) overlap += s.reference_overlap, error += s.logit_error, ++compared;
                           sum.memory_tokens += s.memory_tokens;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "rotary_nn/memory_decoding.h"
 #include "model_cases.h"
 #include "rotary/error.h"
 #include "rotary/kv_memory.h"
@@ -215,7 +216,7 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
     o.policy = std::string(kind) == "rope" ? MemoryPolicy::Exact : MemoryPolicy::Rerope;
     o.top_k = 1000;
     MemoryDecodeStats stats;
-    const torch::Tensor got = m->decode_logits_with_memory(seq, o, &stats).to(torch::kDouble);
+    const torch::Tensor got = decode_logits_with_memory(*m, seq, o, &stats).to(torch::kDouble);
     EXPECT_LE((got - full).abs().max().item<double>(), bound);
     EXPECT_GE(stats.memory_tokens, int64_t(seq.size()) - 12);
     EXPECT_GT(stats.retrieving_steps, 0);
@@ -224,11 +225,11 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
     // The window alone (top_k 0) is not the full forward once tokens have left it...
     MemoryDecodeOptions window_only = o;
     window_only.top_k = 0;
-    const torch::Tensor win = m->decode_logits_with_memory(seq, window_only).to(torch::kDouble);
+    const torch::Tensor win = decode_logits_with_memory(*m, seq, window_only).to(torch::kDouble);
     EXPECT_GT((win - full).abs().max().item<double>(), 100 * bound);
     // ...but is, while every token still fits in it.
     window_only.window = 64;
-    const torch::Tensor wide = m->decode_logits_with_memory(seq, window_only).to(torch::kDouble);
+    const torch::Tensor wide = decode_logits_with_memory(*m, seq, window_only).to(torch::kDouble);
     EXPECT_LE((wide - full).abs().max().item<double>(), bound);
     // Chunks of the prompt (5 and 7 tokens: the window moves to the memory inside and between chunks) give the
     // same logits.
@@ -236,7 +237,7 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
       MemoryDecodeOptions chunked = o;
       chunked.prefill_chunk = chunk;
       MemoryDecodeStats cs;
-      const torch::Tensor g = m->decode_logits_with_memory(seq, chunked, &cs).to(torch::kDouble);
+      const torch::Tensor g = decode_logits_with_memory(*m, seq, chunked, &cs).to(torch::kDouble);
       EXPECT_LE((g - full).abs().max().item<double>(), bound) << "chunk " << chunk;
       // A chunk sees the memory as it was when the chunk began (its own window is the window plus the chunk), so
       // fewer tokens find one to search.
@@ -245,10 +246,10 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
     }
     // Generation: the same tokens as the plain KV-cache decoder, token by token and in chunks.
     const std::vector<int64_t> plain_ids = m->generate(kPrompt, kNew, 0.0, -1, 0);
-    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), plain_ids);
+    EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o), plain_ids);
     MemoryDecodeOptions chunked = o;
     chunked.prefill_chunk = 4;
-    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, chunked), plain_ids);
+    EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, chunked), plain_ids);
   }
   ModelConfig leaky = small_config("leaky_rerope");
   Transformer m = make(leaky, true);
@@ -256,7 +257,7 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
   MemoryDecodeOptions o;
   o.window = 6;
   o.policy = MemoryPolicy::Rerope;
-  EXPECT_EQ(m->decode_logits_with_memory(seq, o).size(0), int64_t(seq.size()));
+  EXPECT_EQ(decode_logits_with_memory(*m, seq, o).size(0), int64_t(seq.size()));
 }
 
 // The `unlimiformer` policy through the model (its semantics are the core's, tests/core/test_kv_memory.cpp): while
@@ -275,18 +276,18 @@ TEST(generate_with_memory, UnlimiformerPolicyRunsThroughTheModel) {
   o.policy = MemoryPolicy::Unlimiformer;
   o.top_k = 1000;
   o.window = 64;
-  EXPECT_LE((m->decode_logits_with_memory(seq, o).to(torch::kDouble) - full).abs().max().item<double>(), 1e-4);
+  EXPECT_LE((decode_logits_with_memory(*m, seq, o).to(torch::kDouble) - full).abs().max().item<double>(), 1e-4);
   o.window = 6;
   for (int64_t chunk : {0, 5}) {
     o.prefill_chunk = chunk;
     MemoryDecodeStats stats;
-    const torch::Tensor got = m->decode_logits_with_memory(seq, o, &stats).to(torch::kDouble);
+    const torch::Tensor got = decode_logits_with_memory(*m, seq, o, &stats).to(torch::kDouble);
     EXPECT_TRUE(torch::isfinite(got).all().item<bool>());
     EXPECT_GT((got - full).abs().max().item<double>(), 1e-2) << "chunk " << chunk;
     EXPECT_GT(stats.retrieving_steps, 0);
     EXPECT_GT(stats.memory_mass, 0.0);
     EXPECT_LT(stats.memory_mass, 1.0);
-    EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o).size(), size_t(kNew));
+    EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o).size(), size_t(kNew));
   }
 }
 
@@ -295,7 +296,7 @@ TEST(generate_with_memory, ModelsAndOptionsItCannotServeAreRefused) {
     Transformer m = make(small_config(kind), fused);
     m->to(torch::kFloat);
     try {
-      m->generate_with_memory(kPrompt, 3, 0.0, -1, 0, o);
+      generate_with_memory(*m, kPrompt, 3, 0.0, -1, 0, o);
       ADD_FAILURE() << "accepted " << field;
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(field), std::string::npos) << e.what();
@@ -329,17 +330,17 @@ TEST(generate_with_memory, ReferencePolicyMeasuresTheRetrievedSetAndLogits) {
   o.window = 3;
   o.top_k = 4;
   o.retrieve_in_prompt = false;
-  const std::vector<int64_t> plain = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  const std::vector<int64_t> plain = generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o);
   o.reference_policy = MemoryPolicy::Exact;
   MemoryDecodeStats same;
-  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &same), plain);
+  EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o, &same), plain);
   EXPECT_GT(same.compared_steps, 0);
   EXPECT_EQ(same.compared_steps, same.retrieving_steps);  // every step that retrieved was compared
   EXPECT_EQ(same.reference_overlap, 1.0);
   EXPECT_EQ(same.logit_error, 0.0);
   o.policy = MemoryPolicy::Unlimiformer;
   MemoryDecodeStats moved;
-  m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &moved);
+  generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o, &moved);
   EXPECT_EQ(moved.compared_steps, moved.retrieving_steps);
   EXPECT_GT(moved.reference_overlap, 0.0);
   EXPECT_LT(moved.reference_overlap, 1.0);
@@ -347,7 +348,7 @@ TEST(generate_with_memory, ReferencePolicyMeasuresTheRetrievedSetAndLogits) {
   EXPECT_TRUE(std::isfinite(moved.logit_error));
   o.top_k = 1000;  // every memory row: the same set, only the logits differ
   MemoryDecodeStats all;
-  m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &all);
+  generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o, &all);
   EXPECT_EQ(all.reference_overlap, 1.0);
   EXPECT_GT(all.logit_error, 1e-3);
 }
@@ -380,7 +381,7 @@ TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
   o.top_k = 4;
   o.retrieve_in_prompt = false;
   MemoryDecodeStats plain_stats;
-  const std::vector<int64_t> plain = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &plain_stats);
+  const std::vector<int64_t> plain = generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o, &plain_stats);
   int64_t steps = 0, rows_checked = 0;
   std::vector<int> per_layer(size_t(m->config().n_layers));
   o.on_retrieve = [&](const MemoryStep& s) {
@@ -397,7 +398,7 @@ TEST(generate_with_memory, OnRetrieveShowsEachRetrievingStepWithItsExactRows) {
     for (int64_t i = 0; i < s.q_heads * s.top_k; ++i, ++rows_checked) ASSERT_EQ(rows[size_t(i)], s.retrieved[i]) << i;
   };
   MemoryDecodeStats watched;
-  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o, &watched), plain);
+  EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o, &watched), plain);
   EXPECT_EQ(steps, plain_stats.retrieving_steps);
   EXPECT_GT(steps, 0);
   EXPECT_GT(rows_checked, 0);
@@ -414,7 +415,7 @@ TEST(generate_with_memory, SearchHookProposesTheRowsAttended) {
   o.window = 3;
   o.top_k = 4;
   o.retrieve_in_prompt = false;
-  const std::vector<int64_t> exact = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  const std::vector<int64_t> exact = generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o);
   int64_t searches = 0;
   o.search = [&](const MemoryStep& s, int64_t* candidates) {
     ++searches;
@@ -424,13 +425,13 @@ TEST(generate_with_memory, SearchHookProposesTheRowsAttended) {
     for (int64_t h = 0; h < Hq; ++h)
       for (int64_t i = 0; i < k; ++i) candidates[h * k + i] = rows[size_t(h * k + k - 1 - i)];
   };
-  EXPECT_EQ(m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o), exact);
+  EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o), exact);
   EXPECT_GT(searches, 0);
   o.search = [](const MemoryStep&, int64_t*) {};  // proposes nothing: every head attends to its window
-  const std::vector<int64_t> none = m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o);
+  const std::vector<int64_t> none = generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o);
   o.search = nullptr;
   o.top_k = 0;
-  EXPECT_EQ(none, m->generate_with_memory(kPrompt, kNew, 0.0, -1, 0, o));
+  EXPECT_EQ(none, generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o));
 }
 
 }  // namespace
