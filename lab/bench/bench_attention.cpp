@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "common/statistics.h"
 #include "cli/command.h"
 #include "common/machine.h"
 #include "rotary/attention.h"
@@ -55,11 +56,7 @@ struct Method {
   int64_t scratch_bytes = 0;
   std::function<void()> step;
   std::vector<double> seconds;
-  double median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    return s[s.size() / 2];
-  }
+  double median() const { return lab::median(seconds); }
   double min() const { return *std::min_element(seconds.begin(), seconds.end()); }
 };
 

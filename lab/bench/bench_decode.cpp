@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "common/statistics.h"
 #include "cli/command.h"
 #include "common/machine.h"
 #include "rotary/error.h"
@@ -67,11 +68,7 @@ struct Method {
   std::string name;
   std::function<void()> step;
   std::vector<double> seconds;
-  double median() const {
-    std::vector<double> s = seconds;
-    std::sort(s.begin(), s.end());
-    return s[s.size() / 2];
-  }
+  double median() const { return lab::median(seconds); }
   double min() const { return *std::min_element(seconds.begin(), seconds.end()); }
 };
 

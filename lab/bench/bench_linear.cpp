@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include "common/statistics.h"
 #include "cli/command.h"
 #include "common/machine.h"
 #include "rotary/error.h"
@@ -27,6 +28,8 @@
 
 namespace rotary::cli {
 namespace {
+
+using lab::median;
 
 struct BenchLinearArgs {
   std::string shapes = "4864x896,896x4864,14336x4096";
@@ -92,10 +95,6 @@ struct WeightSet {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
 }
 
 struct Row {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <sstream>
 
+#include "common/statistics.h"
 #include "common/files.h"
 #include "common/limits.h"
 #include "common/lists.h"
@@ -28,6 +29,8 @@ namespace rotary::experiments {
 
 using namespace train;
 namespace {
+
+using lab::median;
 
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -97,11 +100,6 @@ void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
   c.index_step_ms = number("index_step_ms");
 }
 
-double median(std::vector<double> v) {
-  if (v.empty()) return std::nan("");
-  std::nth_element(v.begin(), v.begin() + std::ptrdiff_t(v.size() / 2), v.end());
-  return v[v.size() / 2];
-}
 
 // MemoryDecodeOptions::search for an index cell: at each retrieving step of each layer the query is searched
 // through a FAISS index over the layer's memory (built at the prompt's first retrieving step, synced after), and

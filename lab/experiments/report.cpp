@@ -7,6 +7,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/statistics.h"
 #include "common/files.h"
 #include "common/plots.h"
 #include "rotary/error.h"
@@ -145,8 +146,7 @@ std::vector<EncodingStats> encoding_stats(const ReportInputs& in) {
       std::vector<double> tps;
       for (const MetricsRow& m : rows)
         if (std::isfinite(m.tokens_per_s) && m.tokens_per_s > 0) tps.push_back(m.tokens_per_s);
-      std::sort(tps.begin(), tps.end());
-      throughput.push_back(tps.empty() ? std::nan("") : tps[tps.size() / 2]);
+      throughput.push_back(lab::median(tps));
     }
     EncodingStats s;
     s.encoding = enc;

@@ -18,14 +18,6 @@
 namespace rotary::torch_ops {
 namespace {
 
-PositionMode parse_mode(const std::string& m) {
-  if (m == "none") return PositionMode::None;
-  if (m == "rope") return PositionMode::Rope;
-  if (m == "rerope") return PositionMode::Rerope;
-  if (m == "leaky_rerope") return PositionMode::LeakyRerope;
-  fail("mode", m, "none, rope, rerope, leaky_rerope");
-}
-
 // Everything the core needs besides data pointers; keeps the tensors it points into alive.
 struct Prepared {
   AttentionParams p;
@@ -65,7 +57,7 @@ void prepare(Prepared& s, const at::Tensor& q, const at::Tensor& k, const at::Te
   p.batch = s.seqs.batch;
   p.cu_seqlens = s.seqs.cu_ptr();
   p.positions = s.seqs.positions_ptr();
-  p.pos.mode = parse_mode(std::string(mode));
+  p.pos.mode = position_mode_from_name(std::string(mode));
   if (p.pos.mode != PositionMode::None) {
     check(inv_freq.has_value(), "inv_freq", "none", "a [rotary_dim/2] tensor when mode is not none");
     s.freqs = freqs_from(*inv_freq, attention_factor, std::string(layout), p.head_dim);

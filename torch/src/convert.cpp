@@ -30,6 +30,14 @@ HeadsView heads_view(const at::Tensor& t3) {
   return HeadsView{t3.data_ptr(), t3.size(1), t3.stride(0), t3.stride(1)};
 }
 
+PositionMode position_mode_from_name(const std::string& mode) {
+  if (mode == "none") return PositionMode::None;
+  if (mode == "rope") return PositionMode::Rope;
+  if (mode == "rerope") return PositionMode::Rerope;
+  if (mode == "leaky_rerope") return PositionMode::LeakyRerope;
+  fail("mode", mode, "none, rope, rerope, leaky_rerope");
+}
+
 RopeFreqs freqs_from(const at::Tensor& inv_freq, double attention_factor, const std::string& layout,
                      int64_t head_dim) {
   check(inv_freq.dim() == 1, "inv_freq.dim()", inv_freq.dim(), "1 ([rotary_dim / 2])");

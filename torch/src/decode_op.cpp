@@ -18,14 +18,6 @@ at::ScalarType parse_dtype(const std::string& d) {
   fail("dtype", d, "float32, float64, float16, bfloat16");
 }
 
-PositionMode parse_mode(const std::string& m) {
-  if (m == "none") return PositionMode::None;
-  if (m == "rope") return PositionMode::Rope;
-  if (m == "rerope") return PositionMode::Rerope;
-  if (m == "leaky_rerope") return PositionMode::LeakyRerope;
-  fail("mode", m, "none, rope, rerope, leaky_rerope");
-}
-
 void check_dtype(const at::Tensor& t, at::ScalarType want, const char* field) {
   check(t.scalar_type() == want, std::string(field) + ".dtype", c10::toString(t.scalar_type()),
         std::string("the cache's dtype ") + c10::toString(want));
@@ -43,7 +35,7 @@ KvCacheHolder::KvCacheHolder(int64_t capacity, int64_t kv_heads, int64_t head_di
   c.kv_heads = kv_heads;
   c.head_dim = int(head_dim);
   c.dtype = core_dtype(at::empty({0}, dtype_), "dtype");
-  c.pos.mode = parse_mode(pos.mode);
+  c.pos.mode = position_mode_from_name(pos.mode);
   RopeFreqs freqs;  // the cache copies it
   if (c.pos.mode != PositionMode::None) {
     check(pos.inv_freq.has_value(), "inv_freq", "none", "a [rotary_dim/2] tensor when mode is not none");

@@ -29,6 +29,7 @@
 
 #include <random>
 
+#include "common/statistics.h"
 #include "cli/command.h"
 #include "cli/torch/checkpoint_flags.h"
 #include "common/machine.h"
@@ -41,6 +42,8 @@
 
 namespace rotary::cli {
 namespace {
+
+using lab::median;
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
@@ -59,10 +62,6 @@ struct Method {
   std::vector<double> prefill_tps, decode_tps;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
 
 // memcpy's rate (bytes copied per second) on two buffers of `bytes`, the best of a few copies.
 double memcpy_rate(size_t bytes) {

@@ -17,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/statistics.h"
 #include "cli/command.h"
 #include "rotary/error.h"
 #include "rotary_nn/model.h"
@@ -24,6 +25,8 @@
 
 namespace rotary::cli {
 namespace {
+
+using lab::median;
 
 struct BenchTrainArgs {
   int seq_len = 512, d_model = 256, n_layers = 4, n_heads = 8, batch = 4, vocab = 256;
@@ -102,10 +105,6 @@ void run(const BenchTrainArgs& a) {
       m.trial_tokens_per_s.push_back(tokens_per_trial / s);
     }
   }
-  auto median = [](std::vector<double> v) {
-    std::sort(v.begin(), v.end());
-    return v[v.size() / 2];
-  };
   const double fused = median(methods[0].trial_tokens_per_s), plain = median(methods[1].trial_tokens_per_s);
   // The whole-model cost of the encoding over --against: how much longer a step takes, in percent.
   const double overhead =

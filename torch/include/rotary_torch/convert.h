@@ -3,6 +3,7 @@
 
 #include <torch/torch.h>
 
+#include "rotary/attention.h"
 #include "rotary/dtype.h"
 #include "rotary/rope.h"
 #include "rotary/rope_spec.h"
@@ -20,6 +21,9 @@ at::Tensor as_tokens_heads_dim(const at::Tensor& t, const char* field);
 HeadsView heads_view(const at::Tensor& t3);
 
 // RopeFreqs from the op arguments (inv_freq [r/2] float64 tensor, attention factor, layout name, head dim).
+// The ops' `mode` argument ("none", "rope", "rerope", "leaky_rerope") as the core's PositionMode; rotary::Error
+// naming "mode" otherwise.
+PositionMode position_mode_from_name(const std::string& mode);
 RopeFreqs freqs_from(const at::Tensor& inv_freq, double attention_factor, const std::string& layout, int64_t head_dim);
 
 // The q, k, v checks every attention op shares: [B, S, H, D] or packed [T, H, D], all the same dim count and
