@@ -17,6 +17,7 @@
 #include "common/process.h"
 #include "experiments/compare.h"
 #include "experiments/decay.h"
+#include "experiments/example_runs.h"
 #include "experiments/extrapolate.h"
 #include "experiments/report.h"
 #include "rotary/error.h"
@@ -55,21 +56,12 @@ void shrink_to_smoke(TrainConfig& c) {
   c.threads = 1;
 }
 
-// Seed 000's two models (examples/runs/seed000-*.toml hold the same settings; a test checks they agree).
+// Seed 000's models: the run files users run (examples/runs/seed000-<task>.toml, compiled in), all threads.
 TrainConfig seed000_run(const std::string& task) {
-  TrainConfig c;
-  c.task = task;
+  std::string name = "seed000-" + task;
+  std::replace(name.begin(), name.end(), '_', '-');
+  TrainConfig c = example_run(name);
   c.threads = 0;
-  if (task == "substring_search") {
-    c.seq_len = 512, c.batch_size = 16, c.steps = 65000, c.eval_interval = 5000, c.eval_problems = 64;
-    c.model.d_model = 128, c.model.n_layers = 3, c.model.n_heads = 4, c.model.pre_norm = true;
-    c.optim.lr = 1e-3, c.optim.warmup_steps = 500;
-  } else {
-    c.seq_len = 640, c.batch_size = 32, c.steps = 5000, c.eval_interval = 500, c.eval_problems = 128;
-    c.task_options.max_digits = 8;
-    c.model.d_model = 512, c.model.n_layers = 6, c.model.n_heads = 8, c.model.pre_norm = false;
-    c.optim.lr = 3e-4, c.optim.warmup_steps = 200;
-  }
   return c;
 }
 

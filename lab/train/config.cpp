@@ -188,13 +188,15 @@ json toml_to_json(const std::string& toml_text, const std::string& source_name) 
   return toml_node_to_json(table, "");
 }
 
-TrainConfig load_config_file(const std::string& path) {
-  json j = toml_to_json(lab::read_file(path), path);
+TrainConfig load_config_file(const std::string& path) { return load_config_text(lab::read_file(path), path); }
+
+TrainConfig load_config_text(const std::string& toml_text, const std::string& source_name) {
+  json j = toml_to_json(toml_text, source_name);
   TrainConfig c;
   try {
     from_json(j, c);
   } catch (const Error& e) {
-    throw Error(std::string(e.what()) + " (in " + path + ")");
+    throw Error(std::string(e.what()) + " (in " + source_name + ")");
   }
   return c;
 }

@@ -61,6 +61,8 @@ nlohmann::json toml_to_json(const std::string& toml_text, const std::string& sou
 // Reads a TOML run description over the defaults; rotary::Error names the file, the line of a syntax error, or
 // the bad field.
 TrainConfig load_config_file(const std::string& path);
+// The same for TOML text; `source_name` names it in errors (a file name).
+TrainConfig load_config_text(const std::string& toml_text, const std::string& source_name);
 
 // Fields that do not change what the run computes: they may differ between a checkpoint and the run resuming
 // it (the output directory, threads, how often to checkpoint).

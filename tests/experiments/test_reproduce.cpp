@@ -3,7 +3,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 
+#include "common/files.h"
+#include "experiments/example_runs.h"
 #include "experiments/reproduce.h"
 #include "rotary/error.h"
 #include "train/config.h"
@@ -28,7 +31,29 @@ TEST(Reproduce, OrderingVerdictWeighsTheDifferenceAgainstTheSpread) {
   EXPECT_EQ(ordering_verdict({}, {0.4}, true), "not measured");
 }
 
-// The seed scale trains the seed's own models: the same settings as the example run files of seed 000.
+// Every example run file is compiled in (experiments/example_runs.h) as it is on disk, and reads as a run; another
+// name is refused naming the ones there are.
+TEST(ExampleRuns, AreTheFilesOnDiskAndReadAsRuns) {
+  const std::filesystem::path dir = std::filesystem::path(ROTARY_SOURCE_DIR) / "examples" / "runs";
+  size_t on_disk = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir))
+    if (entry.path().extension() == ".toml") ++on_disk;
+  ASSERT_GT(on_disk, 0u);
+  EXPECT_EQ(example_runs().size(), on_disk);
+  for (const ExampleRun& r : example_runs()) {
+    EXPECT_EQ(std::string(r.toml), lab::read_file(dir / (std::string(r.name) + ".toml"))) << r.name;
+    EXPECT_NO_THROW(example_run(r.name).validate()) << r.name;
+  }
+  try {
+    example_run("seed000-division");
+    ADD_FAILURE() << "an unknown example run was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("seed000-addition"), std::string::npos) << e.what();
+  }
+}
+
+// The seed scale trains the seed's own models: the example run files of seed 000 (read from the compiled-in text;
+// compared here with the files as a user loads them).
 TEST(Reproduce, SeedScaleIsTheSeedsSettings) {
   ReproduceSpec spec;
   spec.scale = "seed";
