@@ -360,28 +360,26 @@ std::string write_plot(const std::string& out_dir, const std::vector<Row>& rows,
   std::vector<std::string> methods;
   for (const auto& line : lines)
     if (std::find(methods.begin(), methods.end(), line.second) == methods.end()) methods.push_back(line.second);
-  std::ostringstream data, plot;
-  for (size_t i = 0; i < lines.size(); ++i) {
-    const size_t colour = size_t(std::find(methods.begin(), methods.end(), lines[i].second) - methods.begin()) + 1;
-    const size_t dash = size_t(std::find(key_kinds.begin(), key_kinds.end(), lines[i].first) - key_kinds.begin()) + 1;
-    data << "# " << lines[i].first << " " << lines[i].second << ": tokens median_ms\n";
-    for (const Row& r : rows)
-      if (r.keys == lines[i].first && r.method == lines[i].second) data << r.tokens << " " << r.median_ms << "\n";
-    data << "\n\n";
-    const std::string title = key_kinds.size() > 1 ? lines[i].second + " (" + lines[i].first + ")" : lines[i].second;
-    plot << (i ? ", " : "") << "'latency_vs_memory.dat' index " << i << " with linespoints lw 2 lc " << colour
-         << " dt " << dash << " title '" << title << "' noenhanced";
-  }
-  lab::write_file_atomic(lab::join_path(out_dir, "latency_vs_memory.dat"), data.str());
   const std::string png = lab::join_path(out_dir, "latency_vs_memory.png");
   const std::string tmp_name = "latency_vs_memory.png.tmp." + std::to_string(getpid());
-  std::ostringstream script;
-  script << "set output '" << tmp_name << "'\n"
-         << "set title 'Memory attention, one decode step: " << a.q_heads << " query heads, " << a.kv_heads
-         << " kv head(s), D = " << a.head_dim << ", top-" << a.top_k << ", policy " << a.policy << "'\n"
-         << "set xlabel 'memory tokens per kv head'\nset ylabel 'median ms per step'\n"
-         << "set logscale xy\nset key top left\nplot " << plot.str() << "\nset output\n";
-  const std::string problem = lab::run_gnuplot(out_dir, script.str());
+  lab::DataBlocks data;
+  lab::Figure figure{tmp_name,
+                     fmt::format("Memory attention, one decode step: {} query heads, {} kv head(s), D = {}, top-{}, "
+                                 "policy {}", a.q_heads, a.kv_heads, a.head_dim, a.top_k, a.policy),
+                     "memory tokens per kv head", "median ms per step", {"set logscale xy", "set key top left"}, {}};
+  for (const auto& [keys, method] : lines) {
+    const size_t colour = size_t(std::find(methods.begin(), methods.end(), method) - methods.begin()) + 1;
+    const size_t dash = size_t(std::find(key_kinds.begin(), key_kinds.end(), keys) - key_kinds.begin()) + 1;
+    std::vector<std::pair<double, double>> points;
+    for (const Row& r : rows)
+      if (r.keys == keys && r.method == method) points.push_back({double(r.tokens), r.median_ms});
+    const int block = data.add(keys + " " + method + ": tokens median_ms", points);
+    const std::string title = key_kinds.size() > 1 ? method + " (" + keys + ")" : method;
+    figure.series.push_back(lab::data_series("latency_vs_memory.dat", block,
+                                             fmt::format("linespoints lw 2 lc {} dt {}", colour, dash), title));
+  }
+  lab::write_file_atomic(lab::join_path(out_dir, "latency_vs_memory.dat"), data.text());
+  const std::string problem = lab::run_gnuplot(out_dir, lab::figure_script({figure}));
   const std::string tmp = lab::join_path(out_dir, tmp_name);
   std::error_code ec;
   if (!problem.empty()) {

@@ -167,14 +167,14 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
   }
   lab::write_file_atomic(lab::join_path(out_dir, "decay_bound.csv"), csv);
 
-  std::string script = fmt::format(
-      "set datafile separator ','\nset key top right\nset output 'decay_bound.png'\n"
-      "set title \"RoFormer's relative upper bound a^2/(r/2) sum_j |S_j| against the relative distance\"\n"
-      "set xlabel 'relative distance m - n'\nset ylabel 'relative upper bound'\nplot ");
+  const std::string csv_columns = "set datafile separator ','";
+  lab::Figure bound{"decay_bound.png",
+                    "RoFormer's relative upper bound a^2/(r/2) sum_j |S_j| against the relative distance",
+                    "relative distance m - n", "relative upper bound", {csv_columns}, {}};
   for (size_t i = 0; i < curves.size(); ++i)
-    script += fmt::format("{}'decay_bound.csv' using 1:{} with lines lw 2 title \"{}\" noenhanced", i ? ", \\\n  " : "",
-                          i + 2, curves[i].name);
-  script += "\n\n";
+    bound.series.push_back(fmt::format("'decay_bound.csv' using 1:{} with lines lw 2 title {} noenhanced", i + 2,
+                                       lab::gnuplot_quoted(curves[i].name)));
+  std::vector<lab::Figure> figures{bound};
   std::vector<std::string> pngs{lab::join_path(out_dir, "decay_bound.png")};
 
   if (measured) {
@@ -189,21 +189,21 @@ std::vector<std::string> write_decay_outputs(const std::string& out_dir, const s
                           ctx ? fmt::format("{:.9g}", m.context_prob[d]) : "");
     }
     lab::write_file_atomic(lab::join_path(out_dir, "decay_model.csv"), mcsv);
-    script += fmt::format(
-        "set output 'decay_model.png'\nset title \"Bound vs the model's own q, k placed at distance m - n ({} "
-        "samples), each / its value at 0\"\nset xlabel 'relative distance m - n'\nset ylabel 'relative to distance 0'\n"
-        "plot 'decay_model.csv' using 1:3 with lines lw 2 title 'bound (spec)', \\\n"
-        "  'decay_model.csv' using 1:5 with lines lw 2 title 'measured mean |q R(m-n) k|'\n\n"
-        "set output 'attention_by_distance.png'\nset logscale y\n"
-        "set title \"Attention in context: mean softmax probability by distance ({} windows x {} tokens, all heads "
-        "and layers)\"\nset xlabel 'distance i - j'\nset ylabel 'mean attention probability'\n"
-        "plot 'decay_model.csv' using 1:8 with lines lw 2 title 'p(i, j)'\nunset logscale y\n",
-        m.samples, m.windows, m.seq_len);
+    figures.push_back({"decay_model.png",
+                       fmt::format("Bound vs the model's own q, k placed at distance m - n ({} samples), each / its "
+                                   "value at 0", m.samples),
+                       "relative distance m - n", "relative to distance 0", {csv_columns},
+                       {"'decay_model.csv' using 1:3 with lines lw 2 title 'bound (spec)'",
+                        "'decay_model.csv' using 1:5 with lines lw 2 title 'measured mean |q R(m-n) k|' noenhanced"}});
+    figures.push_back({"attention_by_distance.png",
+                       fmt::format("Attention in context: mean softmax probability by distance ({} windows x {} "
+                                   "tokens, all heads and layers)", m.windows, m.seq_len),
+                       "distance i - j", "mean attention probability", {csv_columns, "set logscale y"},
+                       {"'decay_model.csv' using 1:8 with lines lw 2 title 'p(i, j)'"}});
     pngs.push_back(lab::join_path(out_dir, "decay_model.png"));
     pngs.push_back(lab::join_path(out_dir, "attention_by_distance.png"));
   }
-  // run_gnuplot writes into a plot directory and outputs '../name'; here the outputs sit next to the script.
-  problem = lab::run_gnuplot(out_dir, script);
+  problem = lab::run_gnuplot(out_dir, lab::figure_script(figures));
   std::vector<std::string> made;
   for (const std::string& p : pngs)
     if (lab::file_exists(p)) made.push_back(p);

@@ -169,7 +169,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
 
   // Plot data and script.
   const int L = in.train_len, Tmax = in.lengths.back();
-  std::string script;
+  std::vector<lab::Figure> figures;
   auto style = [](const Method& m) {
     return fmt::format("lc rgb '#{}' dt {} lw 2", colour_of(m.name), m.logn ? 2 : 1);
   };
@@ -182,11 +182,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
   auto figure = [&](const std::string& png, const std::string& heading, const std::string& xlabel,
                     const std::string& ylabel, const std::string& extra, const std::vector<std::string>& series) {
     if (series.empty()) return;
-    std::string plot;
-    for (const std::string& s : series) plot += (plot.empty() ? "" : ", \\\n  ") + s;
-    script += fmt::format("set output '../{}'\nset title \"{}\"\nset xlabel '{}'\nset ylabel '{}'\n{}\nplot {}\n{}\n\n",
-                          png, heading, xlabel, ylabel, extra, plot,
-                          "unset logscale x\nunset arrow\nset autoscale\nset key top right\nset xtics autofreq");
+    figures.push_back({"../" + png, heading, xlabel, ylabel, {extra}, series});
     out.plots.push_back(lab::join_path(dir, png));
   };
 
@@ -271,7 +267,7 @@ ReportOutput write_extrapolate_report(const ReportInput& in) {
            "accuracy on the last L tokens", fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3", L), series);
   }
 
-  out.plot_problem = lab::run_gnuplot(plot_dir, script);
+  out.plot_problem = lab::run_gnuplot(plot_dir, lab::figure_script(figures));
   std::vector<std::string> made;
   for (const std::string& p : out.plots)
     if (lab::file_exists(p)) made.push_back(p);

@@ -408,55 +408,43 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
         << num(c.exact_step_ms, "{}") << "," << num(c.index_step_ms, "{}") << "," << c.seconds << "\n";
 
   // Plots: one data block per row.
-  std::ostringstream acc_data, lat_data, acc_plot, lat_plot;
-  int lat_index = 0;
-  for (size_t i = 0; i < rows.size(); ++i) {
-    acc_data << "# " << rows[i] << "\n";
+  lab::DataBlocks accuracy, latency, search;
+  lab::Figure acc_fig{"accuracy_vs_length.png", fmt::format("pass key: exact match against prompt length (L = {})", L),
+                      "prompt tokens", "exact match %",
+                      {"set logscale x 2", "set yrange [0:105]", "set key outside right"}, {}};
+  lab::Figure lat_fig{"latency_vs_memory.png", "memory decoding: time per answer token", "memory tokens per layer",
+                      "ms per token", {"set logscale xy"}, {}};
+  lab::Figure search_fig{"search_vs_memory.png",
+                         "one layer, one token: memory attention, exact scan against FAISS candidates",
+                         "memory tokens per layer", "ms per step", {"set logscale xy"}, {}};
+  for (const std::string& row : rows) {
+    std::vector<std::pair<double, double>> acc_points, lat_points;
     for (int T : lengths)
-      if (const MemoryCell* c = find(rows[i], T)) acc_data << T << " " << 100 * c->accuracy << "\n";
-    acc_data << "\n\n";
-    acc_plot << (i ? ", " : "") << "'accuracy.dat' index " << i << " with linespoints lw 2 title '" << rows[i]
-             << "' noenhanced";
-    if (rows[i].rfind("memory", 0) == 0) {
-      lat_data << "# " << rows[i] << "\n";
-      for (int T : lengths)
-        if (const MemoryCell* c = find(rows[i], T); c && std::isfinite(c->ms_per_answer_token))
-          lat_data << std::max(1.0, c->memory_tokens) << " " << c->ms_per_answer_token << "\n";
-      lat_data << "\n\n";
-      lat_plot << (lat_index ? ", " : "") << "'latency.dat' index " << lat_index << " with linespoints lw 2 title '"
-               << rows[i] << "' noenhanced";
-      ++lat_index;
-    }
+      if (const MemoryCell* c = find(row, T)) {
+        acc_points.push_back({double(T), 100 * c->accuracy});
+        if (std::isfinite(c->ms_per_answer_token))
+          lat_points.push_back({std::max(1.0, c->memory_tokens), c->ms_per_answer_token});
+      }
+    acc_fig.series.push_back(lab::data_series("accuracy.dat", accuracy.add(row, acc_points), "linespoints lw 2", row));
+    if (row.rfind("memory", 0) == 0)
+      lat_fig.series.push_back(lab::data_series("latency.dat", latency.add(row, lat_points), "linespoints lw 2", row));
   }
   // One step's search against the memory's size: the exact scan (from the first index's cells) and each index.
-  std::ostringstream search_data, search_plot;
   for (size_t i = 0; i <= index_rows.size() && !index_rows.empty(); ++i) {
-    search_data << "# " << (i == 0 ? "exact scan" : index_rows[i - 1]) << "\n";
+    const std::string name = i == 0 ? std::string("exact scan") : index_rows[i - 1];
+    std::vector<std::pair<double, double>> points;
     for (int T : lengths) {
       const MemoryCell* c = find(i == 0 ? index_rows[0] : index_rows[i - 1], T);
       const double ms = !c ? std::nan("") : i == 0 ? c->exact_step_ms : c->index_step_ms;
-      if (c && std::isfinite(ms)) search_data << std::max(1.0, c->memory_tokens) << " " << ms << "\n";
+      if (c && std::isfinite(ms)) points.push_back({std::max(1.0, c->memory_tokens), ms});
     }
-    search_data << "\n\n";
-    search_plot << (i ? ", " : "") << "'search.dat' index " << i << " with linespoints lw 2 title '"
-                << (i == 0 ? std::string("exact scan") : index_rows[i - 1]) << "' noenhanced";
+    search_fig.series.push_back(lab::data_series("search.dat", search.add(name, points), "linespoints lw 2", name));
   }
-  lab::write_file_atomic(lab::join_path(spec.out_dir, "accuracy.dat"), acc_data.str());
-  if (!index_rows.empty()) lab::write_file_atomic(lab::join_path(spec.out_dir, "search.dat"), search_data.str());
-  lab::write_file_atomic(lab::join_path(spec.out_dir, "latency.dat"), lat_data.str());
-  std::ostringstream script;
-  script << "set output 'accuracy_vs_length.png'\nset title 'pass key: exact match against prompt length (L = " << L
-         << ")'\nset xlabel 'prompt tokens'\nset ylabel 'exact match %'\nset logscale x 2\nset yrange [0:105]\n"
-         << "set key outside right\nplot " << acc_plot.str() << "\nset output\n";
-  if (lat_index > 0)
-    script << "unset yrange\nset output 'latency_vs_memory.png'\nset title 'memory decoding: time per answer token'\n"
-           << "set xlabel 'memory tokens per layer'\nset ylabel 'ms per token'\nset logscale xy\nplot " << lat_plot.str()
-           << "\nset output\n";
-  if (!index_rows.empty())
-    script << "unset yrange\nset output 'search_vs_memory.png'\nset title 'one layer, one token: memory attention, "
-           << "exact scan against FAISS candidates'\nset xlabel 'memory tokens per layer'\nset ylabel 'ms per step'\n"
-           << "set logscale xy\nplot " << search_plot.str() << "\nset output\n";
-  r.plot_problem = lab::run_gnuplot(spec.out_dir, script.str());
+  lab::write_file_atomic(lab::join_path(spec.out_dir, "accuracy.dat"), accuracy.text());
+  if (!index_rows.empty()) lab::write_file_atomic(lab::join_path(spec.out_dir, "search.dat"), search.text());
+  lab::write_file_atomic(lab::join_path(spec.out_dir, "latency.dat"), latency.text());
+  const int lat_index = latency.size();
+  r.plot_problem = lab::run_gnuplot(spec.out_dir, lab::figure_script({acc_fig, lat_fig, search_fig}));
   if (r.plot_problem.empty()) {
     r.plots.push_back(lab::join_path(spec.out_dir, "accuracy_vs_length.png"));
     if (lat_index > 0) r.plots.push_back(lab::join_path(spec.out_dir, "latency_vs_memory.png"));

@@ -155,42 +155,36 @@ void write_report(const PerplexitySpec& spec, const std::vector<Method>& methods
   lab::write_file_atomic(r.csv, csv.str());
 
   // Plots: tail loss against length per method, and loss against position at the longest length.
-  std::ostringstream data, script;
-  int block = 0;
-  std::string by_length, by_position;
   const int64_t longest = r.lengths.back();
+  const std::string at_train_len = fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3", r.train_len);
+  lab::DataBlocks data;
+  lab::Figure by_length{"loss_vs_length.png",
+                        fmt::format("Loss on the last L = {} tokens against the window length", r.train_len),
+                        "window length (tokens)", "loss (nats)", {"set key top left", "set logscale x 2", at_train_len},
+                        {}};
+  lab::Figure by_position{"loss_vs_position.png",
+                          fmt::format("Loss by position at length {} (mean of {} stretches)", longest, kPositionBins),
+                          "position", "loss (nats)", {"set key top left", at_train_len}, {}};
   for (const Method& m : methods) {
-    data << "# " << m.key() << "\n";
+    std::vector<std::pair<double, double>> points;
     for (int64_t T : r.lengths)
       for (const PerplexityCell& c : r.cells)
-        if (c.length == T && c.method.key() == m.key()) data << T << " " << g(c.tail_loss) << "\n";
-    data << "\n\n";
-    by_length += fmt::format("{}'perplexity.dat' index {} with linespoints lw 2 title '{}'", by_length.empty() ? "" : ", ",
-                             block++, m.label(false));
+        if (c.length == T && c.method.key() == m.key()) points.push_back({double(T), c.tail_loss});
+    by_length.series.push_back(
+        lab::data_series("perplexity.dat", data.add(m.key(), points), "linespoints lw 2", m.label(false)));
   }
   for (const Method& m : methods)
     for (const PerplexityCell& c : r.cells)
       if (c.length == longest && c.method.key() == m.key()) {
-        data << "# " << m.key() << " by position\n";
+        std::vector<std::pair<double, double>> points;
         for (size_t b = 0; b < c.loss_by_bin.size(); ++b)
           if (std::isfinite(c.loss_by_bin[b]))
-            data << (double(b) + 0.5) * double(longest) / double(c.loss_by_bin.size()) << " " << g(c.loss_by_bin[b]) << "\n";
-        data << "\n\n";
-        by_position += fmt::format("{}'perplexity.dat' index {} with lines lw 2 title '{}'",
-                                   by_position.empty() ? "" : ", ", block++, m.label(false));
+            points.push_back({(double(b) + 0.5) * double(longest) / double(c.loss_by_bin.size()), c.loss_by_bin[b]});
+        by_position.series.push_back(lab::data_series("perplexity.dat", data.add(m.key() + " by position", points),
+                                                      "lines lw 2", m.label(false)));
       }
-  lab::write_file_atomic(lab::join_path(spec.out_dir, "perplexity.dat"), data.str());
-  script << "set grid\nset key top left\n"
-         << "set output 'loss_vs_length.png'\nset title 'Loss on the last L = " << r.train_len
-         << " tokens against the window length'\nset xlabel 'window length (tokens)'\nset ylabel 'loss (nats)'\n"
-         << "set logscale x 2\n"
-         << fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3\n", r.train_len) << "plot "
-         << by_length << "\nunset logscale x\nunset arrow\n"
-         << "set output 'loss_vs_position.png'\nset title 'Loss by position at length " << longest
-         << " (mean of " << kPositionBins << " stretches)'\nset xlabel 'position'\n"
-         << fmt::format("set arrow from {0}, graph 0 to {0}, graph 1 nohead dt 3\n", r.train_len) << "plot "
-         << by_position << "\n";
-  r.plot_problem = lab::run_gnuplot(spec.out_dir, script.str());
+  lab::write_file_atomic(lab::join_path(spec.out_dir, "perplexity.dat"), data.text());
+  r.plot_problem = lab::run_gnuplot(spec.out_dir, lab::figure_script({by_length, by_position}));
 
   std::ostringstream md;
   md << "# rotary perplexity: a checkpoint past its context (seed 004's measurement)\n\n";

@@ -242,13 +242,10 @@ ReportFiles write_report(const ReportInputs& in) {
   }
 
   const std::string task = in.task;
-  std::string script;
+  std::vector<lab::Figure> figures;
   auto figure = [&](const std::string& png, const std::string& title, const std::string& ylabel,
                     const std::string& plot, const std::string& extra) {
-    if (plot.empty()) return;
-    script += fmt::format(
-        "set output '../{}'\nset title \"{}\"\nset xlabel 'step'\nset ylabel '{}'\n{}\nplot {}\nunset yrange\n\n", png,
-        title, ylabel, extra, plot);
+    if (!plot.empty()) figures.push_back({"../" + png, title, "step", ylabel, {extra}, {plot}});
   };
   figure("loss.png",
          fmt::format("{}: training loss (moving average over {} steps); thin: each run, thick: mean", task, window),
@@ -258,7 +255,7 @@ ReportFiles write_report(const ReportInputs& in) {
     figure("accuracy.png", task + ": exact match, greedy decoding; thin: each run, thick: mean", "accuracy", acc_plot,
            "set yrange [0:1]");
 
-  files.plot_problem = script.empty() ? "" : lab::run_gnuplot(plot_dir, script);
+  files.plot_problem = figures.empty() ? "" : lab::run_gnuplot(plot_dir, lab::figure_script(figures));
   if (files.plot_problem.empty()) {
     for (const char* png : {"loss.png", "eval_loss.png", "accuracy.png"})
       if (lab::file_exists(lab::join_path(in.out_dir, png))) files.plots.push_back(lab::join_path(in.out_dir, png));

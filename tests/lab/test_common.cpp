@@ -284,5 +284,34 @@ TEST(Machine, CpuModelNamesTheProcessor) {
   EXPECT_FALSE(cpu_model().empty());
 }
 
+// The reports' figures: each starts from gnuplot's defaults (so one figure's log scale or range never leaks into
+// the next), titles are quoted and shown as written, a figure with nothing to plot is left out, and data blocks are
+// numbered as plot items address them.
+TEST(Plots, FiguresStartFromTheSameStateAndBlocksAreIndexed) {
+  DataBlocks data;
+  EXPECT_EQ(data.add("rope", {{16, 1.5}, {32, 2.25}}), 0);
+  EXPECT_EQ(data.add("leaky_rerope", {}), 1);
+  EXPECT_EQ(data.size(), 2);
+  EXPECT_EQ(data.text(), "# rope\n16 1.5\n32 2.25\n\n\n# leaky_rerope\n\n\n");
+  EXPECT_EQ(data_series("d.dat", 1, "lines lw 2", "leaky_rerope"),
+            "'d.dat' index 1 with lines lw 2 title \"leaky_rerope\" noenhanced");
+  EXPECT_EQ(gnuplot_quoted("a \"b\" \\c"), "\"a \\\"b\\\" \\\\c\"");
+
+  const Figure first{"a.png", "first", "x", "y", {"set logscale x 2"}, {"'d.dat' index 0 with lines"}};
+  const Figure empty{"b.png", "nothing", "x", "y", {}, {}};
+  const Figure second{"c.png", "second", "x", "y", {}, {"1 with lines", "2 with lines"}};
+  const std::string script = figure_script({first, empty, second});
+  EXPECT_EQ(script.find("b.png"), std::string::npos) << script;
+  const size_t a = script.find("set output 'a.png'"), c = script.find("set output 'c.png'");
+  ASSERT_NE(a, std::string::npos);
+  ASSERT_NE(c, std::string::npos);
+  EXPECT_NE(script.find("reset\n", a), std::string::npos);  // between the figures
+  EXPECT_LT(script.find("reset\n", a), c);
+  EXPECT_NE(script.find("set logscale x 2\nplot 'd.dat' index 0 with lines\nset output\n"), std::string::npos)
+      << script;
+  EXPECT_NE(script.find("plot 1 with lines, \\\n     2 with lines\n"), std::string::npos) << script;
+  EXPECT_NE(script.find("set title \"second\" noenhanced"), std::string::npos) << script;
+}
+
 }  // namespace
 }  // namespace rotary::lab
