@@ -171,6 +171,29 @@ ExtrapolateSpec reproduce_extrapolate_spec(const ReproduceSpec& r) {
   return e;
 }
 
+MemorySpec reproduce_memory_spec(const ReproduceSpec& r) {
+  MemorySpec m = default_memory_spec();
+  m.out_dir = lab::join_path(r.out_dir, "seed001_memory");
+  if (is_scale(r.scale, "smoke")) {
+    TrainConfig& t = m.run;
+    t.model.d_model = 32, t.model.n_layers = 1, t.model.n_heads = 2;
+    t.seq_len = 128, t.model.encoding.window = 64;  // the passkey problem needs ~100 characters
+    t.batch_size = 2, t.steps = 16, t.optim.warmup_steps = 2;
+    t.eval_interval = 8, t.eval_batches = 1, t.eval_problems = 2;
+    t.threads = 1;
+    m.multiples = {1, 2};
+    m.full_max_multiple = 2;
+    m.problems = 2;
+    m.indexes = {};
+  } else if (is_scale(r.scale, "seed")) {
+    m.problems = 50;  // the default model: seed 001 names no model, only the problem (multiples 1, 8, 64, 512)
+  } else {
+    m.multiples = {1, 8, 64};
+    m.indexes = {};  // the approximate indexes on this model's keys: `rotary memory` (docs/memory.md)
+  }
+  return m;
+}
+
 CompareSpec reproduce_compare_spec(const ReproduceSpec& r, const std::string& study) {
   return compare_study(r, study).spec;
 }
@@ -355,53 +378,44 @@ void validate(const ReproduceSpec& spec) {
   check(spec.jobs >= 0 && spec.jobs <= 256, "jobs", spec.jobs, "an integer in [0, 256] (0: one per core)");
 }
 
-ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
-  validate(spec);
-  const auto t0 = std::chrono::steady_clock::now();
-  std::vector<std::string> studies = spec.studies;
-  if (studies.empty())
-    for (std::string_view s : kReproduceStudies) studies.emplace_back(s);
-  auto wanted = [&](const std::string& s) { return std::find(studies.begin(), studies.end(), s) != studies.end(); };
-  // Every run description is checked before the first run starts.
-  for (const std::string& s : studies) {
-    if (s.rfind("seed000_", 0) == 0 || s == "seed002_text" || s == "seed002_performer") {
-      const CompareSpec c = compare_study(spec, s).spec;
-      for (const std::string& enc : c.encodings) {
-        TrainConfig t = c.base;
-        t.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
-        t.validate();
-      }
-    }
-    if (s == "seed004_extrapolate") validate(reproduce_extrapolate_spec(spec));
-  }
-  // Held while the studies run (created here, once everything is checked): a second reproduce on this --out is
-  // refused naming this one.
-  const lab::DirectoryLock lock(spec.out_dir, "--out");
+namespace {
 
-  ReproduceResult result;
-  std::vector<Claim>& claims = result.claims;
-  std::ostringstream sections;  // the report's per-study sections
-  auto interrupted = [&](const std::string& what, const std::string& message, int signal) {
-    result.run =
-        RunOutcome::interrupted_by(signal, what + ": " + message + "; rerun the same `rotary reproduce` to continue");
-    return result;
-  };
-  // Runs a compare study into `in`; false when it was interrupted (result then says so).
-  auto run_study = [&](const std::string& study, StudyCompare& sc, ReportInputs& in) {
+// What every study reads and adds to: the spec, the claims and the report's sections, and seed 004's extrapolation
+// (seed 003 measures its text model).
+struct Reproduction {
+  const ReproduceSpec& spec;
+  bool progress;
+  ReproduceResult& result;
+  std::ostringstream sections;
+  ExtrapolateSpec es;
+  std::optional<ExtrapolateResult> ex;
+  std::string scale_note;  // for the claims whose note does not already say the scale
+
+  // Records that `study` was interrupted (result.run) and returns false, so a study can `return stopped(...)`.
+  bool stopped(const std::string& study, const RunOutcome& run) {
+    result.run = RunOutcome::interrupted_by(
+        run.signal, study + ": " + run.message + "; rerun the same `rotary reproduce` to continue");
+    return false;
+  }
+  // Runs a compare study into `in`; false when it was interrupted.
+  bool compare(const std::string& study, StudyCompare& sc, ReportInputs& in) {
     sc = compare_study(spec, study);
     if (progress) std::fprintf(stderr, "reproduce: %s (%s)\n", study.c_str(), sc.note.c_str());
-    CompareResult r = run_compare(sc.spec, progress);
-    if (r.run.interrupted()) {
-      interrupted(study, r.run.message, r.run.signal);
-      return false;
-    }
-    in = ReportInputs{sc.spec.out_dir, sc.spec.base.task, sc.spec.encodings, r.runs, sc.spec.base, "", {}};
+    CompareResult c = run_compare(sc.spec, progress);
+    if (c.run.interrupted()) return stopped(study, c.run);
+    in = ReportInputs{sc.spec.out_dir, sc.spec.base.task, sc.spec.encodings, c.runs, sc.spec.base, "", {}};
     return true;
-  };
-  const std::string scale_note = is_scale(spec.scale, "smoke") ? " (smoke scale: not evidence)" : "";  // for the
-  // claims whose note does not already say the scale
+  }
+};
 
-  // ---- seed 000 --------------------------------------------------------------------------------------------
+// A study: when `wanted`, runs and adds its claims; otherwise adds them as "not measured" (study not run). Returns
+// false when it was interrupted (r.result.run says how).
+using StudyRun = bool (*)(Reproduction& r, const std::string& study, bool wanted);
+
+// Seed 000: RoPER against RoPE on one of its three tasks (a compare).
+bool seed000_study(Reproduction& r, const std::string& study, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
   struct Seed000 {
     const char* study;
     const char* claim;
@@ -417,13 +431,14 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
        "RoPER's loss curves below RoPE's (the seed's chart)", "eval_loss"},
   };
   for (const Seed000& s : seed000) {
-    if (!wanted(s.study)) {
+    if (study != s.study) continue;
+    if (!wanted) {
       claims.push_back({"000", s.study, s.claim, s.theirs, "", "not measured", "study not run"});
-      continue;
+      return true;
     }
     StudyCompare sc;
     ReportInputs in;
-    if (!run_study(s.study, sc, in)) return result;
+    if (!r.compare(s.study, sc, in)) return false;
     const std::vector<EncodingStats> st = encoding_stats(in);
     Claim c = ordering_claim("000", s.study, s.claim, s.theirs, st, "roper", "rope", s.metric);
     c.note = sc.note;
@@ -431,13 +446,89 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     sections << "### " << s.study << "\n\n" << sc.note << "; [report](" << s.study << "/report.md)\n\n"
              << results_table(in) << "\n";
   }
+  return true;
+}
 
-  // ---- seed 002: text ------------------------------------------------------------------------------------------
+// Seed 001: the seed's problem - every retrieved segment at the same relative positions - and its two questions
+// (how far Unlimiformer's approximations move the retrieval; whether the retrieved keys' rotation matters), on a
+// ReRoPE passkey model read far past L through the memory (`rotary memory`).
+bool seed001_study(Reproduction& r, const std::string& study, bool wanted) {
+  Claim far{"001", study,
+            "Through a memory that puts every retrieved key at one relative position (the model's own ReRoPE "
+            "policy), a model reads far past its training length where full attention fails",
+            "the seed's problem statement (no number)", "", "not measured", ""};
+  Claim approx{"001", study,
+               "Unlimiformer's two approximations (its store query, its key positions) change the keys retrieved "
+               "and their logits",
+               "\"confirmed experimentally\" (no number given)", "", "not measured", ""};
+  Claim rotation{"001", study, "The retrieved keys' rotation is necessary during generation (Experiment 2)",
+                 "the seed's question (no answer given)", "", "not measured", ""};
+  if (!wanted) {
+    far.note = approx.note = rotation.note = "study not run";
+  } else {
+    MemorySpec m = reproduce_memory_spec(r.spec);
+    m.command_line = r.spec.command_line;
+    if (r.progress) std::fprintf(stderr, "reproduce: %s\n", study.c_str());
+    const MemoryResult res = run_memory(m, r.progress);
+    if (res.run.interrupted()) return r.stopped(study, res.run);
+    const int L = m.run.seq_len, k = m.top_k.front();
+    const int far_len = L * *std::max_element(m.multiples.begin(), m.multiples.end());
+    const std::string own = m.run.model.encoding.kind == nn::EncodingKind::Rope ? "exact" : "rerope";
+    auto cell = [&](const std::string& kind, const std::string& name, int T) -> const MemoryCell* {
+      for (const MemoryCell& c : res.cells)
+        if (c.kind == kind && c.name == name && c.test_len == T && (kind == "full" || c.top_k == k)) return &c;
+      return nullptr;
+    };
+    const std::string times = fmt::format("{}L", far_len / L);
+    const MemoryCell *own_L = cell("memory", own, L), *own_far = cell("memory", own, far_len);
+    // Full attention at the longest length it was run (full_max_multiple): where it has to reach past L.
+    const MemoryCell* full = nullptr;
+    for (const MemoryCell& c : res.cells)
+      if (c.kind == "full" && c.name == "trained" && c.test_len > L && (!full || c.test_len > full->test_len))
+        full = &c;
+    if (own_L && own_far) {
+      far.ours = fmt::format("memory `{}` (top-{}): {} at L, {} at {}", own, k, pct(own_L->accuracy),
+                             pct(own_far->accuracy), times);
+      bool ok = own_far->accuracy >= own_L->accuracy - 0.1;
+      if (full) {
+        const MemoryCell* own_there = cell("memory", own, full->test_len);
+        far.ours += fmt::format("; full context {} at {}L", pct(full->accuracy), full->test_len / L);
+        ok = ok && own_there && own_there->accuracy > full->accuracy;
+      }
+      far.verdict = verdict_of(ok);
+    }
+    if (const MemoryCell* u = cell("memory", "unlimiformer", far_len); u && std::isfinite(u->reference_overlap)) {
+      approx.ours = fmt::format("at {}: its top-{} holds {:.0f}% of the `{}` top-{}; logits of what it retrieves off "
+                                "by {:.2f} (scaled); exact match {}",
+                                times, k, 100 * u->reference_overlap, own, k, u->logit_error, pct(u->accuracy));
+      approx.verdict = verdict_of(u->reference_overlap < 0.9);
+    }
+    if (const MemoryCell* none = cell("memory", "none", far_len); none && own_far) {
+      rotation.ours = fmt::format("at {}: un-rotated keys (`none`) {} vs `{}` {}", times, pct(none->accuracy), own,
+                                  pct(own_far->accuracy));
+      if (std::isfinite(none->reference_overlap))
+        rotation.ours += fmt::format("; {:.0f}% of the `{}` top-{} retrieved", 100 * none->reference_overlap, own, k);
+      rotation.verdict = verdict_of(none->accuracy < own_far->accuracy);
+    }
+    far.note = approx.note = rotation.note =
+        fmt::format("one {} passkey model, L = {}, {} prompts a cell{}",
+                    nn::encoding_kind_name(m.run.model.encoding.kind), L, m.problems, r.scale_note);
+    r.sections << "### seed001_memory\n\n`rotary memory` on " << res.model.description
+               << "; [report](seed001_memory/report.md)\n\n";
+  }
+  for (Claim* c : {&far, &approx, &rotation}) r.result.claims.push_back(*c);
+  return true;
+}
+
+// Seed 002: rotary against learned, T5, sinusoidal, ALiBi (and RoPER) on text (a compare).
+bool seed002_text_study(Reproduction& r, const std::string& study, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
   const char* owt2 = "OWT2 2.759 vs learned 2.809, T5 2.801 (125M, 55k steps); Pile 2.173 vs 2.240, 2.223 (1.4B)";
-  if (wanted("seed002_text")) {
+  if (wanted) {
     StudyCompare sc;
     ReportInputs in;
-    if (!run_study("seed002_text", sc, in)) return result;
+    if (!r.compare(study, sc, in)) return false;
     const std::vector<EncodingStats> st = encoding_stats(in);
     const std::string& note = sc.note;
     auto add = [&](Claim c) {
@@ -487,14 +578,19 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     claims.push_back({"002", "seed002_text", "Rotary ends with a lower validation loss than learned absolute and T5",
                       owt2, "", "not measured", "study not run"});
   }
+  return true;
+}
 
-  // ---- seed 002: Performer -----------------------------------------------------------------------------------
+// Seed 002: rotary inside a Performer (a compare).
+bool seed002_performer_study(Reproduction& r, const std::string& study, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
   const char* performer_claim = "Rotary inside a Performer lowers its validation loss";
   const char* performer_theirs = "\"stark decreases in validation loss\" (enwik8, 8 layers x 512, chart)";
-  if (wanted("seed002_performer")) {
+  if (wanted) {
     StudyCompare sc;
     ReportInputs in;
-    if (!run_study("seed002_performer", sc, in)) return result;
+    if (!r.compare(study, sc, in)) return false;
     Claim c = ordering_claim("002", "seed002_performer", performer_claim, performer_theirs, encoding_stats(in), "rope",
                              "none", "eval_loss");
     c.note = sc.note + ", KJV characters";
@@ -505,8 +601,14 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
   } else {
     claims.push_back({"002", "seed002_performer", performer_claim, performer_theirs, "", "not measured", "study not run"});
   }
+  return true;
+}
 
-  // ---- seed 002: runtime ---------------------------------------------------------------------------------------
+// Seed 002: what rotary costs (two benchmarks, as child processes).
+bool seed002_runtime_study(Reproduction& r, const std::string& study, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
+  const ReproduceSpec& spec = r.spec;
   {
     const std::string dir = lab::join_path(spec.out_dir, "seed002_runtime");
     Claim naive{"002", "seed002_runtime", "Rotary applied naively costs several times an additive position embedding",
@@ -515,14 +617,14 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
                 "2-2.5x with TorchScript fusion", "", "not measured", ""};
     Claim model{"002", "seed002_runtime", "In a whole model, rotary costs 1-3% of training time over learned positions",
                 "1-3% across model sizes, fused", "", "not measured", ""};
-    if (wanted("seed002_runtime")) {
+    if (wanted) {
       lab::make_dirs(dir);
       const bool smoke = is_scale(spec.scale, "smoke");
       std::vector<std::string> cost{"bench", "rope-cost", "--json", "--threads", "1"};
       if (smoke) cost.insert(cost.end(), {"--seq", "64", "--batch", "2", "--trials", "3", "--min-trial-ms", "2"});
       else cost.insert(cost.end(), {"--trials", "9"});
       std::string problem;
-      const json j = cached_child_json(spec, dir, "rope_cost", cost, problem, progress);
+      const json j = cached_child_json(spec, dir, "rope_cost", cost, problem, r.progress);
       if (!j.is_null()) {
         const double ours = j.value("rope_apply_over_additive", std::nan(""));
         fused.ours = fmt::format("ours {:.2f}x (rope_apply / in-place add, 1 thread, CPU)", ours);
@@ -543,7 +645,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
                                             "--trials", "1", "--steps", "1", "--warmup", "1"});
       else train.insert(train.end(), {"--trials", "7", "--steps", "3"});
       problem.clear();
-      const json t = cached_child_json(spec, dir, "train_overhead", train, problem, progress);
+      const json t = cached_child_json(spec, dir, "train_overhead", train, problem, r.progress);
       if (!t.is_null() && t.contains("overhead_percent_vs_against")) {
         const double o = t["overhead_percent_vs_against"].get<double>();
         model.ours = fmt::format("{:+.1f}% (d_model {}, {} layers, seq {}; median of {} trials)", o,
@@ -566,15 +668,21 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     claims.push_back(fused);
     claims.push_back(model);
   }
+  return true;
+}
 
-  // ---- seed 004 ------------------------------------------------------------------------------------------------
-  std::optional<ExtrapolateResult> ex;
-  ExtrapolateSpec es = reproduce_extrapolate_spec(spec);
-  if (wanted("seed004_extrapolate")) {
+// Seed 004: the length-extrapolation table, window sweep and Leaky ReRoPE (an extrapolate).
+bool seed004_study(Reproduction& r, const std::string& study, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
+  const ReproduceSpec& spec = r.spec;
+  std::optional<ExtrapolateResult>& ex = r.ex;
+  ExtrapolateSpec& es = r.es;
+  if (wanted) {
     es.command_line = spec.command_line;
-    if (progress) std::fprintf(stderr, "reproduce: seed004_extrapolate\n");
-    ex = run_extrapolate(es, progress);
-    if (ex->run.interrupted()) return interrupted("seed004_extrapolate", ex->run.message, ex->run.signal);
+    if (r.progress) std::fprintf(stderr, "reproduce: seed004_extrapolate\n");
+    ex = run_extrapolate(es, r.progress);
+    if (ex->run.interrupted()) return r.stopped(study, ex->run);
   }
   {
     const int L = es.text.seq_len;
@@ -582,7 +690,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     const int64_t w = es.window > 0 ? es.window : L / 2;
     ExtrapolateView v{ex ? &*ex : nullptr, L};
     const std::string note = fmt::format("one text model, L = {}, tested at {} = {}L{}", L, far, es.multiples.back(),
-                                         scale_note);
+                                         r.scale_note);
     auto claim = [&](const std::string& text, const std::string& theirs) {
       return Claim{"004", "seed004_extrapolate", text, theirs, "", "not measured", ex ? note : "study not run"};
     };
@@ -669,14 +777,21 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     }
     for (Claim* c : {&same, &keeps, &ntk, &pi, &logn, &sweep, &leaky, &longer}) claims.push_back(*c);
   }
+  return true;
+}
 
-  // ---- seed 003 ------------------------------------------------------------------------------------------------
+// Seed 003: the decay bound, and measured on seed 004's text model (`rotary decay`).
+bool seed003_study(Reproduction& r, const std::string&, bool wanted) {
+  std::vector<Claim>& claims = r.result.claims;
+  std::ostringstream& sections = r.sections;
+  const ReproduceSpec& spec = r.spec;
+  const ExtrapolateSpec& es = r.es;
   {
     Claim bound{"003", "seed003_decay", "The relative upper bound of RoPE's score decays as the distance grows",
                 "RoFormer's figure 2 (d = 128, base 10000): decaying with oscillations", "", "not measured", ""};
     Claim measured{"003", "seed003_decay", "On a trained RoPE model the score's magnitude falls with distance",
                    "(not measured in the seed; the bound is its argument)", "", "not measured", ""};
-    if (wanted("seed003_decay")) {
+    if (wanted) {
       RopeSpec rs;
       rs.head_dim = 128;
       const std::vector<double> b = decay_bound(rs.freqs(), 4096);
@@ -692,7 +807,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
         std::vector<std::string> args{"decay", "--checkpoint", model_dir, "--out", dir, "--windows",
                                       is_scale(spec.scale, "smoke") ? "2" : "16", "--threads", "0"};
         if (is_scale(spec.scale, "smoke")) args.insert(args.end(), {"--samples", "64"});
-        const json j = cached_child_json(spec, dir, "decay_measured", args, problem, progress);
+        const json j = cached_child_json(spec, dir, "decay_measured", args, problem, r.progress);
         const std::string csv = lab::join_path(dir, "decay_model.csv");
         if (!j.is_null() && lab::file_exists(csv)) {
           const std::map<int64_t, double> rel = read_measured_decay(csv);
@@ -704,7 +819,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
           measured.ours = fmt::format("mean abs(q R(d) k), relative to d = 0: {:.3f} at d 1-15, {:.3f} at d >= L = {}", first,
                                       last, L);
           measured.verdict = verdict_of(first > last);
-          measured.note = "seed004_extrapolate's RoPE text model" + scale_note;
+          measured.note = "seed004_extrapolate's RoPE text model" + r.scale_note;
         } else {
           measured.note = problem;
         }
@@ -719,6 +834,64 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
     claims.push_back(bound);
     claims.push_back(measured);
   }
+  return true;
+}
+
+struct StudyEntry {
+  std::string_view name;
+  StudyRun run;
+};
+// Every study, in the order they run and their claims are listed (seed 003 after seed 004: it reads its model).
+constexpr StudyEntry kStudyTable[] = {
+    {"seed000_addition", seed000_study},
+    {"seed000_substring_index", seed000_study},
+    {"seed000_substring_search", seed000_study},
+    {"seed001_memory", seed001_study},
+    {"seed002_text", seed002_text_study},
+    {"seed002_performer", seed002_performer_study},
+    {"seed002_runtime", seed002_runtime_study},
+    {"seed004_extrapolate", seed004_study},
+    {"seed003_decay", seed003_study},
+};
+constexpr bool same_studies() {
+  if (std::size(kStudyTable) != std::size(kReproduceStudies)) return false;
+  for (size_t i = 0; i < std::size(kStudyTable); ++i)
+    if (kStudyTable[i].name != kReproduceStudies[i]) return false;
+  return true;
+}
+static_assert(same_studies(), "kStudyTable runs the studies of kReproduceStudies, in that order");
+
+}  // namespace
+
+ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
+  validate(spec);
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::string> studies = spec.studies;
+  if (studies.empty())
+    for (std::string_view s : kReproduceStudies) studies.emplace_back(s);
+  auto wanted = [&](const std::string& s) { return std::find(studies.begin(), studies.end(), s) != studies.end(); };
+  // Every run description is checked before the first run starts.
+  for (const std::string& s : studies) {
+    if (s.rfind("seed000_", 0) == 0 || s == "seed002_text" || s == "seed002_performer") {
+      const CompareSpec c = compare_study(spec, s).spec;
+      for (const std::string& enc : c.encodings) {
+        TrainConfig t = c.base;
+        t.model.encoding.kind = nn::parse_encoding_kind(enc, "encodings");
+        t.validate();
+      }
+    }
+    if (s == "seed004_extrapolate") validate(reproduce_extrapolate_spec(spec));
+    if (s == "seed001_memory") validate(reproduce_memory_spec(spec));
+  }
+  // Held while the studies run (created here, once everything is checked): a second reproduce on this --out is
+  // refused naming this one.
+  const lab::DirectoryLock lock(spec.out_dir, "--out");
+
+  ReproduceResult result;
+  Reproduction r{spec, progress, result, {}, reproduce_extrapolate_spec(spec), std::nullopt,
+                 is_scale(spec.scale, "smoke") ? " (smoke scale: not evidence)" : ""};
+  for (const StudyEntry& s : kStudyTable)
+    if (!s.run(r, std::string(s.name), wanted(std::string(s.name)))) return result;
 
   result.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
@@ -733,6 +906,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
         "every run of the other); *same ordering, within noise* - the means are in the seed's order but the runs' "
         "ranges overlap; *not reproduced* - the means are in the other order, or the number misses the seed's; *not "
         "measured* - the study did not run or cannot measure it here.\n\n";
+  const std::vector<Claim>& claims = result.claims;
   std::map<std::string, int> counts;
   for (const Claim& c : claims) ++counts[c.verdict];
   md << "Summary:";
@@ -745,7 +919,7 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress) {
   for (const Claim& c : claims)
     md << "| " << c.seed << " | " << cell(c.claim) << " | " << cell(c.theirs) << " | " << cell(c.ours) << " | **"
        << c.verdict << "** | " << cell(c.note) << " |\n";
-  md << "\n## Studies\n\n" << sections.str();
+  md << "\n## Studies\n\n" << r.sections.str();
   result.report_md = lab::join_path(spec.out_dir, "report.md");
   lab::write_file_atomic(result.report_md, md.str());
   json j = json::array();

@@ -4,6 +4,8 @@
 // Studies (each in <out>/<study>/, each resumable: the compares and the extrapolation skip finished runs and
 // continue interrupted ones, a benchmark's output is kept and reused while its command is the same):
 //   seed000_addition, seed000_substring_index, seed000_substring_search   RoPE vs RoPER (compare)
+//   seed001_memory      a ReRoPE passkey model read far past its training length through the retrieval memory,
+//                       under each position policy (`rotary memory`: the seed's problem and its two questions)
 //   seed002_text        learned, T5 bias, RoPE, sinusoidal, ALiBi, RoPER on KJV text, BPE (compare)
 //   seed002_performer   Performer without and with rotary on KJV characters (compare)
 //   seed002_runtime     `rotary bench rope-cost` and `rotary bench train --against learned` (child processes)
@@ -19,12 +21,14 @@
 
 #include "experiments/compare.h"
 #include "experiments/extrapolate.h"
+#include "experiments/memory_experiment.h"
 
 namespace rotary::experiments {
 
 inline constexpr std::string_view kReproduceStudies[] = {
-    "seed000_addition",  "seed000_substring_index", "seed000_substring_search", "seed002_text",
-    "seed002_performer", "seed002_runtime",         "seed004_extrapolate",      "seed003_decay"};
+    "seed000_addition", "seed000_substring_index", "seed000_substring_search", "seed001_memory",
+    "seed002_text",     "seed002_performer",       "seed002_runtime",          "seed004_extrapolate",
+    "seed003_decay"};
 inline constexpr std::string_view kReproduceScales[] = {"smoke", "default", "seed"};
 
 struct ReproduceSpec {
@@ -67,6 +71,9 @@ ReproduceResult run_reproduce(const ReproduceSpec& spec, bool progress);
 // seed004_extrapolate's. rotary::Error for another study name.
 CompareSpec reproduce_compare_spec(const ReproduceSpec& spec, const std::string& study);
 ExtrapolateSpec reproduce_extrapolate_spec(const ReproduceSpec& spec);
+// seed001_memory's `rotary memory` run: the default model (a ReRoPE passkey model at L = 256) read at L, 8L, 64L
+// (the seed scale: to 512L, 50 prompts, and the approximate indexes; smoke: a tiny model at L and 2L).
+MemorySpec reproduce_memory_spec(const ReproduceSpec& spec);
 
 // How a difference between two encodings' runs reads against the spread over seeds: `expected_better` and
 // `other` are every run's value of one metric. "reproduced" when every run of the expected winner beats every run

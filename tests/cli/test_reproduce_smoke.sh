@@ -36,7 +36,7 @@ for c in claims:
     assert c["verdict"] in allowed, c
     assert c["claim"] and c["theirs"], c
 seeds = {c["seed"] for c in claims}
-assert seeds == {"000", "002", "003", "004"}, seeds
+assert seeds == {"000", "001", "002", "003", "004"}, seeds
 # At smoke scale every study runs, so every claim is measured except where the build cannot (no torch baseline).
 unmeasured = [c for c in claims if c["verdict"] == "not measured"]
 assert not unmeasured, unmeasured
@@ -46,6 +46,7 @@ PY
   done
   [ -s "$W/r/seed002_runtime/rope_cost.json" ] || fail "no rope-cost output"
   [ -s "$W/r/seed004_extrapolate/report.md" ] || fail "no extrapolation report"
+  [ -s "$W/r/seed001_memory/report.md" ] || fail "no memory report"
   [ -s "$W/r/seed003_decay/decay_model.csv" ] || fail "no measured decay"
   pass "reproduce --scale smoke (${first} s)"
 
@@ -63,7 +64,7 @@ else
 fi
 
 expect_error "unknown scale" 2 "scale" -- "$ROTARY" reproduce --scale huge --out "$W/bad"
-expect_error "unknown study" 2 "seed001_memory" -- "$ROTARY" reproduce --studies seed001_memory --out "$W/bad"
+expect_error "unknown study" 2 "seed005_unknown" -- "$ROTARY" reproduce --studies seed005_unknown --out "$W/bad"
 expect_error "empty --studies" 2 '--studies = "" is invalid' -- "$ROTARY" reproduce --studies "" --out "$W/bad"
 [ -e "$W/bad" ] && fail "a refused reproduce created its output directory"
 

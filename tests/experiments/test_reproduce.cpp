@@ -92,7 +92,8 @@ TEST(Reproduce, EveryScaleDescribesValidRuns) {
     EXPECT_NO_THROW(validate(spec));
     for (std::string_view study : kReproduceStudies) {
       const std::string s(study);
-      if (s == "seed002_runtime" || s == "seed003_decay" || s == "seed004_extrapolate") continue;
+      if (s == "seed002_runtime" || s == "seed003_decay" || s == "seed004_extrapolate" || s == "seed001_memory")
+        continue;
       const CompareSpec c = reproduce_compare_spec(spec, s);
       EXPECT_EQ(c.out_dir, "/tmp/reproduce_out/" + s);
       for (const std::string& enc : c.encodings) {
@@ -106,6 +107,12 @@ TEST(Reproduce, EveryScaleDescribesValidRuns) {
     }
     const ExtrapolateSpec e = reproduce_extrapolate_spec(spec);
     EXPECT_NO_THROW(validate(e)) << scale;
+    const MemorySpec m = reproduce_memory_spec(spec);
+    EXPECT_NO_THROW(validate(m)) << scale;
+    EXPECT_EQ(m.out_dir, "/tmp/reproduce_out/seed001_memory");
+    if (scale == "smoke") {
+      EXPECT_LE(m.run.steps * int64_t(m.multiples.size()) * m.problems, 16 * 2 * 2);
+    }
     EXPECT_EQ(e.text.out_dir, "/tmp/reproduce_out/seed004_extrapolate/text_model");
   }
   ReproduceSpec d;
@@ -132,7 +139,7 @@ TEST(Reproduce, BadInputNamesTheField) {
   s.scale = "huge";
   rejects(s, "scale");
   s = {};
-  s.studies = {"seed001_memory"};
+  s.studies = {"seed005_unknown"};
   rejects(s, "studies");
   s.studies = {"seed002_text", "seed002_text"};
   rejects(s, "studies");
