@@ -15,24 +15,6 @@
 
 namespace rotary::engine {
 
-std::string_view norm_kind_name(NormKind kind) {
-  switch (kind) {
-    case NormKind::RmsNorm: return "rmsnorm";
-    case NormKind::LayerNorm: return "layernorm";
-  }
-  return "?";
-}
-std::string_view mlp_kind_name(MlpKind kind) {
-  switch (kind) {
-    case MlpKind::SwiGlu: return "swiglu";
-    case MlpKind::Gelu: return "gelu";
-    case MlpKind::GeluTanh: return "gelu_tanh";
-  }
-  return "?";
-}
-std::ostream& operator<<(std::ostream& os, NormKind kind) { return os << norm_kind_name(kind); }
-std::ostream& operator<<(std::ostream& os, MlpKind kind) { return os << mlp_kind_name(kind); }
-
 void Architecture::validate() const {
   check(vocab_size >= 1 && vocab_size <= (int64_t(1) << 31), "vocab_size", vocab_size, "1..2^31");
   check(d_model >= 1 && d_model <= (1 << 16), "d_model", d_model, "1..65536");

@@ -155,9 +155,9 @@ class CellRunner {
 
  private:
   const ExtrapolateSpec& spec_;
+  CellStore cells_;
   bool progress_;
   int total_, index_ = 0;
-  CellStore cells_;
   std::map<std::string, Cell> memo_;
 };
 

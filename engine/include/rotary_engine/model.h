@@ -37,10 +37,16 @@ enum class MlpKind : uint8_t { SwiGlu, Gelu, GeluTanh };  // down(silu(gate x) *
 // Every kind, in the order messages and --help list them.
 inline constexpr NormKind kNormKinds[] = {NormKind::LayerNorm, NormKind::RmsNorm};
 inline constexpr MlpKind kMlpKinds[] = {MlpKind::Gelu, MlpKind::GeluTanh, MlpKind::SwiGlu};
-std::string_view norm_kind_name(NormKind kind);  // "layernorm", "rmsnorm"
-std::string_view mlp_kind_name(MlpKind kind);    // "gelu", "gelu_tanh", "swiglu"
-std::ostream& operator<<(std::ostream& os, NormKind kind);  // the name, so check() messages show it
-std::ostream& operator<<(std::ostream& os, MlpKind kind);
+// (Inline: torch-free readers of model configs - nn/config.h, the fuzz targets - use the names without the engine.)
+constexpr std::string_view norm_kind_name(NormKind kind) {  // "layernorm", "rmsnorm"
+  return kind == NormKind::RmsNorm ? "rmsnorm" : "layernorm";
+}
+constexpr std::string_view mlp_kind_name(MlpKind kind) {  // "gelu", "gelu_tanh", "swiglu"
+  return kind == MlpKind::SwiGlu ? "swiglu" : kind == MlpKind::GeluTanh ? "gelu_tanh" : "gelu";
+}
+// The name, so check() messages show it.
+inline std::ostream& operator<<(std::ostream& os, NormKind kind) { return os << norm_kind_name(kind); }
+inline std::ostream& operator<<(std::ostream& os, MlpKind kind) { return os << mlp_kind_name(kind); }
 
 struct Architecture {
   int64_t vocab_size = 0, d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
