@@ -38,6 +38,18 @@ class CellStore {
   // on a result it cannot read: the lookup is then Damaged). `read` is not called otherwise.
   CellLookup find(const std::string& name, const nlohmann::json& settings,
                   const std::function<void(const nlohmann::json& result)>& read) const;
+  // find() for an experiment's cell type (one with a `bool reused`): `read(result, cell)` fills a copy of `cell`,
+  // which replaces `cell` (marked reused) only when the lookup is Reused - a damaged result never half-fills it.
+  template <class Cell, class Read>
+  CellLookup find_cell(const std::string& name, const nlohmann::json& settings, Cell& cell, Read read) const {
+    Cell stored = cell;
+    const CellLookup found = find(name, settings, [&](const nlohmann::json& result) { read(result, stored); });
+    if (found == CellLookup::Reused) {
+      cell = std::move(stored);
+      cell.reused = true;
+    }
+    return found;
+  }
   // Stores a finished cell atomically (rotary::Error naming the path if it cannot be written); every non-finite
   // number in `result`, at any depth, becomes null.
   void store(const std::string& name, const nlohmann::json& settings, nlohmann::json result) const;

@@ -114,12 +114,8 @@ class CellRunner {
       same.sweep = sweep;
       return same;
     }
-    Cell read = c;
-    const CellLookup found =
-        cells_.find(path, settings, [&](const nlohmann::json& result) { cell_from_json(result, read); });
+    const CellLookup found = cells_.find_cell(path, settings, c, cell_from_json);
     if (found == CellLookup::Reused) {
-      c = read;
-      c.reused = true;
       if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
       memo_[path] = c;
       return c;

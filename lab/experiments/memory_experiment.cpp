@@ -205,13 +205,10 @@ class MemoryCellRunner {
     const std::string stem = c.kind == "full" ? c.name : fmt::format("{}_k{}", c.name, c.top_k);
     const std::string path = fmt::format("T{}/{}_{}.json", c.test_len, c.kind, stem);
     const std::string label = fmt::format("[{}/{}] T={} {} {}", index_, total_, c.test_len, c.kind, stem);
-    MemoryCell read = c;
-    const CellLookup found =
-        cells_.find(path, settings, [&](const nlohmann::json& result) { cell_result_from_json(result, read); });
+    const CellLookup found = cells_.find_cell(path, settings, c, cell_result_from_json);
     if (found == CellLookup::Reused) {
-      read.reused = true;
       if (progress_) std::fprintf(stderr, "%s: done earlier\n", label.c_str());
-      return read;
+      return c;
     }
     if (progress_ && found != CellLookup::Missing)
       std::fprintf(stderr, "%s: stored cell %s, computed again\n", label.c_str(), cell_lookup_name(found));

@@ -326,12 +326,8 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
                                     {"train_len", r.train_len},
                                     {"encoding", nlohmann::json(ckpt.active_encoding())}};
       const std::string name = fmt::format("{}/T{}.json", m.key(), T);
-      PerplexityCell read = c;
-      const CellLookup found =
-          cells.find(name, settings, [&](const nlohmann::json& result) { cell_from_json(result, read); });
+      const CellLookup found = cells.find_cell(name, settings, c, cell_from_json);
       if (found == CellLookup::Reused) {
-        c = read;
-        c.reused = true;
         step += spec.windows;
         bar.message(fmt::format("T={} {}: done earlier (loss {:.4f})", T, m.label(false), c.tail_loss));
         r.cells.push_back(c);

@@ -90,6 +90,32 @@ TEST(CellStore, NonFiniteNumbersAreStoredAsNullAndReadBackAsNaN) {
   EXPECT_EQ(cell_number(json(2.5)), 2.5);
 }
 
+// find_cell leaves the experiment's cell untouched unless the stored one is reused (then it is marked reused).
+TEST(CellStore, FindCellReplacesTheCellOnlyWhenReused) {
+  struct Cell {
+    double loss = -1;
+    bool reused = false;
+  };
+  auto read = [](const json& r, Cell& c) {
+    c.loss = 0;  // half-filled before the next line throws on a damaged result
+    c.loss = r.at("loss").get<double>();
+  };
+  ScratchDir dir;
+  const CellStore store(dir.path.string());
+  Cell c;
+  EXPECT_EQ(store.find_cell("c.json", {{"k", 1}}, c, read), CellLookup::Missing);
+  store.store("c.json", {{"k", 1}}, {{"los", 2.0}});
+  EXPECT_EQ(store.find_cell("c.json", {{"k", 1}}, c, read), CellLookup::Damaged);
+  EXPECT_EQ(c.loss, -1);
+  EXPECT_FALSE(c.reused);
+  store.store("c.json", {{"k", 1}}, {{"loss", 2.0}});
+  EXPECT_EQ(store.find_cell("c.json", {{"k", 2}}, c, read), CellLookup::SettingsChanged);
+  EXPECT_FALSE(c.reused);
+  EXPECT_EQ(store.find_cell("c.json", {{"k", 1}}, c, read), CellLookup::Reused);
+  EXPECT_EQ(c.loss, 2.0);
+  EXPECT_TRUE(c.reused);
+}
+
 TEST(RunOutcome, InterruptedCarriesItsSignalAndMessage) {
   const RunOutcome done;
   EXPECT_FALSE(done.interrupted());
