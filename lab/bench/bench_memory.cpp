@@ -10,10 +10,15 @@
 //   flat           MemoryIndex flat (faiss::IndexFlatIP) proposes top_k rows, memory_attention scores them
 //   hnsw_ef<E>     MemoryIndex hnsw with ef_search E (one graph for every E: set_search_effort between steps)
 //   ivf_nprobe<P>  MemoryIndex ivf with nprobe P (one set of k-means lists for every P)
+//   pages<P>       MemoryIndex pages (the core's page search, rotary/memory_pages.h: pages of consecutive
+//                  tokens) reading P pages of --page-size rows per query; pages0 is its certified exact mode (one
+//                  grouping for every P)
+//   kdtree<P>      MemoryIndex kdtree: the same search over pages grouped by a k-d split of the keys
 // A step's time is the whole call: candidates() (search vectors through the policy, the index search) plus
 // memory_attention (exact scores of the candidates, softmax, merge). Recall@k: the share of the exact top-k rows
 // (the exact method's retrieved rows of every query head) that a method retrieved. Speed claims are ratios against
-// the exact scan measured in the same run.
+// the exact scan measured in the same run. Scored: the vectors of length D a method scored per query (FAISS's
+// distance counters; a page bound counts two), as a share of the exact scan's N.
 //
 // Bytes: the memory's own per token (keys and values fp32 per kv head, one int64 position) from its layout; an
 // index's bytes are the growth of the process's resident set while it is built (after malloc_trim on both sides:
@@ -82,6 +87,8 @@ struct BenchMemoryArgs {
   int ef_construction = 64;
   std::string nprobe = "16";
   int ivf_lists = 0;
+  std::string pages_read = "0,16,64";
+  int page_size = 32;
   uint64_t seed = 1;
   bool json = false;
   std::string out;
@@ -157,9 +164,10 @@ class VectorSource {
 };
 
 struct Method {
-  std::string name;                        // exact, flat, hnsw_ef128, ivf_nprobe16
-  std::string kind;                        // exact | flat | hnsw | ivf
-  int ef_search = 0, nprobe = 0;
+  std::string name;                        // exact, flat, hnsw_ef128, ivf_nprobe16, pages16, kdtree0
+  std::string kind;                        // exact | flat | hnsw | ivf | pages | kdtree
+  int ef_search = 0, nprobe = 0, pages_read = -1;
+  double scored = 0;                       // vectors scored over the timed steps, as a share of the exact scan's
   std::shared_ptr<lab::MemoryIndex> index;  // null: the core's exact scan; one per kind, shared
   double build_s = 0;
   int64_t index_bytes = 0;                 // resident-set growth while building
@@ -175,8 +183,8 @@ double percentile(std::vector<double> v, double q) {
 struct Row {
   std::string keys, method, kind;
   int64_t tokens = 0;
-  int ef_search = 0, nprobe = 0;
-  double build_s = 0, median_ms = 0, p90_ms = 0, min_ms = 0, speedup_vs_exact = 0, recall = 0;
+  int ef_search = 0, nprobe = 0, pages_read = -1;
+  double build_s = 0, median_ms = 0, p90_ms = 0, min_ms = 0, speedup_vs_exact = 0, recall = 0, scored = 1;
   int64_t index_bytes = 0;
 };
 
@@ -211,9 +219,9 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
 
   std::vector<Method> methods(1);
   methods[0].name = methods[0].kind = "exact";  // first: each round's truth for the others' recall
-  auto add = [&](std::string name, const char* kind, int ef_search, int nprobe) {
+  auto add = [&](std::string name, const char* kind, int ef_search, int nprobe, int pages_read = -1) {
     Method& m = methods.emplace_back();
-    m.name = std::move(name), m.kind = kind, m.ef_search = ef_search, m.nprobe = nprobe;
+    m.name = std::move(name), m.kind = kind, m.ef_search = ef_search, m.nprobe = nprobe, m.pages_read = pages_read;
   };
   for (const std::string& kind : parse_name_list(a.indexes, "--indexes")) {
     if (kind == "flat") add("flat", "flat", 0, 0);
@@ -223,6 +231,9 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     if (kind == "ivf")
       for (int64_t nprobe : parse_integer_list(a.nprobe, "--nprobe", 1, 65536))
         add("ivf_nprobe" + std::to_string(nprobe), "ivf", 0, int(nprobe));
+    if (kind == "pages" || kind == "kdtree")
+      for (int64_t pages : parse_integer_list(a.pages_read, "--pages-read", 0, 1 << 30))
+        add(kind + std::to_string(pages), kind == "pages" ? "pages" : "kdtree", 0, 0, int(pages));
   }
   // One index per kind, shared by its methods: set_search_effort switches ef_search / nprobe between steps.
   using clock = std::chrono::steady_clock;
@@ -239,6 +250,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     ic.hnsw_m = a.hnsw_m;
     ic.hnsw_ef_construction = a.ef_construction;
     ic.ivf_lists = a.ivf_lists;
+    ic.pages_page_size = a.page_size;
     std::fprintf(stderr, "bench memory: %s keys, %lld tokens: building %s ...", keys.c_str(), (long long)n,
                  m.kind.c_str());
     std::fflush(stderr);
@@ -268,13 +280,17 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());  // no local window: memory alone
     const auto t0 = clock::now();
     if (m.index) {
-      const lab::MemoryIndexConfig defaults;
-      m.index->set_search_effort(m.ef_search > 0 ? m.ef_search : defaults.hnsw_ef_search,
-                                 m.nprobe > 0 ? m.nprobe : defaults.ivf_nprobe);
+      const lab::SearchEffort defaults;
+      m.index->set_search_effort({m.ef_search > 0 ? m.ef_search : defaults.hnsw_ef_search,
+                                  m.nprobe > 0 ? m.nprobe : defaults.ivf_nprobe,
+                                  m.pages_read >= 0 ? m.pages_read : defaults.pages_read});
+      m.index->reset_work();
       m.index->candidates(p, candidates.data());
+      m.scored += m.index->work().share_of_scan();
       p.candidates = candidates.data();
     } else {
       p.candidates = nullptr;
+      m.scored += 1;
     }
     memory_attention(memory, p);
     return std::chrono::duration<double>(clock::now() - t0).count();
@@ -287,6 +303,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     draw_query();
     for (Method& m : methods) step(m);
   }
+  for (Method& m : methods) m.scored = 0;  // the work of the timed steps only
   // methods[0] is the exact scan: each round it runs first, and its rows are the truth the others are scored on.
   for (int s = 0; s < a.queries; ++s) {
     draw_query();
@@ -314,10 +331,12 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     r.min_ms = *std::min_element(m.seconds.begin(), m.seconds.end()) * 1e3;
     r.speedup_vs_exact = exact_median * 1e3 / r.median_ms;
     r.recall = double(m.found) / double(m.wanted);
+    r.scored = m.scored / double(a.queries), r.pages_read = m.pages_read;
     rows.push_back(r);
     // Progress on stderr as each size finishes, so a long run's numbers survive an interruption.
-    std::fprintf(stderr, "bench memory: %s keys, %lld tokens, %s: median %.3f ms, %.2fx exact, recall %.4f\n",
-                 keys.c_str(), (long long)n, r.method.c_str(), r.median_ms, r.speedup_vs_exact, r.recall);
+    std::fprintf(stderr,
+                 "bench memory: %s keys, %lld tokens, %s: median %.3f ms, %.2fx exact, recall %.4f, scored %.4f\n",
+                 keys.c_str(), (long long)n, r.method.c_str(), r.median_ms, r.speedup_vs_exact, r.recall, r.scored);
   }
   return rows;
 }
@@ -400,9 +419,12 @@ void run_bench_memory(const BenchMemoryArgs& a) {
           "gaussian or clustered (or both, comma-separated)");
   check(a.policy == "exact" || a.policy == "none", "--policy", a.policy, "exact or none");
   for (const std::string& kind : parse_name_list(a.indexes, "--indexes"))
-    check(kind == "flat" || kind == "hnsw" || kind == "ivf", "--indexes", kind, "flat, hnsw or ivf (comma-separated)");
+    check(std::find(std::begin(lab::kMemoryIndexKinds), std::end(lab::kMemoryIndexKinds), kind) !=
+              std::end(lab::kMemoryIndexKinds),
+          "--indexes", kind, "flat, hnsw, ivf, pages or kdtree (comma-separated)");
   parse_integer_list(a.ef_search, "--ef-search", 1, 65536);
   parse_integer_list(a.nprobe, "--nprobe", 1, 65536);
+  parse_integer_list(a.pages_read, "--pages-read", 0, 1 << 30);
   check(a.head_dim >= 2 && a.head_dim <= kMaxHeadDim && a.head_dim % 2 == 0, "--head-dim", a.head_dim,
         "an even number in [2, " + std::to_string(kMaxHeadDim) + "] (RoPE rotates pairs)");
   check(a.kv_heads >= 1 && a.kv_heads <= kMaxKvHeads, "--kv-heads", a.kv_heads, "1.." + std::to_string(kMaxKvHeads));
@@ -418,6 +440,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   lab::MemoryIndexConfig index_config;
   index_config.hnsw_m = a.hnsw_m, index_config.hnsw_ef_construction = a.ef_construction;
   index_config.ivf_lists = a.ivf_lists;
+  index_config.pages_page_size = a.page_size;
   index_config.validate();
   check(a.ivf_lists <= sizes.front(), "--ivf-lists", a.ivf_lists,
         "0 (automatic) or at most the smallest of --sizes = " + std::to_string(sizes.front()));
@@ -454,6 +477,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
                    {"keys", key_kinds},    {"clusters", a.clusters},          {"cluster_spread", kClusterSpread},
                    {"policy", a.policy},   {"rope_base", spec.base},          {"hnsw_m", a.hnsw_m},
                    {"hnsw_ef_construction", a.ef_construction},               {"ivf_lists", a.ivf_lists},
+                   {"page_size", a.page_size},
                    {"seed", a.seed},       {"warmup_steps", kWarmupSteps},    {"dtype", "f32"}};
   j["memory_bytes_per_token"] = memory_bytes_per_token;
   j["index_bytes"] = "resident-set growth while the index was built (after malloc_trim)";
@@ -468,11 +492,13 @@ void run_bench_memory(const BenchMemoryArgs& a) {
                         {"min_ms", r.min_ms},
                         {"speedup_vs_exact", r.speedup_vs_exact},
                         {"recall", r.recall},
+                        {"scored_share_of_scan", r.scored},
                         {"build_s", r.build_s},
                         {"index_bytes", r.index_bytes},
                         {"index_bytes_per_token", double(r.index_bytes) / double(r.tokens)}};
     if (r.ef_search) e["ef_search"] = r.ef_search;
     if (r.nprobe) e["nprobe"] = r.nprobe;
+    if (r.pages_read >= 0) e["pages_read"] = r.pages_read;
     j["rows"].push_back(e);
   }
   for (const GoalVerdict& g : goals)
@@ -495,13 +521,15 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   std::printf("memory: %lld bytes per token (keys + values fp32, position int64); index MB = resident-set growth "
               "while building\n\n",
               (long long)memory_bytes_per_token);
-  std::printf("%-9s %9s %-16s %9s %10s %9s %9s %9s %9s %9s\n", "keys", "tokens", "method", "build_s", "median_ms",
-              "p90_ms", "x_exact", "recall", "index_MB", "idx_B/tok");
+  std::printf("%-9s %9s %-16s %9s %10s %9s %9s %9s %9s %9s %9s\n", "keys", "tokens", "method", "build_s",
+              "median_ms", "p90_ms", "x_exact", "recall", "scored", "index_MB", "idx_B/tok");
   for (const Row& r : rows) {
     const bool index = r.kind != "exact";
-    std::printf("%-9s %9lld %-16s %9s %10.3f %9.3f %9.2f %9.4f %9s %9s\n", r.keys.c_str(), (long long)r.tokens,
-                r.method.c_str(), index ? fmt::format("{:.1f}", r.build_s).c_str() : "-", r.median_ms, r.p90_ms,
-                r.speedup_vs_exact, r.recall, index ? fmt::format("{:.1f}", double(r.index_bytes) / 1e6).c_str() : "-",
+    std::printf("%-9s %9lld %-16s %9s %10.3f %9.3f %9.2f %9.4f %9s %9s %9s\n", r.keys.c_str(),
+                (long long)r.tokens, r.method.c_str(), index ? fmt::format("{:.1f}", r.build_s).c_str() : "-",
+                r.median_ms, r.p90_ms, r.speedup_vs_exact, r.recall,
+                std::isnan(r.scored) ? "-" : fmt::format("{:.4f}", r.scored).c_str(),
+                index ? fmt::format("{:.1f}", double(r.index_bytes) / 1e6).c_str() : "-",
                 index ? fmt::format("{:.0f}", double(r.index_bytes) / double(r.tokens)).c_str() : "-");
   }
   std::printf("\n");
@@ -526,7 +554,7 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
   CLI::App& bench = subcommand_group(root, "bench", "benchmarks");
   CLI::App* cmd = bench.add_subcommand(
       "memory", "one decode step of retrieval-memory attention against the memory's size: the core's exact top-k "
-                "scan beside FAISS flat, HNSW and IVF candidates scored exactly; latency, recall@k, build time, bytes");
+                "scan beside FAISS flat, HNSW, IVF and the core's page search proposing candidates scored exactly; latency, recall@k, keys scored, build time, bytes");
   cmd->add_option("--sizes", args->sizes,
                   "memory tokens per kv head, comma-separated, each in [64, 4M = 4194304] (k = 1024, M = 1048576); "
                   "sizes x --kv-heads <= 4M rows (default 16k,64k,256k,1M)");
@@ -547,8 +575,9 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
       ->transform(integer_in(1, 65536));
   cmd->add_option("--policy", args->policy, "memory policy: exact (RoPE base 10000, keys stored rotated) or none "
                                             "(default exact)");
-  cmd->add_option("--indexes", args->indexes, "FAISS indexes to time beside the exact scan: flat, hnsw, ivf "
-                                              "(default all three)");
+  cmd->add_option("--indexes", args->indexes, "indexes to time beside the exact scan: FAISS flat, hnsw, ivf, and "
+                                              "the core's page search pages (consecutive tokens) and kdtree (pages "
+                                              "of alike keys) (default flat,hnsw,ivf)");
   cmd->add_option("--ef-search", args->ef_search, "HNSW ef_search values, comma-separated, each in [1, 65536]; one "
                                                   "graph serves every value (default 128)");
   cmd->add_option("--hnsw-m", args->hnsw_m, "HNSW graph degree M (default 32)")->transform(integer_in(4, 256));
@@ -558,6 +587,11 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
                                             "one set of lists serves every value (default 16)");
   cmd->add_option("--ivf-lists", args->ivf_lists, "IVF lists (0: about 4 sqrt(N), at most N / 39)")
       ->transform(integer_in(0, 1 << 20));
+  cmd->add_option("--pages-read", args->pages_read, "pages read per query by pages and kdtree, comma-separated, "
+                                                    "each >= 0 (0: certified exact); one set of bounds serves every "
+                                                    "value (default 0,16,64)");
+  cmd->add_option("--page-size", args->page_size, "rows per page of pages and kdtree (default 32)")
+      ->transform(integer_in(1, 65536));
   cmd->add_option("--seed", args->seed, "seed of keys, values and queries (default 1)")
       ->transform(unsigned_up_to(std::numeric_limits<uint64_t>::max()));
   cmd->add_flag("--json", args->json, "print machine-readable results");

@@ -79,7 +79,7 @@ nlohmann::json cell_result_json(const MemoryCell& c) {
           {"memory_mass", c.memory_mass}, {"memory_tokens", c.memory_tokens}, {"ms_per_answer_token", c.ms_per_answer_token},
           {"seconds", c.seconds},         {"reference", c.reference},         {"reference_overlap", c.reference_overlap},
           {"logit_error", c.logit_error}, {"recall", c.recall},               {"build_seconds", c.build_seconds},
-          {"exact_step_ms", c.exact_step_ms}, {"index_step_ms", c.index_step_ms}};
+          {"exact_step_ms", c.exact_step_ms}, {"index_step_ms", c.index_step_ms}, {"scored", c.scored}};
 }
 
 void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
@@ -98,6 +98,7 @@ void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
   c.build_seconds = number("build_seconds");
   c.exact_step_ms = number("exact_step_ms");
   c.index_step_ms = number("index_step_ms");
+  c.scored = j.contains("scored") ? number("scored") : std::nan("");  // cells stored before it was measured
 }
 
 
@@ -107,7 +108,7 @@ void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
 // (candidates + memory_attention over them) are timed alone, and the candidates' recall of the exact top-k taken.
 class IndexProbe {
  public:
-  explicit IndexProbe(const std::string& kind) { config_.kind = kind; }
+  explicit IndexProbe(const std::string& name) : config_(lab::memory_index_from_name(name)) {}
   void new_prompt() { indexes_.clear(); }
   void operator()(const nn::MemoryStep& s, int64_t* proposed) {
     if (indexes_.size() <= size_t(s.layer)) indexes_.resize(size_t(s.layer) + 1);
@@ -143,7 +144,9 @@ class IndexProbe {
     scratch();
     p.retrieved_scores = index_scores.data();
     t0 = Clock::now();
+    const lab::SearchWork before = index->work();
     index->candidates(p, candidates.data());
+    scored_ += (index->work().vectors - before.vectors) / (index->work().scan_vectors - before.scan_vectors);
     p.candidates = candidates.data();
     memory_attention(*s.memory, p);
     index_ms_.push_back(1e3 * seconds_since(t0));
@@ -170,12 +173,13 @@ class IndexProbe {
     c.build_seconds = builds_ ? build_seconds_ / double(builds_) : std::nan("");
     c.exact_step_ms = median(exact_ms_);
     c.index_step_ms = median(index_ms_);
+    c.scored = steps_ ? scored_ / double(steps_) : std::nan("");
   }
 
  private:
   lab::MemoryIndexConfig config_;
   std::vector<std::unique_ptr<lab::MemoryIndex>> indexes_;  // per layer, this prompt's
-  double recall_ = 0, memory_tokens_ = 0, build_seconds_ = 0;
+  double recall_ = 0, memory_tokens_ = 0, build_seconds_ = 0, scored_ = 0;
   int64_t steps_ = 0, builds_ = 0;
   std::vector<double> exact_ms_, index_ms_;
 };
@@ -266,7 +270,7 @@ class MemoryCellRunner {
       p_.model->set_override({});
       c.memory_mass = c.memory_tokens = c.ms_per_answer_token = c.reference_overlap = c.logit_error = std::nan("");
     }
-    if (c.kind != "index") c.recall = c.build_seconds = c.exact_step_ms = c.index_step_ms = std::nan("");
+    if (c.kind != "index") c.recall = c.build_seconds = c.exact_step_ms = c.index_step_ms = c.scored = std::nan("");
     c.accuracy = acc.value();
     c.problems = acc.total;
     double distance = 0;
@@ -284,8 +288,9 @@ class MemoryCellRunner {
                             c.logit_error);
       if (c.kind == "index")
         what = fmt::format("exact match {:.1f}% of {} through the index, recall@{} {:.3f} of {}'s exact top-k, "
-                           "build {:.2f} s per layer, {:.3f} ms per step against {:.3f} exact ({:.0f} memory tokens)",
-                           100 * c.accuracy, c.problems, c.top_k, c.recall, c.reference, c.build_seconds,
+                           "{:.4f} of the keys scored, build {:.2f} s per layer, {:.3f} ms per step against {:.3f} "
+                           "exact ({:.0f} memory tokens)",
+                           100 * c.accuracy, c.problems, c.top_k, c.recall, c.reference, c.scored, c.build_seconds,
                            c.index_step_ms, c.exact_step_ms, c.memory_tokens);
       std::fprintf(stderr, "%s: %s (%.1f s)\n", label.c_str(), what.c_str(), c.seconds);
     }
@@ -373,21 +378,22 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
       index_rows.push_back(row_label(c));
   if (!index_rows.empty()) {
     md << "\n## Approximate search on the model's own keys\n\n"
-       << fmt::format("The model's own policy; the first {} prompts of each length decoded through a FAISS index "
-                      "over each layer's memory (lab/memory, the index's defaults): every answer step attends to the "
-                      "index's candidates. Exact match that way, recall of the exact top-k rows, the index's build "
-                      "time per layer, and one layer's memory attention for one token through the index's candidates "
-                      "against the exact scan (medians, {}). Recall counts a proposed row when its exact score reaches the exact "
+       << fmt::format("The model's own policy; the first {} prompts of each length decoded through an index "
+                      "over each layer's memory (lab/memory: FAISS at its defaults, or the core's page search): every "
+                      "answer step attends to the index's candidates. Exact match that way, recall of the exact top-k "
+                      "rows, the vectors the search scored as a share of an exact scan's (a page bound counts two), "
+                      "the index's build time per layer, and one layer's memory attention for one token through the "
+                      "index's candidates against the exact scan (medians, {}). Recall counts a proposed row when its exact score reaches the exact "
                       "k-th best: keys repeat (a first layer's keys are functions of the character), and among "
                       "equal scores which rows a search keeps is arbitrary.\n\n",
                       spec.index_problems,
                       spec.threads == 0 ? std::string("all cores") : fmt::format("{} threads", spec.threads))
-       << "| index | length | memory tokens per layer | exact match | recall@k | build s per layer | exact ms / step "
-          "| index ms / step | x exact |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|\n";
+       << "| index | length | memory tokens per layer | exact match | recall@k | keys scored | build s per layer "
+          "| exact ms / step | index ms / step | x exact |\n|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const MemoryCell& c : r.cells)
       if (c.kind == "index")
         md << "| " << row_label(c) << " | " << c.test_len << " | " << num(c.memory_tokens, "{:.0f}") << " | "
-           << fmt::format("{:.1f}% of {}", 100 * c.accuracy, c.problems) << " | " << num(c.recall) << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
+           << fmt::format("{:.1f}% of {}", 100 * c.accuracy, c.problems) << " | " << num(c.recall) << " | " << num(c.scored, "{:.4f}") << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
            << num(c.index_step_ms) << " | " << num(c.exact_step_ms / c.index_step_ms, "{:.2f}") << " |\n";
   }
   md << "\n![exact match against length](accuracy_vs_length.png)\n\n"
@@ -396,12 +402,12 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
 
   std::ostringstream csv;
   csv << "kind,name,top_k,test_len,accuracy,problems,key_distance,memory_mass,memory_tokens,ms_per_answer_token,"
-         "reference,reference_overlap,logit_error,recall,build_seconds,exact_step_ms,index_step_ms,seconds\n";
+         "reference,reference_overlap,logit_error,recall,scored,build_seconds,exact_step_ms,index_step_ms,seconds\n";
   for (const MemoryCell& c : r.cells)
     csv << c.kind << "," << c.name << "," << c.top_k << "," << c.test_len << "," << c.accuracy << "," << c.problems
         << "," << num(c.key_distance, "{}") << "," << num(c.memory_mass, "{}") << "," << num(c.memory_tokens, "{}")
         << "," << num(c.ms_per_answer_token, "{}") << "," << c.reference << "," << num(c.reference_overlap, "{}")
-        << "," << num(c.logit_error, "{}") << "," << num(c.recall, "{}") << "," << num(c.build_seconds, "{}") << ","
+        << "," << num(c.logit_error, "{}") << "," << num(c.recall, "{}") << "," << num(c.scored, "{}") << "," << num(c.build_seconds, "{}") << ","
         << num(c.exact_step_ms, "{}") << "," << num(c.index_step_ms, "{}") << "," << c.seconds << "\n";
 
   // Plots: one data block per row.
@@ -504,10 +510,7 @@ void validate(const MemorySpec& spec) {
         fmt::format("0 (= L/2) or in [1, L = {}]", L));
   if (spec.checkpoint.empty()) check_memory_window(spec, spec.run.model.encoding, "the model to train");
   check(spec.problems >= 1 && spec.problems <= 100000, "problems", spec.problems, "an integer in [1, 100000]");
-  for (const std::string& i : spec.indexes)
-    check(std::find(std::begin(lab::kMemoryIndexKinds), std::end(lab::kMemoryIndexKinds), i) !=
-              std::end(lab::kMemoryIndexKinds),
-          "indexes", i, "flat, hnsw or ivf (comma-separated), or off");
+  for (const std::string& i : spec.indexes) lab::memory_index_from_name(i, "indexes");
   lab::check_unique(spec.indexes, "indexes");
   check(!spec.top_k.empty() || spec.indexes.empty(), "top_k", "(none)", "a list of integers >= 1");
   check(spec.index_problems >= 1 && spec.index_problems <= 100000, "index_problems", spec.index_problems,

@@ -11,9 +11,9 @@
 // the memory's tokens, wall time per answer token (the steps that search the memory), the key's distance from the
 // end of the prompt.
 //
-// Index cells decode through FAISS indexes (lab/memory) over the model's own memory: each answer step attends to
-// the index's candidates; exact match that way, the candidates' recall of the exact top-k, and the speed of one
-// step against the exact scan.
+// Index cells decode through search indexes (lab/memory: FAISS, the core's page search) over the model's own
+// memory: each answer step attends to the index's candidates; exact match that way, the candidates' recall of the
+// exact top-k, the keys the search scored, and the speed of one step against the exact scan.
 //
 // Layout of <out>: model/ (the trainer's run directory, resumable), cells/ (one JSON per (kind, name, top-k,
 // length): a rerun skips cells whose settings match), results.csv, report.md, accuracy_vs_length.png,
@@ -47,10 +47,11 @@ struct MemorySpec {
                                     // also the rerope baseline's window
   int problems = 10;                // prompts per cell
   // Approximate search on the model's real keys: with the model's own policy, the first index_problems prompts of
-  // each length decoded through each of these FAISS indexes over every layer's memory (lab/memory/memory_index.h:
-  // flat, hnsw, ivf at their defaults): exact match, recall of the exact top-k, the index's build time, and one
-  // step's memory attention through the index against the exact scan. Empty: none.
-  std::vector<std::string> indexes{"flat", "ivf"};
+  // each length decoded through each of these indexes over every layer's memory (lab/memory/memory_index.h:
+  // flat, hnsw, ivf at their defaults; pages certified exact, pages<P> reading P pages): exact match, recall of the
+  // exact top-k, the keys scored, the index's build time, and one step's memory attention through the index
+  // against the exact scan. Empty: none.
+  std::vector<std::string> indexes{"flat", "ivf", "kdtree"};
   int index_problems = 3;
   uint64_t eval_seed = 1234;
   int threads = 0;                  // torch and memory threads (0: the training setting / all cores)
@@ -86,6 +87,7 @@ struct MemoryCell {
   double build_seconds = 0;      // building one layer's index over its memory (all kv heads), mean
   double exact_step_ms = 0;      // one layer's memory attention for one token, exact scan (median)
   double index_step_ms = 0;      // the same through the index's candidates (median)
+  double scored = 0;             // vectors the search scored, as a share of an exact scan's (mean over steps)
   double seconds = 0;        // to score the cell (0 when reused)
   bool reused = false;
 };

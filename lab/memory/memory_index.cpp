@@ -10,17 +10,41 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "rotary/memory_pages.h"
 
 namespace rotary::lab {
 
 void MemoryIndexConfig::validate() const {
-  check(kind == "flat" || kind == "hnsw" || kind == "ivf", "memory_index.kind", kind, "flat, hnsw or ivf");
+  check(std::find(std::begin(kMemoryIndexKinds), std::end(kMemoryIndexKinds), kind) != std::end(kMemoryIndexKinds),
+        "memory_index.kind", kind, "flat, hnsw, ivf, pages or kdtree");
   check(hnsw_m >= 4 && hnsw_m <= 256, "memory_index.hnsw_m", hnsw_m, "4..256");
   check(hnsw_ef_construction >= 8 && hnsw_ef_construction <= 4096, "memory_index.hnsw_ef_construction",
         hnsw_ef_construction, "8..4096");
   check(hnsw_ef_search >= 1 && hnsw_ef_search <= 65536, "memory_index.hnsw_ef_search", hnsw_ef_search, "1..65536");
   check(ivf_lists >= 0 && ivf_lists <= (1 << 20), "memory_index.ivf_lists", ivf_lists, "0 (automatic) or 1..2^20");
   check(ivf_nprobe >= 1 && ivf_nprobe <= (1 << 20), "memory_index.ivf_nprobe", ivf_nprobe, "1..2^20");
+  check(pages_page_size >= 1 && pages_page_size <= 65536, "memory_index.pages_page_size", pages_page_size, "1..65536");
+  check(pages_read >= 0, "memory_index.pages_read", pages_read, ">= 0 (0: certified exact)");
+}
+
+MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_view field) {
+  const std::string allowed =
+      "flat, hnsw, ivf, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query, 1..2^30)";
+  MemoryIndexConfig c;
+  for (const std::string kind : {"pages", "kdtree"}) {
+    if (name.rfind(kind, 0) != 0 || name.size() == kind.size()) continue;
+    const std::string digits = name.substr(kind.size());
+    check(digits.size() <= 10 && std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }),
+          field, name, allowed);
+    const long long pages = std::stoll(digits);
+    check(pages >= 1 && pages <= (1LL << 30), field, name, allowed);
+    c.kind = kind, c.pages_read = int(pages);
+    return c;
+  }
+  check(std::find(std::begin(kMemoryIndexKinds), std::end(kMemoryIndexKinds), name) != std::end(kMemoryIndexKinds),
+        field, name, allowed);
+  c.kind = name;
+  return c;
 }
 
 struct MemoryIndex::Impl {
@@ -28,7 +52,9 @@ struct MemoryIndex::Impl {
   MemoryIndexConfig config;
   std::vector<std::unique_ptr<faiss::IndexFlatIP>> quantizers;  // ivf: the coarse quantizer of each index
   std::vector<std::unique_ptr<faiss::Index>> indexes;           // per kv head
+  std::unique_ptr<MemoryPages> pages;                           // kind pages: every kv head
   int64_t indexed = 0;
+  SearchWork work;
 
   std::unique_ptr<faiss::Index> make(int64_t head, int64_t rows) {
     const int D = memory->head_dim();
@@ -60,6 +86,10 @@ MemoryIndex::MemoryIndex(const KvMemory& memory, const MemoryIndexConfig& config
   impl_->config = config;
   impl_->indexes.resize(size_t(memory.kv_heads()));
   impl_->quantizers.resize(size_t(memory.kv_heads()));
+  if (config.kind == "pages" || config.kind == "kdtree")
+    impl_->pages = std::make_unique<MemoryPages>(
+        memory, MemoryPagesConfig{config.pages_page_size, config.pages_read,
+                                  config.kind == "pages" ? PageGrouping::Tokens : PageGrouping::Keys});
 }
 
 MemoryIndex::~MemoryIndex() = default;
@@ -72,6 +102,11 @@ void MemoryIndex::sync() {
   check(n >= m.indexed, "memory_index.sync memory size", n,
         ">= the rows already indexed (" + std::to_string(m.indexed) + "; the memory was cleared: make a new index)");
   if (n == m.indexed) return;
+  if (m.pages) {
+    m.pages->sync();
+    m.indexed = n;
+    return;
+  }
   const int D = m.memory->head_dim();
   for (int64_t h = 0; h < m.memory->kv_heads(); ++h) {
     if (!m.indexes[size_t(h)]) m.indexes[size_t(h)] = m.make(h, n);
@@ -82,35 +117,65 @@ void MemoryIndex::sync() {
 
 int64_t MemoryIndex::size() const { return impl_->indexed; }
 
-void MemoryIndex::set_search_effort(int hnsw_ef_search, int ivf_nprobe) {
+void MemoryIndex::set_search_effort(const SearchEffort& effort) {
   MemoryIndexConfig next = impl_->config;
-  next.hnsw_ef_search = hnsw_ef_search, next.ivf_nprobe = ivf_nprobe;
+  next.hnsw_ef_search = effort.hnsw_ef_search, next.ivf_nprobe = effort.ivf_nprobe;
+  next.pages_read = effort.pages_read;
   next.validate();
   impl_->config = next;
   for (const auto& index : impl_->indexes) {  // heads not built yet take the values from config when they are
-    if (auto* h = dynamic_cast<faiss::IndexHNSWFlat*>(index.get())) h->hnsw.efSearch = hnsw_ef_search;
+    if (auto* h = dynamic_cast<faiss::IndexHNSWFlat*>(index.get())) h->hnsw.efSearch = effort.hnsw_ef_search;
     if (auto* ivf = dynamic_cast<faiss::IndexIVFFlat*>(index.get()))
-      ivf->nprobe = std::min<size_t>(size_t(ivf_nprobe), ivf->nlist);
+      ivf->nprobe = std::min<size_t>(size_t(effort.ivf_nprobe), ivf->nlist);
   }
+  if (impl_->pages) impl_->pages->set_pages_read(effort.pages_read);
 }
 const MemoryIndexConfig& MemoryIndex::config() const { return impl_->config; }
+const SearchWork& MemoryIndex::work() const { return impl_->work; }
+void MemoryIndex::reset_work() { impl_->work = {}; }
 
 void MemoryIndex::search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores) const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;  // (the work counters change: a const search still counts)
   check(kv_head >= 0 && kv_head < m.memory->kv_heads(), "memory_index.search kv_head", kv_head,
         "0..kv_heads - 1 = " + std::to_string(m.memory->kv_heads() - 1));
   check(m.indexed > 0, "memory_index.search rows indexed", m.indexed, "> 0 (sync after appending)");
   check(k >= 1 && k <= m.indexed, "memory_index.search k", k, "1..the rows indexed " + std::to_string(m.indexed));
+  // Work is counted from FAISS's global counters around this call (one search at a time per index, as here).
+  SearchWork& work = m.work;
+  work.queries += n;
+  work.scan_vectors += double(n) * double(m.indexed);
+  if (m.pages) {
+    PageSearchStats stats;
+    std::vector<float> page_scores(size_t(n) * size_t(k));
+    m.pages->search(kv_head, n, queries, k, rows, page_scores.data(), &stats);
+    std::copy(page_scores.begin(), page_scores.end(), scores);
+    work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
+    return;
+  }
+  const size_t ivf_before = faiss::indexIVF_stats.ndis;
   std::vector<faiss::Index::idx_t> ids(size_t(n) * size_t(k));
   m.indexes[size_t(kv_head)]->search(n, queries, k, scores, ids.data());
   for (size_t i = 0; i < ids.size(); ++i) rows[i] = int64_t(ids[i]);
+  if (m.config.kind == "flat") work.vectors += double(n) * double(m.indexed);
+  // Debian's FAISS 1.7.3 leaves hnsw_stats at 0 through IndexHNSW::search: HNSW's work is not known.
+  if (m.config.kind == "hnsw") work.vectors = std::nan("");
+  if (auto* ivf = dynamic_cast<faiss::IndexIVFFlat*>(m.indexes[size_t(kv_head)].get()))  // the lists + the centroids
+    work.vectors += double(faiss::indexIVF_stats.ndis - ivf_before) + double(n) * double(ivf->nlist);
 }
 
 void MemoryIndex::candidates(const MemoryAttentionParams& p, int64_t* out) const {
-  const Impl& m = *impl_;
+  Impl& m = *impl_;
   validate_memory_attention(*m.memory, p);
   check(m.indexed == m.memory->size(), "memory_index rows indexed", m.indexed,
         "the memory's size " + std::to_string(m.memory->size()) + " (sync after appending)");
+  if (m.pages) {  // every (token, query head) in one parallel search
+    PageSearchStats stats;
+    m.pages->candidates(p, out, &stats);
+    m.work.queries += stats.queries;
+    m.work.scan_vectors += double(stats.queries) * double(m.indexed);
+    m.work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
+    return;
+  }
   const int D = m.memory->head_dim();
   const int64_t Hq = p.q.heads, group = Hq / m.memory->kv_heads();
   // One batched search per kv head: every (token, query head of its group).

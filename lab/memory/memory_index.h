@@ -1,10 +1,14 @@
-// lab/memory/memory_index.h: FAISS indexes over a KvMemory's stored keys (rotary/kv_memory.h), one per kv head,
+// lab/memory/memory_index.h: search indexes over a KvMemory's stored keys (rotary/kv_memory.h), one per kv head,
 // for memories too large to scan: the index proposes top-k rows, memory_attention scores them exactly.
 //
 //   flat   faiss::IndexFlatIP: exact inner-product search (the same rows as the core's own scan)
 //   hnsw   faiss::IndexHNSWFlat (inner product): a graph, ~log N per query; recall set by ef_search
 //   ivf    faiss::IndexIVFFlat (inner product): k-means lists trained on the rows present at the first sync;
 //          recall set by nprobe
+//   pages  the core's query-aware page search (rotary/memory_pages.h, Quest): pages of B consecutive tokens,
+//          searched best upper bound first, the bound computed with the query; recall set by pages_read (0:
+//          certified exact)
+//   kdtree the same search with the pages grouped by a k-d split of the keys' values (alike keys share a page)
 // Inner product is what the policies make the logit (kv_memory.h), so no normalisation: maximum inner product
 // search, which HNSW and IVF support directly in FAISS.
 #pragma once
@@ -18,7 +22,7 @@
 
 namespace rotary::lab {
 
-inline constexpr std::string_view kMemoryIndexKinds[] = {"flat", "hnsw", "ivf"};
+inline constexpr std::string_view kMemoryIndexKinds[] = {"flat", "hnsw", "ivf", "pages", "kdtree"};
 
 struct MemoryIndexConfig {
   std::string kind = "flat";
@@ -27,8 +31,31 @@ struct MemoryIndexConfig {
   int hnsw_ef_search = 128;        // candidates kept while searching (>= k is used)
   int ivf_lists = 0;               // 0: about 4 sqrt(N) at the first sync, at most N / 39 (FAISS's training floor)
   int ivf_nprobe = 16;             // lists scanned per query
-  // rotary::Error naming the field ("memory_index.kind = annoy ...; allowed: flat, hnsw or ivf").
+  int pages_page_size = 32;        // pages, kdtree: rows per page (MemoryPagesConfig::page_size)
+  int pages_read = 0;              // pages, kdtree: pages scored per query; 0: certified exact
+  // rotary::Error naming the field ("memory_index.kind = annoy ...; allowed: flat, hnsw, ivf, pages or kdtree").
   void validate() const;
+};
+
+// An index as runs name it: flat, hnsw, ivf (their defaults), pages or kdtree (certified exact), pages<P> or
+// kdtree<P> (P pages read per query: "pages16"). rotary::Error naming `field` otherwise.
+MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_view field = "indexes");
+
+// How hard a built index looks (MemoryIndex::set_search_effort); each kind reads its own field.
+struct SearchEffort {
+  int hnsw_ef_search = 128;
+  int ivf_nprobe = 16;
+  int pages_read = 0;
+};
+
+// The searches' work since the last reset: vectors of length D scored (a FAISS distance, an IVF centroid, a key
+// of a page, a page's bound counting two), against what exact scans of the same queries would score. NaN for
+// hnsw: Debian's FAISS 1.7.3 does not count an HNSW search's distances (its hnsw_stats stay 0).
+struct SearchWork {
+  int64_t queries = 0;
+  double vectors = 0;
+  double scan_vectors = 0;  // queries x rows indexed
+  double share_of_scan() const { return scan_vectors > 0 ? vectors / scan_vectors : 0; }
 };
 
 class MemoryIndex {
@@ -43,10 +70,13 @@ class MemoryIndex {
   void sync();
   int64_t size() const;  // rows indexed
   const MemoryIndexConfig& config() const;
-  // Changes how hard later searches look without rebuilding: hnsw's ef_search, ivf's nprobe (capped at its lists);
-  // flat ignores both. A sweep of recall against speed then builds one graph or one set of lists. rotary::Error
-  // naming the field for a value outside MemoryIndexConfig's range.
-  void set_search_effort(int hnsw_ef_search, int ivf_nprobe);
+  // Changes how hard later searches look without rebuilding: hnsw's ef_search, ivf's nprobe (capped at its lists),
+  // the pages read; flat ignores them. A sweep of recall against speed then builds one graph, one set of lists or
+  // one set of page bounds. rotary::Error naming the field for a value outside MemoryIndexConfig's range.
+  void set_search_effort(const SearchEffort& effort);
+  // The work of the searches since construction or reset_work() (FAISS's distance counters for hnsw and ivf).
+  const SearchWork& work() const;
+  void reset_work();
 
   // The k best rows of kv head h for n search vectors (fp32 [n, D], as KvMemory::search_query makes them), best
   // first, padded with -1 (an approximate index may find fewer): rows, scores [n, k].

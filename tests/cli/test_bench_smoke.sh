@@ -92,20 +92,23 @@ else
 fi
 expect_error "bench linear --shapes 64" 2 "--shapes" -- "$ROTARY" bench linear --shapes 64
 
-# bench memory: toy memories through the exact scan and every FAISS index; each method is timed and scored (recall
-# in [0, 1]; flat, an exact scan itself, finds the whole exact top-k).
+# bench memory: toy memories through the exact scan, every FAISS index and the core's page searches; each method
+# is timed, scored (recall in [0, 1]) and its work counted (the share of an exact scan's keys; flat scores each once,
+# and flat and the certified page searches find the whole exact top-k).
 if "$ROTARY" bench memory --sizes 256,1k --head-dim 16 --top-k 8 --queries 5 --threads 1 --ef-search 16,64 \
+     --indexes flat,hnsw,ivf,pages,kdtree --pages-read 0,2 --page-size 16 \
      --keys gaussian,clustered --clusters 8 --json > "$W/memory.json"; then
-  check "bench memory: every method per size, finite positive latencies, recall in [0, 1]" "$W/memory.json" \
-    "len(j['rows']) == 2 * 2 * 5 and all({r['method'] for r in j['rows'] if r['tokens'] == n and r['keys'] == k} == {'exact', 'flat', 'hnsw_ef16', 'hnsw_ef64', 'ivf_nprobe16'} for n in (256, 1024) for k in ('gaussian', 'clustered')) and all(0 < r['median_ms'] < math.inf and 0 < r['speedup_vs_exact'] < math.inf and 0 <= r['recall'] <= 1 for r in j['rows'])"
-  check "bench memory: flat finds the exact top-k" "$W/memory.json" \
-    "all(r['recall'] == 1 for r in j['rows'] if r['method'] in ('exact', 'flat')) and j['memory_bytes_per_token'] == 2 * 16 * 4 + 8"
+  check "bench memory: every method per size, finite positive latencies, recall in [0, 1], work counted" "$W/memory.json" \
+    "len(j['rows']) == 2 * 2 * 9 and all({r['method'] for r in j['rows'] if r['tokens'] == n and r['keys'] == k} == {'exact', 'flat', 'hnsw_ef16', 'hnsw_ef64', 'ivf_nprobe16', 'pages0', 'pages2', 'kdtree0', 'kdtree2'} for n in (256, 1024) for k in ('gaussian', 'clustered')) and all(0 < r['median_ms'] < math.inf and 0 < r['speedup_vs_exact'] < math.inf and 0 <= r['recall'] <= 1 and (r['scored_share_of_scan'] is None if r['kind'] == 'hnsw' else 0 < r['scored_share_of_scan'] < 2) for r in j['rows'])"
+  check "bench memory: flat and the certified page searches find the exact top-k; flat scores each key once" "$W/memory.json" \
+    "all(r['recall'] == 1 for r in j['rows'] if r['method'] in ('exact', 'flat', 'pages0', 'kdtree0')) and all(r['scored_share_of_scan'] == 1 for r in j['rows'] if r['method'] in ('exact', 'flat')) and all(r['scored_share_of_scan'] < 0.5 for r in j['rows'] if r['method'] in ('pages2', 'kdtree2') and r['tokens'] == 1024) and j['memory_bytes_per_token'] == 2 * 16 * 4 + 8"
 else
   fail "bench memory exited $?"
 fi
 expect_error "bench memory --top-k past the smallest size" 2 "--top-k = 100" -- \
   "$ROTARY" bench memory --sizes 64,1k --top-k 100
 expect_error "bench memory --head-dim 7" 2 "--head-dim = 7" -- "$ROTARY" bench memory --head-dim 7 --sizes 64
+expect_error "bench memory --indexes annoy" 2 "--indexes = annoy" -- "$ROTARY" bench memory --indexes flat,annoy --sizes 64
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all bench smoke checks passed"

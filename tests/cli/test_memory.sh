@@ -1,9 +1,9 @@
 #!/bin/bash
 # `rotary memory` end to end on a tiny passkey model (ReRoPE, L = 128, 6 steps) tested at 128 and 256 through
-# every memory policy at two top-k, with the trained and a RoPE-method baseline, and the flat and IVF indexes'
-# recall on its memory: the accuracy table, the memory and index tables, results.csv and the PNGs; a rerun
-# reuses the model and every cell; a killed run's cell file that is cut short is recomputed; bad input exits 2
-# naming the field, before any training.
+# every memory policy at two top-k, with the trained and a RoPE-method baseline, and the flat, IVF and page
+# indexes' recall and work on its memory: the accuracy table, the memory and index tables, results.csv and the
+# PNGs; a rerun reuses the model and every cell; a killed run's cell file that is cut short is recomputed; bad
+# input exits 2 naming the field, before any training.
 #
 # usage: bash test_memory.sh <rotary binary> <source dir>
 set -u
@@ -21,9 +21,9 @@ fi
 
 BASE=(--d-model 32 --n-layers 1 --n-heads 2 --seq-len 128 --batch-size 2 --steps 6 --eval-interval 0
       --eval-batches 1 --eval-problems 2 --threads 1 --lengths 1,2 --problems 2 --full-max 2)
-TINY=("${BASE[@]}" --window 64 --top-k 4,16 --out "$W/m")
-# 2 lengths x (4 policies x 2 top-k + 1 baseline + 2 indexes x 2 top-k).
-CELLS=26
+TINY=("${BASE[@]}" --window 64 --top-k 4,16 --indexes flat,ivf,pages --out "$W/m")
+# 2 lengths x (4 policies x 2 top-k + 1 baseline + 3 indexes x 2 top-k).
+CELLS=30
 if "$ROTARY" memory "${TINY[@]}" > "$W/out" 2> "$W/err"; then
   grep -q "^| method | 128 (1L) | 256 (2L) |$" "$W/out" || fail "no accuracy table header: $(head -12 "$W/out")"
   for row in "full context, trained" "memory exact (top-4)" "memory rerope (top-16)" "memory none (top-4)" \
@@ -35,12 +35,14 @@ if "$ROTARY" memory "${TINY[@]}" > "$W/out" 2> "$W/err"; then
   awk -F'|' '/^\| memory / && $3 + 0 > 0 { n++; if ($5 < 0 || $5 > 1 || $4 + 0 < 1 || $4 + 0 > $3 - 64) bad++
                if ($2 ~ /rerope/) { if ($8 !~ /-/) bad++ } else if ($8 !~ /[0-9]/ || $8 < 0 || $8 > 1 || $9 < 0) bad++ }
              END { exit bad > 0 || n != 16 }' "$W/out" && echo "ok: memory table" || fail "memory table: $(cat "$W/out")"
-  # The index table: decoded through each index; FAISS flat proposes the exact top-k (recall 1 by score), IVF
-  # some share;
-  # both timed against the exact scan.
-  awk -F'|' '/^\| (flat|ivf) index / { n++; if ($5 !~ /% of 3/ || $6 !~ /[0-9]/ || $6 < 0 || $6 > 1 || $8 <= 0 || $9 <= 0) bad++
-               if ($2 ~ /flat/ && $6 != 1) bad++ }
-             END { exit bad > 0 || n != 8 }' "$W/out" && echo "ok: index table" || fail "index table: $(cat "$W/out")"
+  # The index table: decoded through each index; FAISS flat proposes the exact top-k (recall 1 by score) scoring
+  # every key once (keys scored 1), IVF some share, the certified pages the exact top-k; all timed against the
+  # exact scan.
+  awk -F'|' '/^\| (flat|ivf|pages) index / { n++
+               if ($5 !~ /% of 3/ || $6 !~ /[0-9]/ || $6 < 0 || $6 > 1 || $7 !~ /[0-9]/ || $7 <= 0 || $9 <= 0 || $10 <= 0) bad++
+               if ($2 ~ /flat/ && ($6 != 1 || $7 != 1)) bad++
+               if ($2 ~ /pages/ && $6 != 1) bad++ }
+             END { exit bad > 0 || n != 12 }' "$W/out" && echo "ok: index table" || fail "index table: $(cat "$W/out")"
   [ "$(tail -n +2 "$W/m/results.csv" | wc -l)" = $CELLS ] || fail "results.csv rows: $(cat "$W/m/results.csv")"
   if command -v gnuplot > /dev/null; then
     for p in accuracy_vs_length latency_vs_memory search_vs_memory; do
@@ -83,6 +85,7 @@ expect_error "window = 200 is invalid" --memory-window 200
 expect_error "--memory-window = 1 is invalid; allowed: >= the ReRoPE window 64" --memory-window 1
 expect_error "encoding.kind = roper is invalid" --encoding roper
 expect_error "indexes = annoy is invalid" --indexes flat,annoy
+expect_error "indexes = pages0 is invalid" --indexes pages0
 [ ! -d "$W/bad/model" ] || fail "a refused run started training"
 
 echo "$fails failed"

@@ -137,17 +137,56 @@ TEST(MemoryIndex, SearchEffortChangesWithoutARebuild) {
   index.sync();
   index.candidates(p, got.data());
   EXPECT_LT(recall(exact, got, K), 0.9);
-  index.set_search_effort(c.hnsw_ef_search, 1 << 20);  // capped at the 64 lists: every list
+  index.set_search_effort({c.hnsw_ef_search, 1 << 20, 0});  // capped at the 64 lists: every list
   EXPECT_EQ(index.config().ivf_nprobe, 1 << 20);
   index.candidates(p, got.data());
   EXPECT_GE(recall(exact, got, K), 0.99);  // 1 but for a near-tie at the k-th row summed in another order
   try {
-    index.set_search_effort(0, 16);
+    index.set_search_effort({0, 16, 0});
     ADD_FAILURE() << "accepted ef_search 0";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("memory_index.hnsw_ef_search"), std::string::npos) << e.what();
   }
   EXPECT_EQ(index.config().hnsw_ef_search, c.hnsw_ef_search);
+}
+
+// Pages and kdtree (the core's page search): certified (pages_read 0) proposes exactly the exact top-k; one page
+// per query fewer. The work counters: flat scores every row once per query (share 1); a page search its tree
+// nodes' bounds (two vectors each, at most every node: 2 x 80 - 1 for 80 pages) and the rows of the pages it read.
+TEST(MemoryIndex, PagesProposeTheExactTopKWhenCertifiedAndCountTheirWork) {
+  Memory m(32, 4000);
+  const int K = 16;
+  std::vector<float> o, lse;
+  std::vector<int64_t> pos, exact(size_t(8 * m.Hq * K)), got(exact.size());
+  MemoryAttentionParams p = m.params(8, K, o, lse, pos);
+  p.retrieved = exact.data();
+  memory_attention(m.memory, p);
+  p.retrieved = nullptr;
+  const double queries = 8.0 * double(m.Hq);
+  for (const char* kind : {"pages", "kdtree"}) {
+    MemoryIndexConfig c;
+    c.kind = kind;
+    c.pages_page_size = 50;
+    MemoryIndex index(m.memory, c);
+    index.sync();
+    index.candidates(p, got.data());
+    EXPECT_EQ(recall(exact, got, K), 1.0) << kind;
+    EXPECT_EQ(index.work().queries, int64_t(queries));
+    EXPECT_GE(index.work().vectors, queries * (2 + 50)) << kind;  // the root's bound and a page at least
+    EXPECT_LE(index.work().vectors, queries * (2 * 159 + 4000)) << kind;
+    index.reset_work();
+    index.set_search_effort({128, 16, 1});  // one page of 50 rows per query
+    index.candidates(p, got.data());
+    EXPECT_GE(index.work().share_of_scan(), (2.0 + 50) / 4000) << kind;
+    EXPECT_LE(index.work().share_of_scan(), (2.0 * 159 + 50) / 4000) << kind;
+    EXPECT_LT(recall(exact, got, K), 1.0) << kind;
+  }
+  MemoryIndexConfig f;
+  f.kind = "flat";
+  MemoryIndex flat(m.memory, f);
+  flat.sync();
+  flat.candidates(p, got.data());
+  EXPECT_DOUBLE_EQ(flat.work().share_of_scan(), 1.0);
 }
 
 TEST(MemoryIndex, SyncAddsAppendedRowsAndAStaleIndexIsRefused) {

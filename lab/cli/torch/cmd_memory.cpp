@@ -85,8 +85,10 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       ->transform(integer_in(1, kMaxSequenceLength));
   take_last(sub->add_option("--problems", cmd->problems, "prompts per cell (default 10)"))->transform(integer_in(1, 100000));
   take_last(sub->add_option("--indexes", cmd->indexes,
-                            "FAISS indexes whose recall and speed are measured on the model's own memory, "
-                            "comma-separated: flat, hnsw, ivf, or off (default flat,ivf)"));
+                            "indexes whose recall, work and speed are measured on the model's own memory, "
+                            "comma-separated: FAISS flat, hnsw, ivf; the core's page search over pages of "
+                            "consecutive tokens (pages) or of alike keys (kdtree), certified exact, or reading P "
+                            "pages of 32 rows per query (pages16, kdtree16); or off (default flat,ivf,kdtree)"));
   take_last(sub->add_option("--index-problems", cmd->index_problems,
                             "prompts per length searched through each index (default 3)"))
       ->transform(integer_in(1, 100000));

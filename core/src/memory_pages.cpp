@@ -1,0 +1,332 @@
+// core/src/memory_pages.cpp: page search over a KvMemory (rotary/memory_pages.h) - the trees of pages (grouping,
+// boxes, segments), the fast fp32 best-bound-first search (top-P pages or certified), and memory_attention's
+// candidates through it. Its float64 oracle, written apart: memory_pages_reference.cpp.
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <queue>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "rotary/error.h"
+#include "rotary/memory_pages.h"
+#include "validate.h"
+
+namespace rotary {
+
+const char* page_grouping_name(PageGrouping g) { return g == PageGrouping::Tokens ? "tokens" : "keys"; }
+
+void MemoryPagesConfig::validate() const {
+  check(page_size >= 1 && page_size <= 65536, "memory_pages.page_size", page_size, "1..65536");
+  check(pages_read >= 0, "memory_pages.pages_read", pages_read,
+        ">= 0 (pages scored per query; 0: certified, read until no unread page can hold a better row)");
+  check(grouping == PageGrouping::Tokens || grouping == PageGrouping::Keys, "memory_pages.grouping", int(grouping),
+        "tokens or keys");
+}
+
+double PageSearchStats::share_of_scan(int64_t memory_rows) const {
+  if (queries == 0 || memory_rows == 0) return 0;
+  return (2.0 * double(bounds) + double(rows_scored)) / (double(queries) * double(memory_rows));
+}
+
+void PageSearchStats::add(const PageSearchStats& o) {
+  queries += o.queries, bounds += o.bounds, pages_read += o.pages_read, rows_scored += o.rows_scored;
+}
+
+namespace {
+
+struct Segment {
+  int64_t begin = 0, end = 0;  // memory rows [begin, end)
+};
+
+// One kv head's trees: a tree per segment, nodes in preorder, the segments' trees one after the other.
+struct HeadTrees {
+  std::vector<int64_t> rows;     // [N] grouped
+  std::vector<PageNode> nodes;
+  std::vector<float> boxes;      // [nodes, 2, D]
+  std::vector<int64_t> roots;    // per segment
+  std::vector<float> absmax;     // [D]: max |key_d| over the rows covered (the certificate's slack)
+};
+
+// Builds the subtree over rows[first, first + count) of t (already holding the segment's rows), returns its node.
+int64_t build(HeadTrees& t, const float* K, int64_t D, const MemoryPagesConfig& c, int64_t first, int64_t count) {
+  const int64_t id = int64_t(t.nodes.size());
+  t.nodes.push_back({first, count, -1, -1});
+  t.boxes.resize(size_t((id + 1) * 2 * D));
+  float* hi = t.boxes.data() + id * 2 * D;
+  float* lo = hi + D;
+  std::fill(hi, hi + D, -std::numeric_limits<float>::infinity());
+  std::fill(lo, lo + D, std::numeric_limits<float>::infinity());
+  for (int64_t i = first; i < first + count; ++i) {
+    const float* k = K + t.rows[size_t(i)] * D;
+    for (int64_t d = 0; d < D; ++d) hi[d] = std::max(hi[d], k[d]), lo[d] = std::min(lo[d], k[d]);
+  }
+  const int64_t B = c.page_size;
+  if (count <= B) return id;
+  // The left part a multiple of B, at least half: every page full but the last of the segment.
+  const int64_t left = B * ((count + 2 * B - 1) / (2 * B));
+  if (c.grouping == PageGrouping::Keys) {
+    int64_t widest = 0;
+    for (int64_t d = 1; d < D; ++d)
+      if (hi[d] - lo[d] > hi[widest] - lo[widest]) widest = d;
+    if (hi[widest] > lo[widest]) {  // (rows all alike: any cut; token order kept)
+      const auto begin = t.rows.begin() + first;
+      std::nth_element(begin, begin + left, begin + count, [&](int64_t a, int64_t b) {
+        const float ka = K[a * D + widest], kb = K[b * D + widest];
+        return ka < kb || (ka == kb && a < b);
+      });
+    }
+  }
+  const int64_t l = build(t, K, D, c, first, left);
+  const int64_t r = build(t, K, D, c, first + left, count - left);
+  t.nodes[size_t(id)].left = l, t.nodes[size_t(id)].right = r;
+  return id;
+}
+
+}  // namespace
+
+struct MemoryPages::Impl {
+  const KvMemory* memory = nullptr;
+  MemoryPagesConfig config;
+  int64_t covered = 0;
+  std::vector<Segment> segments;
+  std::vector<HeadTrees> heads;
+};
+
+MemoryPages::MemoryPages(const KvMemory& memory, const MemoryPagesConfig& config) : impl_(std::make_unique<Impl>()) {
+  config.validate();
+  impl_->memory = &memory;
+  impl_->config = config;
+  impl_->heads.resize(size_t(memory.kv_heads()));
+  for (HeadTrees& t : impl_->heads) t.absmax.assign(size_t(memory.head_dim()), 0.0f);
+}
+
+MemoryPages::~MemoryPages() = default;
+MemoryPages::MemoryPages(MemoryPages&&) noexcept = default;
+MemoryPages& MemoryPages::operator=(MemoryPages&&) noexcept = default;
+
+void MemoryPages::sync() {
+  Impl& m = *impl_;
+  const int64_t n = m.memory->size();
+  check(n >= m.covered, "memory_pages.sync memory size", n,
+        ">= the rows already grouped (" + std::to_string(m.covered) + "; the memory was cleared: make a new index)");
+  if (n == m.covered) return;
+  // The new rows as a segment; then merge while the segment before the last is no larger than the last.
+  m.segments.push_back({m.covered, n});
+  size_t first_rebuilt = m.segments.size() - 1;
+  while (m.segments.size() >= 2) {
+    Segment& prev = m.segments[m.segments.size() - 2];
+    const Segment last = m.segments.back();
+    if (prev.end - prev.begin > last.end - last.begin) break;
+    prev.end = last.end;
+    m.segments.pop_back();
+    first_rebuilt = std::min(first_rebuilt, m.segments.size() - 1);
+  }
+  const int64_t D = m.memory->head_dim();
+  for (int64_t h = 0; h < m.memory->kv_heads(); ++h) {
+    HeadTrees& t = m.heads[size_t(h)];
+    const float* K = m.memory->keys(h);
+    // Drop the trees of the segments merged away (their nodes are the tail), re-group the merged one.
+    if (first_rebuilt < t.roots.size()) {
+      const int64_t first_node = t.roots[first_rebuilt];
+      t.nodes.resize(size_t(first_node));
+      t.boxes.resize(size_t(first_node * 2 * D));
+      t.roots.resize(first_rebuilt);
+    }
+    t.rows.resize(size_t(n));
+    for (size_t s = first_rebuilt; s < m.segments.size(); ++s) {
+      const Segment seg = m.segments[s];
+      for (int64_t r = seg.begin; r < seg.end; ++r) t.rows[size_t(r)] = r;  // token order, then grouped
+      t.roots.push_back(build(t, K, D, m.config, seg.begin, seg.end - seg.begin));
+    }
+    for (int64_t j = m.covered; j < n; ++j)
+      for (int64_t d = 0; d < D; ++d) t.absmax[size_t(d)] = std::max(t.absmax[size_t(d)], std::abs(K[j * D + d]));
+  }
+  m.covered = n;
+}
+
+int64_t MemoryPages::size() const { return impl_->covered; }
+int64_t MemoryPages::pages() const {
+  if (impl_->heads.empty()) return 0;
+  int64_t leaves = 0;
+  for (const PageNode& node : impl_->heads[0].nodes) leaves += node.left < 0 ? 1 : 0;
+  return leaves;
+}
+const MemoryPagesConfig& MemoryPages::config() const { return impl_->config; }
+
+void MemoryPages::set_pages_read(int64_t pages_read) {
+  MemoryPagesConfig next = impl_->config;
+  next.pages_read = pages_read;
+  next.validate();
+  impl_->config = next;
+}
+
+PageTree MemoryPages::tree(int64_t kv_head) const {
+  check(kv_head >= 0 && kv_head < impl_->memory->kv_heads(), "memory_pages.tree kv_head", kv_head,
+        "0..kv_heads - 1 = " + std::to_string(impl_->memory->kv_heads() - 1));
+  const HeadTrees& t = impl_->heads[size_t(kv_head)];
+  return {t.rows.data(), t.nodes.data(), int64_t(t.nodes.size()), t.boxes.data(), t.roots.data(),
+          int64_t(t.roots.size())};
+}
+
+namespace {
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0;
+#pragma omp simd reduction(+ : s)
+  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
+  return s;
+}
+
+struct Scored {
+  float score;
+  int64_t row;
+};
+// Score descending, the earlier row first on ties (memory_attention's order).
+bool better(const Scored& a, const Scored& b) { return a.score > b.score || (a.score == b.score && a.row < b.row); }
+
+struct Frontier {
+  float bound;
+  int64_t node;
+};
+// The priority queue's "less": a lower bound, or the later node on ties, waits.
+bool waits(const Frontier& a, const Frontier& b) { return a.bound < b.bound || (a.bound == b.bound && a.node > b.node); }
+
+// The per-thread buffers of one search.
+struct Scratch {
+  std::vector<float> qq;  // [2D]: q+, q-
+  std::vector<Frontier> frontier;
+  std::vector<Scored> best;
+};
+
+// One query of one kv head: fills rows / scores [k], best first.
+void search_one(const HeadTrees& t, const float* K, int64_t D, int64_t pages_read, const float* q, int k,
+                int64_t* rows, float* scores, PageSearchStats& stats, Scratch& s) {
+  s.qq.resize(size_t(2 * D));
+  for (int64_t d = 0; d < D; ++d) s.qq[size_t(d)] = std::max(q[d], 0.0f), s.qq[size_t(D + d)] = std::min(q[d], 0.0f);
+  auto bound = [&](int64_t node) {
+    const float b = dot(s.qq.data(), t.boxes.data() + node * 2 * D, 2 * D);
+    return std::isnan(b) ? -std::numeric_limits<float>::infinity() : b;  // a NaN key: its page last
+  };
+  // Certified stop: a row's fp32 score exceeds its exact value by at most gamma_D A and a node's fp32 bound falls
+  // short of its exact value by at most gamma_2D A, A = sum_d |q_d| max_j |k_jd| (any summation order, FMA or
+  // not), so a row below a node whose computed bound is b scores at most b + (3D + 2) u A computed (u = 2^-24;
+  // 4D u taken as the slack). Stopping when the k-th best found >= b - slack leaves out no row above it by more
+  // than 2 slack - and stops on exact ties (a repeated key), which a strict test could not.
+  double a = 0;
+  for (int64_t d = 0; d < D; ++d) a += std::abs(double(q[d])) * double(t.absmax[size_t(d)]);
+  const double slack = 4.0 * double(D) * std::ldexp(1.0, -24) * a;
+  s.frontier.clear();
+  s.best.clear();
+  auto push = [&](int64_t node) {
+    s.frontier.push_back({bound(node), node});
+    std::push_heap(s.frontier.begin(), s.frontier.end(), waits);
+    stats.bounds += 1;
+  };
+  for (int64_t root : t.roots) push(root);
+  // s.best is a heap whose front is the worst kept row (better() as the "less").
+  int64_t read = 0;
+  while (!s.frontier.empty()) {
+    const Frontier top = s.frontier.front();
+    const bool full = int64_t(s.best.size()) == k;
+    if (pages_read == 0 && full && double(s.best.front().score) >= double(top.bound) - slack) break;
+    if (pages_read > 0 && full && read >= pages_read) break;
+    std::pop_heap(s.frontier.begin(), s.frontier.end(), waits);
+    s.frontier.pop_back();
+    const PageNode& node = t.nodes[size_t(top.node)];
+    if (node.left >= 0) {
+      push(node.left), push(node.right);
+      continue;
+    }
+    for (int64_t i = node.first; i < node.first + node.count; ++i) {
+      const int64_t row = t.rows[size_t(i)];
+      const Scored c{dot(q, K + row * D, D), row};
+      if (int64_t(s.best.size()) < k) {
+        s.best.push_back(c);
+        std::push_heap(s.best.begin(), s.best.end(), better);
+      } else if (better(c, s.best.front())) {
+        std::pop_heap(s.best.begin(), s.best.end(), better);
+        s.best.back() = c;
+        std::push_heap(s.best.begin(), s.best.end(), better);
+      }
+    }
+    read += 1;
+    stats.pages_read += 1, stats.rows_scored += node.count;
+  }
+  stats.queries += 1;
+  std::sort(s.best.begin(), s.best.end(), better);
+  for (int i = 0; i < k; ++i) rows[i] = s.best[size_t(i)].row, scores[i] = s.best[size_t(i)].score;
+}
+
+}  // namespace
+
+namespace {
+
+// Searches `count` (kv head, query) pairs in parallel: head_of(i), query i at queries + i * D, outputs at i * k.
+template <typename HeadOf>
+void search_many(const KvMemory& memory, const std::vector<HeadTrees>& heads, int64_t pages_read, int64_t count,
+                 HeadOf head_of, const float* queries, int k, int64_t* rows, float* scores, PageSearchStats* stats,
+                 int threads) {
+  const int64_t D = memory.head_dim();
+  const int team = std::max(1, threads > 0 ? threads : omp_get_max_threads());
+  std::vector<PageSearchStats> per_thread(static_cast<size_t>(team));
+#pragma omp parallel num_threads(team) if (count > 1)
+  {
+    thread_local Scratch s;  // kept between calls: a decode step's search allocates nothing once warm
+    PageSearchStats& mine = per_thread[size_t(omp_get_thread_num())];
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < count; ++i) {
+      const int64_t h = head_of(i);
+      search_one(heads[size_t(h)], memory.keys(h), D, pages_read, queries + i * D, k, rows + i * k, scores + i * k,
+                 mine, s);
+    }
+  }
+  if (stats)
+    for (const PageSearchStats& one : per_thread) stats->add(one);
+}
+
+void check_searchable(const KvMemory& memory, int64_t covered, int k) {
+  check(covered == memory.size(), "memory_pages rows grouped", covered,
+        "the memory's size " + std::to_string(memory.size()) + " (sync after appending)");
+  check(covered > 0, "memory_pages.search rows grouped", covered, "> 0 (append and sync before searching)");
+  check(k >= 1 && k <= covered, "memory_pages.search k", k, "1..the rows grouped " + std::to_string(covered));
+}
+
+}  // namespace
+
+void MemoryPages::search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores,
+                         PageSearchStats* stats, int threads) const {
+  const Impl& m = *impl_;
+  check(kv_head >= 0 && kv_head < m.memory->kv_heads(), "memory_pages.search kv_head", kv_head,
+        "0..kv_heads - 1 = " + std::to_string(m.memory->kv_heads() - 1));
+  check_searchable(*m.memory, m.covered, k);
+  check(n >= 0, "memory_pages.search n", n, ">= 0");
+  if (n == 0) return;
+  check(queries != nullptr, "memory_pages.search queries", "null", "[n, D] search vectors");
+  check(rows != nullptr && scores != nullptr, "memory_pages.search rows / scores", "null", "[n, k] outputs");
+  detail::check_threads(threads);
+  search_many(*m.memory, m.heads, m.config.pages_read, n, [kv_head](int64_t) { return kv_head; }, queries, k, rows,
+              scores, stats, threads);
+}
+
+void MemoryPages::candidates(const MemoryAttentionParams& p, int64_t* out, PageSearchStats* stats) const {
+  const Impl& m = *impl_;
+  validate_memory_attention(*m.memory, p);
+  check_searchable(*m.memory, m.covered, p.top_k);
+  check(out != nullptr || p.tokens == 0, "memory_pages.candidates out", "null", "[tokens, Hq, top_k] rows");
+  // Every (token, query head) at once, threads over them all (a decode step: one query per head).
+  const int64_t D = m.memory->head_dim(), Hq = p.q.heads, group = Hq / m.memory->kv_heads(), k = p.top_k;
+  const int64_t count = p.tokens * Hq;
+  std::vector<float> queries(size_t(count * D)), scores(size_t(count * k));
+  for (int64_t t = 0; t < p.tokens; ++t)
+    for (int64_t h = 0; h < Hq; ++h)
+      m.memory->search_query(static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride,
+                             p.q_positions[t], p.softmax_scale, queries.data() + (t * Hq + h) * D, p.query_origin);
+  search_many(*m.memory, m.heads, m.config.pages_read, count, [Hq, group](int64_t i) { return (i % Hq) / group; },
+              queries.data(), p.top_k, out, scores.data(), stats, p.threads);
+}
+
+}  // namespace rotary
