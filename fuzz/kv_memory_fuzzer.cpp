@@ -27,8 +27,9 @@
 
 namespace {
 
-constexpr size_t kFields = 8;        // after the magic: int64 x 9, uint64 fingerprint, double attention factor
-constexpr size_t kHeader = 8 + 88;   // magic + those fields; then double inv_freq[rotary_dim / 2], uint64 checksum
+constexpr size_t kFields = 8;        // after the magic: int64 x 9, uint64 fingerprint, double attention factor,
+                                     // int64 storage
+constexpr size_t kHeader = 8 + 96;   // magic + those fields; then double inv_freq[rotary_dim / 2], uint64 checksum
 
 int64_t field(const std::vector<uint8_t>& b, int i) {
   int64_t v = 0;
@@ -56,9 +57,10 @@ void query(const rotary::KvMemory& m) {
   const int D = m.head_dim();
   unsigned sum = 0;
   touch(m.positions(), size_t(N) * sizeof(int64_t), sum);
+  const size_t element = rotary::dtype_size(m.storage());
   for (int64_t h = 0; h < H; ++h) {
-    touch(m.keys(h), size_t(N) * size_t(D) * sizeof(float), sum);
-    touch(m.values(h), size_t(N) * size_t(D) * sizeof(float), sum);
+    touch(m.key_data(h), size_t(N) * size_t(D) * element, sum);
+    touch(m.value_data(h), size_t(N) * size_t(D) * element, sum);
   }
   std::vector<float> q(static_cast<size_t>(D)), sq(static_cast<size_t>(D));
   for (int d = 0; d < D; ++d) q[size_t(d)] = 0.25f * float(d % 7) - 0.5f;
@@ -117,8 +119,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   // The config the header describes, where its fields can be one (the KvMemory constructor checks the rest).
   const int64_t kv_heads = field(bytes, 0), head_dim = field(bytes, 1), policy = field(bytes, 2),
-                has_freqs = field(bytes, 6), rotary_dim = field(bytes, 7), layout = field(bytes, 8);
-  if (head_dim < 2 || head_dim > 4096 || policy < 0 || policy > 3) return 0;
+                has_freqs = field(bytes, 6), rotary_dim = field(bytes, 7), layout = field(bytes, 8),
+                storage = field(bytes, 11);
+  if (head_dim < 2 || head_dim > 4096 || policy < 0 || policy > 3 || storage < 0 || storage > 2) return 0;
   rotary::RopeFreqs freqs;
   rotary::KvMemoryConfig cfg;
   cfg.kv_heads = kv_heads;
@@ -126,6 +129,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   cfg.policy = rotary::MemoryPolicy(policy);
   cfg.window = field(bytes, 3);
   cfg.logn_train_len = field(bytes, 4);
+  cfg.storage = rotary::DType(storage);
   if (has_freqs == 1) {
     // (rotary_dim outside 0..4096: checksum_at placed the checksum as if there were no frequencies)
     if (layout < 0 || layout > 1 || rotary_dim < 0 || rotary_dim > 4096) return 0;

@@ -31,11 +31,13 @@ struct KvMemorySeed {
   uint64_t fingerprint = 0;
 };
 
-// 0: rerope (window 4, log-n 16), 2 kv heads of 8, 3 rows, fingerprint 42 (704 bytes);
-// 1: none without a rotation, 1 kv head of 4, 5 rows, no fingerprint (448 bytes).
+// 0: rerope (window 4, log-n 16), 2 kv heads of 8, 3 rows, fingerprint 42;
+// 1: none without a rotation, 1 kv head of 4, 5 rows, no fingerprint;
+// 2: rerope stored in bf16, 1 kv head of 8, 4 rows, fingerprint 7.
 inline std::vector<KvMemorySeed> kv_memory_seeds(const RopeFreqs* freqs) {
   return {{"rerope_2x8_3rows.mem", {2, 8, MemoryPolicy::Rerope, freqs, 4, 16}, 3, 42},
-          {"none_1x4_5rows.mem", {1, 4, MemoryPolicy::NoRotation, nullptr, 0, 0}, 5, 0}};
+          {"none_1x4_5rows.mem", {1, 4, MemoryPolicy::NoRotation, nullptr, 0, 0}, 5, 0},
+          {"rerope_bf16_1x8_4rows.mem", {1, 8, MemoryPolicy::Rerope, freqs, 4, 0, DType::BF16}, 4, 7}};
 }
 
 // The memory of `seed`: row t of head h holds keys 0.25 (t + 1) - 0.5 h + d / 8, values the negated keys,

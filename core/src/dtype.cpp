@@ -16,29 +16,6 @@ DType parse_dtype(std::string_view n) {
   fail("dtype", std::string(n), "f32, f16, bf16, f64");
 }
 
-float f16_to_float(uint16_t h) {
-  const uint32_t sign = uint32_t(h & 0x8000u) << 16;
-  const uint32_t exp = (h >> 10) & 0x1fu;
-  const uint32_t mant = h & 0x3ffu;
-  uint32_t u;
-  if (exp == 0) {
-    if (mant == 0) {
-      u = sign;
-    } else {  // subnormal: value = mant * 2^-24
-      float f = std::ldexp(float(mant), -24);
-      std::memcpy(&u, &f, 4);
-      u |= sign;
-    }
-  } else if (exp == 31) {
-    u = sign | 0x7f800000u | (mant << 13);
-  } else {
-    u = sign | ((exp + 112u) << 23) | (mant << 13);
-  }
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
 uint16_t float_to_f16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);

@@ -107,10 +107,17 @@ KvMemory::KvMemory(const KvMemoryConfig& c) : impl_(std::make_unique<Impl>()) {
   }
   check(c.policy != MemoryPolicy::Rerope || c.window >= 1, "kv_memory.window", c.window,
         ">= 1 (policy rerope places every memory key at distance w)");
+  check(c.storage == DType::F32 || c.storage == DType::BF16 || c.storage == DType::F16, "kv_memory.storage",
+        dtype_name(c.storage), "f32, bf16 or f16");
   impl_->config = c;
   if (c.freqs) impl_->freqs = *c.freqs, impl_->config.freqs = &impl_->freqs;
-  impl_->keys.resize(size_t(c.kv_heads));
-  impl_->values.resize(size_t(c.kv_heads));
+  if (c.storage == DType::F32) {
+    impl_->keys.resize(size_t(c.kv_heads));
+    impl_->values.resize(size_t(c.kv_heads));
+  } else {
+    impl_->keys16.resize(size_t(c.kv_heads));
+    impl_->values16.resize(size_t(c.kv_heads));
+  }
 }
 
 KvMemory::~KvMemory() = default;
@@ -132,22 +139,29 @@ void KvMemory::append(int64_t n, const HeadsView& k, const HeadsView& v, const i
   const size_t old = impl_->positions.size();
   const double a = c.freqs ? impl_->freqs.attention_factor : 1.0;
   std::vector<double> row(static_cast<size_t>(D)), rotated(static_cast<size_t>(D));
+  const bool f32 = c.storage == DType::F32;
+  const int64_t total = int64_t(old) + n;
   for (int64_t h = 0; h < c.kv_heads; ++h) {
-    std::vector<float>& K = impl_->keys[size_t(h)];
-    std::vector<float>& V = impl_->values[size_t(h)];
-    K.resize((old + size_t(n)) * size_t(D));
-    V.resize((old + size_t(n)) * size_t(D));
+    if (f32) {
+      impl_->keys[size_t(h)].resize(size_t(total * D));
+      impl_->values[size_t(h)].resize(size_t(total * D));
+    } else {
+      impl_->keys16[size_t(h)].resize(size_t(total * D));
+      impl_->values16[size_t(h)].resize(size_t(total * D));
+    }
+    void* K = f32 ? static_cast<void*>(impl_->keys[size_t(h)].data()) : impl_->keys16[size_t(h)].data();
+    void* V = f32 ? static_cast<void*>(impl_->values[size_t(h)].data()) : impl_->values16[size_t(h)].data();
     for (int64_t t = 0; t < n; ++t) {
-      float* kr = K.data() + (old + size_t(t)) * size_t(D);
+      const int64_t at = (int64_t(old) + t) * D;
       detail::load_row(k.data, dtype, t * k.token_stride + h * k.head_stride, D, row.data());
       if (c.policy == MemoryPolicy::Exact) {
         rotate_row(impl_->freqs, double(positions[t]), a, 1.0, row.data(), rotated.data());
-        for (int d = 0; d < D; ++d) kr[d] = float(rotated[size_t(d)]);
+        detail::store_row(K, c.storage, at, D, rotated.data());
       } else {
-        for (int d = 0; d < D; ++d) kr[d] = float(row[size_t(d)]);
+        detail::store_row(K, c.storage, at, D, row.data());
       }
-      detail::load_row(v.data, dtype, t * v.token_stride + h * v.head_stride, D,
-                       V.data() + (old + size_t(t)) * size_t(D));
+      detail::load_row(v.data, dtype, t * v.token_stride + h * v.head_stride, D, row.data());
+      detail::store_row(V, c.storage, at, D, row.data());
     }
   }
   impl_->positions.insert(impl_->positions.end(), positions, positions + n);
@@ -157,6 +171,8 @@ void KvMemory::clear() {
   check(!read_only(), "kv_memory.clear", "a memory opened from a file", "an owned memory");
   for (auto& k : impl_->keys) k.clear();
   for (auto& v : impl_->values) v.clear();
+  for (auto& k : impl_->keys16) k.clear();
+  for (auto& v : impl_->values16) v.clear();
   impl_->positions.clear();
 }
 
@@ -165,11 +181,33 @@ int64_t KvMemory::size() const { return read_only() ? impl_->mapped_size : int64
 int64_t KvMemory::kv_heads() const { return impl_->config.kv_heads; }
 int KvMemory::head_dim() const { return impl_->config.head_dim; }
 const KvMemoryConfig& KvMemory::config() const { return impl_->config; }
+DType KvMemory::storage() const { return impl_->config.storage; }
+const void* KvMemory::key_data(int64_t h) const {
+  check(h >= 0 && h < kv_heads(), "kv_memory.key_data kv_head", h, "0..kv_heads - 1");
+  if (read_only()) return impl_->mapped_keys[size_t(h)];
+  if (storage() == DType::F32) return impl_->keys[size_t(h)].data();
+  return impl_->keys16[size_t(h)].data();
+}
+const void* KvMemory::value_data(int64_t h) const {
+  check(h >= 0 && h < kv_heads(), "kv_memory.value_data kv_head", h, "0..kv_heads - 1");
+  if (read_only()) return impl_->mapped_values[size_t(h)];
+  if (storage() == DType::F32) return impl_->values[size_t(h)].data();
+  return impl_->values16[size_t(h)].data();
+}
 const float* KvMemory::keys(int64_t h) const {
-  return read_only() ? impl_->mapped_keys.at(size_t(h)) : impl_->keys.at(size_t(h)).data();
+  check(storage() == DType::F32, "kv_memory.storage", dtype_name(storage()),
+        "f32 for keys() (key_data() and key_rows() read any storage)");
+  return static_cast<const float*>(key_data(h));
 }
 const float* KvMemory::values(int64_t h) const {
-  return read_only() ? impl_->mapped_values.at(size_t(h)) : impl_->values.at(size_t(h)).data();
+  check(storage() == DType::F32, "kv_memory.storage", dtype_name(storage()),
+        "f32 for values() (value_data() reads any storage)");
+  return static_cast<const float*>(value_data(h));
+}
+void KvMemory::key_rows(int64_t h, int64_t first, int64_t n, float* out) const {
+  check(first >= 0 && n >= 0 && first + n <= size(), "kv_memory.key_rows rows", std::to_string(first) + " + " + std::to_string(n),
+        "inside 0..size = " + std::to_string(size()));
+  detail::load_row(key_data(h), storage(), first * head_dim(), n * head_dim(), out);
 }
 const int64_t* KvMemory::positions() const {
   return read_only() ? impl_->mapped_positions : impl_->positions.data();
@@ -196,19 +234,20 @@ double KvMemory::row_logit(const float* q, int64_t pos, int64_t kv_head, int64_t
   check(kv_head >= 0 && kv_head < c.kv_heads, "kv_memory.row_logit kv_head", kv_head, "0..kv_heads - 1");
   check(row >= 0 && row < size(), "kv_memory.row_logit row", row, "0..size - 1");
   const int D = c.head_dim;
-  const float* k = keys(kv_head) + row * D;
+  std::vector<double> k(static_cast<size_t>(D));
+  detail::load_row(key_data(kv_head), storage(), row * D, D, k.data());
   std::vector<double> sq(static_cast<size_t>(D));
   if (c.policy != MemoryPolicy::Unlimiformer) {
     search_query(q, pos, softmax_scale, sq.data(), query_origin);
     double s = 0;
-    for (int d = 0; d < D; ++d) s += sq[size_t(d)] * double(k[d]);
+    for (int d = 0; d < D; ++d) s += sq[size_t(d)] * k[size_t(d)];
     return s;
   }
   // Unlimiformer's scoring: the query at m' = pos - query_origin, the key at n' = pos_j - earliest_retrieved.
   const double lam = logn_factor(c.logn_train_len, pos) * resolved_scale(*this, softmax_scale);
   const double a = impl_->freqs.attention_factor;
   std::vector<double> qd(static_cast<size_t>(D)), kd(static_cast<size_t>(D)), kr(static_cast<size_t>(D));
-  for (int d = 0; d < D; ++d) qd[size_t(d)] = q[d], kd[size_t(d)] = k[d];
+  for (int d = 0; d < D; ++d) qd[size_t(d)] = q[d], kd[size_t(d)] = k[size_t(d)];
   rotate_row(impl_->freqs, double(pos - query_origin), lam * a, lam, qd.data(), sq.data());
   rotate_row(impl_->freqs, double(positions()[row] - earliest_retrieved), a, 1.0, kd.data(), kr.data());
   double s = 0;

@@ -18,15 +18,17 @@ namespace rotary {
 // The memory file.
 //
 // All fields native little-endian, every block 64-byte aligned:
-//   [0, 8)    magic "RTKVMEM1"
+//   [0, 8)    magic "RTKVMEM2"
 //   header    int64 kv_heads, head_dim, policy, window, logn_train_len, size, has_freqs, rotary_dim, layout;
-//             uint64 fingerprint; double attention_factor; double inv_freq[rotary_dim / 2]; uint64 FNV-1a of the
-//             header bytes before it
-//   blocks    positions int64 [size]; then per kv head keys f32 [size, D], values f32 [size, D]
-// The file's size must be exactly what the header implies (a truncated or padded file is refused).
+//             uint64 fingerprint; double attention_factor; int64 storage (rotary::DType: 0 f32, 1 f16, 2 bf16);
+//             double inv_freq[rotary_dim / 2]; uint64 FNV-1a of the header bytes before it
+//   blocks    positions int64 [size]; then per kv head keys [size, D], values [size, D] in the storage dtype
+// The file's size must be exactly what the header implies (a truncated or padded file is refused). The first
+// format, "RTKVMEM1", has no storage field (f32): it is still read.
 namespace {
 
-constexpr char kMemoryMagic[8] = {'R', 'T', 'K', 'V', 'M', 'E', 'M', '1'};
+constexpr char kMemoryMagic[8] = {'R', 'T', 'K', 'V', 'M', 'E', 'M', '2'};
+constexpr char kMemoryMagicF32Only[8] = {'R', 'T', 'K', 'V', 'M', 'E', 'M', '1'};
 constexpr size_t kAlign = 64;
 
 struct FileHeader {
@@ -36,8 +38,10 @@ struct FileHeader {
   double attention_factor = 1;
 };
 
-std::string header_bytes(const FileHeader& h, const std::vector<double>& inv_freq) {
+// The header after the magic; `storage` < 0: the first format's (no storage field).
+std::string header_bytes(const FileHeader& h, int64_t storage, const std::vector<double>& inv_freq) {
   std::string b(reinterpret_cast<const char*>(&h), sizeof h);
+  if (storage >= 0) b.append(reinterpret_cast<const char*>(&storage), sizeof storage);
   b.append(reinterpret_cast<const char*>(inv_freq.data()), inv_freq.size() * sizeof(double));
   const uint64_t hash = detail::fnv1a64(b.data(), b.size());
   b.append(reinterpret_cast<const char*>(&hash), sizeof hash);
@@ -48,7 +52,7 @@ std::string header_bytes(const FileHeader& h, const std::vector<double>& inv_fre
 // sum and product checked: a header's counts that imply more than 2^63 bytes are a rotary::Error naming them
 // (`where`: "kv_memory.open: <file>" or "kv_memory.save: <file>"), never a wrapped size a small buffer matches.
 struct FileLayout {
-  int64_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] f32 block, aligned
+  int64_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] block, aligned
 };
 
 int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
@@ -57,7 +61,8 @@ int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_vi
   return sum;
 }
 
-FileLayout file_layout(int64_t header_end, int64_t size, int64_t heads, int64_t D, const std::string& where) {
+FileLayout file_layout(int64_t header_end, int64_t size, int64_t heads, int64_t D, int64_t element_bytes,
+                       const std::string& where) {
   const std::string_view allowed = "counts whose blocks fit in 2^63 bytes";
   auto align = [&](int64_t n, const std::string& what) {
     return checked_add(n, int64_t(kAlign) - 1, where + ": " + what, allowed) / int64_t(kAlign) * int64_t(kAlign);
@@ -68,8 +73,8 @@ FileLayout file_layout(int64_t header_end, int64_t size, int64_t heads, int64_t 
   l.head0 = align(checked_add(l.positions, position_bytes, where + ": positions offset + bytes", allowed),
                   "positions offset + bytes");
   const int64_t elems = checked_mul(size, D, where + ": size x head_dim", allowed);
-  l.block = align(checked_mul(elems, int64_t(sizeof(float)), where + ": size x head_dim x 4", allowed),
-                  "size x head_dim x 4");
+  l.block = align(checked_mul(elems, element_bytes, where + ": size x head_dim x element bytes", allowed),
+                  "size x head_dim x element bytes");
   const int64_t blocks = checked_mul(checked_mul(2, heads, where + ": 2 x kv_heads", allowed), l.block,
                                      where + ": 2 x kv_heads x block bytes", allowed);
   l.total = checked_add(l.head0, blocks, where + ": first block offset + block bytes", allowed);
@@ -89,18 +94,20 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
     h.attention_factor = impl_->freqs.attention_factor;
     inv_freq = impl_->freqs.inv_freq;
   }
-  const std::string head = std::string(kMemoryMagic, 8) + header_bytes(h, inv_freq);
-  const FileLayout lay = file_layout(int64_t(head.size()), h.size, h.kv_heads, h.head_dim, "kv_memory.save: " + path);
+  const std::string head = std::string(kMemoryMagic, 8) + header_bytes(h, int64_t(c.storage), inv_freq);
+  const int64_t element_bytes = int64_t(dtype_size(c.storage));
+  const FileLayout lay =
+      file_layout(int64_t(head.size()), h.size, h.kv_heads, h.head_dim, element_bytes, "kv_memory.save: " + path);
   detail::write_file_atomic(path, "kv_memory.save", [&](detail::FileSink& out) {
     out.write(head.data(), head.size());
     out.pad_to(uint64_t(lay.positions));
     out.write(positions(), size_t(h.size) * sizeof(int64_t));
-    const size_t row_bytes = size_t(h.size) * size_t(h.head_dim) * sizeof(float);
+    const size_t row_bytes = size_t(h.size) * size_t(h.head_dim) * size_t(element_bytes);
     for (int64_t k = 0; k < h.kv_heads; ++k) {
       out.pad_to(uint64_t(lay.head0 + 2 * k * lay.block));
-      out.write(keys(k), row_bytes);
+      out.write(key_data(k), row_bytes);
       out.pad_to(uint64_t(lay.head0 + (2 * k + 1) * lay.block));
-      out.write(values(k), row_bytes);
+      out.write(value_data(k), row_bytes);
     }
     out.pad_to(uint64_t(lay.total));
   });
@@ -127,14 +134,20 @@ KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConf
                " is invalid; allowed: " + allowed);
   };
   const auto* base = static_cast<const char*>(data);
-  if (base == nullptr || bytes < 8 + sizeof(FileHeader) || std::memcmp(base, kMemoryMagic, 8) != 0)
-    throw bad("not a rotary memory file (no RTKVMEM1 magic)");
+  const bool f32_only = base != nullptr && bytes >= 8 && std::memcmp(base, kMemoryMagicF32Only, 8) == 0;
+  const size_t fixed = 8 + sizeof(FileHeader) + (f32_only ? 0 : sizeof(int64_t));
+  if (base == nullptr || bytes < fixed || (!f32_only && std::memcmp(base, kMemoryMagic, 8) != 0))
+    throw bad("not a rotary memory file (no RTKVMEM2 or RTKVMEM1 magic)");
   // The views are int64 and float arrays at 64-byte multiples from the start: the start must hold an int64.
   if (reinterpret_cast<uintptr_t>(base) % alignof(int64_t) != 0)
     throw bad("bytes at address " + std::to_string(reinterpret_cast<uintptr_t>(base)) +
               " are invalid; allowed: an address aligned to 8 bytes (a mapping or a heap buffer)");
   FileHeader h;
   std::memcpy(&h, base + 8, sizeof h);
+  int64_t storage = int64_t(DType::F32);
+  if (!f32_only) std::memcpy(&storage, base + 8 + sizeof h, sizeof storage);
+  if (storage != int64_t(DType::F32) && storage != int64_t(DType::F16) && storage != int64_t(DType::BF16))
+    throw damaged("storage", storage, "0 (f32), 1 (f16) or 2 (bf16)");
   if (h.has_freqs < 0 || h.has_freqs > 1) throw damaged("has_freqs", h.has_freqs, "0 or 1");
   if (h.rotary_dim < 0 || h.rotary_dim > 4096 || h.rotary_dim % 2 != 0)
     throw damaged("rotary_dim", h.rotary_dim, "an even number in 0..4096");
@@ -142,20 +155,21 @@ KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConf
   if (h.head_dim < 2 || h.head_dim > 4096) throw damaged("head_dim", h.head_dim, "2..4096");
   if (h.size < 0 || h.size > (int64_t(1) << 40)) throw damaged("size", h.size, "0..2^40 rows");
   const size_t pairs = h.has_freqs ? size_t(h.rotary_dim / 2) : 0;  // at most 2048
-  const size_t header_end = 8 + sizeof h + pairs * sizeof(double) + sizeof(uint64_t);
+  const size_t header_end = fixed + pairs * sizeof(double) + sizeof(uint64_t);
   if (bytes < header_end)
     throw bad("truncated inside its header (" + std::to_string(bytes) + " bytes where rotary_dim = " +
               std::to_string(h.rotary_dim) + " needs " + std::to_string(header_end) + ")");
   std::vector<double> inv_freq(pairs);
-  if (pairs > 0) std::memcpy(inv_freq.data(), base + 8 + sizeof h, pairs * sizeof(double));
+  if (pairs > 0) std::memcpy(inv_freq.data(), base + fixed, pairs * sizeof(double));
   uint64_t stored_hash = 0;
   std::memcpy(&stored_hash, base + header_end - sizeof(uint64_t), sizeof stored_hash);
-  const std::string hb = header_bytes(h, inv_freq);
+  const std::string hb = header_bytes(h, f32_only ? -1 : storage, inv_freq);
   if (std::memcmp(hb.data() + hb.size() - sizeof(uint64_t), &stored_hash, sizeof stored_hash) != 0)
     throw bad("a damaged header (checksum)");
   // Every block offset and length, from counts the checksum vouches for but a crafted file can still choose:
   // in checked arithmetic, then the whole layout against the bytes there are.
-  const FileLayout lay = file_layout(int64_t(header_end), h.size, h.kv_heads, h.head_dim, "kv_memory.open: " + source);
+  const FileLayout lay = file_layout(int64_t(header_end), h.size, h.kv_heads, h.head_dim,
+                                     int64_t(dtype_size(DType(storage))), "kv_memory.open: " + source);
   if (uint64_t(lay.total) != uint64_t(bytes))
     throw bad("size " + std::to_string(bytes) + " bytes where its header implies " + std::to_string(lay.total) +
               (uint64_t(bytes) < uint64_t(lay.total) ? " (truncated)" : " (trailing bytes)") + " for size = " +
@@ -181,6 +195,8 @@ KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConf
                              (!c.freqs || (h.rotary_dim == f.rotary_dim && h.layout == int64_t(f.layout) &&
                                            h.attention_factor == f.attention_factor && inv_freq == f.inv_freq));
   if (!same_rotation) throw bad("written for another rotation (frequencies, layout or attention factor)");
+  if (storage != int64_t(c.storage))
+    throw differs("storage", dtype_name(DType(storage)), dtype_name(c.storage));
   if (h.fingerprint != fingerprint)
     throw differs("fingerprint", std::to_string(h.fingerprint), std::to_string(fingerprint) + " (another model)");
   Impl& im = *m.impl_;
@@ -192,8 +208,8 @@ KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConf
   detail::check_positions(im.mapped_positions, 0, h.size, "kv_memory.open " + source + ": ", c.logn_train_len > 1,
                           false);
   for (int64_t k = 0; k < h.kv_heads; ++k) {
-    im.mapped_keys.push_back(reinterpret_cast<const float*>(base + lay.head0 + 2 * k * lay.block));
-    im.mapped_values.push_back(reinterpret_cast<const float*>(base + lay.head0 + (2 * k + 1) * lay.block));
+    im.mapped_keys.push_back(base + lay.head0 + 2 * k * lay.block);
+    im.mapped_values.push_back(base + lay.head0 + (2 * k + 1) * lay.block);
   }
   return m;
 }

@@ -13,6 +13,7 @@
 
 #include "rotary/error.h"
 #include "rotary/kv_memory.h"
+#include "storage.h"
 #include "validate.h"
 
 namespace rotary {
@@ -56,11 +57,33 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   const float* q = static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride;
   std::vector<W> sq(static_cast<size_t>(D));
   m.search_query(q, p.q_positions[t], p.softmax_scale, sq.data(), p.query_origin);
-  const float* K = m.keys(kvh);
-  const float* V = m.values(kvh);
+  // Rows of a half-precision memory are widened to fp32 one at a time (f32 ones are read in place).
+  const DType storage = m.storage();
+  const void* K = m.key_data(kvh);
+  const void* V = m.value_data(kvh);
+  std::vector<float> widened(storage == DType::F32 ? 0 : size_t(D));
+  auto row_of = [&](const void* base, int64_t j) -> const float* {
+    if (storage == DType::F32) return static_cast<const float*>(base) + j * D;
+    detail::load_row(base, storage, j * D, D, widened.data());
+    return widened.data();
+  };
   auto score = [&](int64_t j) {
-    const float* kr = K + j * D;
     W s = 0;
+    // Half precision widened inside the loop (dtype.h's branch-free conversions), which vectorises: the scan's
+    // hot path.
+    if (storage == DType::BF16) {
+      const uint16_t* kr = static_cast<const uint16_t*>(K) + j * D;
+#pragma omp simd reduction(+ : s)
+      for (int d = 0; d < D; ++d) s += sq[size_t(d)] * W(bf16_to_float(kr[d]));
+      return s;
+    }
+    if (storage == DType::F16) {
+      const uint16_t* kr = static_cast<const uint16_t*>(K) + j * D;
+#pragma omp simd reduction(+ : s)
+      for (int d = 0; d < D; ++d) s += sq[size_t(d)] * W(f16_to_float(kr[d]));
+      return s;
+    }
+    const float* kr = row_of(K, j);
 #pragma omp simd reduction(+ : s)
     for (int d = 0; d < D; ++d) s += sq[size_t(d)] * W(kr[d]);
     return s;
@@ -115,7 +138,7 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   for (size_t i = 0; i < k; ++i) {
     const W e = std::exp(scored[i].first - mx);
     sum += e;
-    const float* vr = V + scored[i].second * D;
+    const float* vr = row_of(V, scored[i].second);
     for (int d = 0; d < D; ++d) acc[size_t(d)] += e * W(vr[d]);
   }
   const W lse_mem = mx + std::log(sum);

@@ -49,6 +49,12 @@ struct Reference {
   const int D = m.head_dim();
 
   std::vector<double> row(const float* x) const { return std::vector<double>(x, x + D); }
+  // Row j of a stored block (keys or values) in double, whatever the memory's storage dtype.
+  std::vector<double> stored_row(const void* base, int64_t j) const {
+    std::vector<double> r(static_cast<size_t>(D));
+    for (int d = 0; d < D; ++d) r[size_t(d)] = load_as_double(base, m.storage(), j * D + d);
+    return r;
+  }
 
   // lambda: softmax scale times log-n's max(1, ln(pos + 1) / ln L).
   double lambda(int64_t pos) const {
@@ -75,8 +81,7 @@ struct Reference {
   }
 
   // The search score of a stored key. Unlimiformer: q'^T (I + P) k with P (k_a, k_b) -> (-k_b, k_a) on every pair.
-  double search_score(const SearchQuery& s, int64_t pos, const float* stored) const {
-    std::vector<double> k = row(stored);
+  double search_score(const SearchQuery& s, int64_t pos, std::vector<double> k) const {
     if (c.policy == MemoryPolicy::Unlimiformer) {
       const std::vector<double> plain = k;
       for (int i = 0; i < f->rotary_dim / 2; ++i) {
@@ -89,19 +94,19 @@ struct Reference {
   }
 
   // Unlimiformer's attended logit: lambda a^2 (R(m') q)^T (R(n') k) over the pairs, lambda q^T k past them.
-  double unlimiformer_logit(const std::vector<double>& q, int64_t pos, const float* stored, int64_t key_pos,
-                            int64_t earliest) const {
+  double unlimiformer_logit(const std::vector<double>& q, int64_t pos, const std::vector<double>& stored,
+                            int64_t key_pos, int64_t earliest) const {
     const double a = f->attention_factor;
     return lambda(pos) * weighted_dot(f, D, rotated(*f, double(pos - p.query_origin), q),
-                                      rotated(*f, double(key_pos - earliest), row(stored)), a * a);
+                                      rotated(*f, double(key_pos - earliest), stored), a * a);
   }
 
   void attend(int64_t t, int64_t h) const {
     const int64_t kvh = h / (p.q.heads / m.kv_heads()), pos = p.q_positions[t];
     const std::vector<double> q =
         row(static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride);
-    const float* K = m.keys(kvh);
-    const float* V = m.values(kvh);
+    const void* K = m.key_data(kvh);
+    const void* V = m.value_data(kvh);
     const int64_t slot = t * p.q.heads + h;
     // The rows to rank: every row, or the index's candidates without the -1 fillers.
     std::vector<int64_t> rows;
@@ -114,7 +119,7 @@ struct Reference {
     }
     const SearchQuery sq = search_query(q, pos);
     std::vector<double> score(rows.size());
-    for (size_t i = 0; i < rows.size(); ++i) score[i] = search_score(sq, pos, K + rows[i] * D);
+    for (size_t i = 0; i < rows.size(); ++i) score[i] = search_score(sq, pos, stored_row(K, rows[i]));
     // A full sort of every row by score, descending, the earlier row first on ties; the first top_k are retrieved.
     std::vector<size_t> order(rows.size());
     std::iota(order.begin(), order.end(), size_t(0));
@@ -129,7 +134,7 @@ struct Reference {
       int64_t earliest = m.positions()[got[0]];
       for (int64_t j : got) earliest = std::min(earliest, m.positions()[j]);
       for (size_t i = 0; i < k; ++i)
-        logit[i] = unlimiformer_logit(q, pos, K + got[i] * D, m.positions()[got[i]], earliest);
+        logit[i] = unlimiformer_logit(q, pos, stored_row(K, got[i]), m.positions()[got[i]], earliest);
     }
     for (int64_t i = 0; i < p.top_k; ++i) {
       if (p.retrieved) p.retrieved[slot * p.top_k + i] = size_t(i) < k ? got[size_t(i)] : -1;
@@ -151,7 +156,8 @@ struct Reference {
     for (size_t i = 0; i < k; ++i) {
       const double w = std::exp(logit[i] - top);
       memory += w;
-      for (int d = 0; d < D; ++d) mem_o[size_t(d)] += w * double(V[got[i] * D + d]);
+      const std::vector<double> v = stored_row(V, got[i]);
+      for (int d = 0; d < D; ++d) mem_o[size_t(d)] += w * v[size_t(d)];
     }
     const double total = local + memory;
     float* o = static_cast<float*>(p.o.data) + t * p.o.token_stride + h * p.o.head_stride;

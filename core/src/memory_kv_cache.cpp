@@ -56,6 +56,7 @@ MemoryKvCache::MemoryKvCache(const MemoryKvCacheConfig& c) : impl_(std::make_uni
   // Policy rerope: memory keys at the model's ReRoPE window, or for a RoPE model at the local window (InfLLM).
   mc.window = c.pos.window > 0 ? c.pos.window : c.window;
   mc.logn_train_len = c.pos.logn_train_len;
+  mc.storage = c.memory_storage;  // (checked by KvMemory, naming kv_memory.storage)
   m.memory = std::make_unique<KvMemory>(mc);
 }
 

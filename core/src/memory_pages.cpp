@@ -13,6 +13,7 @@
 
 #include "rotary/error.h"
 #include "rotary/memory_pages.h"
+#include "storage.h"
 #include "validate.h"
 
 namespace rotary {
@@ -42,6 +43,26 @@ struct Segment {
   int64_t begin = 0, end = 0;  // memory rows [begin, end)
 };
 
+// A kv head's stored keys as fp32: f32 rows in place, half-precision ones widened.
+struct KeyRows {
+  const void* base;
+  DType storage;
+  int64_t D;
+  const float* row(int64_t j, float* buf) const {
+    if (storage == DType::F32) return static_cast<const float*>(base) + j * D;
+    detail::load_row(base, storage, j * D, D, buf);
+    return buf;
+  }
+  float at(int64_t j, int64_t d) const {
+    const int64_t i = j * D + d;
+    switch (storage) {
+      case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+      case DType::F16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
+      default: return static_cast<const float*>(base)[i];
+    }
+  }
+};
+
 // One kv head's trees: a tree per segment, nodes in preorder, the segments' trees one after the other.
 struct HeadTrees {
   std::vector<int64_t> rows;     // [N] grouped
@@ -52,7 +73,8 @@ struct HeadTrees {
 };
 
 // Builds the subtree over rows[first, first + count) of t (already holding the segment's rows), returns its node.
-int64_t build(HeadTrees& t, const float* K, int64_t D, const MemoryPagesConfig& c, int64_t first, int64_t count) {
+int64_t build(HeadTrees& t, const KeyRows& K, int64_t D, const MemoryPagesConfig& c, int64_t first, int64_t count,
+              std::vector<float>& buf) {
   const int64_t id = int64_t(t.nodes.size());
   t.nodes.push_back({first, count, -1, -1});
   t.boxes.resize(size_t((id + 1) * 2 * D));
@@ -61,7 +83,7 @@ int64_t build(HeadTrees& t, const float* K, int64_t D, const MemoryPagesConfig& 
   std::fill(hi, hi + D, -std::numeric_limits<float>::infinity());
   std::fill(lo, lo + D, std::numeric_limits<float>::infinity());
   for (int64_t i = first; i < first + count; ++i) {
-    const float* k = K + t.rows[size_t(i)] * D;
+    const float* k = K.row(t.rows[size_t(i)], buf.data());
     for (int64_t d = 0; d < D; ++d) hi[d] = std::max(hi[d], k[d]), lo[d] = std::min(lo[d], k[d]);
   }
   const int64_t B = c.page_size;
@@ -75,13 +97,13 @@ int64_t build(HeadTrees& t, const float* K, int64_t D, const MemoryPagesConfig& 
     if (hi[widest] > lo[widest]) {  // (rows all alike: any cut; token order kept)
       const auto begin = t.rows.begin() + first;
       std::nth_element(begin, begin + left, begin + count, [&](int64_t a, int64_t b) {
-        const float ka = K[a * D + widest], kb = K[b * D + widest];
+        const float ka = K.at(a, widest), kb = K.at(b, widest);
         return ka < kb || (ka == kb && a < b);
       });
     }
   }
-  const int64_t l = build(t, K, D, c, first, left);
-  const int64_t r = build(t, K, D, c, first + left, count - left);
+  const int64_t l = build(t, K, D, c, first, left, buf);
+  const int64_t r = build(t, K, D, c, first + left, count - left, buf);
   t.nodes[size_t(id)].left = l, t.nodes[size_t(id)].right = r;
   return id;
 }
@@ -128,7 +150,8 @@ void MemoryPages::sync() {
   const int64_t D = m.memory->head_dim();
   for (int64_t h = 0; h < m.memory->kv_heads(); ++h) {
     HeadTrees& t = m.heads[size_t(h)];
-    const float* K = m.memory->keys(h);
+    const KeyRows K{m.memory->key_data(h), m.memory->storage(), D};
+    std::vector<float> buf(static_cast<size_t>(D));
     // Drop the trees of the segments merged away (their nodes are the tail), re-group the merged one.
     if (first_rebuilt < t.roots.size()) {
       const int64_t first_node = t.roots[first_rebuilt];
@@ -140,10 +163,12 @@ void MemoryPages::sync() {
     for (size_t s = first_rebuilt; s < m.segments.size(); ++s) {
       const Segment seg = m.segments[s];
       for (int64_t r = seg.begin; r < seg.end; ++r) t.rows[size_t(r)] = r;  // token order, then grouped
-      t.roots.push_back(build(t, K, D, m.config, seg.begin, seg.end - seg.begin));
+      t.roots.push_back(build(t, K, D, m.config, seg.begin, seg.end - seg.begin, buf));
     }
-    for (int64_t j = m.covered; j < n; ++j)
-      for (int64_t d = 0; d < D; ++d) t.absmax[size_t(d)] = std::max(t.absmax[size_t(d)], std::abs(K[j * D + d]));
+    for (int64_t j = m.covered; j < n; ++j) {
+      const float* k = K.row(j, buf.data());
+      for (int64_t d = 0; d < D; ++d) t.absmax[size_t(d)] = std::max(t.absmax[size_t(d)], std::abs(k[d]));
+    }
   }
   m.covered = n;
 }
@@ -198,14 +223,16 @@ bool waits(const Frontier& a, const Frontier& b) { return a.bound < b.bound || (
 // The per-thread buffers of one search.
 struct Scratch {
   std::vector<float> qq;  // [2D]: q+, q-
+  std::vector<float> row;  // [D]: a half-precision key widened
   std::vector<Frontier> frontier;
   std::vector<Scored> best;
 };
 
 // One query of one kv head: fills rows / scores [k], best first.
-void search_one(const HeadTrees& t, const float* K, int64_t D, int64_t pages_read, const float* q, int k,
+void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_read, const float* q, int k,
                 int64_t* rows, float* scores, PageSearchStats& stats, Scratch& s) {
   s.qq.resize(size_t(2 * D));
+  s.row.resize(size_t(D));
   for (int64_t d = 0; d < D; ++d) s.qq[size_t(d)] = std::max(q[d], 0.0f), s.qq[size_t(D + d)] = std::min(q[d], 0.0f);
   auto bound = [&](int64_t node) {
     const float b = dot(s.qq.data(), t.boxes.data() + node * 2 * D, 2 * D);
@@ -243,7 +270,7 @@ void search_one(const HeadTrees& t, const float* K, int64_t D, int64_t pages_rea
     }
     for (int64_t i = node.first; i < node.first + node.count; ++i) {
       const int64_t row = t.rows[size_t(i)];
-      const Scored c{dot(q, K + row * D, D), row};
+      const Scored c{dot(q, K.row(row, s.row.data()), D), row};
       if (int64_t(s.best.size()) < k) {
         s.best.push_back(c);
         std::push_heap(s.best.begin(), s.best.end(), better);
@@ -280,8 +307,8 @@ void search_many(const KvMemory& memory, const std::vector<HeadTrees>& heads, in
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) {
       const int64_t h = head_of(i);
-      search_one(heads[size_t(h)], memory.keys(h), D, pages_read, queries + i * D, k, rows + i * k, scores + i * k,
-                 mine, s);
+      search_one(heads[size_t(h)], KeyRows{memory.key_data(h), memory.storage(), D}, D, pages_read, queries + i * D,
+                 k, rows + i * k, scores + i * k, mine, s);
     }
   }
   if (stats)

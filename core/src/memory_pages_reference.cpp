@@ -23,13 +23,15 @@ void memory_pages_search_reference(const KvMemory& memory, const MemoryPages& pa
   for (int64_t i = 0; i < tree.node_count; ++i)
     if (tree.nodes[i].left < 0)
       page_rows.emplace_back(tree.rows + tree.nodes[i].first, tree.rows + tree.nodes[i].first + tree.nodes[i].count);
-  const float* K = memory.keys(kv_head);
+  auto key = [&](int64_t j, int64_t d) {  // in double, whatever the storage
+    return load_as_double(memory.key_data(kv_head), memory.storage(), j * D + d);
+  };
   const int64_t pages_read = pages.config().pages_read;
   for (int64_t i = 0; i < n; ++i) {
     const float* q = queries + i * D;
     auto score = [&](int64_t j) {
       double s = 0;
-      for (int64_t d = 0; d < D; ++d) s += double(q[d]) * double(K[j * D + d]);
+      for (int64_t d = 0; d < D; ++d) s += double(q[d]) * key(j, d);
       return s;
     };
     // bound(page) = sum_d max over the page's rows of q_d k_jd, computed as that maximum directly.
@@ -38,7 +40,7 @@ void memory_pages_search_reference(const KvMemory& memory, const MemoryPages& pa
       double b = 0;
       for (int64_t d = 0; d < D; ++d) {
         double best = -INFINITY;
-        for (int64_t j : page) best = std::max(best, double(q[d]) * double(K[j * D + d]));
+        for (int64_t j : page) best = std::max(best, double(q[d]) * key(j, d));
         b += best;
       }
       bound.push_back(b);

@@ -88,6 +88,7 @@ struct BenchMemoryArgs {
   std::string nprobe = "16";
   int ivf_lists = 0;
   std::string pages_read = "0,16,64";
+  std::string memory_dtype = "f32";
   int page_size = 32;
   uint64_t seed = 1;
   bool json = false;
@@ -197,6 +198,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
   config.kv_heads = Hkv;
   config.head_dim = D;
   config.policy = parse_memory_policy(a.policy);
+  config.storage = parse_dtype(a.memory_dtype);
   config.freqs = freqs;
   KvMemory memory(config);
 
@@ -418,6 +420,8 @@ void run_bench_memory(const BenchMemoryArgs& a) {
     check(keys == "gaussian" || keys == "clustered", "--keys", keys,
           "gaussian or clustered (or both, comma-separated)");
   check(a.policy == "exact" || a.policy == "none", "--policy", a.policy, "exact or none");
+  const DType memory_dtype = parse_dtype(a.memory_dtype);
+  check(memory_dtype != DType::F64, "--memory-dtype", a.memory_dtype, "f32, bf16 or f16");
   for (const std::string& kind : parse_name_list(a.indexes, "--indexes"))
     check(std::find(std::begin(lab::kMemoryIndexKinds), std::end(lab::kMemoryIndexKinds), kind) !=
               std::end(lab::kMemoryIndexKinds),
@@ -460,9 +464,9 @@ void run_bench_memory(const BenchMemoryArgs& a) {
       for (Row& r : run_size(a, keys, n, a.policy == "exact" ? &freqs : nullptr, threads)) rows.push_back(r);
   const double total_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const std::vector<GoalVerdict> goals = goal_verdicts(rows, key_kinds, sizes.back());
-  // The memory's own bytes per token: keys and values fp32 of every kv head, and one int64 position.
+  // The memory's own bytes per token: keys and values of every kv head in --memory-dtype, and one int64 position.
   const int64_t memory_bytes_per_token =
-      a.kv_heads * 2 * a.head_dim * int64_t(sizeof(float)) + int64_t(sizeof(int64_t));
+      a.kv_heads * 2 * a.head_dim * int64_t(dtype_size(memory_dtype)) + int64_t(sizeof(int64_t));
   const std::string cpu = lab::cpu_model();
   const unsigned nproc = std::thread::hardware_concurrency();
 
@@ -478,7 +482,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
                    {"policy", a.policy},   {"rope_base", spec.base},          {"hnsw_m", a.hnsw_m},
                    {"hnsw_ef_construction", a.ef_construction},               {"ivf_lists", a.ivf_lists},
                    {"page_size", a.page_size},
-                   {"seed", a.seed},       {"warmup_steps", kWarmupSteps},    {"dtype", "f32"}};
+                   {"seed", a.seed},       {"warmup_steps", kWarmupSteps},    {"dtype", a.memory_dtype}};
   j["memory_bytes_per_token"] = memory_bytes_per_token;
   j["index_bytes"] = "resident-set growth while the index was built (after malloc_trim)";
   j["seconds"] = total_s;
@@ -513,14 +517,15 @@ void run_bench_memory(const BenchMemoryArgs& a) {
     return;
   }
 
-  std::printf("rotary bench memory: one decode step (1 token, %lld query heads over %lld kv head(s), D %d, f32), "
-              "top-%d of the memory, policy %s; %d queries per size\n",
-              (long long)a.q_heads, (long long)a.kv_heads, a.head_dim, a.top_k, a.policy.c_str(), a.queries);
+  std::printf("rotary bench memory: one decode step (1 token, %lld query heads over %lld kv head(s), D %d, memory "
+              "%s), top-%d of the memory, policy %s; %d queries per size\n",
+              (long long)a.q_heads, (long long)a.kv_heads, a.head_dim, dtype_name(memory_dtype), a.top_k,
+              a.policy.c_str(), a.queries);
   std::printf("cpu: %s | nproc %u | threads %d | load average %s -> %s | %.0f s\n", cpu.c_str(), nproc, threads,
               load_before.c_str(), load_average().c_str(), total_s);
-  std::printf("memory: %lld bytes per token (keys + values fp32, position int64); index MB = resident-set growth "
+  std::printf("memory: %lld bytes per token (keys + values %s, position int64); index MB = resident-set growth "
               "while building\n\n",
-              (long long)memory_bytes_per_token);
+              (long long)memory_bytes_per_token, dtype_name(memory_dtype));
   std::printf("%-9s %9s %-16s %9s %10s %9s %9s %9s %9s %9s %9s\n", "keys", "tokens", "method", "build_s",
               "median_ms", "p90_ms", "x_exact", "recall", "scored", "index_MB", "idx_B/tok");
   for (const Row& r : rows) {
@@ -590,6 +595,7 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
   cmd->add_option("--pages-read", args->pages_read, "pages read per query by pages and kdtree, comma-separated, "
                                                     "each >= 0 (0: certified exact); one set of bounds serves every "
                                                     "value (default 0,16,64)");
+  cmd->add_option("--memory-dtype", args->memory_dtype, "the memory's keys and values: f32, bf16 or f16 (default f32)");
   cmd->add_option("--page-size", args->page_size, "rows per page of pages and kdtree (default 32)")
       ->transform(integer_in(1, 65536));
   cmd->add_option("--seed", args->seed, "seed of keys, values and queries (default 1)")

@@ -71,6 +71,8 @@ nlohmann::json cell_settings(const PreparedModel& p, const MemorySpec& spec, con
                    {"eval_seed", spec.eval_seed}};
   j["model_config"].erase("out_dir");
   if (c.kind == "index") j["decoded_through_index"] = true;  // index cells before this measured exact decoding
+  // Named only when not f32, so the cells stored before memories had a dtype are reused as they were.
+  if (spec.memory_dtype != DType::F32) j["memory_dtype"] = dtype_name(spec.memory_dtype);
   return j;
 }
 
@@ -303,6 +305,7 @@ class MemoryCellRunner {
   nn::MemoryDecodeOptions memory_options(const std::string& policy, int top_k) const {
     nn::MemoryDecodeOptions o;
     o.window = window_;
+    o.storage = spec_.memory_dtype;
     o.policy = parse_memory_policy(policy);
     o.top_k = top_k;
     o.retrieve_in_prompt = false;
@@ -344,8 +347,8 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
   md << fmt::format(". L = {}; memory window W = {} tokens per layer (the window holds W..2W-1 exact tokens, older "
                     "ones go to the memory); the prompt in chunks of W that see the window alone, the memory read at "
                     "the prompt's last token and the answer's. {} prompts per cell; memory: {} bytes per token "
-                    "(every layer's keys and values fp32, its position int64).\n\n",
-                    L, window, spec.problems, r.memory_bytes_per_token);
+                    "(every layer's keys and values {}, its position int64).\n\n",
+                    L, window, spec.problems, r.memory_bytes_per_token, dtype_name(spec.memory_dtype));
   md << "## Exact match against prompt length\n\n| method |";
   for (int T : lengths) md << " " << T << " (" << T / L << "L) |";
   md << "\n|---|";
@@ -560,7 +563,8 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   const int64_t window = memory_window(spec, L, trained);
   const nn::ModelConfig& mc = p.model->config();
   result.memory_bytes_per_token =
-      int64_t(mc.n_layers) * (2 * int64_t(mc.kv_heads()) * mc.head_dim() * int64_t(sizeof(float)) + int64_t(sizeof(int64_t)));
+      int64_t(mc.n_layers) *
+      (2 * int64_t(mc.kv_heads()) * mc.head_dim() * int64_t(dtype_size(spec.memory_dtype)) + int64_t(sizeof(int64_t)));
   std::vector<int> lengths;
   for (int m : spec.multiples) lengths.push_back(L * m);
   std::sort(lengths.begin(), lengths.end());

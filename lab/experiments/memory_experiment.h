@@ -43,6 +43,7 @@ struct MemorySpec {
   // extrapolate_methods.h applied at the test length (rope, pi, ntk, yarn, rerope at w = W, ...).
   std::vector<std::string> baselines{"trained"};
   int full_max_multiple = 8;        // baselines at lengths <= L x this only (full attention is quadratic)
+  DType memory_dtype = DType::F32;  // the memories' keys and values: f32, bf16 or f16 (KvMemoryConfig::storage)
   int64_t window = 0;               // W: tokens per layer kept exact (0: L / 2, at least a ReRoPE model's window);
                                     // also the rerope baseline's window
   int problems = 10;                // prompts per cell
@@ -95,7 +96,7 @@ struct MemoryCell {
 struct MemoryResult : ExperimentOutcome {
   ModelInfo model;
   std::vector<MemoryCell> cells;
-  int64_t memory_bytes_per_token = 0;  // every layer's keys and values (fp32) and position (int64)
+  int64_t memory_bytes_per_token = 0;  // every layer's keys and values (memory_dtype) and position (int64)
 };
 
 MemoryResult run_memory(const MemorySpec& spec, bool progress);

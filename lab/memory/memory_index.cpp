@@ -47,6 +47,17 @@ MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_vi
   return c;
 }
 
+namespace {
+// Rows [first, first + n) of kv head h's keys as fp32, which FAISS takes: the memory's own block when it is f32,
+// a widened copy (in `copy`) when it is half precision.
+const float* f32_key_rows(const KvMemory& memory, int64_t h, int64_t first, int64_t n, std::vector<float>& copy) {
+  if (memory.storage() == DType::F32) return memory.keys(h) + first * memory.head_dim();
+  copy.resize(size_t(n * memory.head_dim()));
+  memory.key_rows(h, first, n, copy.data());
+  return copy.data();
+}
+}  // namespace
+
 struct MemoryIndex::Impl {
   const KvMemory* memory = nullptr;
   MemoryIndexConfig config;
@@ -74,7 +85,8 @@ struct MemoryIndex::Impl {
     auto ivf = std::make_unique<faiss::IndexIVFFlat>(quantizers[size_t(head)].get(), D, size_t(lists),
                                                      faiss::METRIC_INNER_PRODUCT);
     ivf->cp.seed = 1234;  // the same lists on every run
-    ivf->train(rows, memory->keys(head));
+    std::vector<float> copy;
+    ivf->train(rows, f32_key_rows(*memory, head, 0, rows, copy));
     ivf->nprobe = size_t(std::min(config.ivf_nprobe, lists));
     return ivf;
   }
@@ -107,10 +119,10 @@ void MemoryIndex::sync() {
     m.indexed = n;
     return;
   }
-  const int D = m.memory->head_dim();
   for (int64_t h = 0; h < m.memory->kv_heads(); ++h) {
     if (!m.indexes[size_t(h)]) m.indexes[size_t(h)] = m.make(h, n);
-    m.indexes[size_t(h)]->add(n - m.indexed, m.memory->keys(h) + m.indexed * D);
+    std::vector<float> copy;
+    m.indexes[size_t(h)]->add(n - m.indexed, f32_key_rows(*m.memory, h, m.indexed, n - m.indexed, copy));
   }
   m.indexed = n;
 }

@@ -32,6 +32,7 @@ class MemoryCache final : public LayerCache {
     c.kv_heads = kv_heads;
     c.head_dim = int(head_dim);
     c.policy = o.policy;
+    c.memory_storage = o.storage;
     freqs_ = torch_ops::freqs_from(ap.inv_freq.value(), ap.attention_factor, ap.layout, head_dim);
     c.pos.mode = ap.mode == "rope" ? PositionMode::Rope
                  : ap.mode == "rerope" ? PositionMode::Rerope : PositionMode::LeakyRerope;

@@ -86,6 +86,16 @@ expect_error "--memory-window = 1 is invalid; allowed: >= the ReRoPE window 64" 
 expect_error "encoding.kind = roper is invalid" --encoding roper
 expect_error "indexes = annoy is invalid" --indexes flat,annoy
 expect_error "indexes = pages0 is invalid" --indexes pages0
+expect_error "--memory-dtype = f64 is invalid" --memory-dtype f64
+
+# Half-precision memories: the report says what the memory holds (2 bytes per element).
+if "$ROTARY" memory "${BASE[@]}" --lengths 2 --policies rerope --top-k 4 --baselines off --indexes kdtree \
+     --memory-dtype bf16 --out "$W/bf16" > "$W/bout" 2> "$W/berr2"; then
+  grep -q "memory: 136 bytes per token (every layer's keys and values bf16" "$W/bout" &&
+    grep -q "^| kdtree index (top-4) | 256 |" "$W/bout" && echo "ok: bf16 memory" || fail "bf16 memory: $(cat "$W/bout")"
+else
+  fail "bf16 memory exited $?: $(tail -3 "$W/berr2")"
+fi
 [ ! -d "$W/bad/model" ] || fail "a refused run started training"
 
 echo "$fails failed"

@@ -541,13 +541,13 @@ std::string file_bytes(const std::string& path) {
 }
 
 // Header field i (docs/memory.md: kv_heads, head_dim, policy, window, logn_train_len, size, has_freqs, rotary_dim,
-// layout, fingerprint, attention_factor) set to `value`, and the FNV-1a checksum made right again: a crafted
+// layout, fingerprint, attention_factor, storage) set to `value`, and the FNV-1a checksum made right again: a crafted
 // file, so the checks behind the checksum are reached.
 void refresh_checksum(std::string& b) {
   int64_t has_freqs = 0, rotary_dim = 0;
   std::memcpy(&has_freqs, b.data() + 8 + 6 * 8, 8);
   std::memcpy(&rotary_dim, b.data() + 8 + 7 * 8, 8);
-  const size_t end = 8 + 88 + (has_freqs == 1 ? size_t(rotary_dim / 2) * 8 : 0);
+  const size_t end = 8 + 96 + (has_freqs == 1 ? size_t(rotary_dim / 2) * 8 : 0);
   if (end + 8 > b.size()) return;
   uint64_t h = 0xcbf29ce484222325ULL;
   for (size_t i = 8; i < end; ++i) h = (h ^ uint8_t(b[i])) * 0x100000001b3ULL;
@@ -558,7 +558,7 @@ std::string with_field(std::string b, int field, int64_t value) {
   refresh_checksum(b);
   return b;
 }
-enum Field { kKvHeads, kHeadDim, kPolicy, kWindow, kLogn, kSize, kHasFreqs, kRotaryDim, kLayout };
+enum Field { kKvHeads, kHeadDim, kPolicy, kWindow, kLogn, kSize, kHasFreqs, kRotaryDim, kLayout, kStorage = 11 };
 
 // open_bytes over an exact-size heap copy of `b` (so ASan sees a read past its end): a rotary::Error naming
 // `source`, or a memory whose every view lies inside the bytes. Returns whether it loaded.
@@ -575,9 +575,10 @@ bool refused_or_inside(const std::string& b, const KvMemoryConfig& cfg, uint64_t
       return c >= lo && bytes >= 0 && bytes <= hi - c;
     };
     EXPECT_TRUE(inside(m.positions(), m.size() * 8));
+    const int64_t element = int64_t(dtype_size(m.storage()));
     for (int64_t h = 0; h < m.kv_heads(); ++h) {
-      EXPECT_TRUE(inside(m.keys(h), m.size() * m.head_dim() * 4));
-      EXPECT_TRUE(inside(m.values(h), m.size() * m.head_dim() * 4));
+      EXPECT_TRUE(inside(m.key_data(h), m.size() * m.head_dim() * element));
+      EXPECT_TRUE(inside(m.value_data(h), m.size() * m.head_dim() * element));
     }
     return true;
   } catch (const Error& e) {
@@ -598,11 +599,12 @@ void expect_same_memory(const KvMemory& a, const KvMemory& b) {
   ASSERT_EQ(a.size(), b.size());
   ASSERT_EQ(a.kv_heads(), b.kv_heads());
   ASSERT_EQ(a.head_dim(), b.head_dim());
-  const size_t block = size_t(a.size() * a.head_dim()) * sizeof(float);
+  ASSERT_EQ(a.storage(), b.storage());
+  const size_t block = size_t(a.size() * a.head_dim()) * dtype_size(a.storage());
   EXPECT_EQ(0, std::memcmp(a.positions(), b.positions(), size_t(a.size()) * sizeof(int64_t)));
   for (int64_t h = 0; h < a.kv_heads(); ++h) {
-    EXPECT_EQ(0, std::memcmp(a.keys(h), b.keys(h), block));
-    EXPECT_EQ(0, std::memcmp(a.values(h), b.values(h), block));
+    EXPECT_EQ(0, std::memcmp(a.key_data(h), b.key_data(h), block));
+    EXPECT_EQ(0, std::memcmp(a.value_data(h), b.value_data(h), block));
   }
 }
 
@@ -622,8 +624,8 @@ TEST(KvMemory, OpenBytesReadsWhatOpenReads) {
     expect_same_memory(from_bytes, from_file);
     EXPECT_TRUE(from_bytes.read_only());
     // Borrowed: the views point into the caller's bytes.
-    EXPECT_GE(static_cast<const void*>(from_bytes.keys(0)), static_cast<const void*>(bytes.data()));
-    EXPECT_LT(static_cast<const void*>(from_bytes.values(seed.config.kv_heads - 1)),
+    EXPECT_GE(from_bytes.key_data(0), static_cast<const void*>(bytes.data()));
+    EXPECT_LT(from_bytes.value_data(seed.config.kv_heads - 1),
               static_cast<const void*>(bytes.data() + bytes.size()));
     const std::vector<float> q(size_t(seed.config.head_dim), 0.5f);
     for (int64_t row = 0; row < memory.size(); ++row)
@@ -654,7 +656,7 @@ TEST(KvMemory, OpenBytesRefusesCutsAndLyingHeaders) {
     test::expect_error([&] { KvMemory::open_bytes(copy.get(), b.size(), cfg, fp, "crafted.mem"); }, parts);
   };
   refused(bytes.substr(0, 703), {"crafted.mem", "size 703 bytes where its header implies 704 (truncated)"});
-  refused(bytes.substr(0, 100), {"crafted.mem", "truncated inside its header", "rotary_dim = 4 needs 120"});
+  refused(bytes.substr(0, 110), {"crafted.mem", "truncated inside its header", "rotary_dim = 4 needs 128"});
   test::expect_error([&] { KvMemory::open_bytes(nullptr, 0, cfg, fp, "crafted.mem"); },
                      {"crafted.mem", "not a rotary memory file"});
   {
@@ -670,7 +672,11 @@ TEST(KvMemory, OpenBytesRefusesCutsAndLyingHeaders) {
   refused(with_field(bytes, kSize, int64_t(1) << 41), {"size = 2199023255552 is invalid"});
   refused(with_field(bytes, kHasFreqs, 2), {"has_freqs = 2 is invalid"});
   refused(with_field(bytes, kRotaryDim, 3), {"rotary_dim = 3 is invalid"});
-  refused(with_field(bytes, kRotaryDim, 4096), {"truncated inside its header", "rotary_dim = 4096 needs 16488"});
+  refused(with_field(bytes, kRotaryDim, 4096), {"truncated inside its header", "rotary_dim = 4096 needs 16496"});
+  refused(with_field(bytes, kStorage, 5), {"storage = 5 is invalid", "0 (f32), 1 (f16) or 2 (bf16)"});
+  refused(with_field(bytes, kStorage, 3), {"storage = 3 is invalid"});  // f64: a dtype, not a memory's
+  // Another storage of the same element size is still another memory: bf16 bits are not f16 values.
+  refused(with_field(bytes, kStorage, 2), {"(trailing bytes)"});  // 2-byte rows: smaller blocks than the bytes
   // Counts in range that the bytes do not hold: the layout they imply against the size.
   refused(with_field(bytes, kSize, 5), {"size 704 bytes where its header implies 960 (truncated)", "size = 5 rows"});
   refused(with_field(bytes, kSize, 2), {"implies 448 (trailing bytes)"});
@@ -681,13 +687,13 @@ TEST(KvMemory, OpenBytesRefusesCutsAndLyingHeaders) {
   refused(huge, {"crafted.mem", "2 x kv_heads x block bytes = 8192 x 18014398509481984 (past 2^63)"});
   // In range and the right size, but not this model's.
   refused(with_field(bytes, kPolicy, 7), {"written for policy = 7 (no policy), this model has rerope"});
-  refused(with_field(bytes, kRotaryDim, 6), {"another rotation"});
+  refused(with_field(bytes, kRotaryDim, 2), {"another rotation"});  // (a header of the same aligned size)
   refused(with_field(bytes, kLayout, 9), {"another rotation"});
   // A count the padding absorbs (4 rows of 8 floats fill the 128-byte blocks 3 rows were padded to) is a valid
   // file for that header: it loads, its fourth row the padding's zeros, every view inside the bytes.
   EXPECT_TRUE(refused_or_inside(with_field(bytes, kSize, 4), cfg, fp));
   // Every header byte set to each of a few values, the checksum made right: refused or inside the bytes.
-  for (size_t at = 8; at < 8 + 88 + 16; ++at)
+  for (size_t at = 8; at < 8 + 96 + 16; ++at)
     for (const int value : {0x00, 0x01, 0x02, 0x7f, 0x80, 0xff}) {
       std::string b = bytes;
       b[at] = char(value);
@@ -715,6 +721,121 @@ TEST(KvMemory, FuzzSeedsAreWhatSaveWrites) {
     EXPECT_EQ(file_bytes(checked_in), saved) << checked_in << " is not what save() writes";
     EXPECT_NO_THROW(KvMemory::open(checked_in, seed.config, seed.fingerprint));
   }
+}
+
+// Keys and values stored in bf16 / f16: each element rounded once when appended (the stored bits are the f32
+// memory's rounded to nearest even); the fast path equals the float64 oracle on the same stored rows; against the
+// f32 memory of the same tokens the outputs move by no more than the rounding of keys and values allows (with every
+// row retrieved, so the sets cannot differ): a logit moves by at most u sum_d |sq_d k_d| (u = 2^-8 bf16, 2^-11
+// f16, relative to each stored element), so the softmax weights by a factor within e^(2 du) and the output by at
+// most (e^(2 du) - 1) max|v| + u max|v|.
+TEST(KvMemory, HalfPrecisionStorageRoundsOnceAndStaysWithinItsRounding) {
+  for (const DType storage : {DType::BF16, DType::F16})
+    for (const MemoryPolicy policy : {MemoryPolicy::Exact, MemoryPolicy::Rerope}) {
+      SCOPED_TRACE(std::string(dtype_name(storage)) + " " + memory_policy_name(policy));
+      Problem s;
+      const RopeFreqs f = freqs_for(s.D);
+      KvMemory wide({s.Hkv, s.D, policy, &f, policy == MemoryPolicy::Rerope ? 6 : 0, 0});
+      KvMemory half({s.Hkv, s.D, policy, &f, policy == MemoryPolicy::Rerope ? 6 : 0, 0, storage});
+      for (KvMemory* m : {&wide, &half}) m->append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+      EXPECT_EQ(half.storage(), storage);
+      for (int64_t h = 0; h < s.Hkv; ++h)
+        for (int64_t i = 0; i < s.tokens * s.D; ++i) {
+          const uint16_t k_bits = static_cast<const uint16_t*>(half.key_data(h))[i];
+          const uint16_t v_bits = static_cast<const uint16_t*>(half.value_data(h))[i];
+          const float k = wide.keys(h)[i], v = wide.values(h)[i];
+          ASSERT_EQ(k_bits, storage == DType::BF16 ? float_to_bf16(k) : float_to_f16(k)) << i;
+          ASSERT_EQ(v_bits, storage == DType::BF16 ? float_to_bf16(v) : float_to_f16(v)) << i;
+        }
+      test::expect_error([&] { half.keys(0); }, {"kv_memory.storage = " + std::string(dtype_name(storage)), "f32"});
+      std::vector<float> rows(size_t(3 * s.D));
+      half.key_rows(1, 4, 3, rows.data());
+      for (int i = 0; i < 3 * s.D; ++i)
+        EXPECT_EQ(rows[size_t(i)], load_as_double(half.key_data(1), storage, 4 * s.D + i));
+
+      const int64_t q_pos = s.pos.back() + 1;
+      auto run = [&](const KvMemory& m, bool reference, std::vector<float>& o) {
+        o.assign(size_t(s.Hq * s.D), 0.f);
+        std::vector<float> lse(size_t(s.Hq), -std::numeric_limits<float>::infinity());
+        MemoryAttentionParams p;
+        p.tokens = 1;
+        p.q = {s.q.data(), s.Hq, s.Hq * s.D, s.D};
+        p.q_positions = &q_pos;
+        p.top_k = int(s.tokens);
+        p.o = {o.data(), s.Hq, s.Hq * s.D, s.D};
+        p.lse = lse.data();
+        (reference ? memory_attention_reference : memory_attention)(m, p);
+      };
+      std::vector<float> o_half, o_half_ref, o_wide;
+      run(half, false, o_half);
+      run(half, true, o_half_ref);
+      run(wide, false, o_wide);
+      EXPECT_LT(max_abs_diff(o_half, o_half_ref), 2e-5);
+      const double u = storage == DType::BF16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      double dl = 0, vmax = 0;
+      for (int h = 0; h < s.Hq; ++h) {
+        std::vector<float> sq(size_t(s.D));
+        wide.search_query(s.q.data() + h * s.D, q_pos, 0, sq.data());
+        const int64_t kvh = h / (s.Hq / s.Hkv);
+        for (int64_t j = 0; j < s.tokens; ++j) {
+          double a = 0;
+          for (int d = 0; d < s.D; ++d) a += std::abs(double(sq[size_t(d)]) * wide.keys(kvh)[j * s.D + d]);
+          dl = std::max(dl, u * a);
+        }
+      }
+      for (float v : s.v) vmax = std::max(vmax, double(std::abs(v)));
+      const double bound = (std::exp(2 * dl) - 1) * vmax + u * vmax;
+      const double diff = max_abs_diff(o_half, o_wide);
+      EXPECT_LE(diff, bound);
+      EXPECT_GT(diff, 0) << "the rounding changed nothing: is the memory stored in half precision?";
+    }
+}
+
+// A memory saved in bf16 maps back as bf16 (the same bits); opened as another storage it is refused by name; a
+// file of the first format (RTKVMEM1: no storage field, f32) still opens as f32.
+TEST(KvMemory, StorageDtypeIsSavedCheckedAndTheFirstFormatStillReads) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  const std::string dir = ::testing::TempDir();
+  const KvMemoryConfig half_cfg{s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0, DType::BF16};
+  KvMemory half(half_cfg);
+  half.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  const std::string path = dir + "/bf16.mem";
+  half.save(path, 9);
+  const KvMemory mapped = KvMemory::open(path, half_cfg, 9);
+  EXPECT_EQ(mapped.storage(), DType::BF16);
+  for (int64_t h = 0; h < s.Hkv; ++h)
+    EXPECT_EQ(std::memcmp(mapped.key_data(h), half.key_data(h), size_t(s.tokens * s.D) * 2), 0);
+  KvMemoryConfig f32_cfg = half_cfg;
+  f32_cfg.storage = DType::F32;
+  test::expect_error([&] { KvMemory::open(path, f32_cfg, 9); }, {path, "storage = bf16", "f32"});
+  std::remove(path.c_str());
+
+  // The first format: what save() writes for an f32 memory, less the storage field, magic 1, checksum redone.
+  KvMemory wide(f32_cfg);
+  wide.append(s.tokens, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+  wide.save(path, 9);
+  std::string b = file_bytes(path);
+  const size_t fields = 96, inv_freq = f.inv_freq.size() * 8;  // 9 int64, fingerprint, factor; storage at 88
+  std::string v1 = "RTKVMEM1" + b.substr(8, 88) + b.substr(8 + 96, inv_freq);
+  uint64_t hash = 0xcbf29ce484222325ULL;
+  for (size_t i = 8; i < v1.size(); ++i) hash = (hash ^ uint8_t(v1[i])) * 0x100000001b3ULL;
+  v1.append(reinterpret_cast<const char*>(&hash), 8);
+  const size_t v2_header_end = 8 + fields + inv_freq + 8;
+  const size_t blocks_at = (v2_header_end + 63) / 64 * 64;  // the same 64-byte aligned blocks follow
+  ASSERT_LE(v1.size(), blocks_at);
+  v1.resize(blocks_at, '\0');
+  v1 += b.substr(blocks_at);
+  std::ofstream(path, std::ios::binary) << v1;
+  const KvMemory old = KvMemory::open(path, f32_cfg, 9);
+  EXPECT_EQ(old.storage(), DType::F32);
+  EXPECT_EQ(old.size(), s.tokens);
+  for (int64_t h = 0; h < s.Hkv; ++h)
+    EXPECT_EQ(std::memcmp(old.keys(h), wide.keys(h), size_t(s.tokens * s.D) * 4), 0);
+  test::expect_error([&] { KvMemory::open(path, half_cfg, 9); }, "storage = f32");
+  std::remove(path.c_str());
+  test::expect_error([&] { KvMemory({s.Hkv, s.D, MemoryPolicy::Exact, &f, 0, 0, DType::F64}); },
+                     {"kv_memory.storage = f64", "f32, bf16 or f16"});
 }
 
 // MemoryKvCache, token by token across several moves to the memory (W = 6: the window holds 6..11 tokens): with

@@ -125,8 +125,9 @@ void expect_valid_trees(const Fixture& f, const MemoryPages& pages, const std::v
         }
       }
     }
-    if (pages.config().grouping == PageGrouping::Tokens)
+    if (pages.config().grouping == PageGrouping::Tokens) {
       for (int64_t i = 0; i < f.memory.size(); ++i) ASSERT_EQ(t.rows[i], i);
+    }
   }
 }
 
@@ -353,6 +354,44 @@ TEST(MemoryPages, CandidatesThroughMemoryAttentionEqualTheExactScan) {
   EXPECT_EQ(ids_pages, ids_exact);
   for (size_t i = 0; i < o_exact.size(); ++i) ASSERT_NEAR(o_pages[i], o_exact[i], 1e-6) << i;
   for (size_t i = 0; i < lse_exact.size(); ++i) ASSERT_NEAR(lse_pages[i], lse_exact[i], 1e-6) << i;
+}
+
+// A memory stored in bf16: the boxes are over the widened stored keys, so certified search still returns the exact
+// top-k of what is stored (and the oracle reads the same stored bits).
+TEST(MemoryPages, HalfPrecisionMemoriesSearchTheirStoredKeys) {
+  const RopeFreqs freqs = test_freqs(32);
+  KvMemory memory(KvMemoryConfig{1, 32, MemoryPolicy::Exact, &freqs, 0, 0, DType::BF16});
+  Fixture f(2000, 32, 1);  // its keys and values, appended again to the bf16 memory
+  std::vector<float> k(size_t(2000 * 32)), v(k.size(), 0.25f);
+  std::mt19937 rng(6);
+  std::normal_distribution<float> g(0, 1);
+  for (float& x : k) x = g(rng);
+  std::vector<int64_t> pos(2000);
+  for (int64_t j = 0; j < 2000; ++j) pos[size_t(j)] = j;
+  memory.append(2000, {k.data(), 1, 32, 32}, {v.data(), 1, 32, 32}, pos.data());
+  for (const PageGrouping g2 : {PageGrouping::Tokens, PageGrouping::Keys}) {
+    MemoryPages pages(memory, {16, 0, g2});
+    pages.sync();
+    const std::vector<float> q = f.queries(6, 3);
+    std::vector<int64_t> rows(6 * 8), ref_rows(rows.size());
+    std::vector<float> scores(rows.size());
+    std::vector<double> ref_scores(rows.size());
+    pages.search(0, 6, q.data(), 8, rows.data(), scores.data());
+    memory_pages_search_reference(memory, pages, 0, 6, q.data(), 8, ref_rows.data(), ref_scores.data());
+    EXPECT_EQ(rows, ref_rows) << page_grouping_name(g2);
+    std::vector<float> widened(size_t(2000 * 32));
+    memory.key_rows(0, 0, 2000, widened.data());
+    for (int i = 0; i < 6; ++i) {  // brute force over the widened rows
+      std::vector<std::pair<double, int64_t>> all;
+      for (int64_t j = 0; j < 2000; ++j) {
+        double s = 0;
+        for (int d = 0; d < 32; ++d) s += double(q[size_t(i * 32 + d)]) * widened[size_t(j * 32 + d)];
+        all.push_back({-s, j});
+      }
+      std::sort(all.begin(), all.end());
+      for (int j = 0; j < 8; ++j) EXPECT_EQ(rows[size_t(i * 8 + j)], all[size_t(j)].second);
+    }
+  }
 }
 
 TEST(MemoryPages, BadInputNamesTheField) {

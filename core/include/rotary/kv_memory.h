@@ -27,7 +27,9 @@
 //               first query that retrieved: the first generated token), logit lambda a^2 q^T R(n'_j - m') k_j.
 //               So neither the retrieved set nor its logits are the model's own (docs/memory.md measures by how
 //               much).
-// Values are stored as given (RoPER's value rotation is not supported here).
+// Values are stored as given (RoPER's value rotation is not supported here). Keys (as the policy stores them) and
+// values are kept in KvMemoryConfig::storage - f32, or bf16 / f16 at half the bytes, each element rounded once
+// (to nearest even) when appended; every score and sum is computed in fp32 (float64 in the oracle) from them.
 #pragma once
 
 #include <cstddef>
@@ -37,6 +39,7 @@
 #include <vector>
 
 #include "rotary/attention.h"
+#include "rotary/dtype.h"
 #include "rotary/kv_cache.h"
 #include "rotary/rope.h"
 #include "rotary/rope_spec.h"
@@ -54,6 +57,7 @@ struct KvMemoryConfig {
   const RopeFreqs* freqs = nullptr;  // the model's rotation (copied); required unless NoRotation without log-n
   int64_t window = 0;           // Rerope: the distance every memory key is placed at, w >= 1
   int64_t logn_train_len = 0;   // L > 1: queries scaled by max(1, ln(pos + 1) / ln L), as attention.h; 0: off
+  DType storage = DType::F32;   // keys and values as stored: f32, bf16 or f16
 };
 
 class KvMemory {
@@ -71,7 +75,8 @@ class KvMemory {
   void save(const std::string& path, uint64_t fingerprint = 0) const;
   // Maps a file written by save(), read-only (a million-token memory need not live in RAM). rotary::Error naming
   // the file and what does not fit: not a memory file, truncated or padded, another layout than `expected`
-  // (kv_heads, head_dim, policy, window, log-n, the rotation), another fingerprint. Such a memory cannot append.
+  // (kv_heads, head_dim, policy, window, log-n, the rotation, the storage dtype), another fingerprint. Such a
+  // memory cannot append. Files of the first format (RTKVMEM1, before storage dtypes: f32) are read as f32.
   static KvMemory open(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint = 0);
   // The reader open() runs on its mapping, for bytes already in memory (tests, fuzzing, a file read some other
   // way): the same checks, every count, length and offset of the header checked against `size` in overflow-safe
@@ -93,9 +98,16 @@ class KvMemory {
   int64_t kv_heads() const;
   int head_dim() const;
   const KvMemoryConfig& config() const;  // config().freqs points at the memory's own copy
-  // Storage, one contiguous fp32 block per kv head, rows in token order: keys as the policy stores them.
+  // Storage, one contiguous block per kv head of config().storage elements, rows in token order: keys as the
+  // policy stores them.
+  DType storage() const;
+  const void* key_data(int64_t kv_head) const;    // [size, D]
+  const void* value_data(int64_t kv_head) const;  // [size, D]
+  // The same blocks as fp32 (a memory stored in f32; otherwise a rotary::Error naming kv_memory.storage).
   const float* keys(int64_t kv_head) const;    // [size, D]
   const float* values(int64_t kv_head) const;  // [size, D]
+  // Rows [first, first + n) of kv head h's keys as fp32, whatever the storage: out [n, D].
+  void key_rows(int64_t kv_head, int64_t first, int64_t n, float* out) const;
   const int64_t* positions() const;            // [size]
 
   // The vector the store is searched with for query q (fp32 [D]) at position pos (the policy's table above),
@@ -156,13 +168,15 @@ void memory_attention_reference(const KvMemory& memory, const MemoryAttentionPar
 // kv_cache.h), older ones moved to a KvMemory. The window holds at least `window` and fewer than 2 x `window`
 // tokens: when it reaches 2 x window, the oldest `window` move to the memory in one go (an amortised O(1) move per
 // token, and the window's cache is rebuilt from the un-rotated rows kept beside it). A decode step attends to the
-// window with attention_decode and to the top-k of the memory with memory_attention, merged. fp32 throughout.
+// window with attention_decode and to the top-k of the memory with memory_attention, merged. fp32 arithmetic; the
+// memory's rows stored in memory_storage.
 struct MemoryKvCacheConfig {
   int64_t window = 0;              // W >= 1: tokens kept exact at least (>= the ReRoPE window for policy rerope)
   int64_t kv_heads = 0;
   int head_dim = 0;
   PositionParams pos;              // the window's position mode, as kv_cache.h (no RoPER)
   MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit; rerope places them at pos.window
+  DType memory_storage = DType::F32;          // the memory's keys and values: f32, bf16 or f16 (KvMemoryConfig)
 };
 
 // One decode step of a MemoryKvCache: one query token, the window and the top-k of the memory.

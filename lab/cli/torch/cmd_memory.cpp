@@ -14,7 +14,7 @@ namespace {
 struct MemoryCommand {
   TrainFlags flags;
   CLI::App* app = nullptr;
-  std::string checkpoint, lengths, policies, top_k, baselines, indexes;
+  std::string checkpoint, lengths, policies, top_k, baselines, indexes, memory_dtype;
   int full_max = 0, problems = 0, index_problems = 0;
   int64_t memory_window = 0;
   bool no_progress = false;
@@ -44,6 +44,10 @@ struct MemoryCommand {
       spec.baselines = baselines == "off" ? std::vector<std::string>{} : parse_name_list(baselines, "--baselines");
     if (given("--full-max")) spec.full_max_multiple = full_max;
     if (given("--memory-window")) spec.window = memory_window;
+    if (given("--memory-dtype")) {
+      spec.memory_dtype = parse_dtype(memory_dtype);
+      check(spec.memory_dtype != DType::F64, "--memory-dtype", memory_dtype, "f32, bf16 or f16");
+    }
     if (given("--problems")) spec.problems = problems;
     if (given("--indexes"))
       spec.indexes = indexes == "off" ? std::vector<std::string>{} : parse_name_list(indexes, "--indexes");
@@ -83,6 +87,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   take_last(sub->add_option("--memory-window", cmd->memory_window,
                             "tokens per layer kept exact, W (default L/2); also the rerope baseline's window"))
       ->transform(integer_in(1, kMaxSequenceLength));
+  take_last(sub->add_option("--memory-dtype", cmd->memory_dtype,
+                            "the memories' keys and values: f32, bf16 or f16 (half the bytes; default f32)"));
   take_last(sub->add_option("--problems", cmd->problems, "prompts per cell (default 10)"))->transform(integer_in(1, 100000));
   take_last(sub->add_option("--indexes", cmd->indexes,
                             "indexes whose recall, work and speed are measured on the model's own memory, "

@@ -35,6 +35,7 @@ struct MemoryStep {
 struct MemoryDecodeOptions {
   int64_t window = 0;             // tokens per layer kept exact, >= 1 (>= the ReRoPE window for policy rerope)
   MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit (kv_memory.h)
+  DType storage = DType::F32;     // the memories' keys and values: f32, bf16 or f16 (KvMemoryConfig::storage)
   int top_k = 32;                 // memory keys per head and step (0: the window alone)
   bool retrieve_in_prompt = true; // false: prompt tokens see the window alone, retrieval starts at the last one
   int64_t prefill_chunk = 0;      // > 1: the prompt goes through in chunks of this many tokens, each attending to
