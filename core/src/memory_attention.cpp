@@ -62,11 +62,7 @@ void attend_one(const KvMemory& m, const MemoryAttentionParams& p, int64_t t, in
   const void* K = m.key_data(kvh);
   const void* V = m.value_data(kvh);
   std::vector<float> widened(storage == DType::F32 ? 0 : size_t(D));
-  auto row_of = [&](const void* base, int64_t j) -> const float* {
-    if (storage == DType::F32) return static_cast<const float*>(base) + j * D;
-    detail::load_row(base, storage, j * D, D, widened.data());
-    return widened.data();
-  };
+  auto row_of = [&](const void* base, int64_t j) { return detail::f32_row(base, storage, j * D, D, widened.data()); };
   auto score = [&](int64_t j) {
     W s = 0;
     // Half precision widened inside the loop (dtype.h's branch-free conversions), which vectorises: the scan's

@@ -48,18 +48,10 @@ struct KeyRows {
   const void* base;
   DType storage;
   int64_t D;
-  const float* row(int64_t j, float* buf) const {
-    if (storage == DType::F32) return static_cast<const float*>(base) + j * D;
-    detail::load_row(base, storage, j * D, D, buf);
-    return buf;
-  }
+  const float* row(int64_t j, float* buf) const { return detail::f32_row(base, storage, j * D, D, buf); }
   float at(int64_t j, int64_t d) const {
-    const int64_t i = j * D + d;
-    switch (storage) {
-      case DType::BF16: return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-      case DType::F16: return f16_to_float(static_cast<const uint16_t*>(base)[i]);
-      default: return static_cast<const float*>(base)[i];
-    }
+    float v;
+    return *detail::f32_row(base, storage, j * D + d, 1, &v);
   }
 };
 

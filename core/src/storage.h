@@ -28,6 +28,12 @@ inline void load_row(const void* base, DType t, int64_t offset, int64_t n, W* ou
       break;
   }
 }
+// Elements [offset, offset + n) as fp32: in place when the storage is f32, else widened into `buf` (n floats).
+inline const float* f32_row(const void* base, DType t, int64_t offset, int64_t n, float* buf) {
+  if (t == DType::F32) return static_cast<const float*>(base) + offset;
+  load_row(base, t, offset, n, buf);
+  return buf;
+}
 // base[offset + i] = in[i] for i < n, rounded to the storage type.
 template <class W>
 inline void store_row(void* base, DType t, int64_t offset, int64_t n, const W* in) {

@@ -56,6 +56,13 @@ const float* f32_key_rows(const KvMemory& memory, int64_t h, int64_t first, int6
   memory.key_rows(h, first, n, copy.data());
   return copy.data();
 }
+
+// A page search's stats as SearchWork: its bounds count two vectors each.
+void add_page_work(const PageSearchStats& stats, int64_t rows, SearchWork& work) {
+  work.queries += stats.queries;
+  work.scan_vectors += double(stats.queries) * double(rows);
+  work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
+}
 }  // namespace
 
 struct MemoryIndex::Impl {
@@ -154,16 +161,14 @@ void MemoryIndex::search(int64_t kv_head, int64_t n, const float* queries, int k
   check(k >= 1 && k <= m.indexed, "memory_index.search k", k, "1..the rows indexed " + std::to_string(m.indexed));
   // Work is counted from FAISS's global counters around this call (one search at a time per index, as here).
   SearchWork& work = m.work;
-  work.queries += n;
-  work.scan_vectors += double(n) * double(m.indexed);
   if (m.pages) {
     PageSearchStats stats;
-    std::vector<float> page_scores(size_t(n) * size_t(k));
-    m.pages->search(kv_head, n, queries, k, rows, page_scores.data(), &stats);
-    std::copy(page_scores.begin(), page_scores.end(), scores);
-    work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
+    m.pages->search(kv_head, n, queries, k, rows, scores, &stats);
+    add_page_work(stats, m.indexed, work);
     return;
   }
+  work.queries += n;
+  work.scan_vectors += double(n) * double(m.indexed);
   const size_t ivf_before = faiss::indexIVF_stats.ndis;
   std::vector<faiss::Index::idx_t> ids(size_t(n) * size_t(k));
   m.indexes[size_t(kv_head)]->search(n, queries, k, scores, ids.data());
@@ -183,9 +188,7 @@ void MemoryIndex::candidates(const MemoryAttentionParams& p, int64_t* out) const
   if (m.pages) {  // every (token, query head) in one parallel search
     PageSearchStats stats;
     m.pages->candidates(p, out, &stats);
-    m.work.queries += stats.queries;
-    m.work.scan_vectors += double(stats.queries) * double(m.indexed);
-    m.work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
+    add_page_work(stats, m.indexed, m.work);
     return;
   }
   const int D = m.memory->head_dim();

@@ -109,6 +109,8 @@ expect_error "bench memory --top-k past the smallest size" 2 "--top-k = 100" -- 
   "$ROTARY" bench memory --sizes 64,1k --top-k 100
 expect_error "bench memory --head-dim 7" 2 "--head-dim = 7" -- "$ROTARY" bench memory --head-dim 7 --sizes 64
 expect_error "bench memory --indexes annoy" 2 "--indexes = annoy" -- "$ROTARY" bench memory --indexes flat,annoy --sizes 64
+expect_error "bench memory --memory-dtype f64" 2 "--memory-dtype = f64" -- "$ROTARY" bench memory --memory-dtype f64 --sizes 64
+expect_error "bench memory --pages-read -1" 2 "--pages-read" -- "$ROTARY" bench memory --indexes kdtree --pages-read 0,-1 --sizes 64
 
 [ "$fails" -eq 0 ] || { echo "$fails failure(s)"; exit 1; }
 echo "all bench smoke checks passed"

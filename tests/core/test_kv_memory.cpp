@@ -752,6 +752,7 @@ TEST(KvMemory, HalfPrecisionStorageRoundsOnceAndStaysWithinItsRounding) {
       half.key_rows(1, 4, 3, rows.data());
       for (int i = 0; i < 3 * s.D; ++i)
         EXPECT_EQ(rows[size_t(i)], load_as_double(half.key_data(1), storage, 4 * s.D + i));
+      test::expect_error([&] { half.key_rows(1, s.tokens - 2, 3, rows.data()); }, "kv_memory.key_rows rows");
 
       const int64_t q_pos = s.pos.back() + 1;
       auto run = [&](const KvMemory& m, bool reference, std::vector<float>& o) {

@@ -72,6 +72,15 @@ double recall(const std::vector<int64_t>& exact, const std::vector<int64_t>& got
   return double(hit) / double(exact.size());
 }
 
+// The core's exact scan's rows for p's queries, [tokens, Hq, top_k] (p.retrieved is left null).
+std::vector<int64_t> exact_rows(const Memory& m, MemoryAttentionParams& p) {
+  std::vector<int64_t> rows(size_t(p.tokens * p.q.heads * p.top_k));
+  p.retrieved = rows.data();
+  memory_attention(m.memory, p);
+  p.retrieved = nullptr;
+  return rows;
+}
+
 TEST(MemoryIndex, FlatProposesTheExactTopK) {
   Memory m(32, 3000);
   MemoryIndex index(m.memory, {});
@@ -100,16 +109,15 @@ TEST(MemoryIndex, ApproximateIndexesRecallMostOfTheExactTopK) {
   Memory m(32, 8000);
   const int K = 32;
   std::vector<float> o, lse;
-  std::vector<int64_t> pos, exact(size_t(64 * m.Hq * K)), got(exact.size());
+  std::vector<int64_t> pos;
   MemoryAttentionParams p = m.params(64, K, o, lse, pos);
-  p.retrieved = exact.data();
-  memory_attention(m.memory, p);
+  const std::vector<int64_t> exact = exact_rows(m, p);
+  std::vector<int64_t> got(exact.size());
   for (const char* kind : {"hnsw", "ivf"}) {
     MemoryIndexConfig c;
     c.kind = kind;
     MemoryIndex index(m.memory, c);
     index.sync();
-    p.retrieved = nullptr;
     index.candidates(p, got.data());
     const double r = recall(exact, got, K);
     RecordProperty(std::string("recall_") + kind, std::to_string(r));
@@ -124,11 +132,10 @@ TEST(MemoryIndex, SearchEffortChangesWithoutARebuild) {
   Memory m(32, 4000);
   const int K = 16;
   std::vector<float> o, lse;
-  std::vector<int64_t> pos, exact(size_t(16 * m.Hq * K)), got(exact.size());
+  std::vector<int64_t> pos;
   MemoryAttentionParams p = m.params(16, K, o, lse, pos);
-  p.retrieved = exact.data();
-  memory_attention(m.memory, p);
-  p.retrieved = nullptr;
+  const std::vector<int64_t> exact = exact_rows(m, p);
+  std::vector<int64_t> got(exact.size());
   MemoryIndexConfig c;
   c.kind = "ivf";
   c.ivf_lists = 64;
@@ -157,11 +164,10 @@ TEST(MemoryIndex, PagesProposeTheExactTopKWhenCertifiedAndCountTheirWork) {
   Memory m(32, 4000);
   const int K = 16;
   std::vector<float> o, lse;
-  std::vector<int64_t> pos, exact(size_t(8 * m.Hq * K)), got(exact.size());
+  std::vector<int64_t> pos;
   MemoryAttentionParams p = m.params(8, K, o, lse, pos);
-  p.retrieved = exact.data();
-  memory_attention(m.memory, p);
-  p.retrieved = nullptr;
+  const std::vector<int64_t> exact = exact_rows(m, p);
+  std::vector<int64_t> got(exact.size());
   const double queries = 8.0 * double(m.Hq);
   for (const char* kind : {"pages", "kdtree"}) {
     MemoryIndexConfig c;
@@ -234,6 +240,24 @@ TEST(MemoryIndex, BadSettingsNameTheField) {
   c.kind = "ivf";
   c.ivf_lists = 1000;  // more lists than rows
   rejects(c, "ivf_lists");
+  c = {};
+  c.kind = "pages";
+  c.pages_page_size = 0;
+  rejects(c, "memory_index.pages_page_size");
+  c = {};
+  c.kind = "kdtree";
+  c.pages_read = -1;
+  rejects(c, "memory_index.pages_read");
+  for (const char* bad : {"pages0", "kdtreex", "pages99999999999", "annoy"}) {
+    try {
+      memory_index_from_name(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("indexes = ") + bad), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_EQ(memory_index_from_name("kdtree16").pages_read, 16);
+  EXPECT_EQ(memory_index_from_name("pages").kind, "pages");
   MemoryIndex index(m.memory, {});
   std::vector<float> qv(16);
   std::vector<int64_t> rows(4);
