@@ -446,6 +446,12 @@ void JsonBpeTokenizer::read_added_tokens(const json& root) {
   const json* list = fields_.find(root, "added_tokens");
   if (!list) return;
   if (!list->is_array()) fields_.fail_at("added_tokens", json_excerpt(*list), "an array of token objects");
+  // Hugging Face's tokenizers (the Rust library under transformers) does not take an added token's id from the
+  // file: a token the model's vocabulary has gets the vocabulary's id, any other the next id after the vocabulary
+  // and the added tokens before it (it logs a warning when that differs from the file). Tokenizers.js takes the
+  // file's id. Where the two differ the file means different ids to its two readers, so it is refused by name.
+  const int64_t model_vocab = int64_t(vocab_.size());
+  int64_t largest_added = -1;
   for (size_t i = 0; i < list->size(); ++i) {
     const std::string path = "added_tokens[" + std::to_string(i) + "]";
     const json& t = fields_.object((*list)[i], path);
@@ -464,6 +470,24 @@ void JsonBpeTokenizer::read_added_tokens(const json& root) {
       fields_.fail_at(path + ".id", std::to_string(token.id),
                       "an id that model.vocab gives to the same token or to none (it has " +
                           json(it->second).dump() + ")");
+    int64_t hf_id;
+    if (const auto it = vocab_.find(token.content); it != vocab_.end()) {
+      hf_id = it->second;
+    } else if (const auto same = std::find_if(added_.begin(), added_.end(),
+                                              [&](const AddedToken& a) { return a.content == token.content; });
+               same != added_.end()) {
+      hf_id = same->id;
+    } else {
+      hf_id = largest_added >= model_vocab ? largest_added + 1 : model_vocab;
+    }
+    if (token.id != hf_id)
+      fields_.fail_at(path + ".id", std::to_string(token.id),
+                      "the id Hugging Face's tokenizers gives " + json(token.content).dump() + ": " +
+                          std::to_string(hf_id) +
+                          " (the vocabulary's id, or the next after the vocabulary's " + std::to_string(model_vocab) +
+                          " tokens and the added tokens before it; transformers would use that id, Tokenizers.js "
+                          "this one)");
+    largest_added = std::max(largest_added, hf_id);
     vocab_size_ = std::max(vocab_size_, token.id + 1);
     added_.push_back(std::move(token));
   }

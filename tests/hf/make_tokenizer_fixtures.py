@@ -4,7 +4,8 @@ library only; rerun after changing it: python3 tests/hf/make_tokenizer_fixtures.
 
 Both fixtures have the 256 GPT-2 byte characters as tokens 0..255 (token b is byte b, so the ids of unmerged text
 are its UTF-8 bytes and the expected ids in the test can be worked out by hand), a handful of merges, one vocabulary
-entry no merge reaches ("Ġhello", for ignore_merges) and special tokens at 300 and 301.
+entry no merge reaches ("Ġhello", for ignore_merges), unreachable fillers <unused0>..<unused31> at 268..299 and
+special tokens at 300 and 301.
   llama3_style: Split with Llama 3's regex + ByteLevel(use_regex false), ignore_merges, merges as pairs,
                 TemplateProcessing with <|begin_of_text|>, as Meta-Llama-3's tokenizer.json.
   gpt2_style:   ByteLevel(use_regex true), merges as "a b" strings, <|endoftext|>, as GPT-2's.
@@ -42,6 +43,11 @@ def vocab():
         v[token] = 256 + i
     v["Ġhello"] = 266  # reachable only whole (ignore_merges)
     v[merged[10]] = 267
+    # Fillers up to the special tokens at 300: Hugging Face's tokenizers numbers added tokens from the vocabulary's
+    # size on whatever ids the file gives them, so a gap would give them other ids there (tokenizer_json.cpp
+    # refuses such a file). No merge makes these, and no pre-token is one.
+    for i in range(268, 300):
+        v[f"<unused{i - 268}>"] = i
     return v
 
 

@@ -499,6 +499,20 @@ TEST(TokenizerErrors, UnsupportedTokenizerJsonIsNamed) {
   refused([](json& j) { j["model"]["vocab"]["x"] = -1; }, {"model.vocab[\"x\"] = -1"});
   refused([](json& j) { j["model"]["vocab"]["x"] = 5; }, {"= 5", "an id no other token has"});  // 5 is taken
   refused([](json& j) { j["added_tokens"][0]["single_word"] = true; }, {"added_tokens[0].single_word = true"});
+  // Ids Hugging Face's tokenizers would not give (it numbers added tokens itself, from the vocabulary's size): a gap
+  // after the vocabulary, a special token numbered out of order, a vocabulary token under another id.
+  refused([](json& j) { j["model"]["vocab"].erase("<unused31>"); },  // 299 tokens: HF gives the first added 299
+          {"added_tokens[0].id = 300", "\"<|begin_of_text|>\": 299", "299 tokens"});
+  refused([](json& j) { std::swap(j["added_tokens"][0]["id"], j["added_tokens"][1]["id"]); },
+          {"added_tokens[0].id = 301", ": 300"});
+  refused([](json& j) { j["added_tokens"].push_back({{"id", 302}, {"content", "<unused5>"}, {"special", true}}); },
+          {"added_tokens[2].id = 302", "\"<unused5>\": 273"});
+  refused([](json& j) { j["added_tokens"].push_back({{"id", 305}, {"content", "<|new|>"}, {"special", true}}); },
+          {"added_tokens[2].id = 305", ": 302"});
+  json numbered = llama3_json();  // the ids Hugging Face gives: the next after the last, or the vocabulary's own
+  numbered["added_tokens"].push_back({{"id", 302}, {"content", "<|new|>"}, {"special", true}});
+  numbered["added_tokens"].push_back({{"id", 273}, {"content", "<unused5>"}, {"special", true}});
+  EXPECT_EQ(parse_tokenizer_json(numbered.dump(), "ok.json")->encode("a<|new|><unused5>"), (Ids{'a', 302, 273}));
   refused([](json& j) { j["post_processor"] = {{"type", "RobertaProcessing"}}; },
           {"post_processor.type = RobertaProcessing"});
   refused([](json& j) { j.erase("model"); }, {"model = (missing)"});
