@@ -26,11 +26,19 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
   const int64_t V = o.sample_vocab > 0 ? o.sample_vocab : a.vocab_size;
   std::vector<int64_t> positions(static_cast<size_t>(S));
   for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = i;
-  std::vector<float> hidden(size_t(S * a.d_model)), logits(size_t(a.vocab_size));
+  // With a memory the prompt goes in a chunk per forward() call: activations for one chunk, however long it is.
+  const std::optional<MemoryOptions>& memory = session.options().memory;
+  const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk > 0 ? memory->chunk : memory->window) : S;
+  std::vector<float> hidden(size_t(std::min(S, piece) * a.d_model)), logits(size_t(a.vocab_size));
   std::vector<double> p(static_cast<size_t>(V));
   std::mt19937_64 rng(o.seed);
-  session.forward(prompt.data(), positions.data(), S, hidden.data());
-  const float* last = hidden.data() + (S - 1) * a.d_model;
+  int64_t n = 0;
+  for (int64_t t0 = 0; t0 < S; t0 += n) {
+    n = std::min(piece, S - t0);
+    session.forward(prompt.data() + t0, positions.data() + t0, n, hidden.data());
+    if (o.on_prompt) o.on_prompt(t0 + n, S);
+  }
+  const float* last = hidden.data() + (n - 1) * a.d_model;
   for (int64_t pos = S;; ++pos) {
     session.logits(last, 1, logits.data());
     for (int64_t i = 0; i < V; ++i)

@@ -59,6 +59,11 @@ struct Session::Impl {
   RopeFreqs freqs;
   int64_t freqs_len = -1;  // the length the frequencies were taken at (length-dependent scalings)
   std::vector<KvCache> caches;
+  std::vector<MemoryKvCache> memory_caches;  // SessionOptions::memory set: these instead of `caches`
+  MemoryStats memory_stats;
+  // A memory chunk's attention inputs: the window's rows, then the chunk's ([rows, heads, head_dim] f32).
+  std::vector<float> chunk_q, chunk_k, chunk_v, chunk_o, chunk_lse, chunk_mass;
+  std::vector<int64_t> chunk_pos;
   int64_t last_position = 0;
   // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
   std::vector<std::vector<float>> hist_k, hist_v;
@@ -83,6 +88,23 @@ struct Session::Impl {
     check(p.rope.head_dim == a.head_dim, "positions.rope.head_dim", p.rope.head_dim,
           "the model's head_dim = " + std::to_string(a.head_dim));
     take_freqs(o.capacity);  // validates the rope; the length-dependent ones are taken again per forward
+    if (o.memory) {
+      const MemoryOptions& mo = *o.memory;
+      check(o.kv_dtype == DType::F32, "kv_dtype", dtype_name(o.kv_dtype),
+            "f32 with a memory (its window is kept in f32; memory.storage sets the memory's dtype)");
+      check(!length_dependent(p.rope), "positions.rope.scaling", scaling_name(p.rope.scaling),
+            "a scaling whose frequencies do not change with the length (a memory keeps keys rotated once)");
+      check(mo.top_k >= 0, "memory.top_k", mo.top_k, ">= 0 (0: the window alone)");
+      check(mo.chunk >= 0, "memory.chunk", mo.chunk, ">= 0 (0: the window)");
+      MemoryKvCache checked(memory_config());  // checks the rest (window, policy against the positions, storage)
+    }
+  }
+
+  MemoryKvCacheConfig memory_config() const {
+    MemoryKvCacheConfig c;
+    c.window = o.memory->window, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim);
+    c.pos = position_params(), c.policy = o.memory->policy, c.memory_storage = o.memory->storage;
+    return c;
   }
 
   PositionParams position_params() const {
@@ -97,13 +119,22 @@ struct Session::Impl {
   }
   void new_caches() {
     caches.clear();
+    memory_caches.clear();
+    if (o.memory) {
+      for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
+      return;
+    }
     KvCacheConfig c;
     c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
     c.pos = position_params(), c.threads = threads;
     for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
   }
 
-  int64_t size() const { return caches.empty() ? 0 : caches.front().size(); }
+  int64_t size() const {
+    if (o.memory) return memory_caches.empty() ? 0 : memory_caches.front().size();
+    return caches.empty() ? 0 : caches.front().size();
+  }
+  bool started() const { return o.memory ? !memory_caches.empty() : !caches.empty(); }
 
   void grow(int64_t n) {
     const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
@@ -170,10 +201,79 @@ struct Session::Impl {
   // [tokens, heads, head_dim] packed.
   HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
 
+  // Attention of one layer's n tokens (q, k, v: [n, heads, head_dim] f32 in the scratch) through its memory cache,
+  // into att: chunk by chunk, each attending to the window and itself (one fused causal call: the window's rows as
+  // keys with zero queries whose outputs are dropped), then to the memory's top-k, merged; then joining the window.
+  // A chunk of one token is a decode step (MemoryKvCache::decode).
+  void attend_with_memory(MemoryKvCache& cache, int64_t n, const int64_t* positions) {
+    const MemoryOptions& mo = *o.memory;
+    const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
+    const int64_t chunk = mo.chunk > 0 ? mo.chunk : mo.window;
+    auto count = [&](int64_t queries, const float* mass) {
+      if (cache.memory().size() == 0 || mo.top_k == 0) return;
+      for (int64_t t = 0; t < queries; ++t) {
+        double sum = 0;
+        for (int64_t h = 0; h < Hq; ++h) sum += mass[t * Hq + h];
+        memory_stats.memory_mass += sum / double(Hq);  // summed here, divided in Session::memory_stats
+        ++memory_stats.retrieving_queries;
+      }
+    };
+    auto need = [](auto& vec, int64_t size) {
+      if (int64_t(vec.size()) < size) vec.resize(size_t(size));
+    };
+    need(chunk_mass, std::min(chunk, n) * Hq);
+    for (int64_t c0 = 0; c0 < n; c0 += chunk) {
+      const int64_t c = std::min(chunk, n - c0);
+      float* qs = q.data() + c0 * hq;
+      float* ks = k.data() + c0 * hkv;
+      float* vs = v.data() + c0 * hkv;
+      float* os = att.data() + c0 * hq;
+      if (c == 1) {
+        cache.append(1, view(ks, Hkv), view(vs, Hkv), positions + c0);
+        MemoryDecodeParams p;
+        p.q = view(qs, Hq), p.q_position = positions[c0], p.o = view(os, Hq), p.top_k = mo.top_k;
+        p.memory_mass = chunk_mass.data(), p.threads = threads;
+        cache.decode(p);
+        count(1, chunk_mass.data());
+        continue;
+      }
+      const int64_t w = cache.window_size(), rows = w + c;
+      need(chunk_q, rows * hq), need(chunk_k, rows * hkv), need(chunk_v, rows * hkv), need(chunk_o, rows * hq);
+      need(chunk_lse, rows * Hq), need(chunk_pos, rows);
+      std::fill_n(chunk_q.data(), w * hq, 0.0f);
+      std::copy_n(cache.window_keys(), w * hkv, chunk_k.data());
+      std::copy_n(cache.window_values(), w * hkv, chunk_v.data());
+      std::copy_n(cache.window_positions(), w, chunk_pos.data());
+      std::copy_n(qs, c * hq, chunk_q.data() + w * hq);
+      std::copy_n(ks, c * hkv, chunk_k.data() + w * hkv);
+      std::copy_n(vs, c * hkv, chunk_v.data() + w * hkv);
+      std::copy_n(positions + c0, c, chunk_pos.data() + w);
+      AttentionParams p;
+      p.tokens = rows, p.head_dim = int(hd), p.dtype = DType::F32;
+      p.q = view(chunk_q.data(), Hq), p.k = view(chunk_k.data(), Hkv), p.v = view(chunk_v.data(), Hkv);
+      p.o = view(chunk_o.data(), Hq), p.lse = chunk_lse.data(), p.positions = chunk_pos.data(), p.causal = true;
+      p.pos = position_params(), p.threads = threads;
+      attention_forward(p);
+      std::copy_n(chunk_o.data() + w * hq, c * hq, os);
+      const int64_t k_eff = std::min<int64_t>(mo.top_k, cache.memory().size());
+      if (k_eff > 0) {
+        MemoryAttentionParams mp;
+        mp.tokens = c, mp.q = view(qs, Hq), mp.q_positions = positions + c0, mp.top_k = int(k_eff);
+        mp.query_origin = cache.query_origin(positions[c0]);
+        mp.o = view(os, Hq), mp.lse = chunk_lse.data() + w * Hq, mp.memory_mass = chunk_mass.data();
+        mp.threads = threads;
+        memory_attention(cache.memory(), mp);
+        count(c, chunk_mass.data());
+      }
+      cache.append(c, view(ks, Hkv), view(vs, Hkv), positions + c0);
+    }
+    memory_stats.memory_tokens = cache.memory().size();
+  }
+
   void forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden) {
     check_tokens(tokens, positions, n);
     const bool dynamic = length_dependent(o.positions.rope);
-    if (caches.empty()) {
+    if (!started()) {
       if (dynamic) take_freqs(positions[n - 1] + 1);
       new_caches();
     } else if (dynamic && positions[n - 1] + 1 != freqs_len) {
@@ -189,7 +289,6 @@ struct Session::Impl {
 
     for (int64_t li = 0; li < a.n_layers; ++li) {
       const Layer& l = m.layers[size_t(li)];
-      KvCache& cache = caches[size_t(li)];
       apply_norm(a.norm, l.attn_norm, a.norm_eps, x.data(), n, d, h.data());
       if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
         project(l.qkv, h.data(), n, d, qkv.data(), 3 * hq, false);
@@ -212,7 +311,11 @@ struct Session::Impl {
         hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), k.begin(), k.begin() + n * hkv);
         hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), v.begin(), v.begin() + n * hkv);
       }
+      if (o.memory) {
+        attend_with_memory(memory_caches[size_t(li)], n, positions);
+      } else {
       const int64_t es = int64_t(dtype_size(o.kv_dtype));
+      KvCache& cache = caches[size_t(li)];
       char* qs = in_kv_dtype(q, qc, n * hq);
       char* ks = in_kv_dtype(k, kc, n * hkv);
       char* vs = in_kv_dtype(v, vc, n * hkv);
@@ -236,6 +339,7 @@ struct Session::Impl {
       }
       if (o.kv_dtype != DType::F32)
         for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+      }
       if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
       project(l.o, att.data(), n, hq, x.data(), d, true);
       if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
@@ -275,10 +379,18 @@ void Session::logits(const float* hidden, int64_t n, float* out) const { impl_->
 
 int64_t Session::size() const { return impl_->size(); }
 int64_t Session::capacity() const { return impl_->o.capacity; }
+const SessionOptions& Session::options() const { return impl_->o; }
+MemoryStats Session::memory_stats() const {
+  MemoryStats s = impl_->memory_stats;
+  if (s.retrieving_queries > 0) s.memory_mass /= double(s.retrieving_queries);
+  return s;
+}
 const Model& Session::model() const { return *impl_->model; }
 
 void Session::clear() {
   impl_->caches.clear();
+  impl_->memory_caches.clear();
+  impl_->memory_stats = {};
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
   impl_->last_position = 0;
 }
@@ -289,8 +401,18 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
   const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(a.head_dim - rotary, kPad);
   const int64_t copies = o.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
   const int64_t es = int64_t(dtype_size(o.kv_dtype));
-  const int64_t cache = a.n_layers * copies * a.n_kv_heads * o.capacity * row * es;
   const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
+  int64_t cache = a.n_layers * copies * a.n_kv_heads * o.capacity * row * es;
+  if (o.memory) {
+    // Per layer: the window's cache (2W rows, f32) and its un-rotated rows, the memory's keys, values and
+    // positions for every token; and the chunk buffers (window + chunk rows).
+    const int64_t w2 = 2 * std::max<int64_t>(o.memory->window, 1);
+    const int64_t chunk = o.memory->chunk > 0 ? o.memory->chunk : o.memory->window;
+    const int64_t ms = int64_t(dtype_size(o.memory->storage));
+    cache = a.n_layers * (copies * a.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
+                          o.capacity * (2 * hkv * ms + 8));
+    cache += (w2 + chunk) * (2 * hq + 2 * hkv + a.n_heads) * 4;
+  }
   const int64_t chunk = std::min(n, o.prefill_chunk);
   int64_t scratch = 4 * (n * (3 * a.d_model + 2 * hq + 2 * hkv + (a.fused_qkv ? 3 * hq : 0)) + 2 * chunk * a.d_ff);
   scratch += es * n * (2 * hq + 2 * hkv);

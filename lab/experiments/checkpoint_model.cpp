@@ -36,6 +36,31 @@ std::string CheckpointRunOptions::describe() const {
   return fmt::format("engine (weights {}, kv cache {})", weights.empty() ? "as stored" : weights, kv_dtype);
 }
 
+void CheckpointMemoryOptions::validate() const {
+  if (!enabled()) return;
+  check(policy == "exact" || policy == "rerope" || policy == "none" || policy == "unlimiformer", "--memory", policy,
+        "exact, rerope, none, unlimiformer");
+  check(window >= 0, "--memory-window", window, ">= 0 (0: half the trained context)");
+  check(top_k >= 0, "--top-k", top_k, ">= 0 (0: the window alone)");
+  const DType d = parse_dtype(dtype);
+  check(d == DType::F32 || d == DType::BF16 || d == DType::F16, "--memory-dtype", dtype, "f32, bf16, f16");
+}
+
+engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_context) const {
+  validate();
+  engine::MemoryOptions m;
+  m.policy = parse_memory_policy(policy);
+  m.window = window > 0 ? window : std::max<int64_t>(1, trained_context / 2);
+  m.top_k = top_k;
+  m.storage = parse_dtype(dtype);
+  return m;
+}
+
+std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
+  const engine::MemoryOptions m = engine_options(trained_context);
+  return fmt::format("memory {}, W {}, top-{}, {}", policy, m.window, top_k, dtype);
+}
+
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");
   std::string key;
@@ -54,6 +79,8 @@ struct CheckpointModel::Impl {
   std::shared_ptr<const engine::Model> model;    // --engine engine
   int64_t mapped_bytes = 0;                      // weights read in place from the files
   int threads = 0;
+  std::optional<engine::MemoryOptions> memory;   // set_memory
+  engine::MemoryStats memory_stats;              // of the last run through the memory
 
   // Bytes the weights take in memory: the mapped ones read in place and the ones the model converted.
   int64_t weight_bytes() const { return std::max<int64_t>(mapped_bytes, 0) + model->owned_bytes(); }
@@ -62,7 +89,12 @@ struct CheckpointModel::Impl {
     engine::SessionOptions o;
     o.capacity = capacity, o.kv_dtype = parse_dtype(options.kv_dtype), o.positions = nn::engine_positions(active);
     o.threads = threads;
+    o.memory = memory;
     return o;
+  }
+  // Tokens per forward call: all of them, or with a memory its chunk.
+  int64_t piece(int64_t tokens) const {
+    return memory ? std::min(tokens, memory->chunk > 0 ? memory->chunk : memory->window) : tokens;
   }
 };
 
@@ -103,11 +135,30 @@ void CheckpointModel::set_override(const nn::EncodingOverride& o) {
   }
 }
 
+void CheckpointModel::set_memory(const std::optional<engine::MemoryOptions>& memory) {
+  Impl& m = *impl_;
+  if (memory) {
+    check(m.model != nullptr, "--engine", m.options.engine, "engine with a memory (it runs on the torch-free engine)");
+    check(m.options.kv_dtype == "f32", "--kv-dtype", m.options.kv_dtype,
+          "f32 with a memory (its window is kept in f32; --memory-dtype sets the memory's dtype)");
+    engine::SessionOptions o = m.session(1);
+    o.memory = memory;
+    o.kv_dtype = parse_dtype(m.options.kv_dtype);
+    engine::Session checked(m.model, o);  // every setting the session refuses, refused now, before any work
+  }
+  m.memory = memory;
+}
+
+engine::MemoryStats CheckpointModel::memory_stats() const { return impl_->memory_stats; }
+
 int64_t CheckpointModel::memory_needed(int64_t tokens) const {
   const Impl& m = *impl_;
   if (!m.model) return 0;
-  const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), tokens);
-  const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(tokens, 512);
+  const int64_t piece = m.piece(tokens);
+  const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), piece);
+  // The hidden rows handed out at a time and the LM head's chunk of logits.
+  const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(piece, 512) +
+                         (m.memory ? 4 * piece * m.spec.config.d_model : 0);
   return m.weight_bytes() + session + logits;
 }
 
@@ -125,10 +176,37 @@ void CheckpointModel::check_memory(int64_t tokens, const std::string& what, int6
                    double(have) / 1e9));
 }
 
+void CheckpointModel::hidden_states(const std::vector<int64_t>& tokens,
+                                    const std::function<void(int64_t, int64_t, const float*)>& rows) {
+  Impl& m = *impl_;
+  if (!m.memory) {
+    const std::vector<float> all = hidden_states(tokens);
+    rows(0, int64_t(tokens.size()), all.data());
+    return;
+  }
+  const int64_t T = int64_t(tokens.size()), d = m.spec.config.d_model, piece = m.piece(T);
+  engine::Session s(m.model, m.session(T));
+  std::vector<float> hidden(size_t(piece * d));
+  std::vector<int64_t> positions(static_cast<size_t>(piece));
+  for (int64_t first = 0; first < T; first += piece) {
+    const int64_t n = std::min(piece, T - first);
+    for (int64_t i = 0; i < n; ++i) positions[size_t(i)] = first + i;
+    s.forward(tokens.data() + first, positions.data(), n, hidden.data());
+    rows(first, n, hidden.data());
+  }
+  m.memory_stats = s.memory_stats();
+}
+
 std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& tokens) {
   Impl& m = *impl_;
   const int64_t T = int64_t(tokens.size()), d = m.spec.config.d_model;
   std::vector<float> out(size_t(T * d));
+  if (m.memory) {
+    hidden_states(tokens, [&](int64_t first, int64_t n, const float* h) {
+      std::memcpy(out.data() + first * d, h, size_t(n * d) * 4);
+    });
+    return out;
+  }
   if (m.torch_model.model) {
     torch::NoGradGuard no_grad;
     const torch::Tensor h = m.torch_model.model->hidden_states(torch::tensor(tokens, torch::kLong).view({1, T}))[0]
@@ -159,13 +237,17 @@ void CheckpointModel::project(const float* hidden, int64_t n, std::vector<float>
 }
 
 std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
-                                               int64_t stop_id, uint64_t seed, int64_t sample_vocab) {
+                                               int64_t stop_id, uint64_t seed, int64_t sample_vocab,
+                                               const std::function<void(int64_t, int64_t)>& on_prompt) {
   Impl& m = *impl_;
   if (m.torch_model.model)
     return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0)));
-  return engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature, .stop_id = stop_id,
-                                      .seed = seed, .sample_vocab = sample_vocab});
+  std::vector<int64_t> out = engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature,
+                                                          .stop_id = stop_id, .seed = seed,
+                                                          .sample_vocab = sample_vocab, .on_prompt = on_prompt});
+  m.memory_stats = s.memory_stats();
+  return out;
 }
 
 }  // namespace rotary::experiments

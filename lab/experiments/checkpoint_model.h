@@ -6,7 +6,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -28,6 +30,20 @@ struct CheckpointRunOptions {
   std::string describe() const;   // "engine (weights bf16 as stored, kv cache f32)" / "torch (float32 weights)"
 };
 
+// A retrieval memory for a checkpoint's run (seed 001 on a pretrained model; rotary_engine/model.h MemoryOptions):
+// the flags --memory, --memory-window, --top-k, --memory-dtype. Engine only.
+struct CheckpointMemoryOptions {
+  std::string policy;         // exact, rerope, none, unlimiformer (rotary/kv_memory.h); empty: no memory
+  int64_t window = 0;         // W: tokens kept exact (W to 2W); 0: half the checkpoint's trained context
+  int top_k = 32;             // memory rows per (query, head); 0: the window alone
+  std::string dtype = "f32";  // the memory's keys and values: f32, bf16, f16
+  bool enabled() const { return !policy.empty(); }
+  void validate() const;      // rotary::Error naming --memory, --top-k, --memory-dtype
+  // The engine's options for a checkpoint trained at `trained_context` (W resolved).
+  engine::MemoryOptions engine_options(int64_t trained_context) const;
+  std::string describe(int64_t trained_context) const;  // "memory exact, W 2048, top-32, f32"
+};
+
 class CheckpointModel {
  public:
   CheckpointModel(const std::string& model_dir, const CheckpointRunOptions& options);
@@ -39,6 +55,12 @@ class CheckpointModel {
   // override field when it does not fit). Each call starts again from the trained encoding.
   void set_override(const nn::EncodingOverride& o);
   const nn::EncodingConfig& active_encoding() const;
+  // The memory later calls run through (hidden_states, generate, memory_needed); nullopt: none. rotary::Error on
+  // the torch path (naming --engine) and for settings the engine cannot run with the active encoding (checked by
+  // making a session; call after set_override).
+  void set_memory(const std::optional<engine::MemoryOptions>& memory);
+  // What the memory did in the last hidden_states / generate call (zeros without a memory).
+  engine::MemoryStats memory_stats() const;
 
   // Refuses (rotary::Error naming the bytes, what is available and the flags that would shrink it) a run of
   // `tokens` tokens at once that does not fit the memory /proc/meminfo reports available: the weights (mapped or
@@ -48,14 +70,20 @@ class CheckpointModel {
   // The bytes check_memory counts for a run of `tokens` (0 on the torch path).
   int64_t memory_needed(int64_t tokens) const;
 
-  // The final norm's output [T, d_model] for tokens at positions 0..T-1: one forward (fused attention).
-  std::vector<float> hidden_states(const std::vector<int64_t>& tokens);
+  // The final norm's output for tokens at positions 0..T-1, handed to `rows(first, n, hidden [n, d_model])` in
+  // order: one forward (fused attention) and one call, or with a memory a chunk per forward and per call (the
+  // activations and hidden rows of one chunk held at a time, however long the sequence).
+  void hidden_states(const std::vector<int64_t>& tokens,
+                     const std::function<void(int64_t first, int64_t n, const float* hidden)>& rows);
+  std::vector<float> hidden_states(const std::vector<int64_t>& tokens);  // all [T, d_model] at once
   // logits [n, vocab] of n hidden rows.
   void project(const float* hidden, int64_t n, std::vector<float>& logits);
   // New tokens after `prompt` (greedy at temperature 0), at most max_new, stopping at stop_id (-1: never); only
   // ids below sample_vocab (0: all) are chosen.
+  // `on_prompt(done, total)`: progress through a long prompt (optional).
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
-                                int64_t stop_id, uint64_t seed, int64_t sample_vocab);
+                                int64_t stop_id, uint64_t seed, int64_t sample_vocab,
+                                const std::function<void(int64_t, int64_t)>& on_prompt = {});
 
  private:
   struct Impl;

@@ -32,7 +32,12 @@ std::string Method::key() const {
   if (name == "rerope" || name == "leaky_rerope") k += fmt::format("_w{}", window);
   if (name == "leaky_rerope") k += "_k" + short_number(leaky_k);
   if (name == "dynamic" && dynamic_factor != 1) k += "_f" + short_number(dynamic_factor);
-  return logn ? k + "_logn" : k;
+  if (logn) k += "_logn";
+  if (context == "memory")
+    k += fmt::format("+memory_{}_W{}_k{}{}", memory_policy, memory_window, memory_top_k,
+                     memory_dtype == "f32" ? "" : "_" + memory_dtype);
+  if (context == "window") k += fmt::format("+window_W{}", memory_window);
+  return k;
 }
 
 std::string Method::label(bool trained_logn) const {
@@ -46,8 +51,13 @@ std::string Method::label(bool trained_logn) const {
   else if (name == "yarn") l = "YaRN";
   else if (name == "rerope") l = fmt::format("ReRoPE-w{}", window);
   else l = fmt::format("Leaky ReRoPE-w{}-k{}", window, short_number(leaky_k));
-  if (logn) return l + (trained_logn ? "-log n" : "-log n†");
-  return trained_logn ? l + "-no log n" : l;
+  if (logn) l += trained_logn ? "-log n" : "-log n†";
+  else if (trained_logn) l += "-no log n";
+  if (context == "memory")
+    l += fmt::format(" + memory ({}, W {}, top-{}{})", memory_policy, memory_window, memory_top_k,
+                     memory_dtype == "f32" ? "" : ", " + memory_dtype);
+  if (context == "window") l += fmt::format(" + window W {} alone", memory_window);
+  return l;
 }
 
 bool length_dependent_method(const Method& m) { return m.name == "dynamic"; }

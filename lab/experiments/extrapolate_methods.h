@@ -38,6 +38,14 @@ struct Method {
   int64_t window = 0;   // rerope, leaky_rerope
   double leaky_k = 0;   // leaky_rerope
   double dynamic_factor = 1;  // dynamic: HF's factor (1: base' = base * (S / L)^(r / (r - 2)) at length S > L)
+  // Checkpoints (rotary perplexity --memory): what each query attends to. "": the whole window (full attention);
+  // "memory": the last memory_window to 2x that many tokens exact and the top-k rows of a retrieval memory of the
+  // rest (policy memory_policy); "window": those tokens alone (top-k 0: the memory's baseline).
+  std::string context;
+  std::string memory_policy;   // exact, rerope, none, unlimiformer (rotary/kv_memory.h)
+  int64_t memory_window = 0;   // W
+  int memory_top_k = 0;
+  std::string memory_dtype = "f32";
 
   // Machine name for files and CSV: "rerope_w64_logn".
   std::string key() const;

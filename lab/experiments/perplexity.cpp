@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <functional>
 #include <fmt/format.h>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -41,6 +42,15 @@ std::vector<Method> methods_of(const PerplexitySpec& spec, int64_t L) {
       if (name == "rerope" || name == "leaky_rerope") m.window = spec.window > 0 ? spec.window : L / 2;
       if (name == "leaky_rerope") m.leaky_k = spec.leaky_k;
       if (name == "dynamic") m.dynamic_factor = spec.dynamic_factor;
+      out.push_back(m);
+      if (!spec.memory.enabled()) continue;
+      m.memory_policy = spec.memory.policy;
+      m.memory_window = spec.memory.engine_options(L).window;
+      m.memory_top_k = spec.memory.top_k;
+      m.memory_dtype = spec.memory.dtype;
+      m.context = "memory";
+      out.push_back(m);
+      m.context = "window";
       out.push_back(m);
     }
   return out;
@@ -123,13 +133,16 @@ std::string method_table(const PerplexityResult& r, const std::vector<Method>& m
     t << "\n|---|";
     for (size_t i = 0; i < r.lengths.size(); ++i) t << "---:|";
     t << "\n";
-  } else {
-    t << fmt::format("{:<28}", corner);
+  }
+  size_t width = corner.size() + 2;  // the plain table's first column: the longest label (memory rows are long)
+  for (const Method& m : methods) width = std::max(width, m.label(false).size() + 2);
+  if (!markdown) {
+    t << fmt::format("{:<{}}", corner, width);
     for (int64_t T : r.lengths) t << fmt::format("{:>16}", header(T));
     t << "\n";
   }
   for (const Method& m : methods) {
-    t << (markdown ? "| " + m.label(false) + " |" : fmt::format("{:<28}", m.label(false)));
+    t << (markdown ? "| " + m.label(false) + " |" : fmt::format("{:<{}}", m.label(false), width));
     for (int64_t T : r.lengths) {
       std::string v = "-";
       for (const PerplexityCell& c : r.cells)
@@ -223,6 +236,23 @@ void validate(const PerplexitySpec& spec) {
   check(spec.dynamic_factor >= 1, "dynamic_factor", spec.dynamic_factor, ">= 1");
   check(spec.windows >= 1, "windows", spec.windows, ">= 1");
   check(spec.head_chunk >= 1, "head_chunk", spec.head_chunk, ">= 1");
+  spec.memory.validate();
+  if (spec.memory.enabled()) {
+    spec.run.validate();
+    check(spec.run.engine == "engine", "--engine", spec.run.engine, "engine with --memory (the memory runs on the "
+                                                                    "torch-free engine)");
+    for (const std::string& m : spec.methods)
+      check(m != "dynamic", "--methods", "dynamic", "methods whose frequencies do not change with the length, with "
+                                                    "--memory (a memory keeps its keys rotated once)");
+  }
+}
+
+// The memory a method's cells run through (Method::context), for a checkpoint trained at L.
+std::optional<engine::MemoryOptions> memory_of(const Method& m, const PerplexitySpec& spec, int64_t L) {
+  if (m.context.empty()) return std::nullopt;
+  engine::MemoryOptions o = spec.memory.engine_options(L);
+  if (m.context == "window") o.policy = MemoryPolicy::Exact, o.top_k = 0;
+  return o;
 }
 
 WindowLoss window_loss(CheckpointModel& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk) {
@@ -231,21 +261,25 @@ WindowLoss window_loss(CheckpointModel& model, const std::vector<int64_t>& token
   check(tail >= 1 && tail <= T, "tail", tail, fmt::format("in [1, {}]", T));
   check(head_chunk >= 1, "head_chunk", head_chunk, ">= 1");
   const int64_t d = model.spec().config.d_model, V = model.spec().config.vocab_size;
-  const std::vector<float> hidden = model.hidden_states(std::vector<int64_t>(tokens.begin(), tokens.end() - 1));
   WindowLoss out;
   out.loss_by_position.resize(size_t(T));
   std::vector<float> logits;
-  for (int64_t from = 0; from < T; from += head_chunk) {
-    const int64_t n = std::min(head_chunk, T - from);
-    model.project(hidden.data() + from * d, n, logits);  // [n, V]
-    for (int64_t i = 0; i < n; ++i) {  // cross entropy: logsumexp(logits) - logits[target], in double
-      const float* row = logits.data() + i * V;
-      const double top = *std::max_element(row, row + V);
-      double sum = 0;
-      for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
-      out.loss_by_position[size_t(from + i)] = top + std::log(sum) - double(row[tokens[size_t(from + i + 1)]]);
+  // Hidden rows [first, first + rows) as the model hands them out: the LM head head_chunk positions at a time.
+  model.hidden_states(std::vector<int64_t>(tokens.begin(), tokens.end() - 1),
+                      [&](int64_t first, int64_t rows, const float* hidden) {
+    for (int64_t from = 0; from < rows; from += head_chunk) {
+      const int64_t n = std::min(head_chunk, rows - from);
+      model.project(hidden + from * d, n, logits);  // [n, V]
+      for (int64_t i = 0; i < n; ++i) {  // cross entropy: logsumexp(logits) - logits[target], in double
+        const float* row = logits.data() + i * V;
+        const double top = *std::max_element(row, row + V);
+        double sum = 0;
+        for (int64_t v = 0; v < V; ++v) sum += std::exp(double(row[v]) - top);
+        const int64_t t = first + from + i;
+        out.loss_by_position[size_t(t)] = top + std::log(sum) - double(row[tokens[size_t(t + 1)]]);
+      }
     }
-  }
+  });
   double full = 0, last = 0;
   for (int64_t t = 0; t < T; ++t) {
     full += out.loss_by_position[size_t(t)];
@@ -299,8 +333,11 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   // Every (method, length) checked before the first cell runs (a window beyond L, ...), so a refused run writes
   // nothing.
   for (const Method& m : methods)
-    for (int64_t T : r.lengths) ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
-  ckpt.check_memory(longest, "--lengths");  // the longest window, before the first cell
+    for (int64_t T : r.lengths) {
+      ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+      ckpt.set_memory(memory_of(m, spec, r.train_len));  // a memory the method's encoding cannot run with
+      ckpt.check_memory(longest, "--lengths");  // the longest window, before the first cell
+    }
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
   const uint64_t weights_key = weights_identity(spec.model_dir);
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
@@ -316,6 +353,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       c.method = m;
       c.length = T;
       ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
+      ckpt.set_memory(memory_of(m, spec, r.train_len));
       const nlohmann::json settings{{"run", run.key()},
                                     {"model_config_json", lab::fnv1a64(model_key)},
                                     {"model_dir", spec.model_dir},
@@ -374,6 +412,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
     }
   }
   bar.finish();
+  ckpt.set_memory(std::nullopt);
   ckpt.set_override({});
   for (const PerplexityCell& c : r.cells)
     if (!std::isfinite(c.tail_loss) || !std::isfinite(c.full_loss))

@@ -13,6 +13,10 @@
 // checkpoint's frequencies), each with or without log-n. dynamic runs as transformers runs a forward: every token
 // uses the frequencies for the window's length.
 //
+// With a memory (PerplexitySpec::memory, --memory): every method also runs through a retrieval memory (the last W to
+// 2W tokens exact, the top-k of the rest) and through that window alone - Unlimiformer's book evaluation beside
+// full attention (Method::context).
+//
 // Layout of <out>: cells/<method>/T<len>.json (a rerun reuses each cell whose settings match), results.csv,
 // report.md, loss_vs_length.png, loss_vs_position.png.
 #pragma once
@@ -43,6 +47,8 @@ struct PerplexitySpec {
   int64_t head_chunk = 512;         // positions per LM-head chunk
   int threads = 0;                  // threads (0: all cores)
   CheckpointRunOptions run;         // engine (default: the torch-free engine), weights, KV cache dtype
+  CheckpointMemoryOptions memory;   // set: every method also through a retrieval memory and through its window
+                                    // alone (Unlimiformer's book evaluation: full attention, memory, window)
   std::string out_dir = "runs/perplexity";
   std::string command_line;         // recorded in the report
 };
@@ -56,8 +62,8 @@ struct WindowLoss {
   double full_loss = 0;    // over all T targets
   std::vector<double> loss_by_position;  // [T]
 };
-// The model's forward on one window, the LM head taken `head_chunk` positions at a time (float32 logits, the cross
-// entropy in double).
+// The model's forward on one window (through the memory set on `model`, if any, a chunk at a time), the LM head
+// taken `head_chunk` positions at a time (float32 logits, the cross entropy in double).
 WindowLoss window_loss(CheckpointModel& model, const std::vector<int64_t>& tokens, int64_t tail, int64_t head_chunk);
 
 struct PerplexityCell {

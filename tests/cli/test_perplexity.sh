@@ -141,5 +141,54 @@ fi
 "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --weights q8 --kv-dtype f16 > /dev/null 2> "$W/gen_q8.err" \
   && pass "generate --weights q8 --kv-dtype f16" || fail "generate --weights q8 exited $?: $(cat "$W/gen_q8.err")"
 
+# Through a retrieval memory (--memory): with every row retrieved the losses are full attention's (the memory row
+# equals native's, ReRoPE's with policy rerope), the window alone differs; generate through the memory prints the
+# same greedy text and reads a prompt from a file; what cannot run with a memory is refused by name.
+if "$ROTARY" perplexity "$FIX/llama2" --tokens "$W/ids.txt" --train-len 16 --lengths 16,48 --methods native \
+     --memory exact --memory-window 4 --top-k 100000 --out "$W/mem" --no-progress > "$W/mem.txt" 2> "$W/mem.err" &&
+   "$ROTARY" perplexity "$FIX/llama2" --tokens "$W/ids.txt" --train-len 16 --lengths 48 --methods rerope --window 4 \
+     --memory rerope --memory-window 6 --top-k 100000 --out "$W/mem_rerope" --no-progress > /dev/null 2>> "$W/mem.err"; then
+  pass "perplexity --memory exact / rerope"
+  /usr/bin/python3 - "$W/mem/results.csv" "$W/mem_rerope/results.csv" <<'PY' && pass "memory with every row = full attention; the window alone differs" || fail "memory losses: $(cat "$W/mem/results.csv")"
+import csv, sys
+for path, base in ((sys.argv[1], "native"), (sys.argv[2], "rerope_w4")):
+    rows = {(r["method"], r["length"]): float(r["full_loss"]) for r in csv.DictReader(open(path))}
+    lengths = {length for _, length in rows}
+    assert len(rows) == 3 * len(lengths), rows
+    for length in lengths:
+        full = rows[(base, length)]
+        memory = [v for (m, l), v in rows.items() if l == length and "+memory_" in m]
+        window = [v for (m, l), v in rows.items() if l == length and "+window_" in m]
+        assert len(memory) == 1 and len(window) == 1, rows
+        assert abs(memory[0] - full) < 1e-5 * abs(full), (path, length, memory, full)
+        assert abs(window[0] - full) > 1e-3, (path, length, window, full)
+PY
+  grep -q "native + memory (exact, W 4, top-100000)" "$W/mem.txt" && pass "memory rows labelled" || fail "labels: $(cat "$W/mem.txt")"
+else
+  fail "perplexity --memory exited $?: $(tail -c 500 "$W/mem.err")"
+fi
+head -c 400 "$SRC/README.md" > "$W/prompt.txt"
+"$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new > "$W/gen_plain.txt" 2> /dev/null
+if "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \
+     --memory-window 16 --top-k 100000 > "$W/gen_mem.txt" 2> "$W/gen_mem.err"; then
+  cmp -s "$W/gen_plain.txt" "$W/gen_mem.txt" && pass "generate --memory (every row) = generate" \
+    || fail "generate --memory printed '$(cat "$W/gen_mem.txt")', without '$(cat "$W/gen_plain.txt")'"
+  grep -q "tokens in each layer's memory" "$W/gen_mem.err" && pass "generate --memory reports the memory" \
+    || fail "no memory summary: $(cat "$W/gen_mem.err")"
+else
+  fail "generate --memory exited $?: $(cat "$W/gen_mem.err")"
+fi
+expect_error "generate --memory bogus" 2 "--memory = bogus" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory bogus
+expect_error "generate --memory --engine torch" 2 "--engine = torch" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --engine torch
+expect_error "generate --memory --kv-dtype bf16" 2 "--kv-dtype = bf16" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --kv-dtype bf16
+expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file = both" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --prompt-file "$W/prompt.txt"
+bad "--methods = dynamic" --text "$W/text.txt" --methods native,dynamic --memory exact
+bad "--memory-dtype = f64" --text "$W/text.txt" --methods native --memory exact --memory-dtype f64
+bad "--engine = torch" --text "$W/text.txt" --methods native --memory exact --engine torch
+
 echo "$fails failed"
 [ "$fails" = 0 ]

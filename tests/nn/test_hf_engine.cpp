@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <optional>
 
 #include "expect_error.h"
 #include "rotary/safetensors.h"
@@ -51,9 +52,10 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 
 // Logits [S * V] from the engine: the first `prompt` tokens as one prompt, the rest one at a time.
 std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingConfig& enc,
-                                  const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32) {
+                                  const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32,
+                                  std::optional<engine::MemoryOptions> memory = std::nullopt) {
   engine::SessionOptions o;
-  o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc);
+  o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc), o.memory = memory;
   engine::Session s(c.model, o);
   const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model, V = c.spec.config.vocab_size;
   std::vector<int64_t> pos(static_cast<size_t>(S));
@@ -229,7 +231,100 @@ TEST_P(HfEngineFixture, GreedyGenerationEqualsTheNnModelAndSamplingKeepsItsRange
   EXPECT_TRUE(engine::generate(again, prompt, {.max_new = 12, .stop_id = greedy.front()}).empty());
 }
 
+// A retrieval memory behind the caches (SessionOptions::memory): with every memory row retrieved, window + memory
+// is attention over all the tokens, so the logits equal the transcription's - policy exact under the checkpoint's
+// RoPE, policy rerope under ReRoPE (every memory key past the window sits at distance w, as ReRoPE puts it) - through
+// chunked prompts (chunks of 3 and 5, the window 4..8 tokens) and one token at a time. The merge adds one fp32
+// log-sum-exp per query, so the float32 bound stands. The window alone (top_k 0) and retrieved keys left unrotated
+// (policy none) must differ, or the check would not see the memory.
+TEST_P(HfEngineFixture, AMemoryWithEveryRowRetrievedEqualsTheFullForward) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size());
+  const std::vector<double>& want = e.logits.at("logits");
+  auto memory = [](MemoryPolicy policy, int64_t window, int top_k, int64_t chunk) {
+    engine::MemoryOptions m;
+    m.policy = policy, m.window = window, m.top_k = top_k, m.chunk = chunk;
+    return m;
+  };
+  for (int64_t chunk : {3, 5})
+    for (int64_t prompt : {S, S / 2, int64_t(1)}) {
+      const engine::MemoryOptions all = memory(MemoryPolicy::Exact, 4, 1 << 20, chunk);
+      EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, prompt, DType::F32, all), want), kTolF32)
+          << "exact, chunk " << chunk << ", prompt " << prompt;
+    }
+  // Memory stats: every token past the first window's worth retrieved, all of the memory's mass counted.
+  engine::SessionOptions o;
+  o.capacity = S, o.positions = engine_positions(enc), o.memory = memory(MemoryPolicy::Exact, 4, 1 << 20, 3);
+  engine::Session s(c.model, o);
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  s.forward(e.tokens.data(), pos.data(), S, nullptr);
+  const engine::MemoryStats stats = s.memory_stats();
+  EXPECT_EQ(s.size(), S);
+  EXPECT_GE(stats.memory_tokens, S - 8);  // the window keeps 4..8 tokens
+  EXPECT_GT(stats.retrieving_queries, 0);
+  EXPECT_GT(stats.memory_mass, 0.0);
+  EXPECT_LE(stats.memory_mass, 1.0);
+
+  const double window_only = relative_error(engine_logits(c, enc, e.tokens, S, DType::F32,
+                                                          memory(MemoryPolicy::Exact, 4, 0, 3)), want);
+  EXPECT_GT(window_only, 1e-3) << "the window alone must differ from full attention";
+  const double unrotated = relative_error(engine_logits(c, enc, e.tokens, S, DType::F32,
+                                                        memory(MemoryPolicy::NoRotation, 4, 1 << 20, 3)), want);
+  EXPECT_GT(unrotated, 1e-3) << "retrieved keys left unrotated must differ from full attention";
+  if (e.logits.count("logits_rerope_w8")) {
+    EncodingConfig rerope = enc;
+    rerope.kind = EncodingKind::Rerope, rerope.window = 8;
+    for (int64_t prompt : {S, int64_t(2)})
+      EXPECT_LT(relative_error(engine_logits(c, rerope, e.tokens, prompt, DType::F32,
+                                             memory(MemoryPolicy::Rerope, 8, 1 << 20, 5)),
+                               e.logits.at("logits_rerope_w8")),
+                kTolF32)
+          << "rerope, prompt " << prompt;
+  }
+  // Greedy generation through the memory equals generation without one.
+  const std::vector<int64_t> prompt(e.tokens.begin(), e.tokens.begin() + 11);
+  engine::SessionOptions plain;
+  plain.capacity = 11 + 12, plain.positions = engine_positions(enc);
+  engine::SessionOptions with_memory = plain;
+  with_memory.memory = memory(MemoryPolicy::Exact, 4, 1 << 20, 0);
+  engine::Session a(c.model, plain), b(c.model, with_memory);
+  int64_t prompt_calls = 0;
+  EXPECT_EQ(engine::generate(b, prompt, {.max_new = 12, .on_prompt = [&](int64_t, int64_t) { ++prompt_calls; }}),
+            engine::generate(a, prompt, {.max_new = 12}));
+  EXPECT_EQ(prompt_calls, 3);  // 11 prompt tokens, a window's worth (4) per call
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
+
+// A memory's settings that cannot run are refused by name when the session is made.
+TEST(HfEngine, RefusesMemorySettingsByName) {
+  const fs::path dir = kFixtures / "llama2";
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  engine::SessionOptions o;
+  o.capacity = 32, o.positions = engine_positions(c.spec.config.resolved_encoding());
+  o.memory = engine::MemoryOptions{.window = 4};
+  engine::Session ok(c.model, o);
+  engine::SessionOptions bad = o;
+  bad.kv_dtype = DType::BF16;
+  expect_error([&] { engine::Session(c.model, bad); }, {"kv_dtype = bf16", "f32 with a memory"});
+  bad = o, bad.memory->top_k = -1;
+  expect_error([&] { engine::Session(c.model, bad); }, "memory.top_k = -1");
+  bad = o, bad.memory->chunk = -2;
+  expect_error([&] { engine::Session(c.model, bad); }, "memory.chunk = -2");
+  bad = o, bad.memory->window = 0;
+  expect_error([&] { engine::Session(c.model, bad); }, "window = 0");
+  bad = o, bad.memory->storage = DType::F64;
+  expect_error([&] { engine::Session(c.model, bad); }, "f64");
+  bad = o, bad.positions.rope.scaling = RopeScaling::Dynamic, bad.positions.rope.factor = 2;
+  bad.positions.rope.max_position_embeddings = 16;
+  expect_error([&] { engine::Session(c.model, bad); }, {"positions.rope.scaling = dynamic", "do not change"});
+  bad = o, bad.positions.mode = PositionMode::Rerope, bad.positions.window = 8, bad.memory->policy = MemoryPolicy::Rerope;
+  expect_error([&] { engine::Session(c.model, bad); }, "window");  // the ReRoPE window 8 > the memory's window 4
+}
 
 // What the engine refuses, each by name, before any work: tensors that do not fit the architecture, and sessions
 // and tokens that do not fit the session.

@@ -18,11 +18,14 @@ struct GenerateOptions {
   int64_t sample_vocab = 0;  // > 0: only ids below this are chosen (a checkpoint's embedding rows past its
                              // tokenizer's vocabulary are padding, never a token); 0: the whole vocabulary
   std::function<void(int64_t)> on_token;  // called with each new token as it is chosen (streaming output)
+  std::function<void(int64_t done, int64_t total)> on_prompt;  // prompt tokens through (progress; with a memory
+                                                                // after each chunk, else once)
 };
 
-// Runs `prompt` (positions 0, 1, ...) in an empty session and returns the new tokens. rotary::Error naming the
-// field when the options or the prompt do not fit the session (capacity >= prompt + max_new - 1), or when the
-// logits are not finite (a model with NaN / Inf weights): never a silent choice.
+// Runs `prompt` (positions 0, 1, ...) in an empty session (with a memory: a chunk per forward call) and returns
+// the new tokens. rotary::Error naming the field when the options or the prompt do not fit the session
+// (capacity >= prompt + max_new - 1), or when the logits are not finite (a model with NaN / Inf weights): never a
+// silent choice.
 std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prompt, const GenerateOptions& options);
 
 }  // namespace rotary::engine

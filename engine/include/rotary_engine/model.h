@@ -25,6 +25,7 @@
 #include "rotary/attention.h"
 #include "rotary/dtype.h"
 #include "rotary/kv_cache.h"
+#include "rotary/kv_memory.h"
 #include "rotary/linear.h"
 #include "rotary/rope_spec.h"
 
@@ -117,12 +118,34 @@ struct PositionMethod {
   int64_t logn_train_len = 0;  // > 1: log-n query scaling
 };
 
+// A retrieval memory behind every layer's cache (seed 001; rotary/kv_memory.h, MemoryKvCache): the most recent
+// tokens stay exact in a window of `window` to 2 x `window` tokens, older ones move to a KvMemory, and each query
+// attends to the window and to the top-k rows of the memory, the two merged by log-sum-exp - so with top_k >= the
+// memory's size a session equals one without a memory. Tokens go through in chunks of `chunk` (each chunk attends
+// to the window and to itself in one fused call, then to the memory, then joins the window), at any point of a
+// sequence, so a book-length prompt needs activations for one chunk only when fed a chunk per forward() call.
+struct MemoryOptions {
+  MemoryPolicy policy = MemoryPolicy::Exact;  // where retrieved keys sit (kv_memory.h)
+  int64_t window = 0;                         // W >= 1 (>= the ReRoPE window with policy rerope)
+  int top_k = 32;                             // memory rows per (query, head); 0: the window alone
+  DType storage = DType::F32;                 // the memory's keys and values: f32, bf16 or f16
+  int64_t chunk = 0;                          // tokens per attention step of a multi-token forward (0: window)
+};
+
+// What the memory did so far (Session::memory_stats).
+struct MemoryStats {
+  int64_t memory_tokens = 0;       // rows in each layer's memory now
+  int64_t retrieving_queries = 0;  // (token, layer) queries that searched a non-empty memory
+  double memory_mass = 0;          // their mean share of the softmax mass on the retrieved rows (mean over heads)
+};
+
 struct SessionOptions {
   int64_t capacity = 0;         // most tokens the session holds (the KV caches are allocated for it)
-  DType kv_dtype = DType::F32;  // storage of the KV cache (f32, bf16, f16)
+  DType kv_dtype = DType::F32;  // storage of the KV cache (f32, bf16, f16; f32 with a memory)
   PositionMethod positions;
   int64_t prefill_chunk = 512;  // tokens per MLP / head step of a prompt (bounds the activations' memory)
   int threads = 0;              // 0: OpenMP's default
+  std::optional<MemoryOptions> memory;  // set: a retrieval memory behind the caches (MemoryOptions)
 };
 
 class Session {
@@ -133,12 +156,15 @@ class Session {
 
   // Runs n tokens at `positions` (increasing, after the cached ones) through every layer and appends them to the
   // caches: a first call of several tokens is one fused causal attention over them (a prompt), later tokens
-  // attend to the cache one at a time. hidden: [n, d_model], the final norm's output (null: not wanted).
+  // attend to the cache one at a time (with a memory: every call in chunks, MemoryOptions). hidden: [n, d_model],
+  // the final norm's output (null: not wanted).
   void forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden);
   // The LM head (Model::logits) at the session's thread count.
   void logits(const float* hidden, int64_t n, float* out) const;
-  int64_t size() const;      // tokens cached
+  int64_t size() const;      // tokens cached (with a memory: window and memory)
   int64_t capacity() const;  // SessionOptions::capacity
+  const SessionOptions& options() const;
+  MemoryStats memory_stats() const;  // zeros without a memory
   const Model& model() const;
   void clear();              // back to an empty sequence
 

@@ -1,11 +1,13 @@
 // lab/cli/torch/checkpoint_flags.h: the flags that choose how a Hugging Face checkpoint runs (--engine, --weights,
-// --kv-dtype), declared once for every command that runs one (perplexity, generate, bench checkpoint).
+// --kv-dtype) and its retrieval memory (--memory, --memory-window, --top-k, --memory-dtype), declared once for
+// every command that runs one (perplexity, generate, bench checkpoint).
 #pragma once
 
 #include <CLI/CLI.hpp>
 
 #include <vector>
 
+#include "cli/options.h"
 #include "experiments/checkpoint_model.h"
 
 namespace rotary::cli {
@@ -19,6 +21,22 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
                  "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with a "
                  "scale; default: as stored)"),
           app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)")};
+}
+
+// Returns the four options (a command that also runs other models refuses them there).
+inline std::vector<CLI::Option*> add_checkpoint_memory_flags(CLI::App& app, experiments::CheckpointMemoryOptions& o) {
+  return {app.add_option("--memory", o.policy,
+                 "a retrieval memory past a window of exact tokens (seed 001): exact (retrieved keys at their true "
+                 "positions), rerope (at distance w: the ReRoPE window with --kind rerope, else the memory window), "
+                 "none (unrotated), unlimiformer; engine only"),
+          app.add_option("--memory-window", o.window,
+                 "--memory: tokens kept exact, W to 2W (default half the trained context)")
+              ->transform(integer_in(0, kMaxAbsPosition)),
+          app.add_option("--top-k", o.top_k, "--memory: memory rows retrieved per head and token (default 32; 0: the "
+                                             "window alone)")
+              ->transform(integer_in(0, 1 << 20)),
+          app.add_option("--memory-dtype", o.dtype, "--memory: the memory's keys and values f32, bf16, f16 (default "
+                                                    "f32)")};
 }
 
 }  // namespace rotary::cli

@@ -1,11 +1,13 @@
 // rotary generate: sample from a trained model, or a Hugging Face checkpoint, through the KV-cache decoder.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 
 #include "cli/command.h"
 #include "cli/torch/checkpoint_flags.h"
 #include "cli/torch/load_model.h"
+#include "common/files.h"
 #include "train/evaluate.h"
 #include "rotary_nn/hf_checkpoint.h"
 #include "tokenizers/tokenizer.h"
@@ -15,7 +17,7 @@ namespace rotary::cli {
 namespace {
 
 struct GenerateCommand {
-  std::string checkpoint, prompt;
+  std::string checkpoint, prompt, prompt_file;
   int max_new = 200;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -23,7 +25,9 @@ struct GenerateCommand {
   int threads = 0;
   OverrideFlags overrides;
   experiments::CheckpointRunOptions run_options;  // Hugging Face checkpoints: --engine, --weights, --kv-dtype
+  experiments::CheckpointMemoryOptions memory;     // and --memory, --memory-window, --top-k, --memory-dtype
   std::vector<CLI::Option*> run_flags;
+  bool no_progress = false;
 
   // A Hugging Face model directory (config.json and a weights file of the Hugging Face layout, no checkpoint.pt of
   // ours): its own tokenizer (BOS as the model expects), stop at its EOS. A run directory of ours also has a
@@ -45,20 +49,40 @@ struct GenerateCommand {
     run_options.threads = threads;
     experiments::CheckpointModel c(checkpoint, run_options);
     c.set_override(overrides.override_of(c.spec().config));
+    if (memory.enabled()) c.set_memory(memory.engine_options(c.spec().trained_context));
     const auto tokenizer = lab::load_tokenizer(checkpoint);
     const std::vector<int64_t> ids = tokenizer->encode_for_model(prompt);
-    check(!ids.empty(), "--prompt", "\"\"", "at least one token");
+    check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
     c.check_memory(int64_t(ids.size()) + max_new, "--prompt tokens + --max-new");
     const int64_t stop = no_stop || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
     const int64_t sample_vocab = std::min<int64_t>(tokenizer->vocab_size(), c.spec().config.vocab_size);
-    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, sample_vocab);
+    // A long prompt (a book through the memory) reports its progress on stderr.
+    const auto start = std::chrono::steady_clock::now();
+    int64_t reported = 0;
+    auto progress = [&](int64_t done, int64_t total) {
+      if (no_progress || total < 4096 || (done - reported < total / 20 && done < total)) return;
+      reported = done;
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      std::fprintf(stderr, "prompt: %lld / %lld tokens (%.0f tokens/s)\n", (long long)done, (long long)total,
+                   double(done) / std::max(s, 1e-9));
+    };
+    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, sample_vocab, progress);
     std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
+    if (memory.enabled() && !no_progress) {
+      const engine::MemoryStats s = c.memory_stats();
+      std::fprintf(stderr, "%s: %lld tokens in each layer's memory, %.1f%% of the attention on retrieved rows "
+                   "(mean over %lld queries)\n", memory.describe(c.spec().trained_context).c_str(),
+                   (long long)s.memory_tokens, 100 * s.memory_mass, (long long)s.retrieving_queries);
+    }
   }
 
   void run() {
     train::use_threads(threads);
+    check(prompt.empty() != prompt_file.empty(), "--prompt / --prompt-file", prompt.empty() ? "neither" : "both",
+          "exactly one: the text, or a file holding it");
+    if (!prompt_file.empty()) prompt = lab::read_file(prompt_file);
     if (is_hf_model(checkpoint)) return run_hf();
     for (CLI::Option* o : run_flags)
       if (o->count()) fail(o->get_name(), o->as<std::string>(), "unset for a lab run (it runs the nn model it was "
@@ -80,7 +104,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<GenerateCommand>();
   CLI::App* sub = root.add_subcommand("generate", "sample from a trained model (KV-cache decoder)");
   sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file, run directory, or Hugging Face model directory")->required();
-  sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)")->required();
+  sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)");
+  sub->add_option("--prompt-file", cmd->prompt_file, "or: a file holding the text (a book-length prompt)");
   sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->transform(integer_in(1, kMaxSequenceLength));
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
   sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
@@ -89,6 +114,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   cmd->overrides.add_to(*sub);
   cmd->run_flags = add_checkpoint_run_flags(*sub, cmd->run_options);
+  for (CLI::Option* o : add_checkpoint_memory_flags(*sub, cmd->memory)) cmd->run_flags.push_back(o);
+  sub->add_flag("--no-progress", cmd->no_progress, "no progress or memory summary on stderr");
   sub->callback([cmd] { cmd->run(); });
 });
 

@@ -87,12 +87,13 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       ->transform(integer_in(1, 1 << 20));
   take_last(sub->add_option("--threads", s.threads, "threads (0 = all cores)"))->transform(integer_in(0, kMaxThreads));
   add_checkpoint_run_flags(*sub, s.run);
+  add_checkpoint_memory_flags(*sub, s.memory);
   take_last(sub->add_option("--out", s.out_dir, "output directory (default runs/perplexity)"));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   sub->footer(
       "Every (method, length) cell is written to <out>/cells as it finishes; a rerun with the same model and text "
-      "reuses them. Output: report.md, results.csv, loss_vs_length.png, loss_vs_position.png. See "
-      "docs/checkpoints.md.");
+      "reuses them. With --memory every method also runs through the memory and through its window alone. Output: "
+      "report.md, results.csv, loss_vs_length.png, loss_vs_position.png. See docs/checkpoints.md, docs/memory.md.");
   sub->callback([cmd] { cmd->run(); });
 });
 
