@@ -60,7 +60,10 @@ struct Session::Impl {
   int64_t freqs_len = -1;  // the length the frequencies were taken at (length-dependent scalings)
   std::vector<KvCache> caches;
   std::vector<MemoryKvCache> memory_caches;  // SessionOptions::memory set: these instead of `caches`
+  std::vector<MemoryPages> memory_pages;     // MemoryOptions::search set: one per layer, over its memory
   MemoryStats memory_stats;
+  double scored_vectors = 0, scan_vectors = 0;  // MemoryStats::scored_share's terms
+  std::vector<int64_t> candidates;  // [tokens, Hq, top_k] rows the page search proposes
   // A memory chunk's attention inputs: the window's rows, then the chunk's ([rows, heads, head_dim] f32).
   std::vector<float> chunk_q, chunk_k, chunk_v, chunk_o, chunk_lse, chunk_mass;
   std::vector<int64_t> chunk_pos;
@@ -96,6 +99,7 @@ struct Session::Impl {
             "a scaling whose frequencies do not change with the length (a memory keeps keys rotated once)");
       check(mo.top_k >= 0, "memory.top_k", mo.top_k, ">= 0 (0: the window alone)");
       check(mo.chunk >= 0, "memory.chunk", mo.chunk, ">= 0 (0: the window)");
+      if (mo.search) mo.search->validate();
       MemoryKvCache checked(memory_config());  // checks the rest (window, policy against the positions, storage)
     }
   }
@@ -120,8 +124,12 @@ struct Session::Impl {
   void new_caches() {
     caches.clear();
     memory_caches.clear();
+    memory_pages.clear();
     if (o.memory) {
       for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
+      // (each cache holds its KvMemory on the heap: the address the index keeps does not move with the vector)
+      if (o.memory->search)
+        for (const MemoryKvCache& c : memory_caches) memory_pages.emplace_back(c.memory(), *o.memory->search);
       return;
     }
     KvCacheConfig c;
@@ -205,7 +213,9 @@ struct Session::Impl {
   // into att: chunk by chunk, each attending to the window and itself (one fused causal call: the window's rows as
   // keys with zero queries whose outputs are dropped), then to the memory's top-k, merged; then joining the window.
   // A chunk of one token is a decode step (MemoryKvCache::decode).
-  void attend_with_memory(MemoryKvCache& cache, int64_t n, const int64_t* positions) {
+  void attend_with_memory(int64_t layer, int64_t n, const int64_t* positions) {
+    MemoryKvCache& cache = memory_caches[size_t(layer)];
+    MemoryPages* pages = memory_pages.empty() ? nullptr : &memory_pages[size_t(layer)];
     const MemoryOptions& mo = *o.memory;
     const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
     const int64_t chunk = mo.chunk > 0 ? mo.chunk : mo.window;
@@ -222,6 +232,21 @@ struct Session::Impl {
       if (int64_t(vec.size()) < size) vec.resize(size_t(size));
     };
     need(chunk_mass, std::min(chunk, n) * Hq);
+    // The page search's candidates for mp's queries (null: the exact scan), and the work either did.
+    auto search = [&](MemoryAttentionParams& mp) -> const int64_t* {
+      const double scan = double(mp.tokens * Hq) * double(cache.memory().size());
+      scan_vectors += scan;
+      if (!pages) {
+        scored_vectors += scan;
+        return nullptr;
+      }
+      pages->sync();
+      need(candidates, mp.tokens * Hq * mp.top_k);
+      PageSearchStats ps;
+      pages->candidates(mp, candidates.data(), &ps);
+      scored_vectors += 2.0 * double(ps.bounds) + double(ps.rows_scored);
+      return candidates.data();
+    };
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t c = std::min(chunk, n - c0);
       float* qs = q.data() + c0 * hq;
@@ -233,6 +258,14 @@ struct Session::Impl {
         MemoryDecodeParams p;
         p.q = view(qs, Hq), p.q_position = positions[c0], p.o = view(os, Hq), p.top_k = mo.top_k;
         p.memory_mass = chunk_mass.data(), p.threads = threads;
+        if (const int64_t k_eff = std::min<int64_t>(mo.top_k, cache.memory().size()); k_eff > 0) {
+          MemoryAttentionParams mp;  // the step's query as a one-token search (o, lse: checked, not written)
+          need(chunk_lse, Hq);
+          mp.tokens = 1, mp.q = p.q, mp.q_positions = positions + c0, mp.top_k = int(k_eff);
+          mp.o = p.o, mp.lse = chunk_lse.data();
+          mp.query_origin = cache.query_origin(positions[c0]), mp.threads = threads;
+          p.candidates = search(mp);
+        }
         cache.decode(p);
         count(1, chunk_mass.data());
         continue;
@@ -262,6 +295,7 @@ struct Session::Impl {
         mp.query_origin = cache.query_origin(positions[c0]);
         mp.o = view(os, Hq), mp.lse = chunk_lse.data() + w * Hq, mp.memory_mass = chunk_mass.data();
         mp.threads = threads;
+        mp.candidates = search(mp);
         memory_attention(cache.memory(), mp);
         count(c, chunk_mass.data());
       }
@@ -312,7 +346,7 @@ struct Session::Impl {
         hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), v.begin(), v.begin() + n * hkv);
       }
       if (o.memory) {
-        attend_with_memory(memory_caches[size_t(li)], n, positions);
+        attend_with_memory(li, n, positions);
       } else {
       const int64_t es = int64_t(dtype_size(o.kv_dtype));
       KvCache& cache = caches[size_t(li)];
@@ -383,6 +417,7 @@ const SessionOptions& Session::options() const { return impl_->o; }
 MemoryStats Session::memory_stats() const {
   MemoryStats s = impl_->memory_stats;
   if (s.retrieving_queries > 0) s.memory_mass /= double(s.retrieving_queries);
+  if (impl_->scan_vectors > 0) s.scored_share = impl_->scored_vectors / impl_->scan_vectors;
   return s;
 }
 const Model& Session::model() const { return *impl_->model; }
@@ -390,7 +425,9 @@ const Model& Session::model() const { return *impl_->model; }
 void Session::clear() {
   impl_->caches.clear();
   impl_->memory_caches.clear();
+  impl_->memory_pages.clear();
   impl_->memory_stats = {};
+  impl_->scored_vectors = impl_->scan_vectors = 0;
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
   impl_->last_position = 0;
 }
@@ -412,6 +449,11 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
     cache = a.n_layers * (copies * a.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
                           o.capacity * (2 * hkv * ms + 8));
     cache += (w2 + chunk) * (2 * hq + 2 * hkv + a.n_heads) * 4;
+    if (o.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
+      const int64_t nodes = std::max<int64_t>(1, 2 * o.capacity / o.memory->search->page_size);
+      cache += a.n_layers * a.n_kv_heads * (8 * o.capacity + nodes * (2 * a.head_dim * 4 + 32));
+      cache += 8 * chunk * a.n_heads * int64_t(o.memory->top_k);  // candidates
+    }
   }
   const int64_t chunk = std::min(n, o.prefill_chunk);
   int64_t scratch = 4 * (n * (3 * a.d_model + 2 * hq + 2 * hkv + (a.fused_qkv ? 3 * hq : 0)) + 2 * chunk * a.d_ff);

@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
 
+#include "memory/memory_index.h"
 #include "rotary/error.h"
 #include "rotary_engine/generate.h"
 #include "rotary_nn/hf_checkpoint.h"
@@ -44,6 +46,16 @@ void CheckpointMemoryOptions::validate() const {
   check(top_k >= 0, "--top-k", top_k, ">= 0 (0: the window alone)");
   const DType d = parse_dtype(dtype);
   check(d == DType::F32 || d == DType::BF16 || d == DType::F16, "--memory-dtype", dtype, "f32, bf16, f16");
+  check(page_size >= 1 && page_size <= 65536, "--page-size", page_size, "1..65536");
+  if (search != "exact") {
+    const size_t prefix = search.rfind("pages", 0) == 0 ? 5 : search.rfind("kdtree", 0) == 0 ? 6 : 0;
+    const bool paged = prefix > 0 && std::all_of(search.begin() + prefix, search.end(),
+                                                 [](char ch) { return ch >= '0' && ch <= '9'; });
+    check(paged, "--search", search,
+          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query); the FAISS "
+          "indexes run in `rotary memory` on the lab's models");
+    lab::memory_index_from_name(search, "--search");  // the page count's digits and range
+  }
 }
 
 engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_context) const {
@@ -53,12 +65,18 @@ engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_co
   m.window = window > 0 ? window : std::max<int64_t>(1, trained_context / 2);
   m.top_k = top_k;
   m.storage = parse_dtype(dtype);
+  if (search != "exact") {
+    const lab::MemoryIndexConfig c = lab::memory_index_from_name(search, "--search");
+    m.search = MemoryPagesConfig{.page_size = page_size, .pages_read = c.pages_read,
+                                 .grouping = c.kind == "kdtree" ? PageGrouping::Keys : PageGrouping::Tokens};
+  }
   return m;
 }
 
 std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
   const engine::MemoryOptions m = engine_options(trained_context);
-  return fmt::format("memory {}, W {}, top-{}, {}", policy, m.window, top_k, dtype);
+  return fmt::format("memory {}, W {}, top-{}, {}, search {}{}", policy, m.window, top_k, dtype, search,
+                     search == "exact" ? "" : fmt::format(" (pages of {})", page_size));
 }
 
 int64_t available_memory_bytes() {

@@ -37,8 +37,10 @@ struct CheckpointMemoryOptions {
   int64_t window = 0;         // W: tokens kept exact (W to 2W); 0: half the checkpoint's trained context
   int top_k = 32;             // memory rows per (query, head); 0: the window alone
   std::string dtype = "f32";  // the memory's keys and values: f32, bf16, f16
+  std::string search = "exact";  // exact (the scan), pages / kdtree (certified), pages<P> / kdtree<P> (P pages)
+  int64_t page_size = 32;     // pages, kdtree: rows per page
   bool enabled() const { return !policy.empty(); }
-  void validate() const;      // rotary::Error naming --memory, --top-k, --memory-dtype
+  void validate() const;      // rotary::Error naming --memory, --top-k, --memory-dtype, --search, --page-size
   // The engine's options for a checkpoint trained at `trained_context` (W resolved).
   engine::MemoryOptions engine_options(int64_t trained_context) const;
   std::string describe(int64_t trained_context) const;  // "memory exact, W 2048, top-32, f32"

@@ -34,8 +34,9 @@ std::string Method::key() const {
   if (name == "dynamic" && dynamic_factor != 1) k += "_f" + short_number(dynamic_factor);
   if (logn) k += "_logn";
   if (context == "memory")
-    k += fmt::format("+memory_{}_W{}_k{}{}", memory_policy, memory_window, memory_top_k,
-                     memory_dtype == "f32" ? "" : "_" + memory_dtype);
+    k += fmt::format("+memory_{}_W{}_k{}{}{}", memory_policy, memory_window, memory_top_k,
+                     memory_dtype == "f32" ? "" : "_" + memory_dtype,
+                     memory_search == "exact" ? "" : fmt::format("_{}_B{}", memory_search, memory_page_size));
   if (context == "window") k += fmt::format("+window_W{}", memory_window);
   return k;
 }
@@ -54,8 +55,9 @@ std::string Method::label(bool trained_logn) const {
   if (logn) l += trained_logn ? "-log n" : "-log n†";
   else if (trained_logn) l += "-no log n";
   if (context == "memory")
-    l += fmt::format(" + memory ({}, W {}, top-{}{})", memory_policy, memory_window, memory_top_k,
-                     memory_dtype == "f32" ? "" : ", " + memory_dtype);
+    l += fmt::format(" + memory ({}, W {}, top-{}{}{})", memory_policy, memory_window, memory_top_k,
+                     memory_dtype == "f32" ? "" : ", " + memory_dtype,
+                     memory_search == "exact" ? "" : fmt::format(", {} B {}", memory_search, memory_page_size));
   if (context == "window") l += fmt::format(" + window W {} alone", memory_window);
   return l;
 }

@@ -48,6 +48,8 @@ std::vector<Method> methods_of(const PerplexitySpec& spec, int64_t L) {
       m.memory_window = spec.memory.engine_options(L).window;
       m.memory_top_k = spec.memory.top_k;
       m.memory_dtype = spec.memory.dtype;
+      m.memory_search = spec.memory.search;
+      m.memory_page_size = spec.memory.page_size;
       m.context = "memory";
       out.push_back(m);
       m.context = "window";
@@ -251,7 +253,7 @@ void validate(const PerplexitySpec& spec) {
 std::optional<engine::MemoryOptions> memory_of(const Method& m, const PerplexitySpec& spec, int64_t L) {
   if (m.context.empty()) return std::nullopt;
   engine::MemoryOptions o = spec.memory.engine_options(L);
-  if (m.context == "window") o.policy = MemoryPolicy::Exact, o.top_k = 0;
+  if (m.context == "window") o.policy = MemoryPolicy::Exact, o.top_k = 0, o.search.reset();
   return o;
 }
 

@@ -178,6 +178,19 @@ if "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --
 else
   fail "generate --memory exited $?: $(cat "$W/gen_mem.err")"
 fi
+# The page search, certified, retrieves the scan's rows (the same text); a FAISS index is not offered here.
+for search in kdtree pages; do
+  "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \
+    --memory-window 16 --top-k 3 --search $search --page-size 4 > "$W/gen_$search.txt" 2> "$W/gen_$search.err" \
+    || fail "generate --search $search exited $?: $(cat "$W/gen_$search.err")"
+done
+"$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \
+  --memory-window 16 --top-k 3 > "$W/gen_scan.txt" 2> /dev/null
+cmp -s "$W/gen_scan.txt" "$W/gen_kdtree.txt" && cmp -s "$W/gen_scan.txt" "$W/gen_pages.txt" \
+  && pass "generate --search kdtree / pages (certified) = the exact scan" || fail "certified search printed other text"
+grep -q "the search scored" "$W/gen_kdtree.err" && pass "generate reports the search's work" || fail "no search work"
+expect_error "generate --search hnsw" 2 "--search = hnsw" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search hnsw
 expect_error "generate --memory bogus" 2 "--memory = bogus" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory bogus
 expect_error "generate --memory --engine torch" 2 "--engine = torch" -- \

@@ -298,6 +298,54 @@ TEST_P(HfEngineFixture, AMemoryWithEveryRowRetrievedEqualsTheFullForward) {
   EXPECT_EQ(prompt_calls, 3);  // 11 prompt tokens, a window's worth (4) per call
 }
 
+// The memory's top-k through the page search (MemoryOptions::search, rotary/memory_pages.h): certified, by tokens
+// and by keys, it retrieves the exact scan's rows, so the logits are the exact scan's (the same rows scored by the
+// same kernel: within float32 reordering, 1e-6), at top-3 of a memory of up to 20 rows per layer and head; with
+// every row, the transcription's. The stats count the search's work against the scan's (the scan: exactly 1).
+TEST_P(HfEngineFixture, PageSearchRetrievesTheExactScansRows) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size());
+  auto memory = [](int top_k, std::optional<MemoryPagesConfig> search) {
+    engine::MemoryOptions m;
+    m.window = 4, m.top_k = top_k, m.chunk = 3, m.search = search;
+    return m;
+  };
+  const std::vector<double> scan = engine_logits(c, enc, e.tokens, S / 2, DType::F32, memory(3, std::nullopt));
+  EXPECT_GT(relative_error(scan, e.logits.at("logits")), 1e-4) << "top-3 of the memory must differ from all of it";
+  for (PageGrouping g : {PageGrouping::Tokens, PageGrouping::Keys})
+    for (int64_t page_size : {1, 2, 5}) {
+      const MemoryPagesConfig certified{.page_size = page_size, .pages_read = 0, .grouping = g};
+      EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, S / 2, DType::F32, memory(3, certified)), scan), 1e-6)
+          << page_grouping_name(g) << ", pages of " << page_size;
+      EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, S / 2, DType::F32, memory(1 << 20, certified)),
+                               e.logits.at("logits")),
+                kTolF32)
+          << page_grouping_name(g) << ", every row";
+    }
+  engine::SessionOptions o;
+  o.capacity = S, o.positions = engine_positions(enc);
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  for (bool paged : {false, true}) {
+    o.memory = memory(3, paged ? std::optional<MemoryPagesConfig>(MemoryPagesConfig{.page_size = 2, .pages_read = 1})
+                               : std::nullopt);
+    engine::Session s(c.model, o);
+    s.forward(e.tokens.data(), pos.data(), S, nullptr);
+    const double share = s.memory_stats().scored_share;
+    if (paged) {
+      EXPECT_GT(share, 0.0);
+    } else {
+      EXPECT_EQ(share, 1.0);
+    }
+  }
+  engine::SessionOptions bad = o;
+  bad.memory->search = MemoryPagesConfig{.page_size = 0};
+  expect_error([&] { engine::Session(c.model, bad); }, "memory_pages.page_size = 0");
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
 
 // A memory's settings that cannot run are refused by name when the session is made.

@@ -26,6 +26,7 @@
 #include "rotary/dtype.h"
 #include "rotary/kv_cache.h"
 #include "rotary/kv_memory.h"
+#include "rotary/memory_pages.h"
 #include "rotary/linear.h"
 #include "rotary/rope_spec.h"
 
@@ -130,6 +131,10 @@ struct MemoryOptions {
   int top_k = 32;                             // memory rows per (query, head); 0: the window alone
   DType storage = DType::F32;                 // the memory's keys and values: f32, bf16 or f16
   int64_t chunk = 0;                          // tokens per attention step of a multi-token forward (0: window)
+  // How the top-k rows are found: unset, the exact scan of every row; set, rotary/memory_pages.h's page search
+  // (pages of consecutive tokens or of alike keys, best bound first; pages_read 0 certifies the scan's top-k up to
+  // fp32 ties, P > 0 reads the best P pages).
+  std::optional<MemoryPagesConfig> search;
 };
 
 // What the memory did so far (Session::memory_stats).
@@ -137,6 +142,8 @@ struct MemoryStats {
   int64_t memory_tokens = 0;       // rows in each layer's memory now
   int64_t retrieving_queries = 0;  // (token, layer) queries that searched a non-empty memory
   double memory_mass = 0;          // their mean share of the softmax mass on the retrieved rows (mean over heads)
+  double scored_share = 0;         // vectors the search scored (keys; a page bound counts two) over what exact
+                                   // scans of the same queries score: 1 for the exact scan
 };
 
 struct SessionOptions {

@@ -23,7 +23,7 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
           app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)")};
 }
 
-// Returns the four options (a command that also runs other models refuses them there).
+// Returns the six options (a command that also runs other models refuses them there).
 inline std::vector<CLI::Option*> add_checkpoint_memory_flags(CLI::App& app, experiments::CheckpointMemoryOptions& o) {
   return {app.add_option("--memory", o.policy,
                  "a retrieval memory past a window of exact tokens (seed 001): exact (retrieved keys at their true "
@@ -36,7 +36,13 @@ inline std::vector<CLI::Option*> add_checkpoint_memory_flags(CLI::App& app, expe
                                              "window alone)")
               ->transform(integer_in(0, 1 << 20)),
           app.add_option("--memory-dtype", o.dtype, "--memory: the memory's keys and values f32, bf16, f16 (default "
-                                                    "f32)")};
+                                                    "f32)"),
+          app.add_option("--search", o.search,
+                 "--memory: how the top-k is found: exact (scan every row; default), pages / kdtree (rotary/"
+                 "memory_pages.h: pages of consecutive tokens / of alike keys, certified exact), pages<P> / "
+                 "kdtree<P> (the best P pages only)"),
+          app.add_option("--page-size", o.page_size, "--search pages / kdtree: rows per page (default 32)")
+              ->transform(integer_in(1, 65536))};
 }
 
 }  // namespace rotary::cli

@@ -73,8 +73,9 @@ struct GenerateCommand {
     if (memory.enabled() && !no_progress) {
       const engine::MemoryStats s = c.memory_stats();
       std::fprintf(stderr, "%s: %lld tokens in each layer's memory, %.1f%% of the attention on retrieved rows "
-                   "(mean over %lld queries)\n", memory.describe(c.spec().trained_context).c_str(),
-                   (long long)s.memory_tokens, 100 * s.memory_mass, (long long)s.retrieving_queries);
+                   "(mean over %lld queries); the search scored %.2f%% of an exact scan's vectors\n",
+                   memory.describe(c.spec().trained_context).c_str(), (long long)s.memory_tokens,
+                   100 * s.memory_mass, (long long)s.retrieving_queries, 100 * s.scored_share);
     }
   }
 
