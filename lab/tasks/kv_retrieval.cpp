@@ -4,7 +4,8 @@
 // object, then kv_queries queries (1 in the seed), each a space, a key (uniform over the pairs, so the answer can sit
 // anywhere back in the object; queries may repeat a key), '=', its value, '#'. Every problem has
 // kv_pairs * (kv_key_len + 11) + kv_queries * (kv_key_len + 6) characters. An eval problem is the seed's form:
-// one query, its prompt ending at '='.
+// one query, its prompt ending at '='. kv_min_pairs > 0: each training object has a uniform number of pairs in
+// [kv_min_pairs, kv_pairs] (a curriculum by mixing: the lookup forms on the small objects, docs/memory.md).
 //
 // Loss only on the values after '=' and the '#'s: the keys and values are random, so predicting them teaches
 // nothing and would bury the few answer characters under noise (more queries per object: more of the row is
@@ -28,9 +29,12 @@ constexpr int kValueLen = 3;
 
 class KvRetrievalTask final : public CharTask {
  public:
-  KvRetrievalTask(int pairs, int key_len, int queries, bool loss_on_all)
+  KvRetrievalTask(int pairs, int min_pairs, int key_len, int queries, bool loss_on_all)
       : CharTask(std::string(kLetters) + "{}\": ,=#"),
-        pairs_(pairs), key_len_(key_len), queries_(queries), loss_on_all_(loss_on_all) {
+        pairs_(pairs), min_pairs_(min_pairs > 0 ? min_pairs : pairs), key_len_(key_len), queries_(queries),
+        loss_on_all_(loss_on_all) {
+    check(min_pairs >= 0 && min_pairs <= pairs, "kv_min_pairs", min_pairs,
+          "in [0, kv_pairs = " + std::to_string(pairs) + "] (0: every object has kv_pairs)");
     key_space_ = 1;
     for (int i = 0; i < key_len; ++i) key_space_ *= 26;
     check(uint64_t(pairs) <= key_space_, "kv_pairs", pairs,
@@ -53,7 +57,10 @@ class KvRetrievalTask final : public CharTask {
     return pack_problems(rng, char_vocab(), seq_len, row - problem_len, false, [this](std::mt19937_64& r) {
       std::vector<std::string> keys, values;
       MaskedText t;
-      t.append(object(r, keys, values), loss_on_all_);
+      // (no draw at one size: the seed's rows stay as they were)
+      const int pairs =
+          min_pairs_ == pairs_ ? pairs_ : min_pairs_ + int(uniform_below(r, uint64_t(pairs_ - min_pairs_ + 1)));
+      t.append(object(r, keys, values, pairs), loss_on_all_);
       for (int i = 0; i < queries_; ++i) {
         const size_t q = i == 0 ? query(r, keys.size()) : uniform_below(r, keys.size());
         t.append(" " + keys[q] + "=", loss_on_all_);
@@ -66,7 +73,7 @@ class KvRetrievalTask final : public CharTask {
  protected:
   EvalProblem eval_problem(std::mt19937_64& rng) const override {
     std::vector<std::string> keys, values;
-    const std::string obj = object(rng, keys, values);
+    const std::string obj = object(rng, keys, values, pairs_);
     const size_t q = query(rng, keys.size());
     return {obj + " " + keys[q] + "=", values[q], values[q]};
   }
@@ -78,12 +85,13 @@ class KvRetrievalTask final : public CharTask {
   }
   static size_t query(std::mt19937_64& rng, size_t pairs) { return uniform_below(rng, pairs); }
 
-  // The JSON object of pairs_ distinct keys and their values (the draws of the seed's form, in its order).
-  std::string object(std::mt19937_64& rng, std::vector<std::string>& keys, std::vector<std::string>& values) const {
+  // The JSON object of `pairs` distinct keys and their values (the draws of the seed's form, in its order).
+  std::string object(std::mt19937_64& rng, std::vector<std::string>& keys, std::vector<std::string>& values,
+                     int pairs) const {
     keys.clear(), values.clear();
-    keys.reserve(size_t(pairs_));
+    keys.reserve(size_t(pairs));
     std::vector<bool> taken(key_space_, false);
-    while (keys.size() < size_t(pairs_)) {  // distinct keys (rejection: fine while pairs is not near the space)
+    while (keys.size() < size_t(pairs)) {  // distinct keys (rejection: fine while pairs is not near the space)
       uint64_t code = uniform_below(rng, key_space_);
       if (taken[code]) continue;
       taken[code] = true;
@@ -103,7 +111,7 @@ class KvRetrievalTask final : public CharTask {
     return obj + "}";
   }
 
-  int pairs_, key_len_, queries_;
+  int pairs_, min_pairs_, key_len_, queries_;
   bool loss_on_all_;
   uint64_t key_space_ = 0;
 };
@@ -112,7 +120,7 @@ class KvRetrievalTask final : public CharTask {
 
 std::unique_ptr<Task> make_kv_retrieval_task(const TaskOptions& o) {
   check(o.kv_loss == "answers" || o.kv_loss == "all", "kv_loss", o.kv_loss, "answers or all");
-  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_key_len, o.kv_queries, o.kv_loss == "all");
+  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_min_pairs, o.kv_key_len, o.kv_queries, o.kv_loss == "all");
 }
 
 }  // namespace rotary::lab

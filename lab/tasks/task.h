@@ -64,6 +64,9 @@ struct TaskOptions {
   int search_substring = 6;             // substring_search: copied substring length, in [2, 64]
   int search_eval_len = 256;            // substring_search: characters of context before an eval problem's '>'
   int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192] (<= 26^kv_key_len)
+  int kv_min_pairs = 0;                 // kv_retrieval: > 0: each training object has a uniform number of pairs in
+                                        // [kv_min_pairs, kv_pairs] (easy objects among hard ones: the lookup forms on
+                                        // the easy ones); eval problems keep kv_pairs; 0: always kv_pairs
   int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
   int kv_queries = 1;                   // kv_retrieval: queries after each object in training rows, in [1, 64]
   std::string kv_loss = "answers";      // kv_retrieval: loss on the answers only, or on every character ("all")

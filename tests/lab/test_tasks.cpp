@@ -408,6 +408,43 @@ TEST(tasks, KvRetrievalWithShortKeysAndSeveralQueries) {
   EXPECT_THROW(make_task("kv_retrieval", too_many), Error);
 }
 
+// kv_min_pairs (a curriculum by mixing): training objects have every size in [kv_min_pairs, kv_pairs] and no
+// other; eval problems keep kv_pairs; 0 leaves the rows as they were; a minimum past kv_pairs is refused by name.
+TEST(tasks, KvRetrievalMixesObjectSizesForTraining) {
+  TaskOptions options;
+  options.kv_pairs = 6;
+  options.kv_min_pairs = 2;
+  const auto task = make_task("kv_retrieval", options);
+  std::set<size_t> sizes;
+  std::mt19937_64 rng(9);
+  for (int row = 0; row < 40; ++row) {
+    const std::string text = decode_row(*task, task->train_sequence(rng, 400));
+    for (size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
+      const size_t close = text.find('}', open);
+      if (close == std::string::npos) break;
+      const std::string obj = text.substr(open, close + 1 - open);
+      sizes.insert(size_t(std::count(obj.begin(), obj.end(), ':')));
+    }
+  }
+  EXPECT_EQ(sizes, (std::set<size_t>{2, 3, 4, 5, 6}));
+  for (const EvalProblem& p : task->eval_problems(10, 1))
+    EXPECT_EQ(std::count(p.prompt.begin(), p.prompt.end(), ':'), 6) << p.prompt;
+  TaskOptions none = options, fixed = options;
+  none.kv_min_pairs = 0;
+  std::mt19937_64 a(4), b(4);
+  TaskOptions plain;
+  plain.kv_pairs = 6;
+  EXPECT_EQ(make_task("kv_retrieval", none)->train_sequence(a, 300).tokens,
+            make_task("kv_retrieval", plain)->train_sequence(b, 300).tokens);
+  fixed.kv_min_pairs = 7;
+  try {
+    make_task("kv_retrieval", fixed);
+    ADD_FAILURE() << "kv_min_pairs = 7 > kv_pairs accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_min_pairs = 7"), std::string::npos) << e.what();
+  }
+}
+
 // passkey: parsed back with a regex written from the anchors' form. A row is one problem of seq_len + 1
 // characters: filler sentences, the needle at a sentence boundary, the question, the key and '#'; every character
 // is a target but the key's first occurrence. Eval prompts have exactly passkey_eval_len characters, end at the
