@@ -209,6 +209,37 @@ struct Session::Impl {
   // [tokens, heads, head_dim] packed.
   HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
 
+  // Attention of one layer's n tokens (q, k, v: [n, heads, head_dim] f32 in the scratch) through its KV cache, into
+  // att: a prompt (the first call, n > 1) through the fused kernel, later tokens one decode step each.
+  void attend_with_cache(int64_t layer, int64_t n, const int64_t* positions, bool prompt) {
+    const int64_t hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
+    KvCache& cache = caches[size_t(layer)];
+    const int64_t es = int64_t(dtype_size(o.kv_dtype));
+    char* qs = in_kv_dtype(q, qc, n * hq);
+    char* ks = in_kv_dtype(k, kc, n * hkv);
+    char* vs = in_kv_dtype(v, vc, n * hkv);
+    char* os = o.kv_dtype == DType::F32 ? reinterpret_cast<char*>(att.data()) : reinterpret_cast<char*>(oc.data());
+    if (prompt) {
+      AttentionParams p;
+      p.tokens = n, p.head_dim = int(hd), p.dtype = o.kv_dtype;
+      p.q = view(qs, a.n_heads), p.k = view(ks, a.n_kv_heads), p.v = view(vs, a.n_kv_heads);
+      p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
+      p.threads = threads;
+      attention_forward(p);
+      cache.append(n, view(ks, a.n_kv_heads), view(vs, a.n_kv_heads), positions);
+    } else {
+      for (int64_t t = 0; t < n; ++t) {
+        cache.append(1, view(ks + t * hkv * es, a.n_kv_heads), view(vs + t * hkv * es, a.n_kv_heads), positions + t);
+        DecodeParams p;
+        p.q = view(qs + t * hq * es, a.n_heads), p.o = view(os + t * hq * es, a.n_heads);
+        p.threads = threads;
+        attention_decode(cache, p);
+      }
+    }
+    if (o.kv_dtype != DType::F32)
+      for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+  }
+
   // Attention of one layer's n tokens (q, k, v: [n, heads, head_dim] f32 in the scratch) through its memory cache,
   // into att: chunk by chunk, each attending to the window and itself (one fused causal call: the window's rows as
   // keys with zero queries whose outputs are dropped), then to the memory's top-k, merged; then joining the window.
@@ -348,31 +379,7 @@ struct Session::Impl {
       if (o.memory) {
         attend_with_memory(li, n, positions);
       } else {
-      const int64_t es = int64_t(dtype_size(o.kv_dtype));
-      KvCache& cache = caches[size_t(li)];
-      char* qs = in_kv_dtype(q, qc, n * hq);
-      char* ks = in_kv_dtype(k, kc, n * hkv);
-      char* vs = in_kv_dtype(v, vc, n * hkv);
-      char* os = o.kv_dtype == DType::F32 ? reinterpret_cast<char*>(att.data()) : reinterpret_cast<char*>(oc.data());
-      if (prompt) {
-        AttentionParams p;
-        p.tokens = n, p.head_dim = int(hd), p.dtype = o.kv_dtype;
-        p.q = view(qs, a.n_heads), p.k = view(ks, a.n_kv_heads), p.v = view(vs, a.n_kv_heads);
-        p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
-        p.threads = threads;
-        attention_forward(p);
-        cache.append(n, view(ks, a.n_kv_heads), view(vs, a.n_kv_heads), positions);
-      } else {
-        for (int64_t t = 0; t < n; ++t) {
-          cache.append(1, view(ks + t * hkv * es, a.n_kv_heads), view(vs + t * hkv * es, a.n_kv_heads), positions + t);
-          DecodeParams p;
-          p.q = view(qs + t * hq * es, a.n_heads), p.o = view(os + t * hq * es, a.n_heads);
-          p.threads = threads;
-          attention_decode(cache, p);
-        }
-      }
-      if (o.kv_dtype != DType::F32)
-        for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+        attend_with_cache(li, n, positions, prompt);
       }
       if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
       project(l.o, att.data(), n, hq, x.data(), d, true);
