@@ -293,9 +293,9 @@ TEST(Settings, PathsAndFlagsAreUniqueAndEveryFlagIsOnTheCommandLine) {
   // The 49 flags `rotary train` had before the table (d12db00), + 2 of t5, + 8 of the checkpoint architectures
   // (--head-dim, --normalization, --norm-eps, --mlp, --qkv-bias, --out-bias, --mlp-bias, --parallel-residual),
   // + 2 of the performer (--performer-features, --performer-redraw), + 1 of the text task (--text-tokenizer),
-  // + 3 of kv_retrieval (--kv-key-len, --kv-queries, --kv-loss), + 2 of passkey (--passkey-digits,
+  // + 4 of kv_retrieval (--kv-key-len, --kv-queries, --kv-loss, --kv-min-pairs), + 2 of passkey (--passkey-digits,
   // --passkey-eval-len).
-  EXPECT_EQ(flag_names.size(), 67u);
+  EXPECT_EQ(flag_names.size(), 68u);
 }
 
 TEST(Settings, TheJsonFormIsTheOneEarlierVersionsStored) {
