@@ -28,7 +28,7 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
   for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = i;
   // With a memory the prompt goes in a chunk per forward() call: activations for one chunk, however long it is.
   const std::optional<MemoryOptions>& memory = session.options().memory;
-  const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk > 0 ? memory->chunk : memory->window) : S;
+  const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk_tokens()) : S;
   std::vector<float> hidden(size_t(std::min(S, piece) * a.d_model)), logits(size_t(a.vocab_size));
   std::vector<double> p(static_cast<size_t>(V));
   std::mt19937_64 rng(o.seed);

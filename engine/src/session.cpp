@@ -249,7 +249,7 @@ struct Session::Impl {
     MemoryPages* pages = memory_pages.empty() ? nullptr : &memory_pages[size_t(layer)];
     const MemoryOptions& mo = *o.memory;
     const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
-    const int64_t chunk = mo.chunk > 0 ? mo.chunk : mo.window;
+    const int64_t chunk = mo.chunk_tokens();
     auto count = [&](int64_t queries, const float* mass) {
       if (cache.memory().size() == 0 || mo.top_k == 0) return;
       for (int64_t t = 0; t < queries; ++t) {
@@ -451,7 +451,7 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
     // Per layer: the window's cache (2W rows, f32) and its un-rotated rows, the memory's keys, values and
     // positions for every token; and the chunk buffers (window + chunk rows).
     const int64_t w2 = 2 * std::max<int64_t>(o.memory->window, 1);
-    const int64_t chunk = o.memory->chunk > 0 ? o.memory->chunk : o.memory->window;
+    const int64_t chunk = o.memory->chunk_tokens();
     const int64_t ms = int64_t(dtype_size(o.memory->storage));
     cache = a.n_layers * (copies * a.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
                           o.capacity * (2 * hkv * ms + 8));

@@ -112,7 +112,7 @@ struct CheckpointModel::Impl {
   }
   // Tokens per forward call: all of them, or with a memory its chunk.
   int64_t piece(int64_t tokens) const {
-    return memory ? std::min(tokens, memory->chunk > 0 ? memory->chunk : memory->window) : tokens;
+    return memory ? std::min(tokens, memory->chunk_tokens()) : tokens;
   }
 };
 
@@ -161,7 +161,6 @@ void CheckpointModel::set_memory(const std::optional<engine::MemoryOptions>& mem
           "f32 with a memory (its window is kept in f32; --memory-dtype sets the memory's dtype)");
     engine::SessionOptions o = m.session(1);
     o.memory = memory;
-    o.kv_dtype = parse_dtype(m.options.kv_dtype);
     engine::Session checked(m.model, o);  // every setting the session refuses, refused now, before any work
   }
   m.memory = memory;
@@ -263,7 +262,8 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0)));
   std::vector<int64_t> out = engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature,
                                                           .stop_id = stop_id, .seed = seed,
-                                                          .sample_vocab = sample_vocab, .on_prompt = on_prompt});
+                                                          .sample_vocab = sample_vocab, .on_token = {},
+                                                          .on_prompt = on_prompt});
   m.memory_stats = s.memory_stats();
   return out;
 }

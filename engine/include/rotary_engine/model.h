@@ -135,6 +135,7 @@ struct MemoryOptions {
   // (pages of consecutive tokens or of alike keys, best bound first; pages_read 0 certifies the scan's top-k up to
   // fp32 ties, P > 0 reads the best P pages).
   std::optional<MemoryPagesConfig> search;
+  int64_t chunk_tokens() const { return chunk > 0 ? chunk : window; }  // tokens per chunk, as run
 };
 
 // What the memory did so far (Session::memory_stats).
