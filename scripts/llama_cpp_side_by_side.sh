@@ -31,7 +31,9 @@
 # Runs alternate between the runtimes (the first runtime changes every round), so that machine noise hits both;
 # each cell is the median over all timed repetitions of all rounds (a second table gives each cell's min - max:
 # a busy machine shows as a wide range). llama.cpp runs with its defaults otherwise
-# (KV cache f16, flash attention auto); rotary with its defaults (KV cache f32).
+# (KV cache f16, flash attention auto); rotary with its defaults (KV cache f32), and for bf16 also with
+# `--activations bf16` (the row "bf16, activations bf16": llama.cpp's bf16 arithmetic, activations rounded to bf16
+# for the CPU's bf16 dot products).
 #
 # Then a greedy check: the same text prompt through `rotary generate --temperature 0 --max-new 32` and through
 # llama-simple (greedy sampler, -n 32), both from the bf16 weights; the generated texts are cut into tokens (a
@@ -105,6 +107,7 @@ rotary_run() {
   local log="$WORK/logs/rotary-$tag-$w-$(date +%s%N)"
   local extra=()
   [[ $w == q8_0 ]] && extra=(--weights q8)
+  [[ $w == bf16a ]] && extra=(--activations bf16)  # bf16 activations: llama.cpp's bf16 arithmetic
   /usr/bin/time -v -o "$log.time" "$ROTARY" bench checkpoint --model "$MODEL" --prompt "$prompt" \
     --decode "$decode" --trials $((REPS + 1)) --threads "$THREADS" --json "${extra[@]}" > "$log.json" 2> "$log.err"
   "$PY" - "$log.json" "$(rss_kb "$log.time")" "$tag" "$w" "$prompt" "$decode" >> "$RESULTS" <<'EOF'
@@ -125,7 +128,9 @@ for ((r = 1; r <= ROUNDS; r++)); do
   for w in bf16 q8_0; do
     if (( r % 2 == 1 )); then
       llama_run r$r "$w" -p 512 -n 0; llama_run r$r "$w" -p 0 -n 128 -d 512; rotary_run r$r "$w" 512 128
+      [[ $w == bf16 ]] && rotary_run r$r bf16a 512 128
     else
+      [[ $w == bf16 ]] && rotary_run r$r bf16a 512 128
       rotary_run r$r "$w" 512 128; llama_run r$r "$w" -p 512 -n 0; llama_run r$r "$w" -p 0 -n 128 -d 512
     fi
     echo "   round $r $w done" >&2
@@ -135,6 +140,7 @@ if (( DO4096 )); then
   echo "== prefill 4096 (reps $REPS)" >&2
   for w in bf16 q8_0; do
     llama_run p4096 "$w" -p 4096 -n 0; rotary_run p4096 "$w" 4096 1
+    [[ $w == bf16 ]] && rotary_run p4096 bf16a 4096 1
     echo "   4096 $w done" >&2
   done
 fi
@@ -145,6 +151,8 @@ echo "== greedy check" >&2
   --threads "$THREADS" > "$WORK/greedy-rotary.txt" 2> "$WORK/logs/greedy-rotary.err"
 "$ROTARY" generate "$MODEL" --prompt "$PROMPT_TEXT" --max-new 32 --temperature 0 --only-new \
   --threads "$THREADS" --kv-dtype f16 > "$WORK/greedy-rotary-kvf16.txt" 2> "$WORK/logs/greedy-rotary-kvf16.err"
+"$ROTARY" generate "$MODEL" --prompt "$PROMPT_TEXT" --max-new 32 --temperature 0 --only-new \
+  --threads "$THREADS" --activations bf16 > "$WORK/greedy-rotary-actbf16.txt" 2> "$WORK/logs/greedy-rotary-actbf16.err"
 "$SIMPLE" -m "$WORK/model-bf16.gguf" -n 32 "$PROMPT_TEXT" > "$WORK/greedy-llama.txt" 2> "$WORK/logs/greedy-llama.err"
 fi  # SUMMARY_ONLY
 
@@ -165,18 +173,17 @@ def rss(rt, w):
     return f"{max(v) / 1024 / 1024:.2f} GB" if v else "-"
 print("| runtime, weights | prefill 512 tok/s | prefill 4096 tok/s | decode tok/s (128 after 512) | peak RSS (512/128) |")
 print("| --- | ---: | ---: | ---: | ---: |")
-names = {"bf16": "bf16", "q8_0": "q8"}
-for w in ("bf16", "q8_0"):
-    for rt in ("llama.cpp", "rotary"):
-        print(f"| {rt}, {names[w]} | {cell(rt, w, 'prefill512')} | {cell(rt, w, 'prefill4096')} | "
-              f"{cell(rt, w, 'decode')} | {rss(rt, w)} |")
+names = {"bf16": "bf16", "q8_0": "q8", "bf16a": "bf16, activations bf16"}
+pairs = [("llama.cpp", "bf16"), ("rotary", "bf16"), ("rotary", "bf16a"), ("llama.cpp", "q8_0"), ("rotary", "q8_0")]
+for rt, w in pairs:
+    print(f"| {rt}, {names[w]} | {cell(rt, w, 'prefill512')} | {cell(rt, w, 'prefill4096')} | "
+          f"{cell(rt, w, 'decode')} | {rss(rt, w)} |")
 print("\nmin - max of the timed repetitions behind each median (n = repetitions):\n")
 print("| runtime, weights | prefill 512 | prefill 4096 | decode |")
 print("| --- | ---: | ---: | ---: |")
-for w in ("bf16", "q8_0"):
-    for rt in ("llama.cpp", "rotary"):
-        print(f"| {rt}, {w} | {spread(rt, w, 'prefill512')} | {spread(rt, w, 'prefill4096')} | "
-              f"{spread(rt, w, 'decode')} |")
+for rt, w in pairs:
+    print(f"| {rt}, {w} | {spread(rt, w, 'prefill512')} | {spread(rt, w, 'prefill4096')} | "
+          f"{spread(rt, w, 'decode')} |")
 fa = {r.get("flash_attn") for r in rows if r["runtime"] == "llama.cpp"}
 tk = {r.get("type_k") for r in rows if r["runtime"] == "llama.cpp"}
 bld = {r.get("build") for r in rows if r["runtime"] == "llama.cpp"}
@@ -188,7 +195,7 @@ def units(s):  # a filler token "[id]", the EOS text, or one character
 llama_out = open(f"{work}/greedy-llama.txt", encoding="latin-1").read().removesuffix("\n")
 if llama_out.startswith(prompt):
     llama_out = llama_out[len(prompt):]
-for name in ("greedy-rotary.txt", "greedy-rotary-kvf16.txt"):
+for name in ("greedy-rotary.txt", "greedy-rotary-kvf16.txt", "greedy-rotary-actbf16.txt"):
     rot = open(f"{work}/{name}", encoding="latin-1").read().removesuffix("\n")
     a, b = units(rot)[:32], units(llama_out)[:32]
     agree = sum(x == y for x, y in zip(a, b))

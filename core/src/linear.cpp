@@ -43,6 +43,14 @@ WeightFormat weight_format_of(DType t) {
   fail("weight dtype", dtype_name(t), "f32, f16, bf16 (convert f64 weights at load)");
 }
 
+const char* activation_format_name(ActivationFormat f) { return f == ActivationFormat::BF16 ? "bf16" : "f32"; }
+
+ActivationFormat parse_activation_format(std::string_view name, std::string_view field) {
+  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16})
+    if (name == activation_format_name(f)) return f;
+  fail(field, "\"" + std::string(name) + "\"", "f32, bf16");
+}
+
 namespace {
 
 // [begin, end) bytes of a strided [n, row] array of `elem`-byte elements; n >= 1.
@@ -82,6 +90,11 @@ void linear_detail::validate(const LinearParams& p) {
           ">= q8_blocks(w.cols) = " + std::to_string(q8_blocks(w.cols)));
     check_extent(w.rows, w.scale_stride, q8_blocks(w.cols), "w.scale_stride");
   }
+  if (p.activations != ActivationFormat::F32 && p.activations != ActivationFormat::BF16)
+    fail("activations", std::to_string(int(p.activations)), "f32, bf16");
+  if (p.activations == ActivationFormat::BF16 && w.format != WeightFormat::BF16)
+    fail("activations", "bf16 with w.format = " + std::string(weight_format_name(w.format)),
+         "bf16 activations with bf16 weights only (the bf16 dot products take both in bf16), or f32 activations");
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   detail::check_threads(p.threads);
   if (p.tokens == 0) return;
@@ -143,10 +156,28 @@ void linear_forward_group(const LinearParams* products, int count) {
     j.scales = p.w.scales, j.scale_stride = p.w.scale_stride;
     j.bias = p.bias, j.tokens = p.tokens, j.x = p.x, j.x_stride = p.x_stride, j.y = p.y, j.y_stride = p.y_stride;
     j.accumulate = p.accumulate;
+    if (p.activations == ActivationFormat::BF16) j.round_x = true;  // xb assigned below
     jobs.push_back(j);
     work += p.tokens * p.w.rows * p.w.cols;
   }
   if (jobs.empty()) return;
+  // bf16 activations: each distinct x (decode's q, k and v read one) is rounded once, into a buffer kept by the
+  // calling thread and grown only when a larger call needs it (a decode loop allocates nothing after its first step).
+  static thread_local std::vector<uint16_t> rounded;
+  std::vector<int64_t> at(jobs.size(), -1);  // job i's rounded rows start at rounded[at[i]]; -1: f32 activations
+  size_t need = 0;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    linear_detail::Job& j = jobs[i];
+    if (!j.round_x) continue;
+    for (size_t e = 0; e < i && at[i] < 0; ++e)
+      if (jobs[e].round_x && jobs[e].x == j.x && jobs[e].x_stride == j.x_stride && jobs[e].cols == j.cols &&
+          jobs[e].tokens >= j.tokens)
+        at[i] = at[e], j.round_x = false;  // reads e's rounded rows
+    if (at[i] < 0) at[i] = int64_t(need), need += size_t(j.tokens * j.cols);
+  }
+  if (need > 0 && rounded.size() < need) rounded.resize(need);
+  for (size_t i = 0; i < jobs.size(); ++i)
+    if (at[i] >= 0) jobs[i].xb = rounded.data() + at[i];
   // A thread costs a few microseconds to wake: small products (a GQA model's k / v projections in decode) stay on
   // fewer threads, each given at least ~64k multiply-adds.
   const int threads = products[0].threads > 0 ? products[0].threads : omp_get_max_threads();

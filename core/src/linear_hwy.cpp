@@ -3,7 +3,9 @@
 // A register tile holds kRows weight rows x kTokens tokens of accumulators, so each weight vector loaded (and
 // widened from its storage format) is used kTokens times and each activation vector kRows times. Decode
 // (tokens = 1) runs 1 x kRows tiles, streaming each weight once; prefill runs kTokens x kRows tiles over chunks of
-// tokens small enough to stay in the core's L2 cache while the weight rows stream past.
+// tokens small enough to stay in the core's L2 cache while the weight rows stream past. bf16 activations
+// (ActivationFormat::BF16) are rounded here once per call, then run on linear_bf16_dot.cpp's kernel at AVX-512
+// targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights.
 #include <omp.h>
 
 #include <algorithm>
@@ -30,10 +32,6 @@ using DF = hn::ScalableTag<float>;
 
 constexpr int kRows = 4;    // weight rows per tile
 constexpr int kTokens = 4;  // tokens per prefill tile (16 accumulators + 8 loaded vectors: fits AVX2's 16 registers)
-// Decode reads each weight once, so its speed is how soon the bytes arrive. A tile's rows are short streams (a
-// 896-wide bf16 row is 28 cache lines) that the hardware prefetcher keeps relearning; each row is prefetched this
-// many bytes ahead of its loads, running on into the row kRows below (the next tile's) past its end.
-constexpr int64_t kPrefetchBytes = 1024;
 
 // Lanes(df) weights from p as float lanes (int8: widened exactly; the q8 scale is applied by the caller).
 template <class T>
@@ -47,7 +45,14 @@ HWY_INLINE hn::Vec<DF> LoadWeights(DF df, const T* p) {
   }
 }
 
-// One weight in float (scalar tails).
+// Lanes(df) activations from p: float as given, bf16 (ActivationFormat::BF16, already rounded) widened exactly.
+template <class X>
+HWY_INLINE hn::Vec<DF> LoadActivations(DF df, const X* p) {
+  if constexpr (std::is_same_v<X, float>) return hn::LoadU(df, p);
+  else return simd::HWY_NAMESPACE::LoadStorage(df, p);
+}
+
+// One weight (or bf16 activation) in float (scalar tails).
 template <class T>
 HWY_INLINE float WeightAt(const T* p, int64_t c) {
   if constexpr (std::is_same_v<T, int8_t>) return float(p[c]);
@@ -73,11 +78,11 @@ HWY_INLINE void PrefetchAhead(const T* w, int64_t ws, int64_t K, int64_t k, int6
 }
 
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
-// x + t * xs. Q8 (T = int8_t): `scales` + r * ss holds row r's block scales; a block's widened quants are multiplied
+// x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block scales; a block's widened quants are multiplied
 // by its scale before the multiply-add (one rounding more per product than a float weight, within the tolerance).
-template <int NT, int NR, class T>
+template <int NT, int NR, class T, class X>
 HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTRICT scales, int64_t ss,
-                     const float* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT][NR]) {
+                     const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR]) {
   constexpr bool kQ8 = std::is_same_v<T, int8_t>;
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
@@ -97,7 +102,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
           hn::Vec<DF> wv[NR];
           for (int r = 0; r < NR; ++r) wv[r] = hn::Mul(LoadWeights(df, w + r * ws + j), scale[r]);
           for (int t = 0; t < NT; ++t) {
-            const hn::Vec<DF> xv = hn::LoadU(df, x + t * xs + j);
+            const hn::Vec<DF> xv = LoadActivations(df, x + t * xs + j);
             for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
           }
         }
@@ -109,7 +114,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
       hn::Vec<DF> wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + k);
       for (int t = 0; t < NT; ++t) {
-        const hn::Vec<DF> xv = hn::LoadU(df, x + t * xs + k);
+        const hn::Vec<DF> xv = LoadActivations(df, x + t * xs + k);
         for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
       }
     }
@@ -128,34 +133,27 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     hn::Vec<DF> wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wpad[r]);
     for (int t = 0; t < NT; ++t) {
-      for (int64_t i = 0; i < n; ++i) xpad[i] = x[t * xs + k + i];
+      for (int64_t i = 0; i < n; ++i) xpad[i] = WeightAt(x + t * xs, k + i);
       const hn::Vec<DF> xv = hn::Load(df, xpad);
       for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
     }
   }
   for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) sums[t][r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
-}
-
-// Writes (or adds) NT x NR tile sums plus the bias into y.
-template <int NT, int NR>
-HWY_INLINE void Store(const Job& j, int64_t t0, int64_t r0, const float sums[NT][NR]) {
-  for (int t = 0; t < NT; ++t) {
-    float* yrow = j.y + (t0 + t) * j.y_stride + r0;
-    for (int r = 0; r < NR; ++r) {
-      const float v = j.bias ? sums[t][r] + j.bias[r0 + r] : sums[t][r];
-      yrow[r] = j.accumulate ? yrow[r] + v : v;
-    }
-  }
+    for (int r = 0; r < NR; ++r) sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
 }
 
 template <int NT, int NR, class T>
 HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   const T* w = static_cast<const T*>(j.w) + r0 * j.row_stride;
   const float* sc = j.scales ? j.scales + r0 * j.scale_stride : nullptr;
-  float sums[NT][NR];
-  Tile<NT, NR>(w, j.row_stride, sc, j.scale_stride, j.x + t0 * j.x_stride, j.x_stride, j.cols, sums);
-  Store<NT, NR>(j, t0, r0, sums);
+  float sums[NT * NR];
+  if (j.xb != nullptr) {
+    const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
+    Tile<NT, NR>(w, j.row_stride, sc, j.scale_stride, xb + t0 * j.cols, j.cols, j.cols, sums);
+  } else {
+    Tile<NT, NR>(w, j.row_stride, sc, j.scale_stride, j.x + t0 * j.x_stride, j.x_stride, j.cols, sums);
+  }
+  store_tile(j, t0, r0, NT, NR, sums);
 }
 
 // Tokens [t0, t1) against rows [r0, r1): kTokens x kRows tiles, then the leftover tokens one at a time, then the
@@ -184,6 +182,29 @@ void BlockOf(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   }
 }
 
+// bf16 activations on the CPU's bf16 dot products: at AVX-512 targets of an x86 CPU that has them.
+bool UsesBf16Dot() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return bf16_dot_supported();
+#else
+  return false;
+#endif
+}
+
+// Rounds the x rows of the jobs that own a bf16 copy (Job::round_x) into it, rows shared among the team.
+void RoundActivations(const Job* jobs, int count) {
+  for (int i = 0; i < count; ++i) {
+    const Job& j = jobs[i];
+    if (!j.round_x) continue;
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < j.tokens; ++t) {
+      const float* x = j.x + t * j.x_stride;
+      uint16_t* xb = j.xb + t * j.cols;
+      for (int64_t c = 0; c < j.cols; ++c) xb[c] = float_to_bf16(x[c]);
+    }
+  }
+}
+
 void RunJobs(const Job* jobs, int count, int threads) {
   // Row groups of every job, numbered one after another, are the unit of work: a thread streams its rows'
   // weights once per token chunk. Tokens go in chunks whose activations (chunk x cols floats) stay in L2 while the
@@ -193,21 +214,27 @@ void RunJobs(const Job* jobs, int count, int threads) {
   for (int i = 0; i < count; ++i) {
     const Job& j = jobs[i];
     first[size_t(i) + 1] = first[size_t(i)] + (j.rows + kRows - 1) / kRows;
-    chunk = std::min(chunk, std::max<int64_t>(kTokens, (kChunkBytes / (4 * std::max<int64_t>(j.cols, 1))) / kTokens * kTokens));
+    const int64_t x_bytes = (j.xb != nullptr ? 2 : 4) * std::max<int64_t>(j.cols, 1);  // one token's activations
+    chunk = std::min(chunk, std::max<int64_t>(kTokens, (kChunkBytes / x_bytes) / kTokens * kTokens));
     tokens = std::max(tokens, j.tokens);
   }
   const int64_t groups = first.back();
+  const bool dot = UsesBf16Dot();
   threads = int(std::min<int64_t>(threads, groups));
 #pragma omp parallel num_threads(threads)
-  for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
-    int i = 0;  // the job of group g: groups are visited in increasing order by each thread
+  {
+    RoundActivations(jobs, count);  // ends with the team's barrier: every rounded row is there before any tile
+    for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
+      int i = 0;  // the job of group g: groups are visited in increasing order by each thread
 #pragma omp for schedule(static)
-    for (int64_t g = 0; g < groups; ++g) {
-      while (g >= first[size_t(i) + 1]) ++i;
-      const Job& j = jobs[i];
-      if (t0 >= j.tokens) continue;
-      const int64_t r0 = (g - first[size_t(i)]) * kRows;
-      BlockOf(j, t0, std::min(j.tokens, t0 + chunk), r0, std::min(j.rows, r0 + kRows));
+      for (int64_t g = 0; g < groups; ++g) {
+        while (g >= first[size_t(i) + 1]) ++i;
+        const Job& j = jobs[i];
+        if (t0 >= j.tokens) continue;
+        const int64_t r0 = (g - first[size_t(i)]) * kRows, t1 = std::min(j.tokens, t0 + chunk);
+        if (dot && j.xb != nullptr) bf16_dot_block(j, t0, t1, r0, std::min(j.rows, r0 + kRows));
+        else BlockOf(j, t0, t1, r0, std::min(j.rows, r0 + kRows));
+      }
     }
   }
 }
@@ -221,10 +248,12 @@ HWY_AFTER_NAMESPACE();
 namespace rotary::linear_detail {
 HWY_EXPORT(RunJobs);
 HWY_EXPORT(LinearTargetName);
+HWY_EXPORT(UsesBf16Dot);
 
 void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs)(jobs, count, threads); }
 
 }  // namespace rotary::linear_detail
 
 const char* rotary::detail::linear_simd_target() { return HWY_DYNAMIC_DISPATCH(linear_detail::LinearTargetName)(); }
+bool rotary::linear_uses_bf16_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesBf16Dot)(); }
 #endif  // HWY_ONCE

@@ -10,6 +10,10 @@ namespace rotary::linear_detail {
 
 // Activation bytes a prefill chunk keeps in L2 while the weight rows stream past (chunk tokens x cols floats).
 inline constexpr int64_t kChunkBytes = 256 * 1024;
+// Decode reads each weight once, so its speed is how soon the bytes arrive. A tile's rows are short streams (a
+// 896-wide bf16 row is 28 cache lines) that the hardware prefetcher keeps relearning; each row is prefetched this
+// many bytes ahead of its loads, running on into the row below the tile's last (the next tile's) past its end.
+inline constexpr int64_t kPrefetchBytes = 1024;
 
 struct Job {
   WeightFormat format = WeightFormat::F32;
@@ -24,7 +28,28 @@ struct Job {
   float* y = nullptr;
   int64_t y_stride = 0;
   bool accumulate = false;
+  // ActivationFormat::BF16: x rounded to bf16 into xb ([tokens, cols], row stride cols) by the first job that
+  // reads this x (round_x); the kernels read xb instead of x.
+  uint16_t* xb = nullptr;
+  bool round_x = false;
 };
+
+// Writes (or adds) an nt x nr tile of sums (sums[t * nr + r]) plus the bias into y at tokens t0.., rows r0...
+inline void store_tile(const Job& j, int64_t t0, int64_t r0, int nt, int nr, const float* sums) {
+  for (int t = 0; t < nt; ++t) {
+    float* yrow = j.y + (t0 + t) * j.y_stride + r0;
+    for (int r = 0; r < nr; ++r) {
+      const float v = j.bias ? sums[t * nr + r] + j.bias[r0 + r] : sums[t * nr + r];
+      yrow[r] = j.accumulate ? yrow[r] + v : v;
+    }
+  }
+}
+
+// The bf16 dot-product kernels (linear_bf16_dot.cpp): whether this CPU has AVX512-BF16 (x86-64 builds; false
+// elsewhere), and tokens [t0, t1) x rows [r0, r1) of a bf16-weight job with xb filled, on vdpbf16ps. Called only
+// from AVX-512 dispatch targets (the OS saves the vector state those need).
+bool bf16_dot_supported();
+void bf16_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);

@@ -1,7 +1,7 @@
 // core/src/linear_reference.cpp: the float64 oracle of linear_forward (rotary/linear.h). Every weight is read as a
 // double (q8: quant times scale, exact in double), every product and sum is taken in double, and the result is
-// rounded once to float. It shares no code with the kernels (no tiles, no chunks, no threads), only the validation
-// of the one contract.
+// rounded once to float (bf16 activations: each x rounded to bf16 first). It shares no code with the kernels (no
+// tiles, no chunks, no threads), only the validation of the one contract.
 #include <cstdint>
 
 #include "linear_kernel.h"
@@ -23,6 +23,15 @@ double weight(const WeightMatrix& w, int64_t r, int64_t c) {
   return 0;
 }
 
+// Activation x as the products see it: bf16 activations are x rounded once to bf16 (nearest even, from x's exact
+// value in double: the same bf16 as rounding the float).
+double activation(const LinearParams& p, int64_t i) {
+  if (p.activations == ActivationFormat::F32) return double(p.x[i]);
+  uint16_t b = 0;
+  store_from_double(&b, DType::BF16, 0, double(p.x[i]));
+  return load_as_double(&b, DType::BF16, 0);
+}
+
 }  // namespace
 
 void linear_forward_reference(const LinearParams& p) {
@@ -30,7 +39,7 @@ void linear_forward_reference(const LinearParams& p) {
   for (int64_t t = 0; t < p.tokens; ++t)
     for (int64_t r = 0; r < p.w.rows; ++r) {
       double s = p.bias ? double(p.bias[r]) : 0.0;
-      for (int64_t c = 0; c < p.w.cols; ++c) s += weight(p.w, r, c) * double(p.x[t * p.x_stride + c]);
+      for (int64_t c = 0; c < p.w.cols; ++c) s += weight(p.w, r, c) * activation(p, t * p.x_stride + c);
       float& out = p.y[t * p.y_stride + r];
       out = p.accumulate ? float(double(out) + s) : float(s);
     }

@@ -185,6 +185,7 @@ Model::Model(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Model::~Model() = default;
 const Architecture& Model::arch() const { return impl_->arch; }
 WeightFormat Model::matrix_format() const { return impl_->layers.front().o.w.format; }
+ActivationFormat Model::activations() const { return impl_->activations; }
 int64_t Model::owned_bytes() const { return impl_->owned_bytes; }
 
 void Model::logits(const float* hidden, int64_t n, float* out, int threads) const {
@@ -193,7 +194,7 @@ void Model::logits(const float* hidden, int64_t n, float* out, int threads) cons
   if (n == 0) return;
   LinearParams p;
   p.w = impl_->head.w, p.tokens = n, p.x = hidden, p.x_stride = impl_->arch.d_model, p.y = out;
-  p.y_stride = impl_->arch.vocab_size, p.threads = threads;
+  p.y_stride = impl_->arch.vocab_size, p.activations = impl_->activations, p.threads = threads;
   linear_forward(p);
 }
 
@@ -213,6 +214,14 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
                                          const LoadOptions& options, std::shared_ptr<const void> keep_alive) {
   arch.validate();
   check(options.threads >= 0, "threads", options.threads, ">= 0 (0: OpenMP's default)");
+  const auto bf16_only = [&](const std::string& what) {
+    fail("activations", "bf16 with " + what,
+         "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 activations");
+  };
+  if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16)
+    fail("activations", std::to_string(int(options.activations)), "f32, bf16");
+  if (options.activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
+    bf16_only(std::string("weights converted to ") + weight_format_name(*options.weights));  // before any conversion
   auto m = std::make_unique<Impl>();
   m->arch = arch;
   m->keep_alive = std::move(keep_alive);
@@ -240,6 +249,17 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
   }
   m->final_norm = load.norm("final_norm", arch.norm, d);
   m->head.w = arch.tie_embeddings ? m->embed : load.matrix("lm_head", arch.vocab_size, d, options.weights);
+  m->activations = options.activations;
+  if (options.activations == ActivationFormat::BF16) {
+    const auto stored = [](const WeightMatrix& w) { return std::string(weight_format_name(w.format)); };
+    if (m->head.w.format != WeightFormat::BF16) bf16_only("the LM head in " + stored(m->head.w));
+    for (size_t i = 0; i < m->layers.size(); ++i) {
+      const Layer& l = m->layers[i];
+      for (const Linear* x : {&l.q, &l.k, &l.v, &l.qkv, &l.o, &l.gate, &l.up, &l.down})
+        if (x->w.data && x->w.format != WeightFormat::BF16)
+          bf16_only("layer " + std::to_string(i) + "'s matrices in " + stored(x->w));
+    }
+  }
   return std::shared_ptr<const Model>(new Model(std::move(m)));
 }
 

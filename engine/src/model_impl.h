@@ -35,6 +35,7 @@ struct Model::Impl {
   std::vector<Layer> layers;
   NormWeights final_norm;
   Linear head;
+  ActivationFormat activations = ActivationFormat::F32;  // of every product (all bf16 matrices when bf16)
 };
 
 // out = norm(x) for n rows of d: RMSNorm x / sqrt(mean x^2 + eps) * weight, or LayerNorm (x - mean) / sqrt(var +

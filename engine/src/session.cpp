@@ -173,7 +173,7 @@ struct Session::Impl {
                        bool accumulate) const {
     LinearParams p;
     p.w = l.w, p.bias = l.bias, p.tokens = n, p.x = in, p.x_stride = in_stride, p.y = out, p.y_stride = out_stride;
-    p.accumulate = accumulate, p.threads = threads;
+    p.accumulate = accumulate, p.activations = model->activations(), p.threads = threads;
     return p;
   }
   void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
@@ -467,6 +467,9 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
   scratch += es * n * (2 * hq + 2 * hkv);
   // The fused attention's own scratch for the prompt: O(tokens x heads x head_dim), as attention.h promises.
   scratch += 4 * n * (hq + 2 * hkv) * 2;
+  // bf16 activations: linear_forward's rounded copy of the largest input of one call (the prompt's q, k, v and
+  // output projections take every token, the MLP a chunk).
+  if (model.activations() == ActivationFormat::BF16) scratch += 2 * std::max({n * a.d_model, n * hq, chunk * a.d_ff});
   return cache + scratch;
 }
 

@@ -6,6 +6,8 @@
 //            of the shape as that takes, called in turn, so every call reads from memory as a model's layers do.
 //   prefill  --tokens tokens at once (matrix-matrix), in GFLOP/s, beside OpenBLAS's sgemm on float32 copies of
 //            the same weights (the f32 path the nn model runs today).
+// A format `bf16:bf16` is bf16 weights with bf16 activations (ActivationFormat::BF16: the CPU's bf16 dot products
+// where it has them, as llama.cpp's bf16 products); the others take float32 activations.
 // Methods take turns trial by trial (a slow stretch of a shared machine hits all of them alike); medians.
 #include <cblas.h>
 #include <omp.h>
@@ -33,7 +35,7 @@ using lab::median;
 
 struct BenchLinearArgs {
   std::string shapes = "4864x896,896x4864,14336x4096";
-  std::string formats = "f32,f16,bf16,q8";
+  std::string formats = "f32,f16,bf16,q8,bf16:bf16";
   int64_t weight_mib = 512;
   int64_t tokens = 512;
   int trials = 5;
@@ -59,6 +61,7 @@ std::vector<Shape> parse_shapes(const std::string& text) {
 // Copies of one [rows, cols] matrix in one format, random weights in [-1, 1), filling about `bytes`.
 struct WeightSet {
   WeightFormat format;
+  ActivationFormat activations = ActivationFormat::F32;
   Shape shape;
   std::vector<std::vector<uint8_t>> data;
   std::vector<std::vector<float>> scales;
@@ -109,8 +112,14 @@ struct Row {
 
 void run_bench_linear(const BenchLinearArgs& a) {
   const std::vector<Shape> shapes = parse_shapes(a.shapes);
-  std::vector<WeightFormat> formats;
-  for (const std::string& f : parse_name_list(a.formats, "--formats")) formats.push_back(parse_weight_format(f, "--formats"));
+  // "bf16" or "bf16:bf16" (weights : activations).
+  std::vector<std::pair<WeightFormat, ActivationFormat>> formats;
+  for (const std::string& f : parse_name_list(a.formats, "--formats")) {
+    const size_t colon = f.find(':');
+    formats.emplace_back(parse_weight_format(f.substr(0, colon), "--formats"),
+                         colon == std::string::npos ? ActivationFormat::F32
+                                                    : parse_activation_format(f.substr(colon + 1), "--formats activations"));
+  }
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   openblas_set_num_threads(threads);
   const int64_t bytes = a.weight_mib << 20;
@@ -119,7 +128,10 @@ void run_bench_linear(const BenchLinearArgs& a) {
   std::vector<Row> rows;
   for (const Shape& s : shapes) {
     std::vector<std::unique_ptr<WeightSet>> sets;
-    for (size_t i = 0; i < formats.size(); ++i) sets.push_back(std::make_unique<WeightSet>(formats[i], s, bytes, 7 + i));
+    for (size_t i = 0; i < formats.size(); ++i) {
+      sets.push_back(std::make_unique<WeightSet>(formats[i].first, s, bytes, 7 + i));
+      sets.back()->activations = formats[i].second;
+    }
     std::mt19937_64 rng(3);
     std::uniform_real_distribution<float> uni(-1, 1);
     std::vector<float> x(size_t(a.tokens * s.cols)), y(size_t(a.tokens * s.rows));
@@ -136,6 +148,7 @@ void run_bench_linear(const BenchLinearArgs& a) {
       for (size_t i = 0; i < sets.size(); ++i) {
         LinearParams p;
         p.tokens = 1, p.x = x.data(), p.x_stride = s.cols, p.y = y.data(), p.y_stride = s.rows, p.threads = threads;
+        p.activations = sets[i]->activations;
         auto t0 = std::chrono::steady_clock::now();
         for (size_t c = 0; c < sets[i]->data.size(); ++c) {
           p.w = sets[i]->matrix(c);
@@ -154,7 +167,8 @@ void run_bench_linear(const BenchLinearArgs& a) {
       if (trial >= 0) prefill.back().push_back(seconds_since(t0));
     }
     for (size_t i = 0; i < sets.size(); ++i) {
-      const std::string name = weight_format_name(sets[i]->format);
+      std::string name = weight_format_name(sets[i]->format);
+      if (sets[i]->activations != ActivationFormat::F32) name += std::string(":") + activation_format_name(sets[i]->activations);
       rows.push_back({"decode", name, s, 1, median(decode[i]), double(sets[i]->bytes_per_copy())});
       rows.push_back({"prefill", name, s, a.tokens, median(prefill[i]), double(sets[i]->bytes_per_copy())});
     }
@@ -168,6 +182,7 @@ void run_bench_linear(const BenchLinearArgs& a) {
   };
   nlohmann::json j;
   j["cpu"] = lab::cpu_model(), j["threads"] = threads, j["read_bandwidth_bytes_per_s"] = probe;
+  j["bf16_dot_products"] = linear_uses_bf16_dot();
   j["weight_mib"] = a.weight_mib, j["tokens"] = a.tokens, j["trials"] = a.trials;
   for (const Row& r : rows) {
     nlohmann::json e = {{"phase", r.phase}, {"method", r.method}, {"rows", r.shape.rows}, {"cols", r.shape.cols},
@@ -180,7 +195,8 @@ void run_bench_linear(const BenchLinearArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("rotary bench linear: y = x W^T, weights in their storage format, float32 activations\n");
+  std::printf("rotary bench linear: y = x W^T, weights in their storage format, float32 activations (W:A: %s)\n",
+              linear_uses_bf16_dot() ? "bf16 activations on the CPU's bf16 dot products" : "bf16 activations in f32 lanes");
   std::printf("cpu: %s | threads %d | read probe %.2f GB/s (%lld MiB) | decode weights %lld MiB per format\n\n",
               lab::cpu_model().c_str(), threads, probe / 1e9, (long long)a.weight_mib, (long long)a.weight_mib);
   std::printf("%-8s %-10s %-12s %7s %11s %9s %11s %9s\n", "phase", "weights", "shape", "tokens", "us/call", "GB/s",
@@ -206,7 +222,9 @@ const CommandRegistrar kRegisterBenchLinear([](CLI::App& root) {
   cmd->add_option("--shapes", args->shapes,
                   "weight shapes ROWSxCOLS (output x input features), comma-separated (default 4864x896,896x4864,"
                   "14336x4096: Qwen2.5-0.5B's MLP up and down, Llama-3-8B's MLP up)");
-  cmd->add_option("--formats", args->formats, "weight formats among f32, f16, bf16, q8 (default all four)");
+  cmd->add_option("--formats", args->formats,
+                  "weight formats among f32, f16, bf16, q8, and bf16:bf16 (bf16 weights, bf16 activations; default "
+                  "all five)");
   cmd->add_option("--weight-mib", args->weight_mib,
                   "MiB of weights per format and shape for decode, and of the read probe (default 512)")
       ->transform(integer_in(1, 1 << 16));

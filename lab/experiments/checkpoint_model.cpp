@@ -22,20 +22,28 @@ void CheckpointRunOptions::validate() const {
   if (!weights.empty()) parse_weight_format(weights, "--weights");
   const DType kv = parse_dtype(kv_dtype);
   check(kv == DType::F32 || kv == DType::BF16 || kv == DType::F16, "--kv-dtype", kv_dtype, "f32, bf16, f16");
+  const ActivationFormat act = parse_activation_format(activations, "--activations");
   if (engine == "torch") {
     check(weights.empty(), "--weights", weights, "unset with --engine torch (the nn model copies weights to float32)");
     check(kv == DType::F32, "--kv-dtype", kv_dtype, "f32 with --engine torch");
+    check(act == ActivationFormat::F32, "--activations", activations, "f32 with --engine torch");
   }
+  if (act == ActivationFormat::BF16 && !weights.empty())
+    check(weights == "bf16", "--activations", activations + " with --weights " + weights,
+          "bf16 activations with bf16 weights only (--weights bf16 or bf16 as stored), or --activations f32");
 }
 
 nlohmann::json CheckpointRunOptions::key() const {
   if (engine == "torch") return {{"engine", "torch"}};
-  return {{"engine", engine}, {"weights", weights.empty() ? "stored" : weights}, {"kv_dtype", kv_dtype}};
+  nlohmann::json k = {{"engine", engine}, {"weights", weights.empty() ? "stored" : weights}, {"kv_dtype", kv_dtype}};
+  if (activations != "f32") k["activations"] = activations;  // (absent from keys stored before the option)
+  return k;
 }
 
 std::string CheckpointRunOptions::describe() const {
   if (engine == "torch") return "torch (float32 copies of the weights)";
-  return fmt::format("engine (weights {}, kv cache {})", weights.empty() ? "as stored" : weights, kv_dtype);
+  return fmt::format("engine (weights {}, kv cache {}{})", weights.empty() ? "as stored" : weights, kv_dtype,
+                     activations == "f32" ? "" : ", activations " + activations);
 }
 
 void CheckpointMemoryOptions::validate() const {
@@ -129,6 +137,7 @@ CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointR
     engine::LoadOptions load;
     load.threads = m.threads;
     if (!options.weights.empty()) load.weights = parse_weight_format(options.weights, "--weights");
+    load.activations = parse_activation_format(options.activations, "--activations");
     nn::HfEngineCheckpoint c = nn::load_hf_engine(model_dir, load);
     m.spec = c.spec;
     m.model = c.model;

@@ -23,9 +23,11 @@ struct CheckpointRunOptions {
   std::string engine = "engine";  // engine | torch
   std::string weights;            // engine: f32, f16, bf16, q8 (empty: as stored)
   std::string kv_dtype = "f32";   // engine: f32, bf16, f16
+  std::string activations = "f32";  // engine: the linear products' activations, f32 or bf16 (bf16 weights only)
   int threads = 0;                // 0: all cores
-  void validate() const;          // rotary::Error naming --engine, --weights, --kv-dtype
-  // What changes the numbers a run computes (engine, weights, kv dtype): part of a stored result's key.
+  void validate() const;          // rotary::Error naming --engine, --weights, --kv-dtype, --activations
+  // What changes the numbers a run computes (engine, weights, kv dtype, activations): part of a stored result's
+  // key.
   nlohmann::json key() const;
   std::string describe() const;   // "engine (weights bf16 as stored, kv cache f32)" / "torch (float32 weights)"
 };

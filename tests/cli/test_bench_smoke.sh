@@ -83,14 +83,18 @@ else
 fi
 expect_error "bench checkpoint --engine torch --weights q8" 2 "--weights = q8" -- \
   "$ROTARY" bench checkpoint --engine torch --weights q8 --hidden 64 --layers 1 --heads 4 --kv-heads 2 --ff 96 --vocab 128
-# bench linear: every weight format at a small shape, decode against the read probe, prefill against sgemm.
+# bench linear: every weight format (and bf16 weights with bf16 activations) at a small shape, decode against the
+# read probe, prefill against sgemm.
 if "$ROTARY" bench linear --shapes 64x96,33x40 --weight-mib 4 --tokens 9 --trials 1 --threads 1 --json > "$W/linear.json"; then
   check "bench linear: every format and phase per shape, finite rates" "$W/linear.json" \
-    "len(j['results']) == 2 * (2 * 4 + 1) and all(0 < r['seconds'] < math.inf for r in j['results']) and all(0 < r['over_read_probe'] < math.inf for r in j['results'] if r['phase'] == 'decode') and {r['method'] for r in j['results']} == {'f32', 'f16', 'bf16', 'q8', 'sgemm_f32'}"
+    "len(j['results']) == 2 * (2 * 5 + 1) and all(0 < r['seconds'] < math.inf for r in j['results']) and all(0 < r['over_read_probe'] < math.inf for r in j['results'] if r['phase'] == 'decode') and {r['method'] for r in j['results']} == {'f32', 'f16', 'bf16', 'q8', 'bf16:bf16', 'sgemm_f32'} and isinstance(j['bf16_dot_products'], bool)"
 else
   fail "bench linear exited $?"
 fi
 expect_error "bench linear --shapes 64" 2 "--shapes" -- "$ROTARY" bench linear --shapes 64
+expect_error "bench linear --formats q8:bf16" 2 "activations = bf16 with w.format = q8" -- \
+  "$ROTARY" bench linear --shapes 64x96 --weight-mib 1 --tokens 2 --trials 1 --formats q8:bf16
+expect_error "bench linear --formats bf16:f16" 2 "--formats activations" -- "$ROTARY" bench linear --formats bf16:f16
 
 # bench memory: toy memories through the exact scan, every FAISS index and the core's page searches; each method
 # is timed, scored (recall in [0, 1]) and its work counted (the share of an exact scan's keys; flat scores each once,

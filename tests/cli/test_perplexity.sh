@@ -74,15 +74,16 @@ PY
 else
   fail "perplexity --engine torch exited $?: $(tail -c 300 "$W/err4.txt")"
 fi
-for w in q8 bf16; do
+for w in q8 bf16 "bf16 --activations bf16"; do
+  tag=${w// /_}
   if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods native --window 8 --windows 2 \
-       --weights $w --kv-dtype bf16 --out "$W/q_$w" --no-progress > /dev/null 2> "$W/err5.txt"; then
+       --weights $w --kv-dtype bf16 --out "$W/q_$tag" --no-progress > /dev/null 2> "$W/err5.txt"; then
     pass "perplexity --weights $w --kv-dtype bf16"
   else
     fail "perplexity --weights $w exited $?: $(tail -c 300 "$W/err5.txt")"
   fi
 done
-/usr/bin/python3 - "$W/run0.csv" "$W/q_q8/results.csv" "$W/q_bf16/results.csv" <<'PY' && pass "q8 and bf16 losses within 0.1 of the float32 ones" || fail "q8 / bf16 losses"
+/usr/bin/python3 - "$W/run0.csv" "$W/q_q8/results.csv" "$W/q_bf16/results.csv" "$W/q_bf16_--activations_bf16/results.csv" <<'PY' && pass "q8 and bf16 (f32 and bf16 activations) losses within 0.1 of the float32 ones" || fail "q8 / bf16 losses"
 import csv, sys
 base = {(r["method"], r["length"]): float(r["tail_loss"]) for r in csv.DictReader(open(sys.argv[1])) if r["logn"] == "0"}
 for path in sys.argv[2:]:
@@ -94,6 +95,12 @@ expect_error "perplexity --engine torch --kv-dtype bf16" 2 "--kv-dtype = bf16" -
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --engine torch --kv-dtype bf16 --out "$W/x"
 expect_error "perplexity --weights int4" 2 "--weights = \"int4\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights int4 --out "$W/x"
+expect_error "perplexity --activations bf16 --weights q8" 2 "--activations = bf16 with --weights q8" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q8 --activations bf16 --out "$W/x"
+expect_error "perplexity --activations f16" 2 "--activations = \"f16\"" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations f16 --out "$W/x"
+expect_error "generate --activations bf16 on f16 weights" 2 "activations = bf16 with the LM head in f16" -- \
+  "$ROTARY" generate "$FIX/mistral" --prompt x --max-new 1 --activations bf16
 
 # Token ids, on the partial-rotation family (no tokenizer in that fixture).
 /usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
@@ -140,6 +147,8 @@ else
 fi
 "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --weights q8 --kv-dtype f16 > /dev/null 2> "$W/gen_q8.err" \
   && pass "generate --weights q8 --kv-dtype f16" || fail "generate --weights q8 exited $?: $(cat "$W/gen_q8.err")"
+"$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --activations bf16 > /dev/null 2> "$W/gen_a.err" \
+  && pass "generate --activations bf16" || fail "generate --activations bf16 exited $?: $(cat "$W/gen_a.err")"
 
 # Through a retrieval memory (--memory): with every row retrieved the losses are full attention's (the memory row
 # equals native's, ReRoPE's with policy rerope), the window alone differs; generate through the memory prints the

@@ -1,7 +1,9 @@
 // The "linear_forward" op cases: y = x W^T (+ bias) (+ y) with weights in every storage format (f32, f16, bf16,
 // q8) against the float64 reference - decode (one token) and prefill (tiles of 4 tokens x 4 rows with leftovers,
 // several token chunks), columns that end mid-vector and mid-q8-block, padded weight rows, activation and output
-// strides, bias and accumulation (a residual), one and several threads.
+// strides, bias and accumulation (a residual), one and several threads; bf16 weights also with bf16 activations
+// (rounded first; the bf16 dot-product instruction at AVX-512 targets where the CPU has it), whose columns end
+// mid-vector of that kernel's 32 as well.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -17,6 +19,7 @@ struct LinearCaseSpec {
   int64_t tokens = 1, rows = 8, cols = 64;
   int64_t row_pad = 0, x_pad = 0, y_pad = 0;  // extra elements per weight / activation / output row
   bool bias = false, accumulate = false;
+  ActivationFormat activations = ActivationFormat::F32;
   int threads = 0;
   uint64_t seed = 1;
 };
@@ -72,7 +75,7 @@ struct LinearProblem {
     p.tokens = c.tokens;
     p.x = static_cast<const float*>(x->data()), p.x_stride = c.cols + c.x_pad;
     p.y = static_cast<float*>(y->data()), p.y_stride = c.rows + c.y_pad;
-    p.accumulate = c.accumulate, p.threads = c.threads;
+    p.accumulate = c.accumulate, p.activations = c.activations, p.threads = c.threads;
     return p;
   }
   // Weight (r, k) as stored (q8: quant x scale), exactly.
@@ -80,6 +83,14 @@ struct LinearProblem {
     const int64_t i = r * (c.cols + c.row_pad) + k;
     if (c.format != WeightFormat::Q8) return w->get(i);
     return double(static_cast<const int8_t*>(w->data())[i]) * scales->get(r * q8_blocks(c.cols) + k / kQ8Block);
+  }
+  // Activation (t, k) as the products take it (bf16 activations: rounded), exactly.
+  double activation(int64_t t, int64_t k) const {
+    const double v = x->get(t * (c.cols + c.x_pad) + k);
+    if (c.activations == ActivationFormat::F32) return v;
+    uint16_t b = 0;
+    store_from_double(&b, DType::BF16, 0, v);
+    return load_as_double(&b, DType::BF16, 0);
   }
 };
 
@@ -90,6 +101,7 @@ class LinearCase : public OpCase {
   std::string name() const override {
     std::string s = std::string(weight_format_name(c_.format)) + " T" + std::to_string(c_.tokens) + " N" +
                     std::to_string(c_.rows) + " K" + std::to_string(c_.cols);
+    if (c_.activations == ActivationFormat::BF16) s += " xbf16";
     if (c_.row_pad) s += " wpad" + std::to_string(c_.row_pad);
     if (c_.x_pad) s += " xpad" + std::to_string(c_.x_pad);
     if (c_.y_pad) s += " ypad" + std::to_string(c_.y_pad);
@@ -125,7 +137,7 @@ class LinearCase : public OpCase {
         double scale = c_.bias ? std::fabs(p.bias->get(r)) : 0.0;
         if (c_.accumulate) scale += std::fabs(before.y->get(t * (c_.rows + c_.y_pad) + r));
         for (int64_t k = 0; k < c_.cols; ++k)
-          scale += std::fabs(p.weight(r, k) * p.x->get(t * (c_.cols + c_.x_pad) + k));
+          scale += std::fabs(p.weight(r, k) * p.activation(t, k));
         scale = std::max(scale, 1e-300);
         const size_t i = size_t(t * c_.rows + r);
         o.got.push_back(got[i] / scale);
@@ -189,6 +201,17 @@ OpCases linear_cases() {
     add({.tokens = 130, .rows = 19, .cols = 1100, .threads = 3});             // 3 token chunks, 3 threads
     add({.tokens = 7, .rows = 13, .cols = 33, .accumulate = true, .threads = 1});
     add({.tokens = 3, .rows = 2, .cols = 1, .y_pad = 1, .bias = true});
+    if (f == WeightFormat::BF16) {  // bf16 activations: the dot-product kernel's tiles, tails and shared rounding
+      constexpr ActivationFormat b = ActivationFormat::BF16;
+      add({.tokens = 1, .rows = 67, .cols = 96, .bias = true, .activations = b});
+      add({.tokens = 1, .rows = 5, .cols = 37, .row_pad = 3, .activations = b});
+      add({.tokens = 1, .rows = 1, .cols = 1, .activations = b});
+      add({.tokens = 9, .rows = 70, .cols = 200, .row_pad = 8, .x_pad = 5, .y_pad = 3, .bias = true,
+           .accumulate = true, .activations = b});
+      add({.tokens = 130, .rows = 19, .cols = 1100, .activations = b, .threads = 3});
+      add({.tokens = 7, .rows = 13, .cols = 63, .accumulate = true, .activations = b, .threads = 1});
+      add({.tokens = 5, .rows = 9, .cols = 32, .x_pad = 1, .activations = b});
+    }
   }
   OpCases out;
   for (const LinearCaseSpec& s : specs) out.push_back(std::make_unique<LinearCase>(s));

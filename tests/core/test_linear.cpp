@@ -1,13 +1,17 @@
 // linear_forward beyond its op cases (cases_linear.cpp): q8 quantization's error bound, results independent of the
-// thread count and of how tokens are batched (decode and prefill give the same bits), and bad input refused by name.
+// thread count and of how tokens are batched (decode and prefill give the same bits), bf16 activations (rounded once
+// per x in a group, on the bf16 dot products where the CPU has them), and bad input refused by name.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <string>
 #include <vector>
 
+#include "expect.h"
 #include "expect_error.h"
 #include "harness.h"
 #include "rotary/linear.h"
@@ -107,11 +111,13 @@ constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, Weigh
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t T = 70, N = 37, K = 4100;  // K: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block
   const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
-  for (WeightFormat f : kFormats) {
+  for (int config = 0; config < 5; ++config) {  // each format; then bf16 weights with bf16 activations
+    const WeightFormat f = config < 4 ? kFormats[config] : WeightFormat::BF16;
     Weights w(f, N, K, 13);
     std::vector<float> one(size_t(T * N)), batch(one.size());
     LinearParams p;
     p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
+    p.activations = config < 4 ? ActivationFormat::F32 : ActivationFormat::BF16;
     for (int64_t t = 0; t < T; ++t) {
       p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
       linear_forward(p);
@@ -122,7 +128,8 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
       linear_forward(p);
       for (size_t i = 0; i < one.size(); ++i)
         if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-          ADD_FAILURE() << weight_format_name(f) << " threads " << threads << ": token " << i / N << " row " << i % N
+          ADD_FAILURE() << weight_format_name(f) << " activations " << activation_format_name(p.activations)
+                        << " threads " << threads << ": token " << i / N << " row " << i % N
                         << ": one at a time " << one[i] << ", batched " << batch[i];
           break;
         }
@@ -189,6 +196,8 @@ TEST(linear_forward, RefusesBadParamsByName) {
   refused([](LinearParams& p) { p.y_stride = 3; }, "y_stride");
   refused([&](LinearParams& p) { p.y = x.data() + 60; }, "y");  // overlaps x
   refused([](LinearParams& p) { p.threads = -2; }, "threads");
+  refused([](LinearParams& p) { p.activations = ActivationFormat::BF16; }, "activations");  // q8 weights
+  refused([](LinearParams& p) { p.activations = ActivationFormat(7); }, "activations");
   // Nothing written by a refused call.
   std::vector<float> before = y;
   LinearParams p = good();
@@ -236,6 +245,53 @@ TEST(linear_forward_group, EachProductHasItsBitsAlone) {
   }
 }
 
+// bf16 activations: products of a group that read one x (decode's q, k, v) share its rounding; each has the bits
+// it has alone, also beside a product reading the same x with f32 activations and one reading fewer of its tokens.
+TEST(linear_forward_group, Bf16ActivationsSharedAmongProductsKeepTheirBits) {
+  const int64_t K = 75, T = 6;
+  const std::vector<float> x = uniform(T * K, 90);
+  Weights wq(WeightFormat::BF16, 40, K, 91), wk(WeightFormat::BF16, 9, K, 92), wv(WeightFormat::BF16, 9, K, 93);
+  Weights wf(WeightFormat::F32, 5, K, 94);
+  const WeightMatrix* ms[] = {&wq.m, &wk.m, &wf.m, &wv.m};
+  const int64_t tokens[] = {T, T, T, 4};
+  for (int threads : {1, 2, 3}) {
+    std::vector<LinearParams> ps(4);
+    std::vector<std::vector<float>> alone(4), grouped(4);
+    for (int i = 0; i < 4; ++i) {
+      LinearParams& p = ps[size_t(i)];
+      p.w = *ms[i], p.tokens = tokens[i], p.x = x.data(), p.x_stride = K, p.y_stride = p.w.rows, p.threads = threads;
+      p.activations = i == 2 ? ActivationFormat::F32 : ActivationFormat::BF16;
+      alone[size_t(i)].assign(size_t(T * p.w.rows), 0.25f), grouped[size_t(i)] = alone[size_t(i)];
+      p.y = alone[size_t(i)].data();
+      linear_forward(p);
+      p.y = grouped[size_t(i)].data();
+    }
+    linear_forward_group(ps.data(), 4);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
+          << "product " << i << " threads " << threads;
+  }
+  // Rounding is what changes the result: the same product with f32 activations differs.
+  std::vector<float> f32(size_t(T * 40)), b16(f32.size());
+  LinearParams p;
+  p.w = wq.m, p.tokens = T, p.x = x.data(), p.x_stride = K, p.y = f32.data(), p.y_stride = 40;
+  linear_forward(p);
+  p.y = b16.data(), p.activations = ActivationFormat::BF16;
+  linear_forward(p);
+  EXPECT_NE(f32, b16);
+}
+
+// The bf16 dot-product instruction runs exactly where it should: at AVX-512 targets of a CPU that has AVX512-BF16,
+// never at a lower target (ROTARY_SIMD_TARGET, or a smaller CPU).
+TEST(linear_forward, Bf16DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
+  const bool cpu = __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw");
+  test::for_each_target([&] {
+    const std::string target = detail::linear_simd_target();
+    EXPECT_EQ(linear_uses_bf16_dot(), cpu && target.rfind("AVX3", 0) == 0) << target;
+  });
+  std::printf("this CPU %s AVX512-BF16\n", cpu ? "has" : "lacks");
+}
+
 TEST(linear_forward_group, RefusesBadGroupsByNameBeforeWriting) {
   Weights w(WeightFormat::BF16, 4, 64, 81);
   std::vector<float> x(2 * 64), y0(2 * 4, 7.0f), y1(2 * 4, 7.0f);
@@ -271,6 +327,9 @@ TEST(weight_format, NamesRoundTripAndUnknownNamesListTheChoices) {
   expect_error([] { parse_weight_format("int4", "--weights"); }, {"--weights = \"int4\"", "f32, f16, bf16, q8"});
   EXPECT_EQ(weight_format_of(DType::BF16), WeightFormat::BF16);
   expect_error([] { weight_format_of(DType::F64); }, "weight dtype = f64");
+  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16})
+    EXPECT_EQ(parse_activation_format(activation_format_name(f)), f);
+  expect_error([] { parse_activation_format("f16", "--activations"); }, {"--activations = \"f16\"", "f32, bf16"});
 }
 
 }  // namespace

@@ -154,7 +154,9 @@ TEST_P(HfEngineFixture, EveryPositionMethodMatchesTheNnModel) {
 // largest logit for bf16 and f16 (weights and cache alike). q8's step is a block's max / 127: for weights whose
 // block max is a few times their rms that is ~2x bf16's rms error, so it counts as u = 2^-7 (measured 1.7e-2 to
 // 2.9e-2 = 2.2-3.7 u). Allowed: 8 u. Greedy tokens must agree wherever the float32 logits' top two are
-// further apart than twice that bound (where they are closer, either token is within rounding).
+// further apart than twice that bound (where they are closer, either token is within rounding). bf16 activations
+// (every product's input rounded to bf16, u = 2^-9, on bf16 weights) add one more such perturbation per product:
+// u = hypot(2^-8, 2^-9) for the two together.
 double storage_roundoff(WeightFormat f) {
   switch (f) {
     case WeightFormat::F32: return 0x1p-24;
@@ -198,6 +200,15 @@ TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRou
     const EncodingConfig enc = c.spec.config.resolved_encoding();
     expect_close_to_float32(engine_logits(c, enc, e.tokens, 4), want, V, storage_roundoff(f),
                             std::string("weights ") + weight_format_name(f));
+  }
+  {  // bf16 weights with bf16 activations: the bf16 dot products through a prompt and the cache
+    const HfEngineCheckpoint b = load_hf_engine(dir.string(), {.weights = WeightFormat::BF16,
+                                                               .activations = ActivationFormat::BF16});
+    EXPECT_EQ(b.model->activations(), ActivationFormat::BF16);
+    const std::vector<double> got = engine_logits(b, b.spec.config.resolved_encoding(), e.tokens, 4);
+    expect_close_to_float32(got, want, V, std::hypot(0x1p-8, 0x1p-9), "bf16 weights, bf16 activations");
+    const HfEngineCheckpoint w = load_hf_engine(dir.string(), {.weights = WeightFormat::BF16});
+    EXPECT_NE(got, engine_logits(w, w.spec.config.resolved_encoding(), e.tokens, 4)) << "activations not rounded";
   }
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
   for (DType kv : {DType::BF16, DType::F16})
@@ -406,6 +417,11 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
   for (std::optional<WeightFormat> f : {std::optional<WeightFormat>(), std::optional<WeightFormat>(WeightFormat::Q8)})
     expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.q.weight", {DType::F32, nan_q.data(), {32, 32}, "q_proj"}), {.weights = f}, nullptr); },
                  {"tensor q_proj = non-finite (element 5 is nan)", "finite weights"});
+  // bf16 activations need bf16 matrices: refused before a conversion to another format, and for f32 as stored.
+  expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = WeightFormat::Q8, .activations = ActivationFormat::BF16}, nullptr); },
+               {"activations = bf16 with weights converted to q8", "bf16 weights throughout"});
+  expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::BF16}, nullptr); },
+               {"activations = bf16 with the LM head in f32", "--weights bf16"});
 
   engine::SessionOptions o;
   o.capacity = 8, o.positions = engine_positions(spec.config.resolved_encoding());

@@ -10,6 +10,12 @@
 //
 // linear_forward_reference is the float64 oracle: every product and sum in double, rounded once to float at the
 // end; it shares no code with the fast path (docs/linear.md gives the tolerance).
+//
+// With bf16 weights the activations may be rounded to bf16 first (ActivationFormat::BF16, as llama.cpp's bf16
+// products do): each product of two bf16 values is exact in float32, so what changes is only x itself (by at most
+// 2^-9 of each element), and the products can run on the CPU's bf16 dot-product instruction (AVX512-BF16's
+// vdpbf16ps: 32 multiply-adds into 16 float lanes, twice an f32 FMA's), used where the CPU has it and the
+// dispatched target is AVX-512; elsewhere the same products are taken in float32 lanes.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +53,13 @@ struct WeightMatrix {
   int64_t scale_stride = 0;       // q8 only: floats between rows' scales, >= q8_blocks(cols)
 };
 
+// The precision of the activations x in the products. F32: as given. BF16: each element rounded to bfloat16
+// (nearest even; NaN stays NaN) before its products; bf16 weights only.
+enum class ActivationFormat : uint8_t { F32, BF16 };
+const char* activation_format_name(ActivationFormat f);  // "f32", "bf16"
+// Parses "f32", "bf16"; throws rotary::Error naming `field` otherwise.
+ActivationFormat parse_activation_format(std::string_view name, std::string_view field = "activation format");
+
 struct LinearParams {
   WeightMatrix w;
   const float* bias = nullptr;  // [w.rows] or null
@@ -56,6 +69,7 @@ struct LinearParams {
   float* y = nullptr;           // [tokens, w.rows], row stride y_stride; must not overlap x or the weights
   int64_t y_stride = 0;
   bool accumulate = false;      // y += x W^T (+ bias) instead of y = ...
+  ActivationFormat activations = ActivationFormat::F32;  // BF16: x rounded to bf16 first (w.format must be BF16)
   int threads = 0;              // 0 = all OpenMP threads
 };
 
@@ -72,6 +86,9 @@ void linear_forward(const LinearParams& p);
 void linear_forward_group(const LinearParams* products, int count);
 // The float64 oracle: the same contract, every product and sum in double.
 void linear_forward_reference(const LinearParams& p);
+// Whether linear_forward runs bf16-activation products on the CPU's bf16 dot-product instruction now (the CPU has
+// AVX512-BF16 and dispatch is at an AVX-512 target); false: in float32 lanes. Results differ only in rounding.
+bool linear_uses_bf16_dot();
 
 // Quantizes a [rows, cols] matrix stored as `src_dtype` (any DType; row r at src + r * src_row_stride elements)
 // into q8: per block of kQ8Block weights along a row, scale = max |w| / 127 and quant = round(w / scale) (ties away

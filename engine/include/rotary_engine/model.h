@@ -81,6 +81,10 @@ std::vector<TensorSlot> tensor_slots(const Architecture& a);
 
 struct LoadOptions {
   std::optional<WeightFormat> weights;  // convert every matrix at load; unset: as stored (f64 becomes f32)
+  // The activations' precision in every linear product (rotary/linear.h ActivationFormat): f32, or bf16 - rounded
+  // to bf16 as llama.cpp's bf16 products do, for the CPU's bf16 dot products (~1.5-2x prefill where it has them);
+  // bf16 needs every matrix in bf16 (rotary::Error naming "activations" otherwise).
+  ActivationFormat activations = ActivationFormat::F32;
   int threads = 0;                      // 0: OpenMP's default
 };
 
@@ -95,6 +99,7 @@ class Model {
 
   const Architecture& arch() const;
   WeightFormat matrix_format() const;  // the format of the linear layers' weights as run
+  ActivationFormat activations() const;  // LoadOptions::activations
   int64_t weight_bytes_per_token() const;  // bytes of weights a decode step reads (every matrix and the head)
   int64_t owned_bytes() const;  // bytes the model allocated itself (converted weights, norms, biases)
   // The LM head: logits [n, vocab_size] of final hidden states [n, d_model] (it reads no sequence state).

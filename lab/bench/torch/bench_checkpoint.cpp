@@ -34,6 +34,7 @@
 #include "cli/torch/checkpoint_flags.h"
 #include "common/machine.h"
 #include "rotary/error.h"
+#include "rotary/linear.h"
 #include "rotary_engine/model.h"
 #include "rotary_nn/hf_checkpoint.h"
 #include "rotary_nn/hf_engine.h"
@@ -117,6 +118,7 @@ void run_engine(const BenchCheckpointArgs& a) {
   engine::LoadOptions load;
   load.threads = threads;
   if (!a.run.weights.empty()) load.weights = parse_weight_format(a.run.weights, "--weights");
+  load.activations = parse_activation_format(a.run.activations, "--activations");
   std::shared_ptr<const engine::Model> model;
   engine::PositionMethod positions;
   std::string shape;
@@ -172,7 +174,8 @@ void run_engine(const BenchCheckpointArgs& a) {
   const double rate = double(read) * median(decode_tps);
   if (a.json) {
     nlohmann::json j{{"engine", "engine"}, {"shape", shape}, {"weights", weight_format_name(model->matrix_format())},
-                     {"kv_dtype", a.run.kv_dtype}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
+                     {"kv_dtype", a.run.kv_dtype}, {"activations", activation_format_name(model->activations())},
+                     {"bf16_dot_products", linear_uses_bf16_dot()}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
                      {"vocab", arch.vocab_size}, {"prompt", a.prompt}, {"decode", a.decode}, {"trials", a.trials},
                      {"threads", threads}, {"prefill_tokens_per_s", median(prefill_tps)},
                      {"decode_tokens_per_s", median(decode_tps)}, {"prefill_trials", prefill_tps},
@@ -183,10 +186,15 @@ void run_engine(const BenchCheckpointArgs& a) {
     return;
   }
   std::printf("engine, %s: d_model %lld, %lld layers, %lld heads (%lld kv), d_ff %lld, vocab %lld; weights %s, "
-              "kv cache %s, %d threads\n",
+              "kv cache %s, activations %s%s, %d threads\n",
               shape.c_str(), (long long)arch.d_model, (long long)arch.n_layers, (long long)arch.n_heads,
               (long long)arch.n_kv_heads, (long long)arch.d_ff, (long long)arch.vocab_size,
-              weight_format_name(model->matrix_format()), a.run.kv_dtype.c_str(), threads);
+              weight_format_name(model->matrix_format()), a.run.kv_dtype.c_str(),
+              activation_format_name(model->activations()),
+              model->activations() == ActivationFormat::BF16
+                  ? (linear_uses_bf16_dot() ? " (bf16 dot products)" : " (no bf16 dot products on this CPU)")
+                  : "",
+              threads);
   std::printf("prompt %d tokens: %.1f tok/s | decode %d tokens: %.2f tok/s (median of %d trials)\n", a.prompt,
               median(prefill_tps), a.decode, median(decode_tps), a.trials);
   std::printf("decode reads %.1f MB of weights per token: %.2f GB/s = %.0f%% of the read probe (%.2f GB/s) | peak "

@@ -1,5 +1,5 @@
 // lab/cli/torch/checkpoint_flags.h: the flags that choose how a Hugging Face checkpoint runs (--engine, --weights,
-// --kv-dtype) and its retrieval memory (--memory, --memory-window, --top-k, --memory-dtype), declared once for
+// --kv-dtype, --activations) and its retrieval memory (--memory, --memory-window, --top-k, --memory-dtype), declared once for
 // every command that runs one (perplexity, generate, bench checkpoint).
 #pragma once
 
@@ -12,7 +12,7 @@
 
 namespace rotary::cli {
 
-// Returns the three options (a command that also runs other models refuses them there).
+// Returns the four options (a command that also runs other models refuses them there).
 inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experiments::CheckpointRunOptions& o) {
   return {app.add_option("--engine", o.engine,
                  "engine: the torch-free engine, weights used in place (default); torch: the nn model with float32 "
@@ -20,7 +20,10 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
           app.add_option("--weights", o.weights,
                  "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with a "
                  "scale; default: as stored)"),
-          app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)")};
+          app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)"),
+          app.add_option("--activations", o.activations,
+                 "engine: the linear layers' activations f32 (default), or bf16 - rounded to bf16 as llama.cpp's "
+                 "bf16 products do, for the CPU's bf16 dot products (bf16 weights only)")};
 }
 
 // Returns the six options (a command that also runs other models refuses them there).
