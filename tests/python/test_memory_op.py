@@ -1,6 +1,7 @@
 """torch.classes.rotary.MemoryKvCache: token by token, with top_k past the memory's size, every step equals softmax
 attention over all tokens so far (RoPE written out here in plain torch: the check does not go through the core);
-with top_k = 0 it attends to the window alone; a small top_k puts part of the mass on the memory; bad input is
+with top_k = 0 it attends to the window alone; a small top_k puts part of the mass on the memory; a bf16 memory
+equals the same attention with the memory's rotated keys and values rounded to bf16, in half the file; bad input is
 refused naming the field; the memory is saved to a file."""
 import os
 import tempfile
@@ -42,7 +43,7 @@ class MemoryKvCacheTest(unittest.TestCase):
         q = 2 * torch.randn(n, Hq, D, generator=g)
         pos = torch.cumsum(torch.randint(1, 3, (n,), generator=g), 0)
         inv = inv_freq_default(D)
-        cache = torch.classes.rotary.MemoryKvCache(W, Hkv, D, "exact", "rope", inv, 1.0, "half_split", 0, 0)
+        cache = torch.classes.rotary.MemoryKvCache(W, Hkv, D, "exact", "rope", inv, 1.0, "half_split", 0, 0, "f32")
         for t in range(n):
             cache.append(k[t:t + 1], v[t:t + 1], pos[t:t + 1])
             out, mass, rows = cache.decode(q[t], int(pos[t]), 100, 0.0)
@@ -65,12 +66,47 @@ class MemoryKvCacheTest(unittest.TestCase):
             cache.save_memory(path, 7)
             self.assertGreater(os.path.getsize(path), cache.memory_size() * Hkv * D * 8)
 
+    def test_a_bf16_memory_rounds_its_keys_and_values(self):
+        n, Hq, Hkv, D, W = 24, 4, 2, 16, 4
+        g = torch.Generator().manual_seed(9)
+        k, v = (torch.randn(n, Hkv, D, generator=g) for _ in range(2))
+        q = 2 * torch.randn(Hq, D, generator=g)
+        pos = torch.arange(n)
+        inv = inv_freq_default(D)
+        caches = {s: torch.classes.rotary.MemoryKvCache(W, Hkv, D, "exact", "rope", inv, 1.0, "half_split", 0, 0, s)
+                  for s in ("f32", "bf16")}
+        for c in caches.values():
+            c.append(k, v, pos)
+        m = caches["bf16"].memory_size()
+        self.assertGreater(m, 10)
+        out16, _, _ = caches["bf16"].decode(q, n - 1, 100, 0.0)
+        out32, _, _ = caches["f32"].decode(q, n - 1, 100, 0.0)
+        # The oracle: the memory's rows (the oldest m) keep R(pos) k and v rounded to bf16; the window's stay exact.
+        kr = rotate(k.double(), pos[:, None].expand(n, Hkv), inv)
+        kr[:m] = kr[:m].float().to(torch.bfloat16).double()
+        vv = v.double().clone()
+        vv[:m] = vv[:m].float().to(torch.bfloat16).double()
+        qr = rotate(q.double(), torch.full((Hq,), n - 1), inv)
+        s = torch.einsum("hd,nhd->hn", qr, kr.repeat_interleave(Hq // Hkv, dim=1)) / D ** 0.5
+        want = torch.einsum("hn,nhd->hd", torch.softmax(s, dim=-1), vv.repeat_interleave(Hq // Hkv, dim=1))
+        self.assertLess((out16.double() - want).abs().max().item(), 2e-3)
+        self.assertGreater((out16 - out32).abs().max().item(), 1e-4)  # the rounding happened
+        with tempfile.TemporaryDirectory() as d:
+            sizes = {}
+            for s, c in caches.items():
+                c.save_memory(os.path.join(d, s), 3)
+                sizes[s] = os.path.getsize(os.path.join(d, s))
+            self.assertLess(sizes["bf16"], 0.75 * sizes["f32"])
+
     def test_bad_input_is_refused_naming_the_field(self):
         inv = inv_freq_default(16)
         with self.assertRaises(CORE_ERROR) as cm:
-            torch.classes.rotary.MemoryKvCache(4, 2, 16, "unlimited", "rope", inv, 1.0, "half_split", 0, 0)
+            torch.classes.rotary.MemoryKvCache(4, 2, 16, "unlimited", "rope", inv, 1.0, "half_split", 0, 0, "f32")
         self.assertIn("memory_policy", str(cm.exception))
-        cache = torch.classes.rotary.MemoryKvCache(4, 2, 16, "exact", "rope", inv, 1.0, "half_split", 0, 0)
+        with self.assertRaises(CORE_ERROR) as cm:
+            torch.classes.rotary.MemoryKvCache(4, 2, 16, "exact", "rope", inv, 1.0, "half_split", 0, 0, "f64")
+        self.assertIn("memory_storage", str(cm.exception))
+        cache = torch.classes.rotary.MemoryKvCache(4, 2, 16, "exact", "rope", inv, 1.0, "half_split", 0, 0, "f32")
         with self.assertRaises(CORE_ERROR) as cm:
             cache.append(torch.randn(2, 2, 16, dtype=torch.float64), torch.randn(2, 2, 16, dtype=torch.float64),
                          torch.arange(2))

@@ -1,7 +1,8 @@
 // torch.classes.rotary.MemoryKvCache: a thin holder of rotary::MemoryKvCache (core/include/rotary/kv_memory.h) - a
 // decoder's cache whose tokens past a window move to a retrieval memory, each decode step attending to the window
 // exactly and to the top-k of the memory, merged. The binding converts tensors to core views and checks shapes and
-// dtypes; the core validates everything else and throws rotary::Error naming the field. fp32, inference only.
+// dtypes; the core validates everything else and throws rotary::Error naming the field. fp32 queries, keys and
+// values in and out; the memory stores its keys and values in f32, bf16 or f16 (memory_storage). Inference only.
 #include <torch/custom_class.h>
 #include <torch/torch.h>
 
@@ -19,10 +20,12 @@ namespace {
 class MemoryKvCacheHolder : public torch::CustomClassHolder {
  public:
   // window: tokens kept exact (at least); policy: exact | rerope | none | unlimiformer; mode: rope | rerope (the window's);
-  // rerope_window: the ReRoPE w of a rerope model (0 for rope); the rest as for KvCache.
+  // rerope_window: the ReRoPE w of a rerope model (0 for rope); memory_storage: f32 | bf16 | f16, the memory's keys
+  // and values (the window stays f32); the rest as for KvCache.
   MemoryKvCacheHolder(int64_t window, int64_t kv_heads, int64_t head_dim, const std::string& policy,
                       const std::string& mode, const at::Tensor& inv_freq, double attention_factor,
-                      const std::string& layout, int64_t rerope_window, int64_t logn_train_len) {
+                      const std::string& layout, int64_t rerope_window, int64_t logn_train_len,
+                      const std::string& memory_storage) {
     check(head_dim >= 1 && head_dim <= 4096, "head_dim", head_dim, "1..4096");
     check(mode == "rope" || mode == "rerope", "mode", mode, "rope or rerope");
     MemoryKvCacheConfig c;
@@ -35,6 +38,9 @@ class MemoryKvCacheHolder : public torch::CustomClassHolder {
     c.pos.freqs = &freqs_;
     c.pos.window = rerope_window;
     c.pos.logn_train_len = logn_train_len;
+    check(memory_storage == "f32" || memory_storage == "bf16" || memory_storage == "f16", "memory_storage",
+          memory_storage, "f32, bf16, f16");
+    c.memory_storage = parse_dtype(memory_storage);
     cache_ = std::make_unique<MemoryKvCache>(c);
   }
 
@@ -95,7 +101,7 @@ TORCH_LIBRARY_FRAGMENT(rotary, m) {
   using rotary::torch_ops::MemoryKvCacheHolder;
   m.class_<MemoryKvCacheHolder>("MemoryKvCache")
       .def(torch::init<int64_t, int64_t, int64_t, std::string, std::string, at::Tensor, double, std::string, int64_t,
-                       int64_t>())
+                       int64_t, std::string>())
       .def("append", &MemoryKvCacheHolder::append)
       .def("decode", &MemoryKvCacheHolder::decode)
       .def("size", &MemoryKvCacheHolder::size)
