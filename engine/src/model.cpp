@@ -220,8 +220,17 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
   };
   if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16)
     fail("activations", std::to_string(int(options.activations)), "f32, bf16");
+  // Checked before any weight is read or converted: the conversion's target, or else every matrix's stored dtype
+  // (the embedding only when it is also the head).
   if (options.activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
-    bf16_only(std::string("weights converted to ") + weight_format_name(*options.weights));  // before any conversion
+    bf16_only(std::string("weights converted to ") + weight_format_name(*options.weights));
+  if (options.activations == ActivationFormat::BF16 && !options.weights)
+    for (const TensorSlot& s : tensor_slots(arch)) {
+      if (s.shape.size() != 2 || (s.name == "embed" && !arch.tie_embeddings)) continue;
+      const StoredTensor t = lookup(s.name);
+      if (t.dtype != DType::BF16)
+        bf16_only("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + dtype_name(t.dtype));
+    }
   auto m = std::make_unique<Impl>();
   m->arch = arch;
   m->keep_alive = std::move(keep_alive);
@@ -250,16 +259,6 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
   m->final_norm = load.norm("final_norm", arch.norm, d);
   m->head.w = arch.tie_embeddings ? m->embed : load.matrix("lm_head", arch.vocab_size, d, options.weights);
   m->activations = options.activations;
-  if (options.activations == ActivationFormat::BF16) {
-    const auto stored = [](const WeightMatrix& w) { return std::string(weight_format_name(w.format)); };
-    if (m->head.w.format != WeightFormat::BF16) bf16_only("the LM head in " + stored(m->head.w));
-    for (size_t i = 0; i < m->layers.size(); ++i) {
-      const Layer& l = m->layers[i];
-      for (const Linear* x : {&l.q, &l.k, &l.v, &l.qkv, &l.o, &l.gate, &l.up, &l.down})
-        if (x->w.data && x->w.format != WeightFormat::BF16)
-          bf16_only("layer " + std::to_string(i) + "'s matrices in " + stored(x->w));
-    }
-  }
   return std::shared_ptr<const Model>(new Model(std::move(m)));
 }
 

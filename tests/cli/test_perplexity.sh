@@ -99,7 +99,7 @@ expect_error "perplexity --activations bf16 --weights q8" 2 "--activations = bf1
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q8 --activations bf16 --out "$W/x"
 expect_error "perplexity --activations f16" 2 "--activations = \"f16\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations f16 --out "$W/x"
-expect_error "generate --activations bf16 on f16 weights" 2 "activations = bf16 with the LM head in f16" -- \
+expect_error "generate --activations bf16 on f16 weights" 2 "stored as f16" -- \
   "$ROTARY" generate "$FIX/mistral" --prompt x --max-new 1 --activations bf16
 
 # Token ids, on the partial-rotation family (no tokenizer in that fixture).

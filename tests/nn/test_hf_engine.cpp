@@ -417,11 +417,12 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
   for (std::optional<WeightFormat> f : {std::optional<WeightFormat>(), std::optional<WeightFormat>(WeightFormat::Q8)})
     expect_error([&] { engine::Model::load(arch, lookup_with("layers.0.q.weight", {DType::F32, nan_q.data(), {32, 32}, "q_proj"}), {.weights = f}, nullptr); },
                  {"tensor q_proj = non-finite (element 5 is nan)", "finite weights"});
-  // bf16 activations need bf16 matrices: refused before a conversion to another format, and for f32 as stored.
+  // bf16 activations need bf16 matrices: refused before a conversion to another format, and for f32 as stored
+  // (before reading any weight: the lookup's dtypes).
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = WeightFormat::Q8, .activations = ActivationFormat::BF16}, nullptr); },
                {"activations = bf16 with weights converted to q8", "bf16 weights throughout"});
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::BF16}, nullptr); },
-               {"activations = bf16 with the LM head in f32", "--weights bf16"});
+               {"activations = bf16 with tensor ", "stored as f32", "--weights bf16"});
 
   engine::SessionOptions o;
   o.capacity = 8, o.positions = engine_positions(spec.config.resolved_encoding());
