@@ -58,15 +58,7 @@ ROTARY_BF16_DOT_TARGET inline void DotTile(const uint16_t* w, int64_t ws, const 
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
-    if constexpr (NT == 1) {
-      // Decode: ask for each row's line kPrefetchBytes ahead, past the row's end in the row NR below (the next
-      // tile's). An address, not a pointer: past the matrix's last row it is never dereferenced.
-      constexpr int64_t ahead = kPrefetchBytes / 2;
-      for (int r = 0; r < NR; ++r) {
-        const int64_t row = k + ahead < K ? r : r + NR, col = k + ahead < K ? k + ahead : k + ahead - K;
-        __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + uintptr_t(row * ws + col) * 2));
-      }
-    }
+    if constexpr (NT == 1) prefetch_rows_ahead<NR>(w, ws, K, k);  // decode: a vector is one cache line
     __m512i wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
     for (int t = 0; t < NT; ++t) {

@@ -61,20 +61,14 @@ HWY_INLINE float WeightAt(const T* p, int64_t c) {
   else return f16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
 }
 
-// Decode (one token: nothing reused, bound by the bus): at the first vector of each cache line of row r's columns
-// [k, k + L), asks for the line kPrefetchBytes ahead in the row, or past the row's end in row r + NR (the next
-// tile's). Prefill reuses each weight kTokens times and is bound by arithmetic, so it does not prefetch.
+// Decode (one token: nothing reused, bound by the bus): at the first vector of each cache line of the rows'
+// columns [k, k + L), prefetch_rows_ahead (linear_kernel.h). Prefill reuses each weight kTokens times and is bound
+// by arithmetic, so it does not prefetch.
 template <int NR, class T>
 HWY_INLINE void PrefetchAhead(const T* w, int64_t ws, int64_t K, int64_t k, int64_t L) {
-  constexpr int64_t kAhead = kPrefetchBytes / int64_t(sizeof(T)), kLine = 64 / int64_t(sizeof(T));
+  constexpr int64_t kLine = 64 / int64_t(sizeof(T));
   if (k % kLine >= L) return;  // not the first vector in its line (a vector is at most one line)
-  const int64_t ahead = k + kAhead;
-  for (int r = 0; r < NR; ++r) {
-    const int64_t row = ahead < K ? r : r + NR, col = ahead < K ? ahead : ahead - K;
-    // An address, not a pointer into w: past the matrix's last row it is never dereferenced (a prefetch does not
-    // fault), and no out-of-bounds pointer is formed.
-    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + uintptr_t(row * ws + col) * sizeof(T)));
-  }
+  prefetch_rows_ahead<NR>(w, ws, K, k);
 }
 
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
