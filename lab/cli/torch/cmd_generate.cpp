@@ -17,7 +17,7 @@ namespace rotary::cli {
 namespace {
 
 struct GenerateCommand {
-  std::string checkpoint, prompt, prompt_file;
+  std::string checkpoint, prompt, prompt_file, prompt_tokens;
   int max_new = 200;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -50,14 +50,24 @@ struct GenerateCommand {
     experiments::CheckpointModel c(checkpoint, run_options);
     c.set_override(overrides.override_of(c.spec().config));
     if (memory.enabled()) c.set_memory(memory.engine_options(c.spec().trained_context));
-    const auto tokenizer = lab::load_tokenizer(checkpoint);
-    const std::vector<int64_t> ids = tokenizer->encode_for_model(prompt);
-    check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
+    // Token ids in and out need no tokenizer (a checkpoint without one, or a check against another runtime's ids);
+    // text in is the model's own tokenizer's, BOS as the model expects.
+    const int64_t vocab = c.spec().config.vocab_size;
+    std::unique_ptr<lab::Tokenizer> tokenizer;
+    std::vector<int64_t> ids;
+    if (!prompt_tokens.empty()) {
+      ids = lab::read_token_id_file(prompt_tokens, vocab);
+      check(!ids.empty(), "--prompt-tokens", prompt_tokens, "a file of at least one token id");
+    } else {
+      tokenizer = lab::load_tokenizer(checkpoint);
+      ids = tokenizer->encode_for_model(prompt);
+      check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
+    }
     c.check_memory(int64_t(ids.size()) + max_new, "--prompt tokens + --max-new");
-    const int64_t stop = no_stop || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
+    const int64_t stop = no_stop || !tokenizer || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
-    const int64_t sample_vocab = std::min<int64_t>(tokenizer->vocab_size(), c.spec().config.vocab_size);
+    const int64_t sample_vocab = tokenizer ? std::min<int64_t>(tokenizer->vocab_size(), vocab) : vocab;
     // A long prompt (a book through the memory) reports its progress on stderr.
     const auto start = std::chrono::steady_clock::now();
     int64_t reported = 0;
@@ -69,7 +79,14 @@ struct GenerateCommand {
                    double(done) / std::max(s, 1e-9));
     };
     const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, sample_vocab, progress);
-    std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
+    if (tokenizer) {
+      std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
+    } else {
+      std::string line;
+      for (const auto& part : {only_new ? std::vector<int64_t>{} : ids, out})
+        for (int64_t id : part) line += (line.empty() ? "" : " ") + std::to_string(id);
+      std::printf("%s\n", line.c_str());
+    }
     if (memory.enabled() && !no_progress) {
       const engine::MemoryStats s = c.memory_stats();
       std::fprintf(stderr, "%s: %lld tokens in each layer's memory, %.1f%% of the attention on retrieved rows "
@@ -81,10 +98,14 @@ struct GenerateCommand {
 
   void run() {
     train::use_threads(threads);
-    check(prompt.empty() != prompt_file.empty(), "--prompt / --prompt-file", prompt.empty() ? "neither" : "both",
-          "exactly one: the text, or a file holding it");
+    const int given = !prompt.empty() + !prompt_file.empty() + !prompt_tokens.empty();
+    check(given == 1, "--prompt / --prompt-file / --prompt-tokens", given == 0 ? "none" : std::to_string(given),
+          "exactly one: the text, a file holding it, or a file of token ids");
     if (!prompt_file.empty()) prompt = lab::read_file(prompt_file);
     if (is_hf_model(checkpoint)) return run_hf();
+    check(prompt_tokens.empty(), "--prompt-tokens", prompt_tokens,
+          "unset for a lab run (its prompt is text in the task's vocabulary); token ids are for Hugging Face model "
+          "directories");
     for (CLI::Option* o : run_flags)
       if (o->count()) fail(o->get_name(), o->as<std::string>(), "unset for a lab run (it runs the nn model it was "
                                                                    "trained as); the flag is for Hugging Face model "
@@ -107,6 +128,9 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file, run directory, or Hugging Face model directory")->required();
   sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)");
   sub->add_option("--prompt-file", cmd->prompt_file, "or: a file holding the text (a book-length prompt)");
+  sub->add_option("--prompt-tokens", cmd->prompt_tokens,
+                  "or (Hugging Face checkpoints): a file of whitespace-separated token ids; the output is ids too, "
+                  "no tokenizer needed");
   sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->transform(integer_in(1, kMaxSequenceLength));
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
   sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
