@@ -29,7 +29,7 @@ namespace rotary::attn {
 // Per-call scratch of the forward: shared rotated inputs and per-thread tiles.
 template <class T>
 struct FwdBuffers {
-  T *Qn = nullptr, *Qf = nullptr;    // rows [Hq][tokens][Dp]: softmax_scale and log-n folded in
+  T *Qn = nullptr, *Qf = nullptr;    // rows [Hq][queries][Dp]: softmax_scale and log-n folded in
   T *KnT = nullptr, *KfT = nullptr;  // packed [Hkv][blocks][Dp][Bc]
   T *Vn = nullptr, *Vf = nullptr;    // rows [Hkv][tokens][Dp]
   uint8_t *vflag_n = nullptr, *vflag_f = nullptr;  // [Hkv][blocks]: block holds a non-finite value
@@ -40,7 +40,7 @@ struct FwdBuffers {
 template <class T>
 FwdBuffers<T> carve_forward(Arena& a, const Plan& pl, int threads) {
   FwdBuffers<T> b;
-  const int64_t rows_q = pl.Hq * pl.tokens * pl.Dp, rows_kv = pl.Hkv * pl.tokens * pl.Dp;
+  const int64_t rows_q = pl.Hq * pl.queries() * pl.Dp, rows_kv = pl.Hkv * pl.tokens * pl.Dp;
   const int64_t packed = pl.Hkv * pl.nblocks * pl.Dp * kBlockKeys;
   b.Qn = a.take<T>(rows_q);
   b.KnT = a.take<T>(packed);
@@ -61,15 +61,15 @@ FwdBuffers<T> carve_forward(Arena& a, const Plan& pl, int threads) {
 }
 
 struct FwdItem {
-  int64_t seq, head, qtile, cost;
+  int64_t seq, head, qtile, cost;  // query tile qtile: rows from index first_query + qtile * kBlockRows of seq
 };
 
 inline std::vector<FwdItem> forward_items(const Plan& pl) {
   std::vector<FwdItem> items;
   for (int64_t s = 0; s < pl.batch; ++s) {
-    const int64_t L = pl.seq_len(s), tiles = (L + kBlockRows - 1) / kBlockRows;
+    const int64_t L = pl.seq_len(s), tiles = (L - pl.first_query + kBlockRows - 1) / kBlockRows;
     for (int64_t qt = 0; qt < tiles; ++qt) {
-      const int64_t keys = pl.causal ? std::min(L, (qt + 1) * kBlockRows) : L;
+      const int64_t keys = pl.causal ? std::min(L, pl.first_query + (qt + 1) * kBlockRows) : L;
       for (int64_t h = 0; h < pl.Hq; ++h) items.push_back({s, h, qt, keys});
     }
   }
@@ -89,7 +89,7 @@ template <class T>
 void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& b, T* th, const FwdItem& it) {
   constexpr int64_t Br = kBlockRows, Bc = kBlockKeys;
   const int64_t Dp = pl.Dp, h = it.head, hk = h / pl.group, sb = pl.seq_start[size_t(it.seq)];
-  const int64_t L = pl.seq_len(it.seq), i0 = it.qtile * Br, rows = std::min(Br, L - i0);
+  const int64_t L = pl.seq_len(it.seq), i0 = pl.first_query + it.qtile * Br, rows = std::min(Br, L - i0);
   const int64_t blk_elems = Dp * Bc;
   const bool two_acc = pl.far && pl.roper;
   T* S = th;
@@ -106,8 +106,10 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
   const int64_t* pos = pl.pos.data() + sb;
   const int64_t qpmin = *std::min_element(pos + i0, pos + i0 + rows);
   const int64_t qpmax = *std::max_element(pos + i0, pos + i0 + rows);
-  const T* Qn = b.Qn + (h * pl.tokens + sb + i0) * Dp;
-  const T* Qf = pl.far ? b.Qf + (h * pl.tokens + sb + i0) * Dp : nullptr;
+  // (first_query > 0 only with one sequence: sb = 0)
+  const int64_t qrow = h * pl.queries() + sb + i0 - pl.first_query;
+  const T* Qn = b.Qn + qrow * Dp;
+  const T* Qf = pl.far ? b.Qf + qrow * Dp : nullptr;
   const int64_t nkt = pl.causal ? (i0 + rows - 1) / Bc + 1 : pl.blocks_of(it.seq);
 
   for (int64_t kt = 0; kt < nkt; ++kt) {
@@ -182,11 +184,12 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
       }
       out = row;
     }
-    StoreRow(pl, out, p.o, t, h);
+    const int64_t at = t - pl.first_query;  // the row of o and lse
+    StoreRow(pl, out, p.o, at, h);
     if (p.lse) {
       const T lse = m[r] + std::log(l[r]);
-      if (pl.dtype == DType::F64) static_cast<double*>(p.lse)[t * pl.Hq + h] = double(lse);
-      else static_cast<float*>(p.lse)[t * pl.Hq + h] = float(lse);
+      if (pl.dtype == DType::F64) static_cast<double*>(p.lse)[at * pl.Hq + h] = double(lse);
+      else static_cast<float*>(p.lse)[at * pl.Hq + h] = float(lse);
     }
   }
 }
@@ -194,11 +197,11 @@ void ForwardItem(const AttentionParams& p, const Plan& pl, const FwdBuffers<T>& 
 template <class T>
 void ForwardTyped(const AttentionParams& p, const Plan& pl, Arena& arena, int threads) {
   const FwdBuffers<T> b = carve_forward<T>(arena, pl, threads);
-  std::vector<PrepJob> jobs = {{p.q, q_near(pl), b.Qn, false, nullptr},
+  std::vector<PrepJob> jobs = {{p.q, q_near(pl), b.Qn, false, nullptr, pl.first_query},
                                {p.k, k_near(pl), b.KnT, true, nullptr},
                                {p.v, v_near(pl), b.Vn, false, b.vflag_n}};
   if (pl.far) {
-    jobs.push_back({p.q, q_far(pl), b.Qf, false, nullptr});
+    jobs.push_back({p.q, q_far(pl), b.Qf, false, nullptr, pl.first_query});
     jobs.push_back({p.k, k_far(pl), b.KfT, true, nullptr});
     if (pl.roper) jobs.push_back({p.v, v_far(pl), b.Vf, false, b.vflag_f});
   }
@@ -257,14 +260,14 @@ const char* detail::attention_forward_simd_target() {
 
 int64_t attention_forward_scratch_bytes(const AttentionParams& p, int threads) {
   validate_attention_params(p);
-  if (p.tokens == 0) return 0;
+  if (p.tokens == p.first_query) return 0;
   const attn::Plan pl = attn::make_plan(p);
   return attn::forward_bytes(pl, attn::forward_threads(pl, threads > 0 ? threads : p.threads));
 }
 
 void attention_forward(const AttentionParams& p) {
   validate_attention_params(p);
-  if (p.tokens == 0) return;
+  if (p.tokens == p.first_query) return;  // no queries (or no tokens)
   const attn::Plan pl = attn::make_plan(p);
   const int threads = attn::forward_threads(pl, p.threads);
   attn::Arena arena(attn::forward_bytes(pl, threads));

@@ -19,13 +19,19 @@ void validate_attention_params(const AttentionParams& p) {
   check(std::isfinite(p.softmax_scale), "softmax_scale", p.softmax_scale, "a finite value (0: 1/sqrt(head_dim))");
   check_position_params(p.pos, p.head_dim, "head_dim");
   check_sequences(p.cu_seqlens, p.batch, p.tokens);
+  check(p.first_query >= 0 && p.first_query <= p.tokens, "first_query", p.first_query,
+        "in [0, tokens = " + std::to_string(p.tokens) + "]");
+  if (p.first_query > 0)
+    check(p.cu_seqlens == nullptr, "cu_seqlens", "given",
+          "null with first_query = " + std::to_string(p.first_query) + " (queries for the last tokens of one sequence)");
   if (p.tokens == 0) return;
-  check_view(p.q, "q", p.tokens, p.head_dim);
+  const int64_t queries = p.tokens - p.first_query;
+  if (queries > 0) check_view(p.q, "q", queries, p.head_dim);
   check_view(p.k, "k", p.tokens, p.head_dim);
   if (p.q.heads % p.k.heads != 0)
     fail("k.heads", to_text(p.k.heads), "a divisor of q.heads = " + std::to_string(p.q.heads) + " (MHA, GQA or MQA)");
   check_view(p.v, "v", p.tokens, p.head_dim, p.k.heads, "k.heads");
-  check_view(p.o, "o", p.tokens, p.head_dim, p.q.heads, "q.heads");
+  if (queries > 0) check_view(p.o, "o", queries, p.head_dim, p.q.heads, "q.heads");
   const ScoreBiasParams& b = p.bias;
   check(b.kind == ScoreBias::None || b.kind == ScoreBias::Alibi || b.kind == ScoreBias::T5, "bias.kind", int(b.kind),
         "None, Alibi or T5");
@@ -48,6 +54,7 @@ void validate_attention_params(const AttentionParams& p) {
 void validate_attention_grad_params(const AttentionGradParams& g) {
   const AttentionParams& p = g.fwd;
   validate_attention_params(p);
+  check(p.first_query == 0, "fwd.first_query", p.first_query, "0 in the backward (every query's gradient)");
   if (p.tokens == 0) return;
   check(p.lse != nullptr, "fwd.lse", "null", "the forward's log-sum-exp [tokens, q.heads] (required in backward)");
   detail::check_view(g.dout, "dout", p.tokens, p.head_dim, p.q.heads, "q.heads");

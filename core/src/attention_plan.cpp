@@ -26,6 +26,7 @@ Plan make_plan(const AttentionParams& p) {
   Plan pl;
   pl.tokens = p.tokens;
   pl.batch = p.batch;
+  pl.first_query = p.first_query;
   pl.D = p.head_dim;
   pl.Dp = padded_dim(p.head_dim, elem_bytes(p.dtype));
   pl.Hq = p.q.heads;

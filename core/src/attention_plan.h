@@ -46,6 +46,8 @@ struct RowTransform {
 
 struct Plan {
   int64_t tokens = 0, batch = 1;
+  int64_t first_query = 0;          // queries for tokens [first_query, tokens) only (AttentionParams::first_query)
+  int64_t queries() const { return tokens - first_query; }
   int D = 0, Dp = 0;
   int64_t Hq = 0, Hkv = 0, group = 1;
   DType dtype = DType::F32;
@@ -187,6 +189,7 @@ struct PrepJob {
   void* dst = nullptr;
   bool packed = false;
   uint8_t* flags = nullptr;
+  int64_t first_token = 0;  // rows only: tokens [first_token, tokens), src row and dst row t - first_token
 };
 
 // The pure rotation angles of token t for an angle kind: c[m] = cos(angle * inv_freq[m]), s[m] = sin(...),

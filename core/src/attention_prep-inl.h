@@ -125,6 +125,8 @@ void Prep(const Plan& pl, const std::vector<PrepJob>& jobs, int threads) {
       const int64_t seq = pl.tok_seq[size_t(t)], i = t - pl.seq_start[size_t(seq)];
       const int64_t blk = pl.blk_first[size_t(seq)] + i / kBlockKeys, col = i % kBlockKeys;
       for (const PrepJob& j : jobs) {
+        if (t < j.first_token) continue;
+        const int64_t row = t - j.first_token, rows = pl.tokens - j.first_token;
         const int kind = int(j.tr.angle);
         const bool rotate = j.tr.angle != Angle::None && pl.pairs > 0;
         if (rotate && !have[kind]) {
@@ -134,8 +136,8 @@ void Prep(const Plan& pl, const std::vector<PrepJob>& jobs, int threads) {
         const T qs = ExpandAngles(pl, j.tr, t, c[kind], s[kind], C, S);
         T* dst = static_cast<T*>(j.dst);
         for (int64_t h = 0; h < j.src.heads; ++h) {
-          LoadRow(pl.dtype, j.src.data, t * j.src.token_stride + h * j.src.head_stride, pl.D, x);
-          T* y = j.packed ? ybuf : dst + (h * pl.tokens + t) * pl.Dp;
+          LoadRow(pl.dtype, j.src.data, row * j.src.token_stride + h * j.src.head_stride, pl.D, x);
+          T* y = j.packed ? ybuf : dst + (h * rows + row) * pl.Dp;
           RotateRow(pl, rotate, C, S, qs, x, y);
           if (j.packed) {
             T* at = dst + (h * pl.nblocks + blk) * blk_elems + col;

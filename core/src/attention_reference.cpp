@@ -121,7 +121,9 @@ HeadMatrices head_matrices(const Ref& r, int64_t b, int64_t h) {
   const bool rotary = p.pos.mode != PositionMode::None;
   for (int64_t i = 0; i < L; ++i) {
     const int64_t t = begin + i;
-    Vec q = load_head(p.q, p.dtype, t, h, D), k = load_head(p.k, p.dtype, t, hk, D);
+    // (rows before first_query have no query: their scores are computed from zeros and never read)
+    Vec q = t >= p.first_query ? load_head(p.q, p.dtype, t - p.first_query, h, D) : Vec(size_t(D), 0.0);
+    Vec k = load_head(p.k, p.dtype, t, hk, D);
     const double lam = r.logn(t);
     for (double& x : q) x *= lam;
     Vec qn(q), kn(k), qf(q), kf(k);
@@ -179,7 +181,7 @@ Vec value_rotation(const Ref& r, int64_t i, int64_t j, double sign, const Vec& x
 
 void attention_forward_reference(const AttentionParams& p) {
   validate_attention_params(p);
-  if (p.tokens == 0) return;
+  if (p.tokens == p.first_query) return;
   const Ref r(p);
   const int D = r.D;
   for (int64_t b = 0; b < p.batch; ++b) {
@@ -187,16 +189,16 @@ void attention_forward_reference(const AttentionParams& p) {
     for (int64_t h = 0; h < p.q.heads; ++h) {
       const HeadMatrices m = head_matrices(r, b, h);
       const int64_t L = m.L, hk = h / (p.q.heads / p.k.heads);
-      for (int64_t i = 0; i < L; ++i) {
+      for (int64_t i = p.first_query; i < L; ++i) {  // (first_query > 0: one sequence, begin = 0)
         Vec o(size_t(D), 0.0);
         const int64_t jend = p.causal ? i + 1 : L;
         for (int64_t j = 0; j < jend; ++j) {
           const Vec u = value_rotation(r, begin + i, begin + j, -1.0, load_head(p.v, p.dtype, begin + j, hk, D));
           for (int d = 0; d < D; ++d) o[size_t(d)] += m.prob[size_t(i * L + j)] * u[size_t(d)];
         }
-        store_head(p.o, p.dtype, begin + i, h, o.data(), D);
+        store_head(p.o, p.dtype, begin + i - p.first_query, h, o.data(), D);
         if (p.lse) {
-          const int64_t at = (begin + i) * p.q.heads + h;
+          const int64_t at = (begin + i - p.first_query) * p.q.heads + h;
           if (p.dtype == DType::F64) static_cast<double*>(p.lse)[at] = m.lse[size_t(i)];
           else static_cast<float*>(p.lse)[at] = float(m.lse[size_t(i)]);
         }

@@ -43,6 +43,14 @@ bool length_dependent(const RopeSpec& r) {
   return r.scaling == RopeScaling::Dynamic || r.scaling == RopeScaling::LongRope;
 }
 
+// Tokens per chunk of a layer's work on a prompt: prefill_chunk, rounded down to whole memory chunks with a memory
+// (at least one), so that the memory's chunks start where they would over the whole call.
+int64_t layer_chunk(const SessionOptions& o) {
+  if (!o.memory) return o.prefill_chunk;
+  const int64_t m = o.memory->chunk_tokens();
+  return m * std::max<int64_t>(1, o.prefill_chunk / m);
+}
+
 float gelu(float x, bool tanh_form) {
   if (tanh_form) return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
@@ -64,8 +72,9 @@ struct Session::Impl {
   MemoryStats memory_stats;
   double scored_vectors = 0, scan_vectors = 0;  // MemoryStats::scored_share's terms
   std::vector<int64_t> candidates;  // [tokens, Hq, top_k] rows the page search proposes
-  // A memory chunk's attention inputs: the window's rows, then the chunk's ([rows, heads, head_dim] f32).
-  std::vector<float> chunk_q, chunk_k, chunk_v, chunk_o, chunk_lse, chunk_mass;
+  // A memory chunk's keys and values: the window's rows, then the chunk's ([rows, heads, head_dim] f32); lse and
+  // the memory's share of the attention for the chunk's queries.
+  std::vector<float> chunk_k, chunk_v, chunk_lse, chunk_mass;
   std::vector<int64_t> chunk_pos;
   int64_t last_position = 0;
   // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
@@ -144,28 +153,31 @@ struct Session::Impl {
   }
   bool started() const { return o.memory ? !memory_caches.empty() : !caches.empty(); }
 
+  // Every token's residual stream (x) and one layer's keys and values (k, v: a chunk's queries attend to all the
+  // keys before them); the rest holds one chunk of at most prefill_chunk tokens.
   void grow(int64_t n) {
     const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
-    const int64_t chunk = std::min(n, o.prefill_chunk), es = int64_t(dtype_size(o.kv_dtype));
+    const int64_t chunk = std::min(n, layer_chunk(o)), es = int64_t(dtype_size(o.kv_dtype));
     auto need = [](auto& v, int64_t size) {
       if (int64_t(v.size()) < size) v.resize(size_t(size));
     };
-    need(x, n * d), need(h, n * d), need(h2, n * d), need(q, n * hq), need(k, n * hkv), need(v, n * hkv);
-    need(att, n * hq);
-    if (a.fused_qkv) need(qkv, n * 3 * hq);
+    need(x, n * d), need(k, n * hkv), need(v, n * hkv);
+    need(h, chunk * d), need(h2, chunk * d), need(q, chunk * hq), need(att, chunk * hq);
+    if (a.fused_qkv) need(qkv, chunk * 3 * hq);
     need(ff_up, chunk * a.d_ff);
     if (a.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * a.d_ff);
     if (o.kv_dtype != DType::F32)
-      need(qc, n * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, n * hq * es);
+      need(qc, chunk * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, chunk * hq * es);
   }
 
-  // The first `count` floats of `f` as the attention kernels take them, in the cache's dtype: `f` itself for an f32
-  // cache (no copy on the decode path), else rounded into `conv` (grown only when a longer prompt needs it).
-  char* in_kv_dtype(std::vector<float>& f, std::vector<uint8_t>& conv, int64_t count) {
+  // Floats [from, to) of `f` as the attention kernels take them, in the cache's dtype; returns the base of the array
+  // holding them (element i at i): `f` itself for an f32 cache (no copy on the decode path), else `conv` with those
+  // elements rounded into it (grown only when a longer prompt needs it).
+  char* in_kv_dtype(std::vector<float>& f, std::vector<uint8_t>& conv, int64_t from, int64_t to) {
     if (o.kv_dtype == DType::F32) return reinterpret_cast<char*>(f.data());
-    const size_t bytes = size_t(count) * dtype_size(o.kv_dtype);
+    const size_t bytes = size_t(to) * dtype_size(o.kv_dtype);
     if (conv.size() < bytes) conv.resize(bytes);
-    for (int64_t i = 0; i < count; ++i) store_from_double(conv.data(), o.kv_dtype, i, f[size_t(i)]);
+    for (int64_t i = from; i < to; ++i) store_from_double(conv.data(), o.kv_dtype, i, f[size_t(i)]);
     return reinterpret_cast<char*>(conv.data());
   }
 
@@ -203,33 +215,36 @@ struct Session::Impl {
     if (hist_pos.empty()) return;
     const int64_t n = int64_t(hist_pos.size()), hkv = a.n_kv_heads * a.head_dim;
     for (int64_t i = 0; i < a.n_layers; ++i)
-      caches[size_t(i)].append(n, view(in_kv_dtype(hist_k[size_t(i)], kc, n * hkv), a.n_kv_heads),
-                               view(in_kv_dtype(hist_v[size_t(i)], vc, n * hkv), a.n_kv_heads), hist_pos.data());
+      caches[size_t(i)].append(n, view(in_kv_dtype(hist_k[size_t(i)], kc, 0, n * hkv), a.n_kv_heads),
+                               view(in_kv_dtype(hist_v[size_t(i)], vc, 0, n * hkv), a.n_kv_heads), hist_pos.data());
   }
   // [tokens, heads, head_dim] packed.
   HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
 
-  // Attention of one layer's n tokens (q, k, v: [n, heads, head_dim] f32 in the scratch) through its KV cache, into
-  // att: a prompt (the first call, n > 1) through the fused kernel, later tokens one decode step each.
-  void attend_with_cache(int64_t layer, int64_t n, const int64_t* positions, bool prompt) {
+  // Attention of one layer's chunk of c tokens t0.. of this call (q, att: the chunk's [c, heads, head_dim]; k, v:
+  // the call's tokens up to the chunk's end, f32 in the scratch) through its KV cache: a prompt (the first call,
+  // n > 1) through the fused kernel - the chunk's queries against every key before them (first_query) - later
+  // tokens one decode step each.
+  void attend_with_cache(int64_t layer, int64_t t0, int64_t c, const int64_t* positions, bool prompt) {
     const int64_t hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
     KvCache& cache = caches[size_t(layer)];
     const int64_t es = int64_t(dtype_size(o.kv_dtype));
-    char* qs = in_kv_dtype(q, qc, n * hq);
-    char* ks = in_kv_dtype(k, kc, n * hkv);
-    char* vs = in_kv_dtype(v, vc, n * hkv);
+    char* qs = in_kv_dtype(q, qc, 0, c * hq);
+    char* ks = in_kv_dtype(k, kc, t0 * hkv, (t0 + c) * hkv);
+    char* vs = in_kv_dtype(v, vc, t0 * hkv, (t0 + c) * hkv);
     char* os = o.kv_dtype == DType::F32 ? reinterpret_cast<char*>(att.data()) : reinterpret_cast<char*>(oc.data());
     if (prompt) {
       AttentionParams p;
-      p.tokens = n, p.head_dim = int(hd), p.dtype = o.kv_dtype;
+      p.tokens = t0 + c, p.first_query = t0, p.head_dim = int(hd), p.dtype = o.kv_dtype;
       p.q = view(qs, a.n_heads), p.k = view(ks, a.n_kv_heads), p.v = view(vs, a.n_kv_heads);
       p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
       p.threads = threads;
       attention_forward(p);
-      cache.append(n, view(ks, a.n_kv_heads), view(vs, a.n_kv_heads), positions);
+      cache.append(c, view(ks + t0 * hkv * es, a.n_kv_heads), view(vs + t0 * hkv * es, a.n_kv_heads), positions + t0);
     } else {
-      for (int64_t t = 0; t < n; ++t) {
-        cache.append(1, view(ks + t * hkv * es, a.n_kv_heads), view(vs + t * hkv * es, a.n_kv_heads), positions + t);
+      for (int64_t t = 0; t < c; ++t) {
+        const int64_t kt = (t0 + t) * hkv * es;
+        cache.append(1, view(ks + kt, a.n_kv_heads), view(vs + kt, a.n_kv_heads), positions + t0 + t);
         DecodeParams p;
         p.q = view(qs + t * hq * es, a.n_heads), p.o = view(os + t * hq * es, a.n_heads);
         p.threads = threads;
@@ -237,19 +252,24 @@ struct Session::Impl {
       }
     }
     if (o.kv_dtype != DType::F32)
-      for (int64_t i = 0; i < n * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+      for (int64_t i = 0; i < c * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
   }
 
-  // Attention of one layer's n tokens (q, k, v: [n, heads, head_dim] f32 in the scratch) through its memory cache,
-  // into att: chunk by chunk, each attending to the window and itself (one fused causal call: the window's rows as
-  // keys with zero queries whose outputs are dropped), then to the memory's top-k, merged; then joining the window.
-  // A chunk of one token is a decode step (MemoryKvCache::decode).
-  void attend_with_memory(int64_t layer, int64_t n, const int64_t* positions) {
+  // Attention of one layer's chunk of n tokens t0.. of this call (q, att: the chunk's [n, heads, head_dim]; k, v:
+  // the call's, f32 in the scratch) through its memory cache: memory chunk by memory chunk, each attending to the
+  // window and itself (one fused causal call, the window's rows as keys only: first_query), then to the memory's
+  // top-k, merged; then joining the window. A chunk of one token is a decode step (MemoryKvCache::decode).
+  void attend_with_memory(int64_t layer, int64_t t0, int64_t n, const int64_t* positions) {
     MemoryKvCache& cache = memory_caches[size_t(layer)];
     MemoryPages* pages = memory_pages.empty() ? nullptr : &memory_pages[size_t(layer)];
     const MemoryOptions& mo = *o.memory;
     const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
     const int64_t chunk = mo.chunk_tokens();
+    float* const q_all = q.data();
+    float* const k_all = k.data() + t0 * hkv;
+    float* const v_all = v.data() + t0 * hkv;
+    float* const o_all = att.data();
+    positions += t0;
     auto count = [&](int64_t queries, const float* mass) {
       if (cache.memory().size() == 0 || mo.top_k == 0) return;
       for (int64_t t = 0; t < queries; ++t) {
@@ -280,10 +300,10 @@ struct Session::Impl {
     };
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
       const int64_t c = std::min(chunk, n - c0);
-      float* qs = q.data() + c0 * hq;
-      float* ks = k.data() + c0 * hkv;
-      float* vs = v.data() + c0 * hkv;
-      float* os = att.data() + c0 * hq;
+      float* qs = q_all + c0 * hq;
+      float* ks = k_all + c0 * hkv;
+      float* vs = v_all + c0 * hkv;
+      float* os = o_all + c0 * hq;
       if (c == 1) {
         cache.append(1, view(ks, Hkv), view(vs, Hkv), positions + c0);
         MemoryDecodeParams p;
@@ -302,29 +322,25 @@ struct Session::Impl {
         continue;
       }
       const int64_t w = cache.window_size(), rows = w + c;
-      need(chunk_q, rows * hq), need(chunk_k, rows * hkv), need(chunk_v, rows * hkv), need(chunk_o, rows * hq);
-      need(chunk_lse, rows * Hq), need(chunk_pos, rows);
-      std::fill_n(chunk_q.data(), w * hq, 0.0f);
+      need(chunk_k, rows * hkv), need(chunk_v, rows * hkv), need(chunk_lse, c * Hq), need(chunk_pos, rows);
       std::copy_n(cache.window_keys(), w * hkv, chunk_k.data());
       std::copy_n(cache.window_values(), w * hkv, chunk_v.data());
       std::copy_n(cache.window_positions(), w, chunk_pos.data());
-      std::copy_n(qs, c * hq, chunk_q.data() + w * hq);
       std::copy_n(ks, c * hkv, chunk_k.data() + w * hkv);
       std::copy_n(vs, c * hkv, chunk_v.data() + w * hkv);
       std::copy_n(positions + c0, c, chunk_pos.data() + w);
       AttentionParams p;
-      p.tokens = rows, p.head_dim = int(hd), p.dtype = DType::F32;
-      p.q = view(chunk_q.data(), Hq), p.k = view(chunk_k.data(), Hkv), p.v = view(chunk_v.data(), Hkv);
-      p.o = view(chunk_o.data(), Hq), p.lse = chunk_lse.data(), p.positions = chunk_pos.data(), p.causal = true;
+      p.tokens = rows, p.first_query = w, p.head_dim = int(hd), p.dtype = DType::F32;
+      p.q = view(qs, Hq), p.k = view(chunk_k.data(), Hkv), p.v = view(chunk_v.data(), Hkv);
+      p.o = view(os, Hq), p.lse = chunk_lse.data(), p.positions = chunk_pos.data(), p.causal = true;
       p.pos = position_params(), p.threads = threads;
       attention_forward(p);
-      std::copy_n(chunk_o.data() + w * hq, c * hq, os);
       const int64_t k_eff = std::min<int64_t>(mo.top_k, cache.memory().size());
       if (k_eff > 0) {
         MemoryAttentionParams mp;
         mp.tokens = c, mp.q = view(qs, Hq), mp.q_positions = positions + c0, mp.top_k = int(k_eff);
         mp.query_origin = cache.query_origin(positions[c0]);
-        mp.o = view(os, Hq), mp.lse = chunk_lse.data() + w * Hq, mp.memory_mass = chunk_mass.data();
+        mp.o = view(os, Hq), mp.lse = chunk_lse.data(), mp.memory_mass = chunk_mass.data();
         mp.threads = threads;
         mp.candidates = search(mp);
         memory_attention(cache.memory(), mp);
@@ -350,44 +366,51 @@ struct Session::Impl {
     grow(n);
     const int64_t d = a.d_model, hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
     const bool prompt = size() == 0 && n > 1;
+    const int64_t chunk = layer_chunk(o);
     for (int64_t t = 0; t < n; ++t) weight_row(m.embed, tokens[t], x.data() + t * d);
 
+    // Layer by layer; inside a layer, chunk by chunk of prefill_chunk tokens (its keys and values kept for the
+    // chunks after it), so that activations other than the residual stream and the keys take one chunk's memory.
     for (int64_t li = 0; li < a.n_layers; ++li) {
       const Layer& l = m.layers[size_t(li)];
-      apply_norm(a.norm, l.attn_norm, a.norm_eps, x.data(), n, d, h.data());
-      if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
-        project(l.qkv, h.data(), n, d, qkv.data(), 3 * hq, false);
-        for (int64_t t = 0; t < n; ++t)
-          for (int64_t hh = 0; hh < a.n_heads; ++hh) {
-            const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
-            std::memcpy(q.data() + t * hq + hh * hd, src, size_t(hd) * 4);
-            std::memcpy(k.data() + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
-            std::memcpy(v.data() + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
-          }
-      } else {
-        // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
-        const LinearParams qkv_products[] = {product(l.q, h.data(), n, d, q.data(), hq, false),
-                                             product(l.k, h.data(), n, d, k.data(), hkv, false),
-                                             product(l.v, h.data(), n, d, v.data(), hkv, false)};
-        linear_forward_group(qkv_products, 3);
-      }
-      if (dynamic) {
-        if (hist_k.size() < size_t(a.n_layers)) hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
-        hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), k.begin(), k.begin() + n * hkv);
-        hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), v.begin(), v.begin() + n * hkv);
-      }
-      if (o.memory) {
-        attend_with_memory(li, n, positions);
-      } else {
-        attend_with_cache(li, n, positions, prompt);
-      }
-      if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
-      project(l.o, att.data(), n, hq, x.data(), d, true);
-      if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, x.data(), n, d, h2.data());
-      for (int64_t t0 = 0; t0 < n; t0 += o.prefill_chunk) {
-        const int64_t c = std::min(o.prefill_chunk, n - t0), ff = a.d_ff;
-        const LinearParams up_gate[] = {product(l.up, h2.data() + t0 * d, c, d, ff_up.data(), ff, false),
-                                        product(l.gate, h2.data() + t0 * d, c, d, ff_gate.data(), ff, false)};
+      if (dynamic && hist_k.size() < size_t(a.n_layers))
+        hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
+      for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+        const int64_t c = std::min(chunk, n - t0), ff = a.d_ff;
+        float* xs = x.data() + t0 * d;
+        float* ks = k.data() + t0 * hkv;
+        float* vs = v.data() + t0 * hkv;
+        apply_norm(a.norm, l.attn_norm, a.norm_eps, xs, c, d, h.data());
+        if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
+          project(l.qkv, h.data(), c, d, qkv.data(), 3 * hq, false);
+          for (int64_t t = 0; t < c; ++t)
+            for (int64_t hh = 0; hh < a.n_heads; ++hh) {
+              const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
+              std::memcpy(q.data() + t * hq + hh * hd, src, size_t(hd) * 4);
+              std::memcpy(ks + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
+              std::memcpy(vs + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
+            }
+        } else {
+          // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
+          const LinearParams qkv_products[] = {product(l.q, h.data(), c, d, q.data(), hq, false),
+                                               product(l.k, h.data(), c, d, ks, hkv, false),
+                                               product(l.v, h.data(), c, d, vs, hkv, false)};
+          linear_forward_group(qkv_products, 3);
+        }
+        if (dynamic) {
+          hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), ks, ks + c * hkv);
+          hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), vs, vs + c * hkv);
+        }
+        if (o.memory) {
+          attend_with_memory(li, t0, c, positions);
+        } else {
+          attend_with_cache(li, t0, c, positions, prompt);
+        }
+        if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data());
+        project(l.o, att.data(), c, hq, xs, d, true);
+        if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data());
+        const LinearParams up_gate[] = {product(l.up, h2.data(), c, d, ff_up.data(), ff, false),
+                                        product(l.gate, h2.data(), c, d, ff_gate.data(), ff, false)};
         linear_forward_group(up_gate, a.mlp == MlpKind::SwiGlu ? 2 : 1);
         if (a.mlp == MlpKind::SwiGlu) {
           for (int64_t i = 0; i < c * ff; ++i) {
@@ -398,7 +421,7 @@ struct Session::Impl {
           const bool tanh_form = a.mlp == MlpKind::GeluTanh;
           for (int64_t i = 0; i < c * ff; ++i) ff_up[size_t(i)] = gelu(ff_up[size_t(i)], tanh_form);
         }
-        project(l.down, ff_up.data(), c, ff, x.data() + t0 * d, d, true);
+        project(l.down, ff_up.data(), c, ff, xs, d, true);
       }
     }
     if (dynamic) hist_pos.insert(hist_pos.end(), positions, positions + n);
@@ -455,21 +478,24 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
     const int64_t ms = int64_t(dtype_size(o.memory->storage));
     cache = a.n_layers * (copies * a.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
                           o.capacity * (2 * hkv * ms + 8));
-    cache += (w2 + chunk) * (2 * hq + 2 * hkv + a.n_heads) * 4;
+    cache += ((w2 + chunk) * 2 * hkv + 2 * chunk * a.n_heads) * 4;  // keys, values; lse and the memory's share
     if (o.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
       const int64_t nodes = std::max<int64_t>(1, 2 * o.capacity / o.memory->search->page_size);
       cache += a.n_layers * a.n_kv_heads * (8 * o.capacity + nodes * (2 * a.head_dim * 4 + 32));
       cache += 8 * chunk * a.n_heads * int64_t(o.memory->top_k);  // candidates
     }
   }
-  const int64_t chunk = std::min(n, o.prefill_chunk);
-  int64_t scratch = 4 * (n * (3 * a.d_model + 2 * hq + 2 * hkv + (a.fused_qkv ? 3 * hq : 0)) + 2 * chunk * a.d_ff);
-  scratch += es * n * (2 * hq + 2 * hkv);
-  // The fused attention's own scratch for the prompt: O(tokens x heads x head_dim), as attention.h promises.
-  scratch += 4 * n * (hq + 2 * hkv) * 2;
-  // bf16 activations: linear_forward's rounded copy of the largest input of one call (the prompt's q, k, v and
-  // output projections take every token, the MLP a chunk).
-  if (model.activations() == ActivationFormat::BF16) scratch += 2 * std::max({n * a.d_model, n * hq, chunk * a.d_ff});
+  // The residual stream and one layer's keys and values for every token; the rest for one chunk (grow()).
+  const int64_t chunk = std::min(n, layer_chunk(o));
+  int64_t scratch = 4 * (n * (a.d_model + 2 * hkv) +
+                         chunk * (2 * a.d_model + 2 * hq + (a.fused_qkv ? 3 * hq : 0) + 2 * a.d_ff));
+  if (o.kv_dtype != DType::F32) scratch += es * (2 * chunk * hq + 2 * n * hkv);
+  // The fused attention's own scratch for a chunk: its queries and every key before them in padded float32 rows,
+  // twice for ReRoPE's far copies (attention.h: O(tokens x heads x head_dim)).
+  const int64_t dp = round_up(a.head_dim, 16);
+  scratch += 4 * 2 * (chunk * a.n_heads * dp + 2 * n * a.n_kv_heads * dp);
+  // bf16 activations: linear_forward's rounded copy of the largest input of one call (one chunk's).
+  if (model.activations() == ActivationFormat::BF16) scratch += 2 * chunk * std::max({a.d_model, hq, a.d_ff});
   return cache + scratch;
 }
 

@@ -47,6 +47,7 @@ struct AttnCase {
   ScoreBias bias = ScoreBias::None;  // Alibi: slopes 2^-(h+1) (negated for odd heads); T5: a table in [-1, 1)
   int t5_buckets = 32, t5_max_distance = 128;
   bool t5_bidirectional = false;
+  int64_t first_query = 0;  // > 0 (one sequence): queries for tokens [first_query, tokens) only
 };
 
 inline std::string describe(const AttnCase& c) {
@@ -61,7 +62,8 @@ inline std::string describe(const AttnCase& c) {
                                                            std::to_string(c.t5_max_distance) +
                                                            (c.t5_bidirectional ? ",bi)" : ")")
                                                      : "";
-  return c.name + " [" + mode + (c.roper ? "+roper" : "") + (c.logn_train ? "+logn" : "") + bias +
+  const std::string tail = c.first_query > 0 ? " queries from " + std::to_string(c.first_query) : "";
+  return c.name + " [" + mode + (c.roper ? "+roper" : "") + (c.logn_train ? "+logn" : "") + bias + tail +
          " D=" + std::to_string(c.D) + " Hq=" + std::to_string(c.Hq) + " Hkv=" + std::to_string(c.Hkv) +
          " seqs=" + lens + (c.causal ? " causal" : " full") + " " + dtype_name(c.dtype) + "]";
 }
@@ -173,6 +175,12 @@ class AttnProblem {
     p.bias.t5_num_buckets = c_.t5_buckets;
     p.bias.t5_max_distance = c_.t5_max_distance;
     p.bias.t5_bidirectional = c_.t5_bidirectional;
+    if (c_.first_query > 0) {
+      // q from token first_query on; o and lse keep their full buffers, written in their first rows only (the
+      // rows past tokens - first_query keep the marker, so that a stray write shows as a difference).
+      p.first_query = c_.first_query, p.cu_seqlens = nullptr;
+      p.q.data = at(q_.data, c_.first_query * q_.token_stride);
+    }
     return p;
   }
   AttentionGradParams grad_params(Outputs& out) {

@@ -259,6 +259,27 @@ std::vector<AttnCase> forward_table() {
     if (i % 2 == 0) c.position_offset = 7;
     cases.push_back(c);
   }
+  // Queries for the last tokens only (first_query: a prompt's chunk against the keys before it): every mode, the
+  // first query inside, at and past a 64-row tile edge, one query, the window straddling the first query's tile.
+  const std::vector<std::pair<int64_t, int64_t>> tails = {{130, 1},  {130, 64}, {130, 100}, {130, 129}, {200, 37},
+                                                          {200, 128}, {90, 89}, {130, 65},  {70, 3},    {200, 150}};
+  for (int i = 0; i < 10; ++i) {
+    const ModeSpec& m = modes[size_t(i)];
+    AttnCase c;
+    c.name = "tail" + std::to_string(i);
+    c.mode = m.mode, c.roper = m.roper, c.window = m.window, c.leaky_k = m.k, c.logn_train = m.logn;
+    c.seqlens = {tails[size_t(i)].first}, c.first_query = tails[size_t(i)].second;
+    c.D = dims[size_t((i + 5) % 8)];
+    if (c.roper && c.D > 128) c.D = 96;
+    c.Hq = heads[size_t(i % 3)].first, c.Hkv = heads[size_t(i % 3)].second;
+    c.causal = i != 4;
+    c.dtype = dtypes[size_t(i % 4)];
+    c.mem = i < 8 ? mems[size_t(i % 3)] : MemLayout::HeadMajor;
+    if (i % 3 == 1) c.position_offset = 1000;
+    if (i == 6) c.bias = ScoreBias::Alibi;
+    if (i == 7) c.bias = ScoreBias::T5, c.t5_buckets = 8, c.t5_max_distance = 12;
+    cases.push_back(c);
+  }
   return cases;
 }
 

@@ -56,6 +56,50 @@ TEST(attention_threads, OneThreadEqualsTwoAndBadCountsAreRefused) {
   }
 }
 
+// first_query: the queries of the last tokens alone give bitwise the rows of the whole call (each row's online softmax
+// runs over the same key blocks in the same order, whichever rows share its query tile), in every mode and through
+// the reference too; o and lse are written in their first tokens - first_query rows only; no queries writes nothing.
+TEST(attention_first_query, LastRowsOfTheWholeCallBitwise) {
+  struct Mode {
+    PositionMode mode;
+    int64_t w;
+    double k;
+    bool roper;
+  };
+  for (const Mode& m : {Mode{PositionMode::Rope, 0, 1, false}, Mode{PositionMode::Rerope, 40, 1, true},
+                        Mode{PositionMode::LeakyRerope, 12, 3, false}})
+    for (DType dt : {DType::F32, DType::BF16})
+      for (int64_t first : {int64_t(1), int64_t(63), int64_t(64), int64_t(100), int64_t(199), int64_t(200)}) {
+        AttnCase c = identity_case(m.mode, m.w, m.k, m.roper);
+        c.seqlens = {200}, c.dtype = dt, c.logn_train = 64;
+        SCOPED_TRACE(describe(c) + " first_query " + std::to_string(first));
+        AttnProblem pr(c);
+        auto whole = pr.outputs();
+        attention_forward(pr.params(whole));
+        const std::vector<double> o_all = pr.gather(whole.ov), lse_all = whole.lse->to_double();
+        auto tail = pr.outputs();
+        AttentionParams p = pr.params(tail);
+        p.cu_seqlens = nullptr, p.first_query = first;
+        p.q.data = static_cast<char*>(p.q.data) + first * p.q.token_stride * int64_t(dtype_size(dt));
+        attention_forward(p);
+        const std::vector<double> o = pr.gather(tail.ov), lse = tail.lse->to_double();
+        const int64_t n = 200 - first, row = c.Hq * c.D;
+        EXPECT_TRUE(std::equal(o.begin(), o.begin() + n * row, o_all.begin() + first * row));
+        EXPECT_TRUE(std::all_of(o.begin() + n * row, o.end(), [](double x) { return x == AttnProblem::kMarker; }));
+        EXPECT_TRUE(std::equal(lse.begin(), lse.begin() + n * c.Hq, lse_all.begin() + first * c.Hq));
+        EXPECT_TRUE(pr.gaps_untouched(*tail.o, tail.ov));
+        EXPECT_EQ(attention_forward_scratch_bytes(p) == 0, first == 200);
+        if (first == 200 || dt != DType::F32) continue;
+        auto ref_all = pr.outputs(), ref_tail = pr.outputs();
+        attention_forward_reference(pr.params(ref_all));
+        AttentionParams pt = p;
+        pt.o = ref_tail.ov, pt.lse = ref_tail.lse->data();
+        attention_forward_reference(pt);
+        const std::vector<double> r_all = pr.gather(ref_all.ov), r = pr.gather(ref_tail.ov);
+        EXPECT_TRUE(std::equal(r.begin(), r.begin() + n * row, r_all.begin() + first * row));
+      }
+}
+
 // ------------------------------------------------------------------------------------------------- identities
 
 std::vector<double> fused_o(const AttnCase& c, int64_t position_offset = -1) {
@@ -190,6 +234,9 @@ TEST(attention_bad_input, RejectedWithFieldValueAndAllowed) {
       {"positions[0]",
        [](AttnProblem& pr, AttentionParams& p) { pr.mutable_positions()[0] = -2, p.pos.logn_train_len = 8; }},
       {"softmax_scale", [](AttnProblem&, AttentionParams& p) { p.softmax_scale = INFINITY; }},
+      {"first_query", [](AttnProblem&, AttentionParams& p) { p.first_query = -1; }},
+      {"first_query", [](AttnProblem&, AttentionParams& p) { p.first_query = p.tokens + 1; }},
+      {"cu_seqlens", [](AttnProblem&, AttentionParams& p) { p.first_query = 3; }},  // two sequences
   };
   for (const Bad& b : bad) {
     SCOPED_TRACE(b.field);
@@ -211,6 +258,10 @@ TEST(attention_bad_input, RejectedWithFieldValueAndAllowed) {
   g = pr.grad_params(out);
   g.dq.heads = 1;
   expect_error([&] { attention_backward(g); }, {"dq.heads" + std::string(" = "), "allowed"});
+  g = pr.grad_params(out);
+  g.fwd.cu_seqlens = nullptr, g.fwd.batch = 1, g.fwd.positions = nullptr, g.fwd.first_query = 2;
+  attention_forward(g.fwd);  // a valid forward...
+  expect_error([&] { attention_backward(g); }, {"fwd.first_query = 2", "allowed"});  // ...that has no backward
   // Positions may drop between sequences and need not increase when not causal.
   g = pr.grad_params(out);
   pr.mutable_positions()[5] = 0;  // first token of the second sequence

@@ -53,9 +53,11 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 // Logits [S * V] from the engine: the first `prompt` tokens as one prompt, the rest one at a time.
 std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingConfig& enc,
                                   const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32,
-                                  std::optional<engine::MemoryOptions> memory = std::nullopt) {
+                                  std::optional<engine::MemoryOptions> memory = std::nullopt,
+                                  int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk) {
   engine::SessionOptions o;
   o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc), o.memory = memory;
+  o.prefill_chunk = prefill_chunk;
   engine::Session s(c.model, o);
   const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model, V = c.spec.config.vocab_size;
   std::vector<int64_t> pos(static_cast<size_t>(S));
@@ -98,6 +100,37 @@ TEST_P(HfEngineFixture, LogitsMatchTheTranscriptionThroughAPromptAndTheCache) {
     for (int64_t prompt : {S, S / 2})
       EXPECT_LT(relative_error(engine_logits(c, rerope, e.tokens, prompt), e.logits.at("logits_rerope_w8")), kTolF32)
           << "rerope w8, prompt " << prompt;
+  }
+}
+
+// A prompt run chunk by chunk inside each layer (prefill_chunk: each chunk's queries against every key before them)
+// gives bitwise the logits of the prompt as one chunk: every row's attention runs over the same key blocks, and a
+// product's row does not depend on the rows beside it. With ReRoPE, Leaky ReRoPE, a bf16 cache and a memory (whose
+// chunks the layer chunks then hold whole).
+TEST_P(HfEngineFixture, APromptInChunksGivesTheWholePromptsLogitsBitwise) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig native = c.spec.config.resolved_encoding();
+  EncodingConfig rerope = native, leaky = native;
+  rerope.kind = EncodingKind::Rerope, rerope.window = 8;
+  leaky.kind = EncodingKind::LeakyRerope, leaky.window = 6, leaky.leaky_k = 3;
+  const int64_t S = int64_t(e.tokens.size());
+  engine::MemoryOptions memory;
+  memory.window = 4, memory.top_k = 3, memory.chunk = 2;
+  struct Run {
+    const char* name;
+    const EncodingConfig* enc;
+    DType kv;
+    std::optional<engine::MemoryOptions> memory;
+  };
+  for (const Run& r : {Run{"native", &native, DType::F32, std::nullopt}, Run{"rerope", &rerope, DType::F32, std::nullopt},
+                       Run{"leaky", &leaky, DType::F32, std::nullopt}, Run{"kv bf16", &native, DType::BF16, std::nullopt},
+                       Run{"memory", &native, DType::F32, memory}}) {
+    const std::vector<double> whole = engine_logits(c, *r.enc, e.tokens, S, r.kv, r.memory, S);
+    for (int64_t chunk : {int64_t(1), int64_t(3), int64_t(7)})
+      EXPECT_EQ(engine_logits(c, *r.enc, e.tokens, S, r.kv, r.memory, chunk), whole)
+          << r.name << ", prefill_chunk " << chunk << " of " << S << " tokens";
   }
 }
 

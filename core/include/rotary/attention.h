@@ -76,10 +76,15 @@ struct AttentionParams {
   PositionParams pos;
   ScoreBiasParams bias;
   int threads = 0;                     // OpenMP threads at most (forward and backward); 0: omp_get_max_threads()
+  // Queries for the last tokens only (forward, one sequence): outputs for tokens [first_query, tokens), whose keys
+  // and values come first in k and v. q, o are then [tokens - first_query, Hq, D] and lse [tokens - first_query,
+  // Hq]: row r is token first_query + r (its position, its causal limit). A prompt run in chunks against the keys
+  // before it, or a retrieval memory's chunk against its window, so that no work is spent on rows nobody reads.
+  int64_t first_query = 0;
 };
 
 struct AttentionGradParams {
-  AttentionParams fwd;   // the forward's inputs, o and lse
+  AttentionParams fwd;   // the forward's inputs, o and lse (first_query = 0: the backward takes every query)
   HeadsView dout;        // [tokens, Hq, D]
   HeadsView dq;          // [tokens, Hq, D]
   HeadsView dk;          // [tokens, Hkv, D]

@@ -156,7 +156,9 @@ struct SessionOptions {
   int64_t capacity = 0;         // most tokens the session holds (the KV caches are allocated for it)
   DType kv_dtype = DType::F32;  // storage of the KV cache (f32, bf16, f16; f32 with a memory)
   PositionMethod positions;
-  int64_t prefill_chunk = 512;  // tokens per MLP / head step of a prompt (bounds the activations' memory)
+  int64_t prefill_chunk = 512;  // tokens per chunk of a prompt's work in each layer - projections, attention (the
+                                // chunk's queries against every key before them), MLP: bounds the activations'
+                                // memory to one chunk's plus the residual stream and one layer's keys and values
   int threads = 0;              // 0: OpenMP's default
   std::optional<MemoryOptions> memory;  // set: a retrieval memory behind the caches (MemoryOptions)
 };

@@ -53,6 +53,7 @@ struct BenchCheckpointArgs {
   std::string model_dir;  // empty: random weights in the shape below
   int hidden = 896, layers = 24, heads = 14, kv_heads = 2, ff = 4864, vocab = 151936;  // Qwen2.5-0.5B
   int prompt = 512, decode = 16, trials = 3, threads = 0;
+  int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk;  // the engine's default
   experiments::CheckpointRunOptions run;  // --engine, --weights (random weights: stored bf16), --kv-dtype
   bool json = false;
 };
@@ -145,7 +146,7 @@ void run_engine(const BenchCheckpointArgs& a) {
   check(a.prompt + a.decode <= kMaxSequenceLength, "--prompt + --decode", a.prompt + a.decode, "<= 2^20");
   engine::SessionOptions so;
   so.capacity = a.prompt + a.decode + 1, so.kv_dtype = parse_dtype(a.run.kv_dtype), so.positions = positions;
-  so.threads = threads;
+  so.threads = threads, so.prefill_chunk = a.prefill_chunk;
   std::mt19937_64 rng(1);
   std::vector<int64_t> ids(size_t(so.capacity)), pos(ids.size());
   for (size_t i = 0; i < ids.size(); ++i) ids[i] = int64_t(rng() % uint64_t(arch.vocab_size)), pos[i] = int64_t(i);
@@ -177,7 +178,8 @@ void run_engine(const BenchCheckpointArgs& a) {
                      {"kv_dtype", a.run.kv_dtype}, {"activations", activation_format_name(model->activations())},
                      {"bf16_dot_products", linear_uses_bf16_dot()}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
                      {"vocab", arch.vocab_size}, {"prompt", a.prompt}, {"decode", a.decode}, {"trials", a.trials},
-                     {"threads", threads}, {"prefill_tokens_per_s", median(prefill_tps)},
+                     {"threads", threads}, {"prefill_chunk", a.prefill_chunk},
+                     {"prefill_tokens_per_s", median(prefill_tps)},
                      {"decode_tokens_per_s", median(decode_tps)}, {"prefill_trials", prefill_tps},
                      {"decode_trials", decode_tps}, {"weight_bytes_read_per_decode_token", read},
                      {"weight_read_bytes_per_s", rate}, {"read_probe_bytes_per_s", probe},
@@ -205,6 +207,8 @@ void run_engine(const BenchCheckpointArgs& a) {
 void run(const BenchCheckpointArgs& a) {
   a.run.validate();
   if (a.run.engine == "engine") return run_engine(a);
+  check(a.prefill_chunk == engine::SessionOptions{}.prefill_chunk, "--prefill-chunk", a.prefill_chunk,
+        "unset with --engine torch (the nn model runs a prompt whole)");
   const int threads = train::use_threads(a.threads);
   nn::ModelConfig cfg;
   std::string shape;
@@ -352,6 +356,9 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->transform(integer_in(1, 1000));
   sub->add_option("--threads", args->threads, "torch / OpenMP threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   add_checkpoint_run_flags(*sub, args->run);  // random weights are stored as bf16, or as --weights says
+  sub->add_option("--prefill-chunk", args->prefill_chunk,
+                  "engine: tokens per chunk of a prompt's work in each layer (memory against speed; default 512)")
+      ->transform(integer_in(1, 1 << 20));
   sub->add_flag("--json", args->json, "print JSON");
   sub->callback([args] { run(*args); });
 });
