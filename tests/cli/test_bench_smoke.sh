@@ -94,9 +94,11 @@ a, b = (json.load(open(f)) for f in sys.argv[1:])
 assert a['prefill_chunk'] == 5 and b['prefill_chunk'] == 24 and a['greedy_tokens'] == b['greedy_tokens'], (a, b)
 " "$W/chunk5.json" "$W/chunk24.json" && pass "bench checkpoint --prefill-chunk 5 = 24 (greedy tokens)" \
   || fail "bench checkpoint --prefill-chunk: other tokens"
-expect_error "bench checkpoint --engine torch --prefill-chunk 8" 2 "--prefill-chunk = 8" -- \
-  "$ROTARY" bench checkpoint --engine torch --prefill-chunk 8 --hidden 64 --layers 1 --heads 4 --kv-heads 2 --ff 96 \
-  --vocab 128
+for chunk in 8 512; do  # (512: the default, given)
+  expect_error "bench checkpoint --engine torch --prefill-chunk $chunk" 2 "--prefill-chunk = $chunk" -- \
+    "$ROTARY" bench checkpoint --engine torch --prefill-chunk $chunk --hidden 64 --layers 1 --heads 4 --kv-heads 2 \
+    --ff 96 --vocab 128
+done
 # bench linear: every weight format (and bf16 weights with bf16 activations) at a small shape, decode against the
 # read probe, prefill against sgemm.
 if "$ROTARY" bench linear --shapes 64x96,33x40 --weight-mib 4 --tokens 9 --trials 1 --threads 1 --json > "$W/linear.json"; then

@@ -360,9 +360,8 @@ def check_freqs(rep, torch, transformers, prepared):
 def regenerate_weights(rep, prepared):
     """Writes the weights `prepare` did not carry (regenerate.json: the command and each file's sha256); returns the
     models whose weights could not be made equal to rotary's, which the checks then skip."""
-    root, unusable = os.path.join(prepared, "models"), set()
-    for name in sorted(os.listdir(root)):
-        d = os.path.join(root, name)
+    unusable = set()
+    for name, d in model_dirs(prepared):
         if not os.path.exists(os.path.join(d, "regenerate.json")):
             continue
         with open(os.path.join(d, "regenerate.json")) as f:
@@ -381,12 +380,14 @@ def regenerate_weights(rep, prepared):
     return unusable
 
 
-def check_models(rep, torch, transformers, prepared, skip=()):
+def model_dirs(prepared, skip=()):
+    """(name, directory) of each prepared model, those in skip left out."""
     root = os.path.join(prepared, "models")
-    for name in sorted(os.listdir(root)):
-        if name in skip:
-            continue
-        d = os.path.join(root, name)
+    return [(name, os.path.join(root, name)) for name in sorted(os.listdir(root)) if name not in skip]
+
+
+def check_models(rep, torch, transformers, prepared, skip=()):
+    for name, d in model_dirs(prepared, skip):
         try:
             with open(os.path.join(d, "rotary_losses.json")) as f:
                 ours = json.load(f)
@@ -418,11 +419,7 @@ def check_models(rep, torch, transformers, prepared, skip=()):
 def check_generation(rep, torch, transformers, prepared, skip=()):
     """rotary's greedy tokens through its KV-cache decoder, teacher-forced through transformers' float64 forward: at
     every step the chosen token's logit is within the rounding bound of the largest (a near tie may pick either)."""
-    root = os.path.join(prepared, "models")
-    for name in sorted(os.listdir(root)):
-        if name in skip:
-            continue
-        d = os.path.join(root, name)
+    for name, d in model_dirs(prepared, skip):
         try:
             with open(os.path.join(d, "rotary_generated.json")) as f:
                 ours = json.load(f)

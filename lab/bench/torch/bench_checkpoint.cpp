@@ -54,6 +54,7 @@ struct BenchCheckpointArgs {
   int hidden = 896, layers = 24, heads = 14, kv_heads = 2, ff = 4864, vocab = 151936;  // Qwen2.5-0.5B
   int prompt = 512, decode = 16, trials = 3, threads = 0;
   int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk;  // the engine's default
+  const CLI::Option* prefill_chunk_flag = nullptr;                  // given or not (refused with --engine torch)
   experiments::CheckpointRunOptions run;  // --engine, --weights (random weights: stored bf16), --kv-dtype
   bool json = false;
 };
@@ -207,7 +208,7 @@ void run_engine(const BenchCheckpointArgs& a) {
 void run(const BenchCheckpointArgs& a) {
   a.run.validate();
   if (a.run.engine == "engine") return run_engine(a);
-  check(a.prefill_chunk == engine::SessionOptions{}.prefill_chunk, "--prefill-chunk", a.prefill_chunk,
+  check(!a.prefill_chunk_flag || a.prefill_chunk_flag->count() == 0, "--prefill-chunk", a.prefill_chunk,
         "unset with --engine torch (the nn model runs a prompt whole)");
   const int threads = train::use_threads(a.threads);
   nn::ModelConfig cfg;
@@ -356,7 +357,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->transform(integer_in(1, 1000));
   sub->add_option("--threads", args->threads, "torch / OpenMP threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   add_checkpoint_run_flags(*sub, args->run);  // random weights are stored as bf16, or as --weights says
-  sub->add_option("--prefill-chunk", args->prefill_chunk,
+  args->prefill_chunk_flag = sub->add_option("--prefill-chunk", args->prefill_chunk,
                   "engine: tokens per chunk of a prompt's work in each layer (memory against speed; default 512)")
       ->transform(integer_in(1, 1 << 20));
   sub->add_flag("--json", args->json, "print JSON");
