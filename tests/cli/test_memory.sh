@@ -37,9 +37,10 @@ if "$ROTARY" memory "${TINY[@]}" > "$W/out" 2> "$W/err"; then
              END { exit bad > 0 || n != 16 }' "$W/out" && echo "ok: memory table" || fail "memory table: $(cat "$W/out")"
   # The index table: decoded through each index; FAISS flat proposes the exact top-k (recall 1 by score) scoring
   # every key once (keys scored 1), IVF some share, the certified pages the exact top-k; all timed against the
-  # exact scan.
+  # exact scan, and the answer tokens' time through the index measured.
   awk -F'|' '/^\| (flat|ivf|pages) index / { n++
                if ($5 !~ /% of 3/ || $6 !~ /[0-9]/ || $6 < 0 || $6 > 1 || $7 !~ /[0-9]/ || $7 <= 0 || $9 <= 0 || $10 <= 0) bad++
+               if ($12 !~ /[0-9]/ || $12 <= 0) bad++
                if ($2 ~ /flat/ && ($6 != 1 || $7 != 1)) bad++
                if ($2 ~ /pages/ && $6 != 1) bad++ }
              END { exit bad > 0 || n != 12 }' "$W/out" && echo "ok: index table" || fail "index table: $(cat "$W/out")"

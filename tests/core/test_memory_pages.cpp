@@ -314,6 +314,34 @@ TEST(MemoryPages, ManySmallSyncsMergeSegmentsAndSearchAsOneSync) {
   }
 }
 
+// A large sync groups the kv heads on threads (rotary/memory_pages.cpp: once rows x heads pass 65536); each
+// head's trees are its own keys' alone, so they equal those of a one-head memory holding that head's keys (grouped
+// without threads).
+TEST(MemoryPages, HeadsGroupedOnThreadsEqualEachHeadAlone) {
+  Fixture f(20000, 8, 4, MemoryPolicy::NoRotation);
+  MemoryPages pages(f.memory, {32, 0, PageGrouping::Keys});
+  pages.sync();
+  const std::vector<float> q = f.queries(2, 4);
+  expect_valid_trees(f, pages, q, 2);
+  std::vector<int64_t> positions(size_t(f.n));
+  for (int64_t t = 0; t < f.n; ++t) positions[size_t(t)] = t;
+  for (int64_t h = 0; h < f.Hkv; ++h) {
+    KvMemory alone(KvMemoryConfig{1, f.D, MemoryPolicy::NoRotation, nullptr, 0, 0});
+    alone.append(f.n, {const_cast<float*>(f.memory.keys(h)), 1, f.D, f.D},
+                 {const_cast<float*>(f.memory.values(h)), 1, f.D, f.D}, positions.data());
+    MemoryPages one(alone, {32, 0, PageGrouping::Keys});
+    one.sync();
+    const PageTree a = pages.tree(h), b = one.tree(0);
+    ASSERT_EQ(a.node_count, b.node_count) << "head " << h;
+    EXPECT_TRUE(std::equal(a.rows, a.rows + f.n, b.rows)) << "head " << h;
+    EXPECT_TRUE(std::equal(a.boxes, a.boxes + a.node_count * 2 * f.D, b.boxes)) << "head " << h;
+    for (int64_t i = 0; i < a.node_count; ++i)
+      ASSERT_TRUE(a.nodes[i].first == b.nodes[i].first && a.nodes[i].count == b.nodes[i].count &&
+                  a.nodes[i].left == b.nodes[i].left && a.nodes[i].right == b.nodes[i].right)
+          << "head " << h << " node " << i;
+  }
+}
+
 // memory_attention over the certified pages' candidates = memory_attention's own exact scan, output and lse; with
 // P pages it attends what the pages proposed.
 TEST(MemoryPages, CandidatesThroughMemoryAttentionEqualTheExactScan) {
