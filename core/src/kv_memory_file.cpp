@@ -118,6 +118,7 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   detail::MappedFile map =
       detail::MappedFile::open(path, "kv_memory.open path", "a rotary memory file (a regular file)", "kv_memory.open");
   KvMemory m = open_bytes(map.data(), map.size(), expected, fingerprint, path);  // the one reader of the format
+  map.advise(detail::MappedFile::Access::Random);  // a search reads scattered rows (a scan, any order: it is cached)
   m.impl_->map = std::move(map);  // the memory owns the mapping its views point into
   return m;
 }
@@ -125,13 +126,10 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
 KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConfig& expected, uint64_t fingerprint,
                               const std::string& source) {
   KvMemory m(expected);  // validates `expected`
-  auto bad = [&](const std::string& what) -> Error {
-    return Error("rotary: kv_memory.open: " + source + ": " + what);
-  };
-  // A header field outside what save() can write: named with its value and what is allowed.
-  auto damaged = [&](const char* field, int64_t value, const std::string& allowed) -> Error {
-    return bad("a damaged header: " + std::string(field) + " = " + std::to_string(value) +
-               " is invalid; allowed: " + allowed);
+  const detail::ReaderErrors errors{"kv_memory.open", source};
+  auto bad = [&](const std::string& what) { return errors.bad(what); };
+  auto damaged = [&](const char* field, int64_t value, const std::string& allowed) {
+    return errors.damaged(field, value, allowed);
   };
   const auto* base = static_cast<const char*>(data);
   const bool f32_only = base != nullptr && bytes >= 8 && std::memcmp(base, kMemoryMagicF32Only, 8) == 0;
@@ -139,9 +137,7 @@ KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConf
   if (base == nullptr || bytes < fixed || (!f32_only && std::memcmp(base, kMemoryMagic, 8) != 0))
     throw bad("not a rotary memory file (no RTKVMEM2 or RTKVMEM1 magic)");
   // The views are int64 and float arrays at 64-byte multiples from the start: the start must hold an int64.
-  if (reinterpret_cast<uintptr_t>(base) % alignof(int64_t) != 0)
-    throw bad("bytes at address " + std::to_string(reinterpret_cast<uintptr_t>(base)) +
-              " are invalid; allowed: an address aligned to 8 bytes (a mapping or a heap buffer)");
+  errors.check_aligned(base);
   FileHeader h;
   std::memcpy(&h, base + 8, sizeof h);
   int64_t storage = int64_t(DType::F32);

@@ -41,6 +41,11 @@ MappedFile MappedFile::open(const std::string& path, std::string_view field, std
   return f;
 }
 
+void MappedFile::advise(Access access) const {
+  // A hint only: where it is refused the mapping works as before.
+  if (data_) ::madvise(data_, size_, access == Access::Random ? MADV_RANDOM : MADV_NORMAL);
+}
+
 MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
 }

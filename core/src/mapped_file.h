@@ -14,6 +14,8 @@
 #include <string>
 #include <string_view>
 
+#include "rotary/error.h"
+
 namespace rotary::detail {
 
 class MappedFile {
@@ -23,6 +25,12 @@ class MappedFile {
   // cannot map <path>: <reason>". An empty file maps to data() == nullptr, size() == 0.
   static MappedFile open(const std::string& path, std::string_view field, std::string_view allowed,
                          std::string_view who);
+  // How the pages will be read from here on. Random: in no order (a retrieval memory or a page index read by
+  // search, larger than RAM): the kernel is told (MADV_RANDOM) not to read ahead of each fault - by default a fault
+  // on a file mapping reads up to 128 KB around it, which turns every scattered row of a search into 32 pages from
+  // disk. Sequential: the default read-ahead.
+  enum class Access { Sequential, Random };
+  void advise(Access access) const;
   MappedFile() = default;
   ~MappedFile();
   MappedFile(MappedFile&& other) noexcept;
@@ -56,6 +64,23 @@ class FileSink {
 // "rotary: <who>: cannot create <tmp>: <reason>" / "writing <tmp>" / "fsync <tmp>" / "cannot rename <tmp> to
 // <path>" (or sync_directory_of's); whatever `fill` throws passes through after the same clean-up.
 void write_file_atomic(const std::string& path, std::string_view who, const std::function<void(FileSink&)>& fill);
+
+// The errors of a binary file's reader (the memory file, the page index file), all "rotary: <who>: <source>: ...":
+// bad(what); damaged(field, value, allowed) for a header field outside what the writer can write, named with its
+// value and what is allowed; check_aligned(base) for bytes whose int64 / float views need 8-byte alignment.
+struct ReaderErrors {
+  std::string who, source;  // "kv_memory.open", the file or "memory bytes"
+  Error bad(const std::string& what) const { return Error("rotary: " + who + ": " + source + ": " + what); }
+  Error damaged(std::string_view field, int64_t value, const std::string& allowed) const {
+    return bad("a damaged header: " + std::string(field) + " = " + std::to_string(value) + " is invalid; allowed: " +
+               allowed);
+  }
+  void check_aligned(const void* base) const {
+    if (reinterpret_cast<uintptr_t>(base) % alignof(int64_t) != 0)
+      throw bad("bytes at address " + std::to_string(reinterpret_cast<uintptr_t>(base)) +
+                " are invalid; allowed: an address aligned to 8 bytes (a mapping or a heap buffer)");
+  }
+};
 
 inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
 inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1a64Offset) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "memory_pages_impl.h"
 #include "rotary/memory_pages.h"
 #include "storage.h"
 #include "validate.h"
@@ -37,92 +38,59 @@ void PageSearchStats::add(const PageSearchStats& o) {
   queries += o.queries, bounds += o.bounds, pages_read += o.pages_read, rows_scored += o.rows_scored;
 }
 
-namespace {
+namespace detail {
 
-struct Segment {
-  int64_t begin = 0, end = 0;  // memory rows [begin, end)
-};
-
-// A kv head's stored keys as fp32: f32 rows in place, half-precision ones widened.
-struct KeyRows {
-  const void* base;
-  DType storage;
-  int64_t D;
-  const float* row(int64_t j, float* buf) const { return detail::f32_row(base, storage, j * D, D, buf); }
-  float at(int64_t j, int64_t d) const {
-    float v = 0;
-    return *detail::f32_row(base, storage, j * D + d, 1, &v);
-  }
-  // Asks the cache for row j ahead of its use: a page's rows sit anywhere in the memory (a k-d page gathers alike
-  // keys from the whole text), so scoring them one by one would wait on one cache miss per row in turn.
-  void prefetch(int64_t j) const {
-    const int64_t bytes = D * int64_t(dtype_size(storage));
-    const char* p = static_cast<const char*>(base) + j * bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-  }
-};
-
-// One kv head's trees: a tree per segment, nodes in preorder, the segments' trees one after the other.
-struct HeadTrees {
-  std::vector<int64_t> rows;     // [N] grouped
-  std::vector<PageNode> nodes;
-  std::vector<float> boxes;      // [nodes, 2, D]
-  std::vector<int64_t> roots;    // per segment
-  std::vector<float> absmax;     // [D]: max |key_d| over the rows covered (the certificate's slack)
-};
-
-// Builds the subtree over rows[first, first + count) of t (already holding the segment's rows), returns its node.
-int64_t build(HeadTrees& t, const KeyRows& K, int64_t D, const MemoryPagesConfig& c, int64_t first, int64_t count,
-              std::vector<float>& buf) {
+int64_t lay_out_tree(HeadTrees& t, const KeyRows* K, int64_t D, const MemoryPagesConfig& c, int64_t first,
+                     int64_t count, std::vector<float>& buf) {
   const int64_t id = int64_t(t.nodes.size());
   t.nodes.push_back({first, count, -1, -1});
-  t.boxes.resize(size_t((id + 1) * 2 * D));
-  float* hi = t.boxes.data() + id * 2 * D;
-  float* lo = hi + D;
-  std::fill(hi, hi + D, -std::numeric_limits<float>::infinity());
-  std::fill(lo, lo + D, std::numeric_limits<float>::infinity());
-  for (int64_t i = first; i < first + count; ++i) {
-    const float* k = K.row(t.rows[size_t(i)], buf.data());
-    for (int64_t d = 0; d < D; ++d) hi[d] = std::max(hi[d], k[d]), lo[d] = std::min(lo[d], k[d]);
+  float* hi = nullptr;
+  float* lo = nullptr;
+  if (K) {
+    t.boxes.resize(size_t((id + 1) * 2 * D));
+    hi = t.boxes.data() + id * 2 * D;
+    lo = hi + D;
+    std::fill(hi, hi + D, -std::numeric_limits<float>::infinity());
+    std::fill(lo, lo + D, std::numeric_limits<float>::infinity());
+    for (int64_t i = first; i < first + count; ++i) {
+      const float* k = K->row(t.rows[size_t(i)], buf.data());
+      for (int64_t d = 0; d < D; ++d) hi[d] = std::max(hi[d], k[d]), lo[d] = std::min(lo[d], k[d]);
+    }
   }
   const int64_t B = c.page_size;
   if (count <= B) return id;
   // The left part a multiple of B, at least half: every page full but the last of the segment.
   const int64_t left = B * ((count + 2 * B - 1) / (2 * B));
-  if (c.grouping == PageGrouping::Keys) {
+  if (K && c.grouping == PageGrouping::Keys) {
     int64_t widest = 0;
     for (int64_t d = 1; d < D; ++d)
       if (hi[d] - lo[d] > hi[widest] - lo[widest]) widest = d;
     if (hi[widest] > lo[widest]) {  // (rows all alike: any cut; token order kept)
       const auto begin = t.rows.begin() + first;
       std::nth_element(begin, begin + left, begin + count, [&](int64_t a, int64_t b) {
-        const float ka = K.at(a, widest), kb = K.at(b, widest);
+        const float ka = K->at(a, widest), kb = K->at(b, widest);
         return ka < kb || (ka == kb && a < b);
       });
     }
   }
-  const int64_t l = build(t, K, D, c, first, left, buf);
-  const int64_t r = build(t, K, D, c, first + left, count - left, buf);
+  const int64_t l = lay_out_tree(t, K, D, c, first, left, buf);
+  const int64_t r = lay_out_tree(t, K, D, c, first + left, count - left, buf);
   t.nodes[size_t(id)].left = l, t.nodes[size_t(id)].right = r;
   return id;
 }
 
-}  // namespace
+}  // namespace detail
 
-struct MemoryPages::Impl {
-  const KvMemory* memory = nullptr;
-  MemoryPagesConfig config;
-  int64_t covered = 0;
-  std::vector<Segment> segments;
-  std::vector<HeadTrees> heads;
-};
+using detail::HeadTrees;
+using detail::KeyRows;
+
 
 MemoryPages::MemoryPages(const KvMemory& memory, const MemoryPagesConfig& config) : impl_(std::make_unique<Impl>()) {
   config.validate();
   impl_->memory = &memory;
   impl_->config = config;
   impl_->heads.resize(size_t(memory.kv_heads()));
-  for (HeadTrees& t : impl_->heads) t.absmax.assign(size_t(memory.head_dim()), 0.0f);
+  for (HeadTrees& t : impl_->heads) t.absmax.assign(size_t(memory.head_dim()), 0.0f), t.read_owned();
 }
 
 MemoryPages::~MemoryPages() = default;
@@ -136,11 +104,14 @@ void MemoryPages::sync() {
         ">= the rows already grouped (" + std::to_string(m.covered) + "; the memory was cleared: make a new index)");
   if (n == m.covered) return;
   // The new rows as a segment; then merge while the segment before the last is no larger than the last.
+  check(!m.from_bytes, "memory_pages.sync memory size", n,
+        std::to_string(m.covered) + " (the rows of an index opened from a file, which cannot grow: build an index "
+        "in RAM over the memory, or open one saved with its rows)");
   m.segments.push_back({m.covered, n});
   size_t first_rebuilt = m.segments.size() - 1;
   while (m.segments.size() >= 2) {
-    Segment& prev = m.segments[m.segments.size() - 2];
-    const Segment last = m.segments.back();
+    detail::PageSegment& prev = m.segments[m.segments.size() - 2];
+    const detail::PageSegment last = m.segments.back();
     if (prev.end - prev.begin > last.end - last.begin) break;
     prev.end = last.end;
     m.segments.pop_back();
@@ -164,14 +135,15 @@ void MemoryPages::sync() {
     }
     t.rows.resize(size_t(n));
     for (size_t s = first_rebuilt; s < m.segments.size(); ++s) {
-      const Segment seg = m.segments[s];
+      const detail::PageSegment seg = m.segments[s];
       for (int64_t r = seg.begin; r < seg.end; ++r) t.rows[size_t(r)] = r;  // token order, then grouped
-      t.roots.push_back(build(t, K, D, m.config, seg.begin, seg.end - seg.begin, buf));
+      t.roots.push_back(detail::lay_out_tree(t, &K, D, m.config, seg.begin, seg.end - seg.begin, buf));
     }
     for (int64_t j = m.covered; j < n; ++j) {
       const float* k = K.row(j, buf.data());
       for (int64_t d = 0; d < D; ++d) t.absmax[size_t(d)] = std::max(t.absmax[size_t(d)], std::abs(k[d]));
     }
+    t.read_owned();
   }
   m.covered = n;
 }
@@ -196,8 +168,7 @@ PageTree MemoryPages::tree(int64_t kv_head) const {
   check(kv_head >= 0 && kv_head < impl_->memory->kv_heads(), "memory_pages.tree kv_head", kv_head,
         "0..kv_heads - 1 = " + std::to_string(impl_->memory->kv_heads() - 1));
   const HeadTrees& t = impl_->heads[size_t(kv_head)];
-  return {t.rows.data(), t.nodes.data(), int64_t(t.nodes.size()), t.boxes.data(), t.roots.data(),
-          int64_t(t.roots.size())};
+  return {t.rows_at, t.nodes.data(), int64_t(t.nodes.size()), t.boxes_at, t.roots.data(), int64_t(t.roots.size())};
 }
 
 namespace {
@@ -238,7 +209,7 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
   s.row.resize(size_t(D));
   for (int64_t d = 0; d < D; ++d) s.qq[size_t(d)] = std::max(q[d], 0.0f), s.qq[size_t(D + d)] = std::min(q[d], 0.0f);
   auto bound = [&](int64_t node) {
-    const float b = dot(s.qq.data(), t.boxes.data() + node * 2 * D, 2 * D);
+    const float b = dot(s.qq.data(), t.boxes_at + node * 2 * D, 2 * D);
     return std::isnan(b) ? -std::numeric_limits<float>::infinity() : b;  // a NaN key: its page last
   };
   // Certified stop: a row's fp32 score exceeds its exact value by at most gamma_D A and a node's fp32 bound falls
@@ -247,7 +218,7 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
   // 4D u taken as the slack). Stopping when the k-th best found >= b - slack leaves out no row above it by more
   // than 2 slack - and stops on exact ties (a repeated key), which a strict test could not.
   double a = 0;
-  for (int64_t d = 0; d < D; ++d) a += std::abs(double(q[d])) * double(t.absmax[size_t(d)]);
+  for (int64_t d = 0; d < D; ++d) a += std::abs(double(q[d])) * double(t.absmax_at[d]);
   const double slack = 4.0 * double(D) * std::ldexp(1.0, -24) * a;
   s.frontier.clear();
   s.best.clear();
@@ -255,7 +226,7 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
   // miss in a large memory: when a node enters the frontier its children's boxes are requested at once, so they
   // are in cache by the time it is expanded (about half the nodes pushed are; the others' prefetches are wasted).
   auto prefetch_box = [&](int64_t node) {
-    const char* p = reinterpret_cast<const char*>(t.boxes.data() + node * 2 * D);
+    const char* p = reinterpret_cast<const char*>(t.boxes_at + node * 2 * D);
     for (int64_t b = 0; b < 2 * D * int64_t(sizeof(float)); b += 64) __builtin_prefetch(p + b);
   };
   auto push = [&](int64_t node) {
@@ -280,10 +251,12 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
       push(node.left), push(node.right);
       continue;
     }
-    for (int64_t i = node.first; i < node.first + node.count; ++i) K.prefetch(t.rows[size_t(i)]);
+    // K holds the keys in page order (an opened index) or the memory's: key i of the page, or row i's.
+    const bool paged = t.keys_at != nullptr;
+    for (int64_t i = node.first; i < node.first + node.count; ++i) K.prefetch(paged ? i : t.rows_at[i]);
     for (int64_t i = node.first; i < node.first + node.count; ++i) {
-      const int64_t row = t.rows[size_t(i)];
-      const Scored c{dot(q, K.row(row, s.row.data()), D), row};
+      const int64_t row = t.rows_at[i];
+      const Scored c{dot(q, K.row(paged ? i : row, s.row.data()), D), row};
       if (int64_t(s.best.size()) < k) {
         s.best.push_back(c);
         std::push_heap(s.best.begin(), s.best.end(), better);
@@ -320,7 +293,9 @@ void search_many(const KvMemory& memory, const std::vector<HeadTrees>& heads, in
 #pragma omp for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) {
       const int64_t h = head_of(i);
-      search_one(heads[size_t(h)], KeyRows{memory.key_data(h), memory.storage(), D}, D, pages_read, queries + i * D,
+      const HeadTrees& t = heads[size_t(h)];
+      search_one(t, KeyRows{t.keys_at ? t.keys_at : memory.key_data(h), memory.storage(), D}, D, pages_read,
+                 queries + i * D,
                  k, rows + i * k, scores + i * k, mine, s);
     }
   }

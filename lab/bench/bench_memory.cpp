@@ -25,10 +25,17 @@
 // FAISS does not report the size of an HNSW graph, and MemoryIndex does not expose its FAISS index).
 //
 // Keys: `gaussian` (every coordinate N(0, 1): no structure, the worst case for graphs and k-means lists) or
-// `clustered` (a mixture of --clusters gaussians, centres N(0, 1), spread 0.5 around them: closer to a trained
-// model's keys, which bunch by token and role). Queries are drawn from the same distribution as the keys.
+// `clustered` (a mixture of --clusters gaussians, centres N(0, 1), spread --cluster-spread around them, 0.5 by
+// default: closer to a trained model's keys, which bunch by token and role; a small spread makes keys that nearly
+// repeat, as a trained model's do). Queries are drawn from the same distribution as the keys.
+//
+// --mapped DIR: the memory and each page index (pages, kdtree) are saved in DIR (KvMemory::save, MemoryIndex::save)
+// and the steps run over them mapped from their files (KvMemory::open, MemoryIndex::open); a later run with the
+// same settings opens them instead of building them, so under a memory limit smaller than the memory (a cgroup)
+// the searches read it from disk block by block. Each row then also counts the major page faults per step.
 #include <malloc.h>
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -68,7 +75,6 @@ constexpr int kMaxTopK = 4096;
 constexpr int kMaxHeadDim = 256;
 constexpr int64_t kMaxKvHeads = 8;
 constexpr int kWarmupSteps = 2;  // untimed steps per method before the timed ones (page faults, FAISS's buffers)
-constexpr float kClusterSpread = 0.5f;
 
 struct BenchMemoryArgs {
   std::string sizes = "16k,64k,256k,1M";
@@ -80,6 +86,7 @@ struct BenchMemoryArgs {
   int threads = 0;
   std::string keys = "gaussian";
   int clusters = 256;
+  double cluster_spread = 0.5;
   std::string policy = "exact";
   std::string indexes = "flat,hnsw,ivf";
   std::string ef_search = "128";
@@ -93,6 +100,7 @@ struct BenchMemoryArgs {
   uint64_t seed = 1;
   bool json = false;
   std::string out;
+  std::string mapped;  // --mapped DIR: the memory and page indexes saved there and used mapped from their files
 };
 
 // "16k" = 16384, "1M" = 1048576, "5000" = 5000: sizes as people write them.
@@ -138,8 +146,8 @@ int64_t resident_bytes() {
 // Keys (and queries) of one distribution: gaussian, or a mixture of gaussians around fixed centres.
 class VectorSource {
  public:
-  VectorSource(const std::string& kind, int clusters, int dim, uint64_t seed)
-      : clustered_(kind == "clustered"), dim_(dim) {
+  VectorSource(const std::string& kind, int clusters, float spread, int dim, uint64_t seed)
+      : clustered_(kind == "clustered"), dim_(dim), spread_(spread) {
     if (!clustered_) return;
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> normal;
@@ -154,12 +162,13 @@ class VectorSource {
     }
     const int64_t clusters = int64_t(centres_.size()) / dim_;
     const float* centre = centres_.data() + std::uniform_int_distribution<int64_t>(0, clusters - 1)(rng) * dim_;
-    for (int d = 0; d < dim_; ++d) out[d] = centre[d] + kClusterSpread * normal_(rng);
+    for (int d = 0; d < dim_; ++d) out[d] = centre[d] + spread_ * normal_(rng);
   }
 
  private:
   bool clustered_;
   int dim_;
+  float spread_;
   std::vector<float> centres_;
   std::normal_distribution<float> normal_;
 };
@@ -174,6 +183,7 @@ struct Method {
   int64_t index_bytes = 0;                 // resident-set growth while building
   std::vector<double> seconds;             // per timed step
   int64_t found = 0, wanted = 0;           // exact top-k rows retrieved / asked for
+  int64_t major_faults = 0;                // over the timed steps (pages read from disk, --mapped)
 };
 
 double percentile(std::vector<double> v, double q) {
@@ -187,7 +197,14 @@ struct Row {
   int ef_search = 0, nprobe = 0, pages_read = -1;
   double build_s = 0, median_ms = 0, p90_ms = 0, min_ms = 0, speedup_vs_exact = 0, recall = 0, scored = 1;
   int64_t index_bytes = 0;
+  double major_faults_per_step = 0;
 };
+
+int64_t major_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_majflt);
+}
 
 // Fills a memory of n tokens, builds the indexes, times `queries` decode steps through every method; one row each.
 std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int64_t n, const RopeFreqs* freqs,
@@ -200,24 +217,52 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
   config.policy = parse_memory_policy(a.policy);
   config.storage = parse_dtype(a.memory_dtype);
   config.freqs = freqs;
-  KvMemory memory(config);
-
+  VectorSource source(keys, a.clusters, float(a.cluster_spread), D, a.seed);
   // Appended in chunks so the staging buffers stay small beside a multi-GB memory.
-  VectorSource source(keys, a.clusters, D, a.seed);
-  std::mt19937_64 rng(a.seed * 1000003 + uint64_t(n));
-  std::uniform_real_distribution<float> uniform(-1, 1);
-  const int64_t chunk = 65536;
-  std::vector<float> k, v;
-  std::vector<int64_t> positions;
-  for (int64_t from = 0; from < n; from += chunk) {
-    const int64_t rows = std::min(chunk, n - from);
-    k.resize(size_t(rows * Hkv * D)), v.resize(k.size()), positions.resize(size_t(rows));
-    for (int64_t r = 0; r < rows * Hkv; ++r) source.draw(rng, k.data() + r * D);
-    for (float& x : v) x = uniform(rng);
-    for (int64_t r = 0; r < rows; ++r) positions[size_t(r)] = from + r;
-    memory.append(rows, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, positions.data());
+  auto fill = [&](KvMemory& memory) {
+    std::mt19937_64 rng(a.seed * 1000003 + uint64_t(n));
+    std::uniform_real_distribution<float> uniform(-1, 1);
+    const int64_t chunk = 65536;
+    std::vector<float> k, v;
+    std::vector<int64_t> positions;
+    for (int64_t from = 0; from < n; from += chunk) {
+      const int64_t rows = std::min(chunk, n - from);
+      k.resize(size_t(rows * Hkv * D)), v.resize(k.size()), positions.resize(size_t(rows));
+      for (int64_t r = 0; r < rows * Hkv; ++r) source.draw(rng, k.data() + r * D);
+      for (float& x : v) x = uniform(rng);
+      for (int64_t r = 0; r < rows; ++r) positions[size_t(r)] = from + r;
+      memory.append(rows, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, positions.data());
+    }
+  };
+  // --mapped: the files are named by every setting that makes their bytes, and the memory's fingerprint is that
+  // name's hash, so a file of other settings is never taken for this one.
+  const std::string stem =
+      a.mapped.empty() ? std::string()
+                       : lab::join_path(a.mapped, fmt::format("{}_{}x{}x{}_{}_{}_c{}s{}_seed{}", keys, n, Hkv, D,
+                                                              a.policy, a.memory_dtype, a.clusters, a.cluster_spread,
+                                                              a.seed));
+  const uint64_t fingerprint = stem.empty() ? 0 : lab::fnv1a64(std::filesystem::path(stem).filename().string());
+  std::unique_ptr<KvMemory> held;
+  if (!stem.empty()) {
+    const std::string path = stem + ".mem";
+    if (std::filesystem::exists(path)) {
+      try {
+        held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
+      } catch (const Error& e) {
+        std::fprintf(stderr, "bench memory: %s: rebuilding (%s)\n", path.c_str(), e.what());
+      }
+    }
+    if (!held) {
+      KvMemory built(config);
+      fill(built);
+      built.save(path, fingerprint);
+      held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
+    }
+  } else {
+    held = std::make_unique<KvMemory>(config);
+    fill(*held);
   }
-  std::vector<float>().swap(k), std::vector<float>().swap(v);
+  const KvMemory& memory = *held;
 
   std::vector<Method> methods(1);
   methods[0].name = methods[0].kind = "exact";  // first: each round's truth for the others' recall
@@ -258,8 +303,23 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     std::fflush(stderr);
     const int64_t rss_before = resident_bytes();
     const auto t0 = clock::now();
-    m.index = std::make_shared<lab::MemoryIndex>(memory, ic);
-    m.index->sync();
+    const bool paged = !stem.empty() && (m.kind == "pages" || m.kind == "kdtree");
+    const std::string index_path = stem + "_" + m.kind + std::to_string(a.page_size) + ".pages";
+    if (paged && std::filesystem::exists(index_path)) {
+      try {
+        m.index = std::make_shared<lab::MemoryIndex>(lab::MemoryIndex::open(index_path, memory, ic));
+      } catch (const Error& e) {
+        std::fprintf(stderr, " rebuilding (%s) ...", e.what());
+      }
+    }
+    if (!m.index) {
+      m.index = std::make_shared<lab::MemoryIndex>(memory, ic);
+      m.index->sync();
+      if (paged) {
+        m.index->save(index_path);
+        m.index = std::make_shared<lab::MemoryIndex>(lab::MemoryIndex::open(index_path, memory, ic));
+      }
+    }
     m.build_s = std::chrono::duration<double>(clock::now() - t0).count();
     m.index_bytes = resident_bytes() - rss_before;
     std::fprintf(stderr, " %.1f s\n", m.build_s);
@@ -310,7 +370,9 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
   for (int s = 0; s < a.queries; ++s) {
     draw_query();
     for (Method& m : methods) {
+      const int64_t faults = major_faults();
       m.seconds.push_back(step(m));
+      m.major_faults += major_faults() - faults;
       if (m.kind == "exact") exact_rows = retrieved;
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t* truth = exact_rows.data() + h * a.top_k;
@@ -334,6 +396,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     r.speedup_vs_exact = exact_median * 1e3 / r.median_ms;
     r.recall = double(m.found) / double(m.wanted);
     r.scored = m.scored / double(a.queries), r.pages_read = m.pages_read;
+    r.major_faults_per_step = double(m.major_faults) / double(a.queries);
     rows.push_back(r);
     // Progress on stderr as each size finishes, so a long run's numbers survive an interruption.
     std::fprintf(stderr,
@@ -449,6 +512,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   check(a.ivf_lists <= sizes.front(), "--ivf-lists", a.ivf_lists,
         "0 (automatic) or at most the smallest of --sizes = " + std::to_string(sizes.front()));
   if (!a.out.empty()) lab::make_dirs(a.out);
+  if (!a.mapped.empty()) lab::make_dirs(a.mapped);
 
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   omp_set_num_threads(threads);  // FAISS's own parallel regions (index builds, batched searches) use this many
@@ -478,11 +542,12 @@ void run_bench_memory(const BenchMemoryArgs& a) {
                   {"load_average_after", load_average()}};
   j["settings"] = {{"sizes", sizes},       {"head_dim", a.head_dim},          {"kv_heads", a.kv_heads},
                    {"q_heads", a.q_heads}, {"top_k", a.top_k},                {"queries", a.queries},
-                   {"keys", key_kinds},    {"clusters", a.clusters},          {"cluster_spread", kClusterSpread},
+                   {"keys", key_kinds},    {"clusters", a.clusters},          {"cluster_spread", a.cluster_spread},
                    {"policy", a.policy},   {"rope_base", spec.base},          {"hnsw_m", a.hnsw_m},
                    {"hnsw_ef_construction", a.ef_construction},               {"ivf_lists", a.ivf_lists},
                    {"page_size", a.page_size},
-                   {"seed", a.seed},       {"warmup_steps", kWarmupSteps},    {"dtype", a.memory_dtype}};
+                   {"seed", a.seed},       {"warmup_steps", kWarmupSteps},    {"dtype", a.memory_dtype},
+                   {"mapped", a.mapped}};
   j["memory_bytes_per_token"] = memory_bytes_per_token;
   j["index_bytes"] = "resident-set growth while the index was built (after malloc_trim)";
   j["seconds"] = total_s;
@@ -499,7 +564,8 @@ void run_bench_memory(const BenchMemoryArgs& a) {
                         {"scored_share_of_scan", r.scored},
                         {"build_s", r.build_s},
                         {"index_bytes", r.index_bytes},
-                        {"index_bytes_per_token", double(r.index_bytes) / double(r.tokens)}};
+                        {"index_bytes_per_token", double(r.index_bytes) / double(r.tokens)},
+                        {"major_faults_per_step", r.major_faults_per_step}};
     if (r.ef_search) e["ef_search"] = r.ef_search;
     if (r.nprobe) e["nprobe"] = r.nprobe;
     if (r.pages_read >= 0) e["pages_read"] = r.pages_read;
@@ -526,16 +592,21 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   std::printf("memory: %lld bytes per token (keys + values %s, position int64); index MB = resident-set growth "
               "while building\n\n",
               (long long)memory_bytes_per_token, dtype_name(memory_dtype));
-  std::printf("%-9s %9s %-16s %9s %10s %9s %9s %9s %9s %9s %9s\n", "keys", "tokens", "method", "build_s",
-              "median_ms", "p90_ms", "x_exact", "recall", "scored", "index_MB", "idx_B/tok");
+  if (!a.mapped.empty())
+    std::printf("mapped from %s: the memory and page indexes used from their files (build_s: to open, or to build, "
+                "save and open); faults = major page faults per step\n\n", a.mapped.c_str());
+  std::printf("%-9s %9s %-16s %9s %10s %9s %9s %9s %9s %9s %9s%s\n", "keys", "tokens", "method", "build_s",
+              "median_ms", "p90_ms", "x_exact", "recall", "scored", "index_MB", "idx_B/tok",
+              a.mapped.empty() ? "" : "    faults");
   for (const Row& r : rows) {
     const bool index = r.kind != "exact";
-    std::printf("%-9s %9lld %-16s %9s %10.3f %9.3f %9.2f %9.4f %9s %9s %9s\n", r.keys.c_str(),
+    std::printf("%-9s %9lld %-16s %9s %10.3f %9.3f %9.2f %9.4f %9s %9s %9s%s\n", r.keys.c_str(),
                 (long long)r.tokens, r.method.c_str(), index ? fmt::format("{:.1f}", r.build_s).c_str() : "-",
                 r.median_ms, r.p90_ms, r.speedup_vs_exact, r.recall,
                 std::isnan(r.scored) ? "-" : fmt::format("{:.4f}", r.scored).c_str(),
                 index ? fmt::format("{:.1f}", double(r.index_bytes) / 1e6).c_str() : "-",
-                index ? fmt::format("{:.0f}", double(r.index_bytes) / double(r.tokens)).c_str() : "-");
+                index ? fmt::format("{:.0f}", double(r.index_bytes) / double(r.tokens)).c_str() : "-",
+                a.mapped.empty() ? "" : fmt::format(" {:9.1f}", r.major_faults_per_step).c_str());
   }
   std::printf("\n");
   for (const GoalVerdict& g : goals) {
@@ -578,6 +649,10 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
                                         "(default gaussian)");
   cmd->add_option("--clusters", args->clusters, "mixture components of --keys clustered (default 256)")
       ->transform(integer_in(1, 65536));
+  cmd->add_option("--cluster-spread", args->cluster_spread,
+                  "standard deviation of --keys clustered around their centres (default 0.5; small: keys that "
+                  "nearly repeat, as a trained model's)")
+      ->transform(finite_in(0.0, 10.0));
   cmd->add_option("--policy", args->policy, "memory policy: exact (RoPE base 10000, keys stored rotated) or none "
                                             "(default exact)");
   cmd->add_option("--indexes", args->indexes, "indexes to time beside the exact scan: FAISS flat, hnsw, ivf, and "
@@ -602,6 +677,9 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
       ->transform(unsigned_up_to(std::numeric_limits<uint64_t>::max()));
   cmd->add_flag("--json", args->json, "print machine-readable results");
   cmd->add_option("--out", args->out, "directory for latency_vs_memory.png (gnuplot), its data and bench_memory.json");
+  cmd->add_option("--mapped", args->mapped,
+                  "directory where the memory and page indexes are saved and then used mapped from their files "
+                  "(reused by a later run with the same settings: a memory larger than RAM read from disk)");
   cmd->callback([args] { run_bench_memory(*args); });
 });
 

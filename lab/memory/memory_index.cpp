@@ -134,6 +134,19 @@ void MemoryIndex::sync() {
   m.indexed = n;
 }
 
+void MemoryIndex::save(const std::string& path) const {
+  check(impl_->pages != nullptr, "memory_index.kind", impl_->config.kind, "pages or kdtree (a page index) to save");
+  impl_->pages->save(path);
+}
+
+MemoryIndex MemoryIndex::open(const std::string& path, const KvMemory& memory, const MemoryIndexConfig& config) {
+  MemoryIndex index(memory, config);  // validates the config
+  check(index.impl_->pages != nullptr, "memory_index.kind", config.kind, "pages or kdtree (a page index) to open");
+  index.impl_->pages = std::make_unique<MemoryPages>(MemoryPages::open(path, memory, index.impl_->pages->config()));
+  index.impl_->indexed = memory.size();
+  return index;
+}
+
 int64_t MemoryIndex::size() const { return impl_->indexed; }
 
 void MemoryIndex::set_search_effort(const SearchEffort& effort) {

@@ -68,6 +68,11 @@ class MemoryIndex {
 
   // Adds the rows appended to the memory since the last sync (ivf: trains its lists on the first sync's rows).
   void sync();
+  // Kinds pages and kdtree: writes the page index (MemoryPages::save), or opens one written for `memory` mapped
+  // from its file (MemoryPages::open; it cannot grow), so a memory larger than RAM is searched without grouping it
+  // again. rotary::Error naming memory_index.kind for the FAISS kinds, and MemoryPages' errors.
+  void save(const std::string& path) const;
+  static MemoryIndex open(const std::string& path, const KvMemory& memory, const MemoryIndexConfig& config);
   int64_t size() const;  // rows indexed
   const MemoryIndexConfig& config() const;
   // Changes how hard later searches look without rebuilding: hnsw's ef_search, ivf's nprobe (capped at its lists),

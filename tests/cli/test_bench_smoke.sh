@@ -125,6 +125,27 @@ if "$ROTARY" bench memory --sizes 256,1k --head-dim 16 --top-k 8 --queries 5 --t
 else
   fail "bench memory exited $?"
 fi
+# bench memory --mapped: the memory and the page indexes saved in the directory and used from their files; a second
+# run opens them (same results, nothing rebuilt), a damaged index is rebuilt (named on stderr), not used.
+M=(bench memory --sizes 1k --head-dim 16 --top-k 8 --queries 3 --threads 1 --indexes pages,kdtree --pages-read 0
+   --page-size 16 --keys clustered --clusters 8 --cluster-spread 0.05 --mapped "$W/mapped")
+if "$ROTARY" "${M[@]}" --json > "$W/mapped1.json" 2> "$W/mapped1.err" &&
+   "$ROTARY" "${M[@]}" --json > "$W/mapped2.json" 2> "$W/mapped2.err"; then
+  [ "$(ls "$W/mapped" | grep -c '\.mem$')" = 1 ] && [ "$(ls "$W/mapped" | grep -c '\.pages$')" = 2 ] ||
+    fail "bench memory --mapped files: $(ls "$W/mapped")"
+  check "bench memory --mapped: the certified searches over the mapped files find the exact top-k" "$W/mapped2.json" \
+    "j['settings']['mapped'] != '' and {r['method'] for r in j['rows']} == {'exact', 'pages0', 'kdtree0'} and all(r['recall'] == 1 and r['major_faults_per_step'] >= 0 for r in j['rows'])"
+  grep -q rebuilding "$W/mapped2.err" && fail "bench memory --mapped rebuilt on the second run: $(cat "$W/mapped2.err")"
+  idx=$(ls "$W/mapped"/*kdtree16.pages)
+  head -c 100 "$idx" > "$idx.cut" && mv "$idx.cut" "$idx"
+  "$ROTARY" "${M[@]}" --json > "$W/mapped3.json" 2> "$W/mapped3.err" || fail "bench memory --mapped after damage exited $?"
+  grep -q "rebuilding (rotary: memory_pages.open: .*kdtree16.pages" "$W/mapped3.err" ||
+    fail "a damaged index was not named and rebuilt: $(cat "$W/mapped3.err")"
+  echo "ok: bench memory --mapped"
+else
+  fail "bench memory --mapped exited $?: $(tail -3 "$W/mapped1.err" "$W/mapped2.err")"
+fi
+expect_error "bench memory --cluster-spread -1" 2 "--cluster-spread" -- "$ROTARY" bench memory --cluster-spread -1 --sizes 64
 expect_error "bench memory --top-k past the smallest size" 2 "--top-k = 100" -- \
   "$ROTARY" bench memory --sizes 64,1k --top-k 100
 expect_error "bench memory --head-dim 7" 2 "--head-dim = 7" -- "$ROTARY" bench memory --head-dim 7 --sizes 64

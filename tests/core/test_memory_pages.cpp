@@ -9,9 +9,16 @@
 #include <cmath>
 #include <limits>
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <unistd.h>
 #include <random>
 #include <vector>
 
+#include "../../fuzz/memory_pages_seeds.h"
 #include "expect_error.h"
 #include "rotary/kv_memory.h"
 #include "rotary/memory_pages.h"
@@ -339,6 +346,157 @@ TEST(MemoryPages, HeadsGroupedOnThreadsEqualEachHeadAlone) {
       ASSERT_TRUE(a.nodes[i].first == b.nodes[i].first && a.nodes[i].count == b.nodes[i].count &&
                   a.nodes[i].left == b.nodes[i].left && a.nodes[i].right == b.nodes[i].right)
           << "head " << h << " node " << i;
+  }
+}
+
+// FNV-1a 64 (docs/memory.md: the page index's checksums), to craft files whose checksums are right.
+uint64_t fnv(const std::vector<char>& b, size_t from, size_t to) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = from; i < to; ++i) h = (h ^ uint8_t(b[i])) * 0x100000001b3ULL;
+  return h;
+}
+
+// save() then open() over the memory's own file, both mapped: the same trees and bitwise the same searches as the
+// index built in RAM, for both groupings, with several segments; what does not belong is refused by name.
+TEST(MemoryPages, SavedIndexMapsBackOverItsMemoryAndForeignOrDamagedFilesAreRefused) {
+  const std::string dir = ::testing::TempDir() + "/rotary_pages_" + std::to_string(::getpid());
+  std::filesystem::create_directories(dir);
+  for (PageGrouping g : {PageGrouping::Tokens, PageGrouping::Keys}) {
+    Fixture f(1000, 16, 2, MemoryPolicy::Exact);
+    const MemoryPagesConfig config{16, 0, g};
+    MemoryPages built(f.memory, config);
+    built.sync();
+    f.append(1000, 300, true, 7);  // a second segment
+    built.sync();
+    ASSERT_EQ(built.tree(0).root_count, 2);
+    const std::string memory_path = dir + "/memory.mem", pages_path = dir + "/memory.pages";
+    f.memory.save(memory_path);
+    built.save(pages_path);
+    const KvMemoryConfig mc{f.Hkv, f.D, MemoryPolicy::Exact, &f.freqs, 0, 0};
+    const KvMemory mapped = KvMemory::open(memory_path, mc);
+    MemoryPages opened = MemoryPages::open(pages_path, mapped, config);
+    EXPECT_EQ(opened.size(), 1300);
+    EXPECT_EQ(opened.pages(), built.pages());
+    for (int64_t h = 0; h < f.Hkv; ++h) {
+      const PageTree a = built.tree(h), b = opened.tree(h);
+      ASSERT_EQ(a.node_count, b.node_count);
+      ASSERT_EQ(a.root_count, b.root_count);
+      EXPECT_TRUE(std::equal(a.rows, a.rows + 1300, b.rows)) << page_grouping_name(g);
+      EXPECT_TRUE(std::equal(a.boxes, a.boxes + a.node_count * 2 * f.D, b.boxes)) << page_grouping_name(g);
+      for (int64_t i = 0; i < a.node_count; ++i)
+        ASSERT_TRUE(a.nodes[i].first == b.nodes[i].first && a.nodes[i].count == b.nodes[i].count &&
+                    a.nodes[i].left == b.nodes[i].left && a.nodes[i].right == b.nodes[i].right);
+      const std::vector<float> q = f.queries(12, uint32_t(20 + h));
+      for (int64_t pages_read : {0, 3}) {
+        built.set_pages_read(pages_read), opened.set_pages_read(pages_read);
+        std::vector<int64_t> ra(12 * 5), rb(ra.size());
+        std::vector<float> sa(ra.size()), sb(ra.size());
+        PageSearchStats wa, wb;
+        built.search(h, 12, q.data(), 5, ra.data(), sa.data(), &wa);
+        opened.search(h, 12, q.data(), 5, rb.data(), sb.data(), &wb);
+        EXPECT_EQ(ra, rb);
+        EXPECT_EQ(sa, sb);
+        EXPECT_EQ(wa.bounds, wb.bounds);
+        EXPECT_EQ(wa.rows_scored, wb.rows_scored);
+      }
+    }
+    // The in-RAM memory holds the same rows: the index opens over it too, and cannot grow with it.
+    MemoryPages over_ram = MemoryPages::open(pages_path, f.memory, config);
+    over_ram.sync();  // nothing new: no-op
+    f.append(1300, 10, true, 8);
+    test::expect_error([&] { over_ram.sync(); }, {"memory_pages.sync", "opened from a file"});
+    test::expect_error([&] { built.save(pages_path); }, {"memory_pages.save", "sync after appending"});
+    // Another memory or other settings.
+    test::expect_error([&] { MemoryPages::open(pages_path, f.memory, config); }, {pages_path, "size = 1300"});
+    test::expect_error([&] { MemoryPages::open(pages_path, mapped, {32, 0, g}); },
+                       {"page_size = 16", "this run asks 32"});
+    test::expect_error(
+        [&] {
+          MemoryPages::open(pages_path, mapped,
+                            {16, 0, g == PageGrouping::Keys ? PageGrouping::Tokens : PageGrouping::Keys});
+        },
+        "grouping");
+    Fixture other(1300, 16, 2, MemoryPolicy::Exact, true, 99);  // same shape, other keys
+    test::expect_error([&] { MemoryPages::open(pages_path, other.memory, config); }, "memory_check");
+    // Damaged bytes: read whole, changed, opened with open_bytes (a heap copy: 8-byte aligned).
+    std::ifstream in(pages_path, std::ios::binary);
+    const std::vector<char> good((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto open_copy = [&](std::vector<char> b) {
+      std::vector<int64_t> aligned((b.size() + 7) / 8);
+      std::memcpy(aligned.data(), b.data(), b.size());
+      MemoryPages::open_bytes(aligned.data(), b.size(), mapped, config, "crafted");
+    };
+    open_copy(good);  // the copy itself opens
+    std::vector<char> b = good;
+    b[3] = 'X';
+    test::expect_error([&] { open_copy(b); }, {"crafted", "not a rotary page index"});
+    b = good, b[8 + 8 * 4] ^= 1;  // the size field
+    test::expect_error([&] { open_copy(b); }, "a damaged header (checksum)");
+    b = good, b.pop_back();
+    test::expect_error([&] { open_copy(b); }, "truncated");
+    b = good, b.push_back(0);
+    test::expect_error([&] { open_copy(b); }, "trailing bytes");
+    // The body at 64 x ceil((8 + 64 + 8) / 64); the checksum after each head's rows, boxes and absmax (64-aligned
+    // blocks), before the keys in page order.
+    const size_t body = 128, rows_bytes = (1300 * 8 + 63) / 64 * 64,
+                 checksum = body + 64 + 2 * (rows_bytes + size_t(built.tree(0).node_count) * 2 * 16 * 4 + 64);
+    b = good, b[body + 16 * 2 + 100] ^= 1;  // in head 0's rows
+    test::expect_error([&] { open_copy(b); }, "a damaged body (checksum)");
+    b = good, b[checksum] ^= 1;  // the checksum itself: where the test places it
+    test::expect_error([&] { open_copy(b); }, "a damaged body (checksum)");
+    // The keys in page order are the memory's rows gathered (not checksummed: a search reads them, attention
+    // rescored from the memory's own keys).
+    for (int64_t h = 0; h < f.Hkv; ++h) {
+      const PageTree t = built.tree(h);
+      const size_t keys_at = (checksum + 8 + 63) / 64 * 64 + size_t(h) * ((1300 * 16 * 4 + 63) / 64 * 64);
+      for (int64_t i = 0; i < 1300; i += 97)
+        ASSERT_EQ(0, std::memcmp(good.data() + keys_at + size_t(i) * 16 * 4, f.memory.keys(h) + t.rows[i] * 16, 64))
+            << "head " << h << " entry " << i;
+    }
+    auto seal = [&](std::vector<char>& x) {  // the body's checksum made right
+      const uint64_t h = fnv(x, body, checksum);
+      std::memcpy(x.data() + checksum, &h, 8);
+    };
+    b = good;
+    int64_t end0 = 999;  // segment 0 = [0, 999): does not meet segment 1
+    std::memcpy(b.data() + body + 8, &end0, 8);
+    seal(b);
+    test::expect_error([&] { open_copy(b); }, {"segment 1", "is invalid"});
+    b = good;
+    const size_t head0 = body + 64;  // segments (2 x 16 bytes) padded to 64
+    int64_t row = 0;
+    std::memcpy(&row, b.data() + head0, 8);
+    std::memcpy(b.data() + head0 + 8, &row, 8);  // rows[1] = rows[0]: a row twice
+    seal(b);
+    test::expect_error([&] { open_copy(b); }, {"rows[1]", "once"});
+    row = 5000;  // past the memory
+    b = good, std::memcpy(b.data() + head0, &row, 8), seal(b);
+    test::expect_error([&] { open_copy(b); }, {"rows[0] = 5000", "is invalid"});
+    std::filesystem::remove(pages_path), std::filesystem::remove(memory_path);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+// The fuzz target's seeds (fuzz/corpus/memory_pages/) are what save() writes for fuzz/memory_pages_seeds.h's
+// indexes, and open over its memory; ROTARY_WRITE_FUZZ_SEEDS=1 rewrites them after a change of the format.
+TEST(MemoryPages, FuzzSeedsAreWhatSaveWrites) {
+  const bool rewrite = std::getenv("ROTARY_WRITE_FUZZ_SEEDS") != nullptr;
+  const KvMemory memory = fuzz::pages_seed_memory();
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const fuzz::MemoryPagesSeed& seed : fuzz::memory_pages_seeds()) {
+    SCOPED_TRACE(seed.file);
+    const std::string tmp = ::testing::TempDir() + "/rotary_seed_" + std::to_string(::getpid()) + ".pages";
+    fuzz::write_pages_seed(seed, tmp);
+    const std::string saved = bytes(tmp);
+    std::remove(tmp.c_str());
+    const std::string checked_in = std::string(ROTARY_SOURCE_DIR) + "/fuzz/corpus/memory_pages/" + seed.file;
+    if (rewrite) std::ofstream(checked_in, std::ios::binary) << saved;
+    EXPECT_EQ(bytes(checked_in), saved) << checked_in << " is not what save() writes";
+    const MemoryPages opened = MemoryPages::open(checked_in, memory, seed.config);
+    EXPECT_EQ(opened.tree(0).root_count, 2);
   }
 }
 

@@ -86,8 +86,30 @@ class MemoryPages {
   MemoryPages& operator=(MemoryPages&&) noexcept;
 
   // Groups the rows appended since the last sync (segments above). rotary::Error if the memory shrank (cleared:
-  // make a new index).
+  // make a new index), or for an index opened from a file when the memory has rows past the file's.
   void sync();
+
+  // Writes the index to `path` atomically (KvMemory::save's way: complete or absent): its segments, and per kv
+  // head the rows in page order, every node's box and the certificate's per-coordinate max |key| (with checksums
+  // and a fingerprint of the memory's rows), then each head's keys in page order - the block layout: a page's keys
+  // are one block of this file, where a k-d page's rows lie scattered over the memory's. Beside the memory's own
+  // file it makes a memory larger than RAM searchable without reading every key at open: open() maps the index,
+  // a search reads the boxes it bounds and the blocks of the pages it scores, and memory_attention then reads the
+  // top-k rows from the memory. Layout: docs/memory.md. rotary::Error naming memory_pages.save if rows were
+  // appended since the last sync.
+  void save(const std::string& path) const;
+  // Maps a file written by save() over `memory`, which must hold the rows it was saved with (kv heads, head dim,
+  // storage and size equal; its positions and a sample of its keys hashed as when saved). config.page_size and
+  // config.grouping must be the file's; pages_read is the caller's choice. rotary::Error naming the file and the
+  // field: not a page index, a damaged header or body (a field out of range, a checksum, segments that do not
+  // cover the rows, rows that are not a permutation of their segment's, a size other than the header implies),
+  // another memory or another page size / grouping. The index cannot grow (sync() with new rows is an error).
+  static MemoryPages open(const std::string& path, const KvMemory& memory, const MemoryPagesConfig& config);
+  // The reader open() runs on its mapping, for bytes already in memory (tests, fuzzing): the same checks, every
+  // count and offset in overflow-checked arithmetic, errors naming `source`. The bytes are BORROWED (kept alive
+  // and unchanged by the caller while the index is used) and must be aligned to 8 bytes.
+  static MemoryPages open_bytes(const void* data, size_t size, const KvMemory& memory,
+                                const MemoryPagesConfig& config, const std::string& source = "page index bytes");
   int64_t size() const;   // rows covered
   int64_t pages() const;  // pages (leaves) per kv head
   const MemoryPagesConfig& config() const;
