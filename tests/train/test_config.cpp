@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <set>
+#include <system_error>
+#include <vector>
 
 #include "cli/torch/train_flags.h"
 #include "common/files.h"
@@ -15,9 +17,22 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The files temp_file wrote, removed when the test program ends (under ctest each test is a process of its own).
+struct TempFiles {
+  std::vector<fs::path> paths;
+  ~TempFiles() {
+    for (const fs::path& p : paths) {
+      std::error_code ignored;
+      fs::remove(p, ignored);
+    }
+  }
+};
+
 std::string temp_file(const std::string& name, const std::string& text) {
+  static TempFiles written;
   const fs::path p = fs::temp_directory_path() / ("rotary_cfg_" + std::to_string(::getpid()) + "_" + name);
   lab::write_file_atomic(p.string(), text);
+  written.paths.push_back(p);
   return p.string();
 }
 
