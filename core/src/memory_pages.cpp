@@ -5,14 +5,15 @@
 
 #include <algorithm>
 #include <cmath>
+#include <exception>
 #include <limits>
 #include <queue>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "rotary/error.h"
 #include "memory_pages_impl.h"
+#include "rotary/error.h"
 #include "rotary/memory_pages.h"
 #include "storage.h"
 #include "validate.h"
@@ -84,7 +85,6 @@ int64_t lay_out_tree(HeadTrees& t, const KeyRows* K, int64_t D, const MemoryPage
 using detail::HeadTrees;
 using detail::KeyRows;
 
-
 MemoryPages::MemoryPages(const KvMemory& memory, const MemoryPagesConfig& config) : impl_(std::make_unique<Impl>()) {
   config.validate();
   impl_->memory = &memory;
@@ -103,10 +103,10 @@ void MemoryPages::sync() {
   check(n >= m.covered, "memory_pages.sync memory size", n,
         ">= the rows already grouped (" + std::to_string(m.covered) + "; the memory was cleared: make a new index)");
   if (n == m.covered) return;
-  // The new rows as a segment; then merge while the segment before the last is no larger than the last.
   check(!m.from_bytes, "memory_pages.sync memory size", n,
         std::to_string(m.covered) + " (the rows of an index opened from a file, which cannot grow: build an index "
         "in RAM over the memory, or open one saved with its rows)");
+  // The new rows as a segment; then merge while the segment before the last is no larger than the last.
   m.segments.push_back({m.covered, n});
   size_t first_rebuilt = m.segments.size() - 1;
   while (m.segments.size() >= 2) {
@@ -121,8 +121,9 @@ void MemoryPages::sync() {
   // The kv heads' trees are independent: threads over them once the rows to group make it worth a team (a decode
   // step's sync usually groups one chunk; the first sync after a long prompt, or a large merge, groups millions).
   const int64_t regrouped = n - m.segments[first_rebuilt].begin;
+  std::exception_ptr failed;  // an exception may not leave an OpenMP region: kept, rethrown after it
 #pragma omp parallel for schedule(dynamic, 1) if (heads > 1 && regrouped * heads >= 65536)
-  for (int64_t h = 0; h < heads; ++h) {
+  for (int64_t h = 0; h < heads; ++h) try {
     HeadTrees& t = m.heads[size_t(h)];
     const KeyRows K{m.memory->key_data(h), m.memory->storage(), D};
     std::vector<float> buf(static_cast<size_t>(D));
@@ -144,6 +145,20 @@ void MemoryPages::sync() {
       for (int64_t d = 0; d < D; ++d) t.absmax[size_t(d)] = std::max(t.absmax[size_t(d)], std::abs(k[d]));
     }
     t.read_owned();
+  } catch (...) {
+#pragma omp critical(rotary_memory_pages_sync)
+    if (!failed) failed = std::current_exception();
+  }
+  if (failed) {
+    // A head could not be grouped (out of memory): every tree is forgotten, so that no search reads half-built ones
+    // and the next sync groups the whole memory anew.
+    m.segments.clear(), m.covered = 0;
+    for (HeadTrees& t : m.heads) {
+      t.rows.clear(), t.nodes.clear(), t.boxes.clear(), t.roots.clear();
+      std::fill(t.absmax.begin(), t.absmax.end(), 0.0f);
+      t.read_owned();
+    }
+    std::rethrow_exception(failed);
   }
   m.covered = n;
 }
