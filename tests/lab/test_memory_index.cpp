@@ -5,6 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <unistd.h>
 #include <limits>
 #include <random>
 #include <set>
@@ -193,6 +197,43 @@ TEST(MemoryIndex, PagesProposeTheExactTopKWhenCertifiedAndCountTheirWork) {
   flat.sync();
   flat.candidates(p, got.data());
   EXPECT_DOUBLE_EQ(flat.work().share_of_scan(), 1.0);
+}
+
+// A page index saved and opened again (mapped) proposes the same rows; the FAISS kinds cannot be saved or opened,
+// and the refusal names memory_index.kind.
+TEST(MemoryIndex, PageIndexesSaveAndOpenAndFaissKindsAreRefused) {
+  Memory m(16, 600);
+  const int K = 8;
+  std::vector<float> o, lse;
+  std::vector<int64_t> pos;
+  MemoryAttentionParams p = m.params(4, K, o, lse, pos);
+  const std::string path = ::testing::TempDir() + "/rotary_index_" + std::to_string(::getpid()) + ".pages";
+  MemoryIndexConfig c;
+  c.kind = "kdtree";
+  c.pages_page_size = 16;
+  MemoryIndex built(m.memory, c);
+  built.sync();
+  built.save(path);
+  MemoryIndex opened = MemoryIndex::open(path, m.memory, c);
+  EXPECT_EQ(opened.size(), 600);
+  std::vector<int64_t> a(size_t(4 * m.Hq * K)), b(a.size());
+  built.candidates(p, a.data());
+  opened.candidates(p, b.data());
+  EXPECT_EQ(a, b);
+  MemoryIndexConfig f;
+  f.kind = "flat";
+  MemoryIndex flat(m.memory, f);
+  flat.sync();
+  for (const auto& call : std::vector<std::function<void()>>{[&] { flat.save(path); },
+                                                             [&] { MemoryIndex::open(path, m.memory, f); }}) {
+    try {
+      call();
+      ADD_FAILURE() << "a FAISS kind was saved or opened";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("memory_index.kind = flat"), std::string::npos) << e.what();
+    }
+  }
+  std::remove(path.c_str());
 }
 
 TEST(MemoryIndex, SyncAddsAppendedRowsAndAStaleIndexIsRefused) {
