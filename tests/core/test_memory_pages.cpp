@@ -20,6 +20,7 @@
 
 #include "../../fuzz/memory_pages_seeds.h"
 #include "expect_error.h"
+#include "mapped_file.h"
 #include "rotary/kv_memory.h"
 #include "rotary/memory_pages.h"
 #include "rotary/rope_spec.h"
@@ -349,13 +350,6 @@ TEST(MemoryPages, HeadsGroupedOnThreadsEqualEachHeadAlone) {
   }
 }
 
-// FNV-1a 64 (docs/memory.md: the page index's checksums), to craft files whose checksums are right.
-uint64_t fnv(const std::vector<char>& b, size_t from, size_t to) {
-  uint64_t h = 0xcbf29ce484222325ULL;
-  for (size_t i = from; i < to; ++i) h = (h ^ uint8_t(b[i])) * 0x100000001b3ULL;
-  return h;
-}
-
 // save() then open() over the memory's own file, both mapped: the same trees and bitwise the same searches as the
 // index built in RAM, for both groupings, with several segments; what does not belong is refused by name.
 TEST(MemoryPages, SavedIndexMapsBackOverItsMemoryAndForeignOrDamagedFilesAreRefused) {
@@ -454,7 +448,7 @@ TEST(MemoryPages, SavedIndexMapsBackOverItsMemoryAndForeignOrDamagedFilesAreRefu
             << "head " << h << " entry " << i;
     }
     auto seal = [&](std::vector<char>& x) {  // the body's checksum made right
-      const uint64_t h = fnv(x, body, checksum);
+      const uint64_t h = detail::fnv1a64(x.data() + body, checksum - body);  // the file's own checksum function
       std::memcpy(x.data() + checksum, &h, 8);
     };
     b = good;
