@@ -77,6 +77,7 @@ struct Session::Impl {
   std::vector<float> chunk_k, chunk_v, chunk_lse, chunk_mass;
   std::vector<int64_t> chunk_pos;
   int64_t last_position = 0;
+  int64_t passed = 0;  // keep_caches false: the tokens of the one forward() call so far (0 or its n)
   // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
   std::vector<std::vector<float>> hist_k, hist_v;
   std::vector<int64_t> hist_pos;
@@ -94,6 +95,8 @@ struct Session::Impl {
     check(o.kv_dtype == DType::F32 || o.kv_dtype == DType::BF16 || o.kv_dtype == DType::F16, "kv_dtype",
           dtype_name(o.kv_dtype), "f32, bf16, f16");
     check(o.prefill_chunk >= 1, "prefill_chunk", o.prefill_chunk, ">= 1");
+    check(o.keep_caches || !o.memory, "keep_caches", "false",
+          "true with a memory (the memory and its window are the caches it keeps)");
     check(o.threads >= 0, "threads", o.threads, ">= 0 (0: OpenMP's default)");
     const PositionMethod& p = o.positions;
     check(p.mode != PositionMode::None, "positions.mode", "none", "rope, rerope, leaky_rerope");
@@ -141,6 +144,7 @@ struct Session::Impl {
         for (const MemoryKvCache& c : memory_caches) memory_pages.emplace_back(c.memory(), *o.memory->search);
       return;
     }
+    if (!o.keep_caches) return;
     KvCacheConfig c;
     c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
     c.pos = position_params(), c.threads = threads;
@@ -149,9 +153,10 @@ struct Session::Impl {
 
   int64_t size() const {
     if (o.memory) return memory_caches.empty() ? 0 : memory_caches.front().size();
+    if (!o.keep_caches) return passed;
     return caches.empty() ? 0 : caches.front().size();
   }
-  bool started() const { return o.memory ? !memory_caches.empty() : !caches.empty(); }
+  bool started() const { return o.memory ? !memory_caches.empty() : o.keep_caches ? !caches.empty() : passed > 0; }
 
   // Every token's residual stream (x) and one layer's keys and values (k, v: a chunk's queries attend to all the
   // keys before them); the rest holds one chunk of at most prefill_chunk tokens.
@@ -195,6 +200,9 @@ struct Session::Impl {
 
   void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
     check(n >= 1, "n", n, ">= 1 token");
+    check(o.keep_caches || passed == 0, "keep_caches", "false",
+          "one forward() call per clear() (this session kept no keys for the " + std::to_string(passed) +
+              " tokens it ran)");
     check(size() + n <= o.capacity, "tokens", size() + n,
           "<= the session's capacity = " + std::to_string(o.capacity) + " (cached " + std::to_string(size()) + " + " +
               std::to_string(n) + " new)");
@@ -227,7 +235,6 @@ struct Session::Impl {
   // tokens one decode step each.
   void attend_with_cache(int64_t layer, int64_t t0, int64_t c, const int64_t* positions, bool prompt) {
     const int64_t hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
-    KvCache& cache = caches[size_t(layer)];
     const int64_t es = int64_t(dtype_size(o.kv_dtype));
     char* qs = in_kv_dtype(q, qc, 0, c * hq);
     char* ks = in_kv_dtype(k, kc, t0 * hkv, (t0 + c) * hkv);
@@ -240,8 +247,11 @@ struct Session::Impl {
       p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
       p.threads = threads;
       attention_forward(p);
-      cache.append(c, view(ks + t0 * hkv * es, a.n_kv_heads), view(vs + t0 * hkv * es, a.n_kv_heads), positions + t0);
+      if (o.keep_caches)
+        caches[size_t(layer)].append(c, view(ks + t0 * hkv * es, a.n_kv_heads), view(vs + t0 * hkv * es, a.n_kv_heads),
+                                     positions + t0);
     } else {
+      KvCache& cache = caches[size_t(layer)];
       for (int64_t t = 0; t < c; ++t) {
         const int64_t kt = (t0 + t) * hkv * es;
         cache.append(1, view(ks + kt, a.n_kv_heads), view(vs + kt, a.n_kv_heads), positions + t0 + t);
@@ -365,7 +375,9 @@ struct Session::Impl {
     }
     grow(n);
     const int64_t d = a.d_model, hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
-    const bool prompt = size() == 0 && n > 1;
+    // (a one-pass session runs even one token as a prompt: it has no cache to decode from)
+    const bool prompt = size() == 0 && (n > 1 || !o.keep_caches);
+    const bool history = dynamic && o.keep_caches;  // un-rotated rows to rebuild the caches from
     const int64_t chunk = layer_chunk(o);
     for (int64_t t = 0; t < n; ++t) weight_row(m.embed, tokens[t], x.data() + t * d);
 
@@ -373,7 +385,7 @@ struct Session::Impl {
     // chunks after it), so that activations other than the residual stream and the keys take one chunk's memory.
     for (int64_t li = 0; li < a.n_layers; ++li) {
       const Layer& l = m.layers[size_t(li)];
-      if (dynamic && hist_k.size() < size_t(a.n_layers))
+      if (history && hist_k.size() < size_t(a.n_layers))
         hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
       for (int64_t t0 = 0; t0 < n; t0 += chunk) {
         const int64_t c = std::min(chunk, n - t0), ff = a.d_ff;
@@ -397,7 +409,7 @@ struct Session::Impl {
                                                product(l.v, h.data(), c, d, vs, hkv, false)};
           linear_forward_group(qkv_products, 3);
         }
-        if (dynamic) {
+        if (history) {
           hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), ks, ks + c * hkv);
           hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), vs, vs + c * hkv);
         }
@@ -424,7 +436,8 @@ struct Session::Impl {
         project(l.down, ff_up.data(), c, ff, xs, d, true);
       }
     }
-    if (dynamic) hist_pos.insert(hist_pos.end(), positions, positions + n);
+    if (history) hist_pos.insert(hist_pos.end(), positions, positions + n);
+    if (!o.keep_caches) passed = n;
     last_position = positions[n - 1];
     if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden);
   }
@@ -460,6 +473,7 @@ void Session::clear() {
   impl_->scored_vectors = impl_->scan_vectors = 0;
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
   impl_->last_position = 0;
+  impl_->passed = 0;
 }
 
 int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64_t prompt_tokens) {
@@ -469,7 +483,7 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
   const int64_t copies = o.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
   const int64_t es = int64_t(dtype_size(o.kv_dtype));
   const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
-  int64_t cache = a.n_layers * copies * a.n_kv_heads * o.capacity * row * es;
+  int64_t cache = o.keep_caches ? a.n_layers * copies * a.n_kv_heads * o.capacity * row * es : 0;
   if (o.memory) {
     // Per layer: the window's cache (2W rows, f32) and its un-rotated rows, the memory's keys, values and
     // positions for every token; and the chunk buffers (window + chunk rows).

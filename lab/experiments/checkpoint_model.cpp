@@ -111,11 +111,13 @@ struct CheckpointModel::Impl {
   // Bytes the weights take in memory: the mapped ones read in place and the ones the model converted.
   int64_t weight_bytes() const { return std::max<int64_t>(mapped_bytes, 0) + model->owned_bytes(); }
 
-  engine::SessionOptions session(int64_t capacity) const {
+  // A session for `capacity` tokens; Score: one pass that keeps no KV cache (with a memory, the memory is kept).
+  engine::SessionOptions session(int64_t capacity, RunKind kind) const {
     engine::SessionOptions o;
     o.capacity = capacity, o.kv_dtype = parse_dtype(options.kv_dtype), o.positions = nn::engine_positions(active);
     o.threads = threads;
     o.memory = memory;
+    o.keep_caches = kind == RunKind::Generate || memory.has_value();
     return o;
   }
   // Tokens per forward call: all of them, or with a memory its chunk.
@@ -168,7 +170,7 @@ void CheckpointModel::set_memory(const std::optional<engine::MemoryOptions>& mem
     check(m.model != nullptr, "--engine", m.options.engine, "engine with a memory (it runs on the torch-free engine)");
     check(m.options.kv_dtype == "f32", "--kv-dtype", m.options.kv_dtype,
           "f32 with a memory (its window is kept in f32; --memory-dtype sets the memory's dtype)");
-    engine::SessionOptions o = m.session(1);
+    engine::SessionOptions o = m.session(1, RunKind::Generate);
     o.memory = memory;
     engine::Session checked(m.model, o);  // every setting the session refuses, refused now, before any work
   }
@@ -177,29 +179,34 @@ void CheckpointModel::set_memory(const std::optional<engine::MemoryOptions>& mem
 
 engine::MemoryStats CheckpointModel::memory_stats() const { return impl_->memory_stats; }
 
-int64_t CheckpointModel::memory_needed(int64_t tokens) const {
+int64_t CheckpointModel::memory_needed(int64_t tokens, RunKind kind) const {
   const Impl& m = *impl_;
   if (!m.model) return 0;
   const int64_t piece = m.piece(tokens);
-  const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens), piece);
+  const int64_t session = engine::Session::bytes_needed(*m.model, m.session(tokens, kind), piece);
   // The hidden rows handed out at a time and the LM head's chunk of logits.
   const int64_t logits = 4 * m.spec.config.vocab_size * std::min<int64_t>(piece, 512) +
                          (m.memory ? 4 * piece * m.spec.config.d_model : 0);
-  return m.weight_bytes() + session + logits;
+  // The weights the model converted at load are allocated already (MemAvailable no longer counts them): only the
+  // mapped ones, read in place as the run touches them, are still to come.
+  return std::max<int64_t>(m.mapped_bytes, 0) + session + logits;
 }
 
-void CheckpointModel::check_memory(int64_t tokens, const std::string& what, int64_t available) const {
+void CheckpointModel::check_memory(int64_t tokens, RunKind kind, const std::string& what, int64_t available) const {
   const Impl& m = *impl_;
   if (!m.model) return;
-  const int64_t need = memory_needed(tokens), have = available >= 0 ? available : available_memory_bytes();
+  const int64_t need = memory_needed(tokens, kind), have = available >= 0 ? available : available_memory_bytes();
   if (have < 0 || need <= have) return;
-  const int64_t weights = m.weight_bytes();
-  fail(what, fmt::format("{} tokens, needing {:.2f} GB (weights {:.2f} GB, KV cache, activations and logits {:.2f} "
-                         "GB)",
-                         tokens, double(need) / 1e9, double(weights) / 1e9, double(need - weights) / 1e9),
-       fmt::format("a run that fits the {:.2f} GB available now: fewer tokens, --kv-dtype bf16 (halves the cache), "
-                   "or --weights q8 (about half of bf16's bytes)",
-                   double(have) / 1e9));
+  const int64_t mapped = std::max<int64_t>(m.mapped_bytes, 0), held = m.model->owned_bytes();
+  const bool cache = kind == RunKind::Generate || m.memory;
+  const bool q8 = m.model->matrix_format() == WeightFormat::Q8;
+  fail(what, fmt::format("{} tokens, needing {:.2f} GB more than the {:.2f} GB of converted weights held already "
+                         "(weights read in place {:.2f} GB, {}activations and logits {:.2f} GB)",
+                         tokens, double(need) / 1e9, double(held) / 1e9, double(mapped) / 1e9,
+                         cache ? "KV cache, " : "", double(need - mapped) / 1e9),
+       fmt::format("a run that fits the {:.2f} GB available now: fewer tokens{}{}", double(have) / 1e9,
+                   cache && !m.memory ? ", --kv-dtype bf16 (halves the cache)" : "",
+                   q8 ? "" : ", or --weights q8 (about half of bf16's bytes)"));
 }
 
 void CheckpointModel::hidden_states(const std::vector<int64_t>& tokens,
@@ -211,7 +218,7 @@ void CheckpointModel::hidden_states(const std::vector<int64_t>& tokens,
     return;
   }
   const int64_t T = int64_t(tokens.size()), d = m.spec.config.d_model, piece = m.piece(T);
-  engine::Session s(m.model, m.session(T));
+  engine::Session s(m.model, m.session(T, RunKind::Score));
   std::vector<float> hidden(size_t(piece * d));
   std::vector<int64_t> positions(static_cast<size_t>(piece));
   for (int64_t first = 0; first < T; first += piece) {
@@ -241,7 +248,7 @@ std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& to
     std::memcpy(out.data(), h.data_ptr<float>(), out.size() * 4);
     return out;
   }
-  engine::Session s(m.model, m.session(T));
+  engine::Session s(m.model, m.session(T, RunKind::Score));
   std::vector<int64_t> positions(static_cast<size_t>(T));
   for (int64_t i = 0; i < T; ++i) positions[size_t(i)] = i;
   s.forward(tokens.data(), positions.data(), T, out.data());
@@ -268,7 +275,7 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
   Impl& m = *impl_;
   if (m.torch_model.model)
     return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
-  engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0)));
+  engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));
   std::vector<int64_t> out = engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature,
                                                           .stop_id = stop_id, .seed = seed,
                                                           .sample_vocab = sample_vocab, .on_token = {},

@@ -66,13 +66,18 @@ class CheckpointModel {
   // What the memory did in the last hidden_states / generate call (zeros without a memory).
   engine::MemoryStats memory_stats() const;
 
+  // What a run of the engine keeps: Score, one pass over the tokens that keeps no KV cache (hidden_states:
+  // `rotary perplexity`; with a memory the memory is kept); Generate, a KV cache for every token to decode from.
+  enum class RunKind { Score, Generate };
   // Refuses (rotary::Error naming the bytes, what is available and the flags that would shrink it) a run of
   // `tokens` tokens at once that does not fit the memory /proc/meminfo reports available: the weights (mapped or
-  // converted), the KV cache and the activations. The torch path is not estimated. `available`: the bytes to
-  // compare with (-1: available_memory_bytes()).
-  void check_memory(int64_t tokens, const std::string& what, int64_t available = -1) const;
-  // The bytes check_memory counts for a run of `tokens` (0 on the torch path).
-  int64_t memory_needed(int64_t tokens) const;
+  // converted), the KV cache (Generate, or with a memory) and the activations. The torch path is not estimated.
+  // `available`: the bytes to compare with (-1: available_memory_bytes()).
+  void check_memory(int64_t tokens, RunKind kind, const std::string& what, int64_t available = -1) const;
+  // The bytes check_memory counts for a run of `tokens`: what is still to be allocated or read in (the weights
+  // read in place from the files, the KV cache, activations, logits), not the converted weights the model holds
+  // already (0 on the torch path).
+  int64_t memory_needed(int64_t tokens, RunKind kind) const;
 
   // The final norm's output for tokens at positions 0..T-1, handed to `rows(first, n, hidden [n, d_model])` in
   // order: one forward (fused attention) and one call, or with a memory a chunk per forward and per call (the

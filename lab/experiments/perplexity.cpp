@@ -338,7 +338,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
     for (int64_t T : r.lengths) {
       ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
       ckpt.set_memory(memory_of(m, spec, r.train_len));  // a memory the method's encoding cannot run with
-      ckpt.check_memory(longest, "--lengths");  // the longest window, before the first cell
+      ckpt.check_memory(longest, CheckpointModel::RunKind::Score, "--lengths");  // the longest window, before the first cell
     }
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
   const uint64_t weights_key = weights_identity(spec.model_dir);

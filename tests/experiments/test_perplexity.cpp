@@ -63,29 +63,57 @@ TEST(perplexity, RunOptionsAreCheckedByFlag) {
 }
 
 // A run is checked against the memory available before it starts: refused naming the flag, the bytes and what
-// would shrink them; the estimate grows with the tokens and halves its cache part with a bf16 cache.
+// would shrink them; the estimate grows with the tokens, halves its cache part with a bf16 cache, and a scoring
+// pass (perplexity) counts no cache at all: exactly the KV cache's bytes less - for this fixture (2 layers, 1 kv
+// head, head_dim 16 kept as two halves of 8 rotary pairs, each padded to kv_cache.h's 16) keys and values of
+// 32 floats per layer and token: 2 x 2 x 32 x 4 = 512 bytes per token in f32.
 TEST(perplexity, RunsThatDoNotFitTheMemoryAreRefusedBeforeWork) {
+  using Kind = CheckpointModel::RunKind;
   const std::string dir = std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_checkpoints/llama3";
   CheckpointModel f32(dir, {});
   CheckpointRunOptions half;
   half.kv_dtype = "bf16";
   CheckpointModel bf16(dir, half);
-  const int64_t small = f32.memory_needed(16), large = f32.memory_needed(1 << 16);
+  const int64_t small = f32.memory_needed(16, Kind::Generate), large = f32.memory_needed(1 << 16, Kind::Generate);
   EXPECT_GT(small, 0);
   EXPECT_GT(large, small);
-  EXPECT_LT(bf16.memory_needed(1 << 16), large);
-  EXPECT_NO_THROW(f32.check_memory(1 << 16, "--lengths", large));
+  EXPECT_LT(bf16.memory_needed(1 << 16, Kind::Generate), large);
+  const int64_t cache = int64_t(512) << 16;
+  EXPECT_EQ(large - f32.memory_needed(1 << 16, Kind::Score), cache);
+  EXPECT_EQ(bf16.memory_needed(1 << 16, Kind::Generate) - bf16.memory_needed(1 << 16, Kind::Score), cache / 2);
+  EXPECT_NO_THROW(f32.check_memory(1 << 16, Kind::Generate, "--lengths", large));
+  for (Kind kind : {Kind::Generate, Kind::Score}) {
+    const int64_t need = f32.memory_needed(1 << 16, kind);
+    try {
+      f32.check_memory(1 << 16, kind, "--lengths", need - 1);
+      ADD_FAILURE() << "not refused";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("--lengths = 65536 tokens, needing"), std::string::npos) << m;
+      // a smaller cache is offered only where there is one
+      EXPECT_EQ(m.find("--kv-dtype bf16") != std::string::npos, kind == Kind::Generate) << m;
+      EXPECT_NE(m.find("--weights q8"), std::string::npos) << m;
+    }
+  }
+  // Weights converted at load are held already, out of what /proc/meminfo calls available: not counted again
+  // (a 13B model in q8, 14.5 GB held, was refused at 8k tokens for the 8.7 GB left available); nor is q8 offered
+  // to a model already in q8.
+  CheckpointRunOptions q8_run;
+  q8_run.weights = "q8";
+  CheckpointModel q8(dir, q8_run);
+  EXPECT_LT(q8.memory_needed(1 << 16, Kind::Score), f32.memory_needed(1 << 16, Kind::Score));
   try {
-    f32.check_memory(1 << 16, "--lengths", large - 1);
+    q8.check_memory(1 << 16, Kind::Score, "--lengths", 1);
     ADD_FAILURE() << "not refused";
   } catch (const Error& e) {
     const std::string m = e.what();
     EXPECT_NE(m.find("--lengths = 65536 tokens, needing"), std::string::npos) << m;
-    EXPECT_NE(m.find("--kv-dtype bf16"), std::string::npos) << m;
+    EXPECT_NE(m.find("converted weights held already"), std::string::npos) << m;
+    EXPECT_EQ(m.find("--weights q8"), std::string::npos) << m;
   }
   CheckpointRunOptions torch_run;
   torch_run.engine = "torch";
-  EXPECT_EQ(CheckpointModel(dir, torch_run).memory_needed(1 << 16), 0);  // not estimated there
+  EXPECT_EQ(CheckpointModel(dir, torch_run).memory_needed(1 << 16, Kind::Score), 0);  // not estimated there
 }
 
 }  // namespace

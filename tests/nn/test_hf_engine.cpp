@@ -54,10 +54,11 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
 std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingConfig& enc,
                                   const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32,
                                   std::optional<engine::MemoryOptions> memory = std::nullopt,
-                                  int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk) {
+                                  int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk,
+                                  bool keep_caches = true) {
   engine::SessionOptions o;
   o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc), o.memory = memory;
-  o.prefill_chunk = prefill_chunk;
+  o.prefill_chunk = prefill_chunk, o.keep_caches = keep_caches;
   engine::Session s(c.model, o);
   const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model, V = c.spec.config.vocab_size;
   std::vector<int64_t> pos(static_cast<size_t>(S));
@@ -132,6 +133,57 @@ TEST_P(HfEngineFixture, APromptInChunksGivesTheWholePromptsLogitsBitwise) {
       EXPECT_EQ(engine_logits(c, *r.enc, e.tokens, S, r.kv, r.memory, chunk), whole)
           << r.name << ", prefill_chunk " << chunk << " of " << S << " tokens";
   }
+}
+
+// A one-pass session (keep_caches false: how `rotary perplexity` scores a window) gives bitwise the logits of a
+// session that keeps its caches - each chunk attends over the same keys, taken from the layer's scratch either way
+// - with every position method, a bf16 cache's rounding and any prefill chunk; it counts exactly the KV cache's
+// bytes less, refuses a second forward() until clear(), and refuses a memory (which is a cache).
+TEST_P(HfEngineFixture, AOnePassSessionGivesTheSameLogitsWithoutACache) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig native = c.spec.config.resolved_encoding();
+  EncodingConfig rerope = native, leaky = native;
+  rerope.kind = EncodingKind::Rerope, rerope.window = 8;
+  leaky.kind = EncodingKind::LeakyRerope, leaky.window = 6, leaky.leaky_k = 3;
+  const int64_t S = int64_t(e.tokens.size());
+  for (const EncodingConfig* enc : std::initializer_list<const EncodingConfig*>{&native, &rerope, &leaky})
+    for (DType kv : {DType::F32, DType::BF16})
+      for (int64_t chunk : {S, int64_t(5)})
+        EXPECT_EQ(engine_logits(c, *enc, e.tokens, S, kv, std::nullopt, chunk, false),
+                  engine_logits(c, *enc, e.tokens, S, kv, std::nullopt, chunk, true))
+            << "method " << (enc == &native ? "native" : enc == &rerope ? "rerope" : "leaky") << ", kv "
+            << dtype_name(kv) << ", prefill_chunk " << chunk;
+  // One token is a pass too (no cache to decode from: it runs as a prompt of one).
+  const std::vector<int64_t> first(e.tokens.begin(), e.tokens.begin() + 1);
+  EXPECT_EQ(engine_logits(c, native, first, 1, DType::F32, std::nullopt, 512, false),
+            engine_logits(c, native, first, 1, DType::F32, std::nullopt, 512, true));
+
+  engine::SessionOptions o;
+  o.capacity = S, o.positions = engine_positions(native), o.keep_caches = false;
+  engine::SessionOptions kept = o;
+  kept.keep_caches = true;
+  const engine::Architecture& a = c.model->arch();
+  // kv_cache.h's rows: each half of the rotary pairs and the unrotated rest padded to 16 floats
+  const int64_t rotary = o.positions.rope.rotary_dim > 0 ? o.positions.rope.rotary_dim : a.head_dim;
+  auto pad = [](int64_t x) { return (x + 15) / 16 * 16; };
+  const int64_t row = 2 * pad(rotary / 2) + pad(a.head_dim - rotary);
+  EXPECT_EQ(engine::Session::bytes_needed(*c.model, kept, S) - engine::Session::bytes_needed(*c.model, o, S),
+            a.n_layers * 2 * a.n_kv_heads * S * row * 4);
+  engine::Session s(c.model, o);
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  s.forward(e.tokens.data(), pos.data(), S / 2, nullptr);
+  EXPECT_EQ(s.size(), S / 2);
+  expect_error([&] { s.forward(e.tokens.data() + S / 2, pos.data() + S / 2, 1, nullptr); },
+               {"keep_caches = false", "one forward() call per clear()"});
+  s.clear();
+  EXPECT_EQ(s.size(), 0);
+  s.forward(e.tokens.data(), pos.data(), S, nullptr);
+  EXPECT_EQ(s.size(), S);
+  o.memory = engine::MemoryOptions{.window = 4};
+  expect_error([&] { engine::Session(c.model, o); }, {"keep_caches = false", "true with a memory"});
 }
 
 // Every position method of `rotary perplexity` against the nn float32 model with the same override.

@@ -161,6 +161,10 @@ struct SessionOptions {
                                 // memory to one chunk's plus the residual stream and one layer's keys and values
   int threads = 0;              // 0: OpenMP's default
   std::optional<MemoryOptions> memory;  // set: a retrieval memory behind the caches (MemoryOptions)
+  // false: a one-pass session (scoring a window, as `rotary perplexity` does): one forward() call whose keys and
+  // values are dropped once each layer has attended over them, so no KV cache is allocated (at 8k tokens a 13B
+  // model's cache alone is 6.7 GB in bf16); a later forward() before clear() is refused. Not with a memory.
+  bool keep_caches = true;
 };
 
 class Session {
@@ -183,8 +187,8 @@ class Session {
   const Model& model() const;
   void clear();              // back to an empty sequence
 
-  // Bytes a session with these options allocates (KV caches and scratch for a prompt of `prompt_tokens`), so a
-  // caller can check a run against the machine's memory before starting it.
+  // Bytes a session with these options allocates (KV caches unless keep_caches is false, and scratch for a prompt
+  // of `prompt_tokens`), so a caller can check a run against the machine's memory before starting it.
   static int64_t bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens);
 
  private:

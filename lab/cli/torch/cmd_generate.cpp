@@ -63,7 +63,8 @@ struct GenerateCommand {
       ids = tokenizer->encode_for_model(prompt);
       check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
     }
-    c.check_memory(int64_t(ids.size()) + max_new, "--prompt tokens + --max-new");
+    c.check_memory(int64_t(ids.size()) + max_new, experiments::CheckpointModel::RunKind::Generate,
+                   "--prompt tokens + --max-new");
     const int64_t stop = no_stop || !tokenizer || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
