@@ -56,6 +56,21 @@ float gelu(float x, bool tanh_form) {
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
 }
 
+// The core's page search (rotary/memory_pages.h) as a MemorySearch; its work: a page bound counts two vectors.
+class PageSearch final : public MemorySearch {
+ public:
+  PageSearch(const KvMemory& memory, const MemoryPagesConfig& config) : pages_(memory, config) {}
+  void sync() override { pages_.sync(); }
+  double candidates(const MemoryAttentionParams& p, int64_t* out) override {
+    PageSearchStats ps;
+    pages_.candidates(p, out, &ps);
+    return 2.0 * double(ps.bounds) + double(ps.rows_scored);
+  }
+
+ private:
+  MemoryPages pages_;
+};
+
 }  // namespace
 
 struct Session::Impl {
@@ -68,7 +83,8 @@ struct Session::Impl {
   int64_t freqs_len = -1;  // the length the frequencies were taken at (length-dependent scalings)
   std::vector<KvCache> caches;
   std::vector<MemoryKvCache> memory_caches;  // SessionOptions::memory set: these instead of `caches`
-  std::vector<MemoryPages> memory_pages;     // MemoryOptions::search set: one per layer, over its memory
+  std::vector<std::unique_ptr<MemorySearch>> searches;  // MemoryOptions::search or search_factory set: one per
+                                                        // layer, over its memory
   MemoryStats memory_stats;
   double scored_vectors = 0, scan_vectors = 0;  // MemoryStats::scored_share's terms
   std::vector<int64_t> candidates;  // [tokens, Hq, top_k] rows the page search proposes
@@ -112,6 +128,8 @@ struct Session::Impl {
       check(mo.top_k >= 0, "memory.top_k", mo.top_k, ">= 0 (0: the window alone)");
       check(mo.chunk >= 0, "memory.chunk", mo.chunk, ">= 0 (0: the window)");
       if (mo.search) mo.search->validate();
+      check(!mo.search || !mo.search_factory, "memory.search_factory", "set",
+            "unset when memory.search (the core's page search) is set: one search per memory");
       MemoryKvCache checked(memory_config());  // checks the rest (window, policy against the positions, storage)
     }
   }
@@ -136,12 +154,17 @@ struct Session::Impl {
   void new_caches() {
     caches.clear();
     memory_caches.clear();
-    memory_pages.clear();
+    searches.clear();
     if (o.memory) {
       for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
-      // (each cache holds its KvMemory on the heap: the address the index keeps does not move with the vector)
-      if (o.memory->search)
-        for (const MemoryKvCache& c : memory_caches) memory_pages.emplace_back(c.memory(), *o.memory->search);
+      // (each cache holds its KvMemory on the heap: the address a search keeps does not move with the vector)
+      for (const MemoryKvCache& c : memory_caches) {
+        if (o.memory->search) searches.push_back(std::make_unique<PageSearch>(c.memory(), *o.memory->search));
+        if (o.memory->search_factory) {
+          searches.push_back(o.memory->search_factory(c.memory()));
+          check(searches.back() != nullptr, "memory.search_factory", "a null search", "a MemorySearch");
+        }
+      }
       return;
     }
     if (!o.keep_caches) return;
@@ -271,7 +294,7 @@ struct Session::Impl {
   // top-k, merged; then joining the window. A chunk of one token is a decode step (MemoryKvCache::decode).
   void attend_with_memory(int64_t layer, int64_t t0, int64_t n, const int64_t* positions) {
     MemoryKvCache& cache = memory_caches[size_t(layer)];
-    MemoryPages* pages = memory_pages.empty() ? nullptr : &memory_pages[size_t(layer)];
+    MemorySearch* searcher = searches.empty() ? nullptr : searches[size_t(layer)].get();
     const MemoryOptions& mo = *o.memory;
     const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
     const int64_t chunk = mo.chunk_tokens();
@@ -293,19 +316,17 @@ struct Session::Impl {
       if (int64_t(vec.size()) < size) vec.resize(size_t(size));
     };
     need(chunk_mass, std::min(chunk, n) * Hq);
-    // The page search's candidates for mp's queries (null: the exact scan), and the work either did.
+    // The search's candidates for mp's queries (null: the exact scan), and the work either did.
     auto search = [&](MemoryAttentionParams& mp) -> const int64_t* {
       const double scan = double(mp.tokens * Hq) * double(cache.memory().size());
       scan_vectors += scan;
-      if (!pages) {
+      if (!searcher) {
         scored_vectors += scan;
         return nullptr;
       }
-      pages->sync();
+      searcher->sync();
       need(candidates, mp.tokens * Hq * mp.top_k);
-      PageSearchStats ps;
-      pages->candidates(mp, candidates.data(), &ps);
-      scored_vectors += 2.0 * double(ps.bounds) + double(ps.rows_scored);
+      scored_vectors += searcher->candidates(mp, candidates.data());
       return candidates.data();
     };
     for (int64_t c0 = 0; c0 < n; c0 += chunk) {
@@ -468,7 +489,7 @@ const Model& Session::model() const { return *impl_->model; }
 void Session::clear() {
   impl_->caches.clear();
   impl_->memory_caches.clear();
-  impl_->memory_pages.clear();
+  impl_->searches.clear();
   impl_->memory_stats = {};
   impl_->scored_vectors = impl_->scan_vectors = 0;
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
@@ -496,8 +517,11 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
     if (o.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
       const int64_t nodes = std::max<int64_t>(1, 2 * o.capacity / o.memory->search->page_size);
       cache += a.n_layers * a.n_kv_heads * (8 * o.capacity + nodes * (2 * a.head_dim * 4 + 32));
-      cache += 8 * chunk * a.n_heads * int64_t(o.memory->top_k);  // candidates
     }
+    if (o.memory->search_factory && o.memory->search_bytes)
+      cache += a.n_layers * a.n_kv_heads * o.memory->search_bytes(o.capacity, a.head_dim);
+    if (o.memory->search || o.memory->search_factory)
+      cache += 8 * chunk * a.n_heads * int64_t(o.memory->top_k);  // candidates
   }
   // The residual stream and one layer's keys and values for every token; the rest for one chunk (grow()).
   const int64_t chunk = std::min(n, layer_chunk(o));

@@ -59,12 +59,41 @@ void CheckpointMemoryOptions::validate() const {
     const size_t prefix = search.rfind("pages", 0) == 0 ? 5 : search.rfind("kdtree", 0) == 0 ? 6 : 0;
     const bool paged = prefix > 0 && std::all_of(search.begin() + prefix, search.end(),
                                                  [](char ch) { return ch >= '0' && ch <= '9'; });
-    check(paged, "--search", search,
-          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query); the FAISS "
-          "indexes run in `rotary memory` on the lab's models");
-    lab::memory_index_from_name(search, "--search");  // the page count's digits and range
+    const bool faiss = search == "faiss-flat" || search == "faiss-hnsw" || search == "faiss-ivf";
+    check(paged || faiss, "--search", search,
+          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query), faiss-flat, "
+          "faiss-hnsw or faiss-ivf");
+    if (paged) lab::memory_index_from_name(search, "--search");  // the page count's digits and range
   }
 }
+
+namespace {
+
+// A FAISS index of the lab (lab/memory/memory_index.h) as the engine's search over one layer's memory.
+class IndexSearch final : public engine::MemorySearch {
+ public:
+  IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config) : index_(memory, config) {}
+  void sync() override { index_.sync(); }
+  double candidates(const MemoryAttentionParams& p, int64_t* out) override {
+    const double before = index_.work().vectors;
+    index_.candidates(p, out);
+    return index_.work().vectors - before;
+  }
+
+ private:
+  lab::MemoryIndex index_;
+};
+
+// The index's bytes for `rows` rows of head_dim: FAISS keeps its own float32 copy of every key; hnsw adds 2 M
+// neighbour ids (4 B) at level 0 and ~M / (M - 1) more above, ivf an 8-byte id per row.
+int64_t index_bytes(const lab::MemoryIndexConfig& c, int64_t rows, int64_t head_dim) {
+  int64_t per_row = 4 * head_dim + 8;
+  if (c.kind == "hnsw") per_row += 4 * 3 * int64_t(c.hnsw_m) + 16;
+  if (c.kind == "ivf") per_row += 8;
+  return rows * per_row;
+}
+
+}  // namespace
 
 engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_context) const {
   validate();
@@ -73,7 +102,11 @@ engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_co
   m.window = window > 0 ? window : std::max<int64_t>(1, trained_context / 2);
   m.top_k = top_k;
   m.storage = parse_dtype(dtype);
-  if (search != "exact") {
+  if (is_faiss_search(search)) {
+    const lab::MemoryIndexConfig c = lab::memory_index_from_name(search.substr(6), "--search");
+    m.search_factory = [c](const KvMemory& memory) { return std::make_unique<IndexSearch>(memory, c); };
+    m.search_bytes = [c](int64_t rows, int64_t head_dim) { return index_bytes(c, rows, head_dim); };
+  } else if (search != "exact") {
     const lab::MemoryIndexConfig c = lab::memory_index_from_name(search, "--search");
     m.search = MemoryPagesConfig{.page_size = page_size, .pages_read = c.pages_read,
                                  .grouping = c.kind == "kdtree" ? PageGrouping::Keys : PageGrouping::Tokens};
@@ -84,7 +117,7 @@ engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_co
 std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
   const engine::MemoryOptions m = engine_options(trained_context);
   return fmt::format("memory {}, W {}, top-{}, {}, search {}{}", policy, m.window, top_k, dtype, search,
-                     search == "exact" ? "" : fmt::format(" (pages of {})", page_size));
+                     search == "exact" || is_faiss_search(search) ? "" : fmt::format(" (pages of {})", page_size));
 }
 
 int64_t available_memory_bytes() {

@@ -46,7 +46,7 @@ struct Method {
   int64_t memory_window = 0;   // W
   int memory_top_k = 0;
   std::string memory_dtype = "f32";
-  std::string memory_search = "exact";  // exact, pages, kdtree, pages<P>, kdtree<P>
+  std::string memory_search = "exact";  // exact, pages, kdtree, pages<P>, kdtree<P>, faiss-flat / -hnsw / -ivf
   int64_t memory_page_size = 32;
 
   // Machine name for files and CSV: "rerope_w64_logn".

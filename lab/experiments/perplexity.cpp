@@ -253,7 +253,7 @@ void validate(const PerplexitySpec& spec) {
 std::optional<engine::MemoryOptions> memory_of(const Method& m, const PerplexitySpec& spec, int64_t L) {
   if (m.context.empty()) return std::nullopt;
   engine::MemoryOptions o = spec.memory.engine_options(L);
-  if (m.context == "window") o.policy = MemoryPolicy::Exact, o.top_k = 0, o.search.reset();
+  if (m.context == "window") o.policy = MemoryPolicy::Exact, o.top_k = 0, o.search.reset(), o.search_factory = {};
   return o;
 }
 

@@ -442,6 +442,69 @@ TEST_P(HfEngineFixture, PageSearchRetrievesTheExactScansRows) {
   expect_error([&] { engine::Session(c.model, bad); }, "memory_pages.page_size = 0");
 }
 
+// A search the caller supplies (MemoryOptions::search_factory: the lab's FAISS indexes) proposes the rows that
+// memory_attention then scores: one that proposes every row gives the full forward's logits, one that finds none
+// gives the window alone's; each layer's search is synced before it is asked, and its work reaches scored_share.
+TEST_P(HfEngineFixture, ACallersSearchProposesTheRowsTheMemoryAttends) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size());
+  struct Proposing final : engine::MemorySearch {
+    const KvMemory& memory;
+    bool all;
+    int64_t* syncs;
+    int64_t synced = 0;
+    Proposing(const KvMemory& m, bool every_row, int64_t* count) : memory(m), all(every_row), syncs(count) {}
+    void sync() override { ++*syncs, synced = memory.size(); }
+    double candidates(const MemoryAttentionParams& p, int64_t* out) override {
+      EXPECT_EQ(synced, memory.size()) << "asked before sync()";
+      const int64_t per_query = p.top_k, queries = p.tokens * p.q.heads;
+      for (int64_t i = 0; i < queries * per_query; ++i) out[i] = all && i % per_query < memory.size() ? i % per_query : -1;
+      return 7.0 * double(queries);
+    }
+  };
+  int64_t syncs = 0;
+  auto memory = [&](int top_k, bool every_row) {
+    engine::MemoryOptions m;
+    m.window = 4, m.top_k = top_k, m.chunk = 3;
+    m.search_factory = [&syncs, every_row](const KvMemory& mem) {
+      return std::make_unique<Proposing>(mem, every_row, &syncs);
+    };
+    return m;
+  };
+  EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, S / 2, DType::F32, memory(1 << 20, true)),
+                           e.logits.at("logits")),
+            kTolF32);
+  EXPECT_GT(syncs, 0);
+  engine::MemoryOptions window_alone;
+  window_alone.window = 4, window_alone.top_k = 0, window_alone.chunk = 3;
+  const std::vector<double> alone = engine_logits(c, enc, e.tokens, S / 2, DType::F32, window_alone);
+  EXPECT_GT(relative_error(alone, e.logits.at("logits")), 1e-4) << "the window alone must differ from all of it";
+  EXPECT_LT(relative_error(engine_logits(c, enc, e.tokens, S / 2, DType::F32, memory(3, false)), alone), 1e-6);
+
+  engine::SessionOptions o;
+  o.capacity = S, o.positions = engine_positions(enc), o.memory = memory(3, true);
+  {
+    engine::Session s(c.model, o);
+    std::vector<int64_t> pos(static_cast<size_t>(S));
+    for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+    s.forward(e.tokens.data(), pos.data(), S, nullptr);
+    const double share = s.memory_stats().scored_share;  // 7 vectors per (token, head) against a scan of every row
+    EXPECT_GT(share, 0.0);
+    EXPECT_LT(share, 1.0);
+  }
+  engine::SessionOptions bad = o;
+  bad.memory->search = MemoryPagesConfig{.page_size = 2};
+  expect_error([&] { engine::Session(c.model, bad); }, {"memory.search_factory", "one search per memory"});
+  bad = o, bad.memory->search_factory = [](const KvMemory&) { return std::unique_ptr<engine::MemorySearch>(); };
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  expect_error([&] { engine::Session(c.model, bad).forward(e.tokens.data(), pos.data(), S, nullptr); },
+               {"memory.search_factory", "a MemorySearch"});
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
 
 // A memory's settings that cannot run are refused by name when the session is made.

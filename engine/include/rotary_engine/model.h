@@ -124,6 +124,20 @@ struct PositionMethod {
   int64_t logn_train_len = 0;  // > 1: log-n query scaling
 };
 
+// A search over one layer's memory whose code the engine does not hold (the lab's FAISS indexes,
+// lab/memory/memory_index.h): MemoryOptions::search_factory makes one per layer over that layer's memory. sync()
+// takes in the rows appended since its last call; candidates() proposes p.top_k rows per (token, query head) of p's
+// queries, which memory_attention then scores exactly (an approximate search loses rows, never scores them wrong).
+class MemorySearch {
+ public:
+  virtual ~MemorySearch() = default;
+  virtual void sync() = 0;
+  // out: [p.tokens, Hq, p.top_k] rows, -1 past what it found. Returns the vectors of length D it scored (its work:
+  // MemoryStats::scored_share; NaN where it does not count them).
+  virtual double candidates(const MemoryAttentionParams& p, int64_t* out) = 0;
+};
+using MemorySearchFactory = std::function<std::unique_ptr<MemorySearch>(const KvMemory& memory)>;
+
 // A retrieval memory behind every layer's cache (seed 001; rotary/kv_memory.h, MemoryKvCache): the most recent
 // tokens stay exact in a window of `window` to 2 x `window` tokens, older ones move to a KvMemory, and each query
 // attends to the window and to the top-k rows of the memory, the two merged by log-sum-exp - so with top_k >= the
@@ -140,6 +154,12 @@ struct MemoryOptions {
   // (pages of consecutive tokens or of alike keys, best bound first; pages_read 0 certifies the scan's top-k up to
   // fp32 ties, P > 0 reads the best P pages).
   std::optional<MemoryPagesConfig> search;
+  // Set: the caller's search instead (MemorySearch; with `search` set too, refused). The memory it is made over
+  // outlives it.
+  MemorySearchFactory search_factory;
+  // search_factory's bytes for one kv head's search over `rows` rows of head_dim (Session::bytes_needed counts
+  // them; unset: none).
+  std::function<int64_t(int64_t rows, int64_t head_dim)> search_bytes;
   int64_t chunk_tokens() const { return chunk > 0 ? chunk : window; }  // tokens per chunk, as run
 };
 

@@ -1,8 +1,10 @@
 // rotary generate: sample from a trained model, or a Hugging Face checkpoint, through the KV-cache decoder.
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <fmt/format.h>
 
 #include "cli/command.h"
 #include "cli/torch/checkpoint_flags.h"
@@ -90,10 +92,14 @@ struct GenerateCommand {
     }
     if (memory.enabled() && !no_progress) {
       const engine::MemoryStats s = c.memory_stats();
+      // (Debian's FAISS 1.7.3 counts no HNSW distances: lab/memory/memory_index.h's SearchWork)
+      const std::string work = std::isnan(s.scored_share)
+                                   ? std::string("its work is not counted (FAISS's HNSW)")
+                                   : fmt::format("the search scored {:.2f}% of an exact scan's vectors", 100 * s.scored_share);
       std::fprintf(stderr, "%s: %lld tokens in each layer's memory, %.1f%% of the attention on retrieved rows "
-                   "(mean over %lld queries); the search scored %.2f%% of an exact scan's vectors\n",
+                   "(mean over %lld queries); %s\n",
                    memory.describe(c.spec().trained_context).c_str(), (long long)s.memory_tokens,
-                   100 * s.memory_mass, (long long)s.retrieving_queries, 100 * s.scored_share);
+                   100 * s.memory_mass, (long long)s.retrieving_queries, work.c_str());
     }
   }
 
