@@ -123,6 +123,26 @@ KvMemory KvMemory::open(const std::string& path, const KvMemoryConfig& expected,
   return m;
 }
 
+KvMemory KvMemory::read(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint) {
+  const KvMemory mapped = open(path, expected, fingerprint);
+  KvMemory owned(mapped.config());
+  Impl& o = *owned.impl_;
+  const size_t n = size_t(mapped.size()), elems = n * size_t(mapped.head_dim());
+  o.positions.assign(mapped.positions(), mapped.positions() + n);
+  for (int64_t h = 0; h < mapped.kv_heads(); ++h) {
+    if (mapped.storage() == DType::F32) {
+      o.keys[size_t(h)].assign(mapped.keys(h), mapped.keys(h) + elems);
+      o.values[size_t(h)].assign(mapped.values(h), mapped.values(h) + elems);
+    } else {
+      const auto* k = static_cast<const uint16_t*>(mapped.key_data(h));
+      const auto* v = static_cast<const uint16_t*>(mapped.value_data(h));
+      o.keys16[size_t(h)].assign(k, k + elems);
+      o.values16[size_t(h)].assign(v, v + elems);
+    }
+  }
+  return owned;
+}
+
 KvMemory KvMemory::open_bytes(const void* data, size_t bytes, const KvMemoryConfig& expected, uint64_t fingerprint,
                               const std::string& source) {
   KvMemory m(expected);  // validates `expected`

@@ -60,6 +60,65 @@ MemoryKvCache::MemoryKvCache(const MemoryKvCacheConfig& c) : impl_(std::make_uni
   m.memory = std::make_unique<KvMemory>(mc);
 }
 
+namespace {
+
+// The memory file layout of a cache's window rows: un-rotated keys and values as appended, f32, policy none.
+KvMemoryConfig window_file_config(const MemoryKvCacheConfig& c) {
+  KvMemoryConfig w;
+  w.kv_heads = c.kv_heads, w.head_dim = c.head_dim, w.policy = MemoryPolicy::NoRotation, w.storage = DType::F32;
+  return w;
+}
+
+}  // namespace
+
+void MemoryKvCache::save(const std::string& memory_path, const std::string& window_path, uint64_t fingerprint) const {
+  const Impl& m = *impl_;
+  check(m.config.policy != MemoryPolicy::Unlimiformer, "memory_kv_cache.policy", "unlimiformer",
+        "exact, rerope or none to save (the query origin of unlimiformer is not kept)");
+  check(memory_path != window_path, "memory_kv_cache.save window_path", window_path,
+        "another file than memory_path");
+  KvMemory window(window_file_config(m.config));
+  const int64_t rows = int64_t(m.pos_rows.size());
+  std::vector<float> k = m.k_rows, v = m.v_rows;
+  window.append(rows, m.rows_view(k, 0), m.rows_view(v, 0), m.pos_rows.data());
+  m.memory->save(memory_path, fingerprint);
+  window.save(window_path, fingerprint);
+}
+
+MemoryKvCache MemoryKvCache::open(const MemoryKvCacheConfig& config, const std::string& memory_path,
+                                  const std::string& window_path, uint64_t fingerprint) {
+  MemoryKvCache cache(config);  // validates the config
+  Impl& m = *cache.impl_;
+  check(config.policy != MemoryPolicy::Unlimiformer, "memory_kv_cache.policy", "unlimiformer",
+        "exact, rerope or none to open a saved cache (the query origin of unlimiformer is not kept)");
+  KvMemory memory = KvMemory::read(memory_path, m.memory->config(), fingerprint);
+  const KvMemory window = KvMemory::open(window_path, window_file_config(config), fingerprint);
+  const int64_t rows = window.size(), W = config.window;
+  auto damaged = [&](const std::string& what, int64_t value, const std::string& allowed) {
+    return Error("memory_kv_cache.open: " + window_path + ": " + what + " = " + std::to_string(value) +
+                 " is invalid; allowed: " + allowed + " (the window file of another cache, or damaged)");
+  };
+  if (rows >= 2 * W) throw damaged("window rows", rows, "< 2 x window = " + std::to_string(2 * W));
+  if (memory.size() > 0 && rows < W)
+    throw damaged("window rows", rows, ">= window = " + std::to_string(W) + " behind a memory of " +
+                                           std::to_string(memory.size()) + " rows");
+  if (memory.size() > 0 && rows > 0 && window.positions()[0] <= memory.positions()[memory.size() - 1])
+    throw damaged("window position[0]", window.positions()[0],
+                  "> the memory's last position " + std::to_string(memory.positions()[memory.size() - 1]));
+  *m.memory = std::move(memory);
+  if (rows > 0) {  // positions and views checked by append, as any rows
+    const int64_t D = config.head_dim;
+    std::vector<float> k(size_t(rows * config.kv_heads * D)), v(k.size());
+    for (int64_t h = 0; h < config.kv_heads; ++h)
+      for (int64_t t = 0; t < rows; ++t) {
+        std::copy_n(window.keys(h) + t * D, D, k.data() + (t * config.kv_heads + h) * D);
+        std::copy_n(window.values(h) + t * D, D, v.data() + (t * config.kv_heads + h) * D);
+      }
+    cache.append(rows, m.rows_view(k, 0), m.rows_view(v, 0), window.positions());
+  }
+  return cache;
+}
+
 MemoryKvCache::~MemoryKvCache() = default;
 MemoryKvCache::MemoryKvCache(MemoryKvCache&&) noexcept = default;
 MemoryKvCache& MemoryKvCache::operator=(MemoryKvCache&&) noexcept = default;

@@ -907,6 +907,86 @@ TEST(MemoryKvCache, StepByStepEqualsFullAttentionWithAllOfMemory) {
   test::expect_error([&] { MemoryKvCache({0, 2, 32, pp, MemoryPolicy::Exact}); }, "memory_kv_cache.window");
 }
 
+// A cache saved and opened again continues exactly as the one that went on: after every further append (rows moving
+// to the memory included) the two decode to the same bits, for each policy that can be saved and each storage;
+// KvMemory::read gives an owned memory with the mapped one's rows. What does not fit is refused, naming the file.
+TEST(MemoryKvCache, SavedAndOpenedGoesOnAsTheOneThatStayed) {
+  Problem s;
+  const RopeFreqs f = freqs_for(s.D);
+  const std::string dir = ::testing::TempDir() + "/rotary_mkv_" + std::to_string(::getpid());
+  ::mkdir(dir.c_str(), 0755);
+  const std::string mem = dir + "/layer0.memory", win = dir + "/layer0.window";
+  struct Case {
+    PositionMode mode;
+    MemoryPolicy policy;
+    DType storage;
+  };
+  for (const Case& c : {Case{PositionMode::Rope, MemoryPolicy::Exact, DType::F32},
+                        Case{PositionMode::Rope, MemoryPolicy::Exact, DType::BF16},
+                        Case{PositionMode::Rerope, MemoryPolicy::Rerope, DType::F16},
+                        Case{PositionMode::Rope, MemoryPolicy::NoRotation, DType::F32}})
+    for (int64_t first : {int64_t(3), int64_t(17)}) {  // the window alone, then a memory behind it
+      SCOPED_TRACE(std::string(memory_policy_name(c.policy)) + " " + dtype_name(c.storage) + ", saved after " +
+                   std::to_string(first));
+      PositionParams pp;
+      pp.mode = c.mode, pp.freqs = &f, pp.window = c.mode == PositionMode::Rerope ? 4 : 0;
+      const MemoryKvCacheConfig config{6, s.Hkv, s.D, pp, c.policy, c.storage};
+      MemoryKvCache stayed(config);
+      stayed.append(first, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());
+      stayed.save(mem, win, 77);
+      MemoryKvCache opened = MemoryKvCache::open(config, mem, win, 77);
+      ASSERT_EQ(opened.size(), stayed.size());
+      ASSERT_EQ(opened.window_size(), stayed.window_size());
+      ASSERT_EQ(opened.memory().size(), stayed.memory().size());
+      EXPECT_FALSE(opened.memory().read_only());
+      const KvMemory read = KvMemory::read(mem, stayed.memory().config(), 77);
+      for (int64_t h = 0; h < s.Hkv; ++h) {
+        const size_t bytes = size_t(read.size() * s.D) * dtype_size(c.storage);
+        EXPECT_EQ(0, std::memcmp(read.key_data(h), stayed.memory().key_data(h), bytes));
+        EXPECT_EQ(0, std::memcmp(read.value_data(h), stayed.memory().value_data(h), bytes));
+      }
+      for (int64_t t = first; t < s.tokens; ++t) {
+        stayed.append(1, s.kv_view(s.k, t), s.kv_view(s.v, t), &s.pos[size_t(t)]);
+        opened.append(1, s.kv_view(s.k, t), s.kv_view(s.v, t), &s.pos[size_t(t)]);
+        std::vector<float> a(size_t(s.Hq * s.D)), b(a.size());
+        const HeadsView qv{s.q.data(), s.Hq, s.Hq * s.D, s.D};
+        stayed.decode({.q = qv, .q_position = s.pos[size_t(t)], .o = {a.data(), s.Hq, s.Hq * s.D, s.D}, .top_k = 5});
+        opened.decode({.q = qv, .q_position = s.pos[size_t(t)], .o = {b.data(), s.Hq, s.Hq * s.D, s.D}, .top_k = 5});
+        ASSERT_EQ(a, b) << "token " << t;
+      }
+      EXPECT_GT(opened.memory().size(), 30);
+    }
+  PositionParams pp;
+  pp.mode = PositionMode::Rope, pp.freqs = &f;
+  const MemoryKvCacheConfig config{6, s.Hkv, s.D, pp, MemoryPolicy::Exact};
+  MemoryKvCache full(config);
+  full.append(20, s.kv_view(s.k, 0), s.kv_view(s.v, 0), s.pos.data());  // memory 12 rows, window 8
+  full.save(mem, win, 77);
+  test::expect_error([&] { MemoryKvCache::open(config, mem, win, 78); }, {mem, "fingerprint"});
+  test::expect_error([&] { MemoryKvCache::open(config, win, mem, 77); }, "policy");  // the two files swapped
+  MemoryKvCacheConfig other = config;
+  other.memory_storage = DType::BF16;
+  test::expect_error([&] { MemoryKvCache::open(other, mem, win, 77); }, {mem, "storage"});
+  test::expect_error([&] { full.save(mem, mem, 77); }, "memory_kv_cache.save window_path");
+  MemoryKvCacheConfig unlimiformer = config;
+  unlimiformer.policy = MemoryPolicy::Unlimiformer;
+  test::expect_error([&] { MemoryKvCache(unlimiformer).save(mem + "u", win + "u"); },
+                     {"memory_kv_cache.policy = unlimiformer", "query origin"});
+  // Window files that no cache of this config writes (the documented layout: policy none, f32).
+  auto window_file = [&](int64_t rows, int64_t from) {
+    KvMemory w(KvMemoryConfig{s.Hkv, s.D, MemoryPolicy::NoRotation, nullptr, 0, 0, DType::F32});
+    w.append(rows, s.kv_view(s.k, from), s.kv_view(s.v, from), s.pos.data() + from);
+    w.save(win, 77);
+  };
+  window_file(12, 12);  // 2W rows
+  test::expect_error([&] { MemoryKvCache::open(config, mem, win, 77); }, {win, "window rows = 12", "< 2 x window"});
+  window_file(3, 12);  // fewer than W behind a memory of 12 rows
+  test::expect_error([&] { MemoryKvCache::open(config, mem, win, 77); }, {win, "window rows = 3", ">= window = 6"});
+  window_file(7, 5);  // positions inside the memory's
+  test::expect_error([&] { MemoryKvCache::open(config, mem, win, 77); }, {win, "window position[0]"});
+  std::remove(mem.c_str()), std::remove(win.c_str()), ::rmdir(dir.c_str());
+}
+
 TEST(KvMemory, BadInputNamesTheFieldAndChangesNothing) {
   Problem s;
   const RopeFreqs f = freqs_for(s.D);

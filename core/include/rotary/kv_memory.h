@@ -87,6 +87,9 @@ class KvMemory {
   static KvMemory open_bytes(const void* data, size_t size, const KvMemoryConfig& expected, uint64_t fingerprint = 0,
                              const std::string& source = "memory bytes");
   bool read_only() const;
+  // open() and then its rows copied into RAM: a memory that can append (a saved memory that goes on growing:
+  // MemoryKvCache::open). The same checks and errors as open().
+  static KvMemory read(const std::string& path, const KvMemoryConfig& expected, uint64_t fingerprint = 0);
 
   // Adds n tokens. k, v: [n, Hkv, D] strided views of `dtype` (any storage dtype; kept as fp32); positions: [n],
   // |pos| <= 2^53. A bad view or dtype is a rotary::Error and adds nothing. The memory grows without bound: it
@@ -223,6 +226,19 @@ class MemoryKvCache {
   const KvMemory& memory() const;
   int64_t size() const;          // all tokens: window + memory
   const MemoryKvCacheConfig& config() const;
+
+  // The cache to two files and back, so that a book read once is asked about in later runs: `memory_path` the
+  // memory (KvMemory::save), `window_path` the window's rows as appended (un-rotated f32 keys and values and their
+  // positions: a memory file of policy none). Each file is written atomically (KvMemory::save); `fingerprint` is
+  // the caller's hash of the model and settings the rows came from, checked by open(). Policy unlimiformer is
+  // refused by name (its query origin is not kept).
+  void save(const std::string& memory_path, const std::string& window_path, uint64_t fingerprint = 0) const;
+  // A cache with `config` that continues the saved one, appends included: its memory read into RAM
+  // (KvMemory::read), its window rebuilt from the saved rows. rotary::Error naming the file and what does not fit:
+  // the files' own checks (KvMemory::open: another layout, rotation, storage or fingerprint; damage), a window of
+  // 2W rows or more, or of fewer than W behind a non-empty memory, window positions not past the memory's.
+  static MemoryKvCache open(const MemoryKvCacheConfig& config, const std::string& memory_path,
+                            const std::string& window_path, uint64_t fingerprint = 0);
 
  private:
   struct Impl;
