@@ -17,15 +17,15 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
   check(std::isfinite(o.temperature) && o.temperature >= 0, "temperature", o.temperature, "a finite value >= 0 (0: greedy)");
   check(o.sample_vocab >= 0 && o.sample_vocab <= a.vocab_size, "sample_vocab", o.sample_vocab,
         "in [0, vocab_size = " + std::to_string(a.vocab_size) + "] (0: every id)");
-  check(session.size() == 0, "session.size()", session.size(), "0 (generate starts a sequence)");
-  const int64_t S = int64_t(prompt.size());
-  check(S + std::max<int64_t>(o.max_new - 1, 0) <= session.capacity(), "prompt tokens + max_new - 1",
-        S + std::max<int64_t>(o.max_new - 1, 0), "<= the session's capacity = " + std::to_string(session.capacity()));
+  const int64_t S = int64_t(prompt.size()), held = session.size();
+  check(held + S + std::max<int64_t>(o.max_new - 1, 0) <= session.capacity(),
+        "tokens held + prompt tokens + max_new - 1", held + S + std::max<int64_t>(o.max_new - 1, 0),
+        "<= the session's capacity = " + std::to_string(session.capacity()));
   std::vector<int64_t> out;
-  if (o.max_new == 0) return out;
   const int64_t V = o.sample_vocab > 0 ? o.sample_vocab : a.vocab_size;
   std::vector<int64_t> positions(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = i;
+  const int64_t first = session.next_position();  // after the tokens the session holds (a saved context's)
+  for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = first + i;
   // With a memory the prompt goes in a chunk per forward() call: activations for one chunk, however long it is.
   const std::optional<MemoryOptions>& memory = session.options().memory;
   const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk_tokens()) : S;
@@ -38,8 +38,9 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
     session.forward(prompt.data() + t0, positions.data() + t0, n, hidden.data());
     if (o.on_prompt) o.on_prompt(t0 + n, S);
   }
+  if (o.max_new == 0) return out;  // the prompt read (into the caches), nothing generated
   const float* last = hidden.data() + (n - 1) * a.d_model;
-  for (int64_t pos = S;; ++pos) {
+  for (int64_t pos = first + S;; ++pos) {
     session.logits(last, 1, logits.data());
     for (int64_t i = 0; i < V; ++i)
       if (!std::isfinite(logits[size_t(i)]))

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <string>
 
 #include "model_impl.h"
 #include "rotary/error.h"
@@ -54,6 +56,17 @@ int64_t layer_chunk(const SessionOptions& o) {
 float gelu(float x, bool tanh_form) {
   if (tanh_form) return 0.5f * x * (1.0f + std::tanh(0.7978845608028654f * (x + 0.044715f * x * x * x)));
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
+}
+
+// FNV-1a, 64 bits: the fingerprint of a saved context (stable across builds and runs).
+uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+template <class T>
+uint64_t fnv1a(uint64_t h, const T& value) {
+  return fnv1a(h, &value, sizeof value);
 }
 
 // The core's page search (rotary/memory_pages.h) as a MemorySearch; its work: a page bound counts two vectors.
@@ -151,12 +164,17 @@ struct Session::Impl {
     freqs = o.positions.rope.freqs(len);
     freqs_len = len;
   }
-  void new_caches() {
+  uint64_t context_fingerprint() const;  // save_context's: the model and what shaped the cached rows
+
+  // Empty caches for every layer (with a memory: `opened`, a saved context's, when given) and their searches.
+  void new_caches(std::vector<MemoryKvCache> opened = {}) {
     caches.clear();
     memory_caches.clear();
     searches.clear();
     if (o.memory) {
-      for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
+      memory_caches = std::move(opened);
+      if (memory_caches.empty())
+        for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
       // (each cache holds its KvMemory on the heap: the address a search keeps does not move with the vector)
       for (const MemoryKvCache& c : memory_caches) {
         if (o.memory->search) searches.push_back(std::make_unique<PageSearch>(c.memory(), *o.memory->search));
@@ -463,6 +481,78 @@ struct Session::Impl {
     if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden);
   }
 };
+
+namespace {
+
+std::string layer_file(const std::string& dir, int64_t layer, const char* what) {
+  return dir + "/layer" + std::to_string(layer) + "." + what;
+}
+
+}  // namespace
+
+// What made a saved context's rows: the model (its shape and three rows of its embedding, read as float32) and the
+// options that shape what the caches hold. Search, top-k and threads are not in it: they change what is read,
+// not what is stored.
+uint64_t Session::Impl::context_fingerprint() const {
+  const Impl& s = *this;
+  const Architecture& a = s.a;
+  uint64_t h = 14695981039346656037ull;
+  for (int64_t v : {a.vocab_size, a.d_model, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.d_ff})
+    h = fnv1a(h, v);
+  std::vector<float> row(static_cast<size_t>(a.d_model));
+  for (int64_t id : {int64_t(0), a.vocab_size / 2, a.vocab_size - 1}) {
+    weight_row(s.m.embed, id, row.data());
+    h = fnv1a(h, row.data(), row.size() * sizeof(float));
+  }
+  const PositionMethod& p = s.o.positions;
+  h = fnv1a(h, int(p.mode)), h = fnv1a(h, p.window), h = fnv1a(h, p.leaky_k), h = fnv1a(h, p.logn_train_len);
+  h = fnv1a(h, s.freqs.inv_freq.data(), s.freqs.inv_freq.size() * sizeof(double));
+  h = fnv1a(h, s.freqs.attention_factor), h = fnv1a(h, s.freqs.rotary_dim), h = fnv1a(h, int(s.freqs.layout));
+  const MemoryOptions& mo = *s.o.memory;
+  h = fnv1a(h, int(mo.policy)), h = fnv1a(h, mo.window), h = fnv1a(h, int(mo.storage));
+  return h;
+}
+
+void Session::save_context(const std::string& dir) const {
+  const Impl& s = *impl_;
+  check(s.o.memory.has_value(), "save_context", "a session without a memory",
+        "a session with a memory (SessionOptions::memory)");
+  check(s.started(), "save_context", "an empty session", "a session that has run tokens");
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  check(!ec && std::filesystem::is_directory(dir), "save_context dir", dir,
+        "a directory that exists or can be made" + (ec ? " (" + ec.message() + ")" : std::string()));
+  const uint64_t fingerprint = s.context_fingerprint();
+  for (int64_t i = 0; i < s.a.n_layers; ++i)
+    s.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
+}
+
+void Session::open_context(const std::string& dir) {
+  Impl& s = *impl_;
+  check(s.o.memory.has_value(), "open_context", "a session without a memory",
+        "a session with a memory (SessionOptions::memory)");
+  check(!s.started(), "open_context", "a session holding " + std::to_string(s.size()) + " tokens",
+        "an empty session");
+  const uint64_t fingerprint = s.context_fingerprint();
+  std::vector<MemoryKvCache> caches;
+  for (int64_t i = 0; i < s.a.n_layers; ++i)
+    caches.push_back(
+        MemoryKvCache::open(s.memory_config(), layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint));
+  for (const MemoryKvCache& c : caches)
+    check(c.size() == caches.front().size() && c.window_size() > 0, "open_context " + dir,
+          std::to_string(c.size()) + " tokens in one layer, " + std::to_string(caches.front().size()) + " in layer 0",
+          "every layer's files from one saved session");
+  const int64_t n = caches.front().size();
+  check(n <= kMaxAbsPosition - s.o.capacity, "open_context " + dir, std::to_string(n) + " tokens",
+        "<= 2^53 - the session's capacity");
+  s.new_caches(std::move(caches));
+  s.o.capacity += n;  // the capacity given counts the tokens after the context (a memory allocates none ahead)
+  const MemoryKvCache& c0 = s.memory_caches.front();
+  s.last_position = c0.window_positions()[c0.window_size() - 1];
+  s.memory_stats.memory_tokens = c0.memory().size();
+}
+
+int64_t Session::next_position() const { return impl_->started() ? impl_->last_position + 1 : 0; }
 
 Session::Session(std::shared_ptr<const Model> model, const SessionOptions& options)
     : impl_(std::make_unique<Impl>(std::move(model), options)) {}

@@ -304,15 +304,23 @@ void CheckpointModel::project(const float* hidden, int64_t n, std::vector<float>
 
 std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
                                                int64_t stop_id, uint64_t seed, int64_t sample_vocab,
-                                               const std::function<void(int64_t, int64_t)>& on_prompt) {
+                                               const std::function<void(int64_t, int64_t)>& on_prompt,
+                                               const std::string& context, const std::string& save_context) {
   Impl& m = *impl_;
+  check((context.empty() && save_context.empty()) || m.memory, context.empty() ? "--save-context" : "--context",
+        context.empty() ? save_context : context, "a run with --memory (a saved context is a memory's files)");
   if (m.torch_model.model)
     return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));
+  if (!context.empty()) s.open_context(context);
+  auto read = [&](int64_t done, int64_t total) {
+    if (on_prompt) on_prompt(done, total);
+    if (done == total && !save_context.empty()) s.save_context(save_context);
+  };
   std::vector<int64_t> out = engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature,
                                                           .stop_id = stop_id, .seed = seed,
                                                           .sample_vocab = sample_vocab, .on_token = {},
-                                                          .on_prompt = on_prompt});
+                                                          .on_prompt = read});
   m.memory_stats = s.memory_stats();
   return out;
 }

@@ -243,6 +243,29 @@ assert len(memory) == 1, rows
 assert abs(memory[0] - rows["native"]) < 1e-5 * abs(rows["native"]), rows
 PY
 done
+# A prompt read once and saved (--save-context), continued in a later run (--context): the rest of the prompt after
+# the saved part prints what the whole prompt prints in one run (the split falls on a whole memory chunk: 48 = 3 x W).
+tr ' ' '\n' < "$W/ids.txt" | head -48 | tr '\n' ' ' > "$W/part1.txt"
+tr ' ' '\n' < "$W/ids.txt" | sed -n 49,80p | tr '\n' ' ' > "$W/part2.txt"
+tr ' ' '\n' < "$W/ids.txt" | head -80 | tr '\n' ' ' > "$W/whole.txt"
+MEM=(--memory exact --memory-window 16 --top-k 3 --no-progress)
+if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/whole.txt" --max-new 6 --only-new "${MEM[@]}" > "$W/ctx_whole.txt" &&
+   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part1.txt" --max-new 0 --save-context "$W/ctx" "${MEM[@]}" \
+     > /dev/null &&
+   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --max-new 6 --only-new --context "$W/ctx" \
+     "${MEM[@]}" > "$W/ctx_rest.txt" 2> "$W/ctx.err"; then
+  [ -s "$W/ctx_whole.txt" ] && cmp -s "$W/ctx_whole.txt" "$W/ctx_rest.txt" \
+    && pass "generate --context continues a --save-context as one run" \
+    || fail "after the context '$(cat "$W/ctx_rest.txt")', in one run '$(cat "$W/ctx_whole.txt")'"
+  [ -f "$W/ctx/layer0.memory" ] && [ -f "$W/ctx/layer1.window" ] && pass "the context's files" || fail "$(ls "$W/ctx")"
+else
+  fail "generate --save-context / --context exited $?: $(cat "$W/ctx.err")"
+fi
+expect_error "generate --context, other memory settings" 2 "$W/ctx/layer0.memory" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/ctx" --memory exact \
+  --memory-window 8 --top-k 3
+expect_error "generate --save-context without a memory" 2 "--save-context" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --save-context "$W/ctx2"
 expect_error "generate --search hnsw" 2 "--search = hnsw" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search hnsw
 expect_error "generate --search faiss-annoy" 2 "--search = faiss-annoy" -- \

@@ -4,6 +4,8 @@
 // time (the KV cache); with the weights as stored and converted to bf16 / f16 / f32 / q8; and what it refuses.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
 #include <filesystem>
 #include <optional>
@@ -503,6 +505,68 @@ TEST_P(HfEngineFixture, ACallersSearchProposesTheRowsTheMemoryAttends) {
   for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
   expect_error([&] { engine::Session(c.model, bad).forward(e.tokens.data(), pos.data(), S, nullptr); },
                {"memory.search_factory", "a MemorySearch"});
+}
+
+// A session with a memory saved after part of a sequence (save_context) and continued in another session
+// (open_context) gives the rest of the sequence the bits the session that went on gives it, and that one sequence
+// through one session gives (the chunks fall at the same places); generate() after a context goes on from it;
+// what does not fit is refused by name.
+TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size()), first = 9, d = c.spec.config.d_model;  // first: whole chunks of 3
+  const std::string ctx = ::testing::TempDir() + "/rotary_ctx_" + GetParam() + "_" + std::to_string(::getpid());
+  engine::SessionOptions o;
+  o.capacity = S, o.positions = engine_positions(enc);
+  o.memory = engine::MemoryOptions{.window = 4, .top_k = 3, .chunk = 3};
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  std::vector<float> whole(size_t(S * d)), stayed(size_t((S - first) * d)), opened(stayed.size());
+  engine::Session one(c.model, o);
+  one.forward(e.tokens.data(), pos.data(), S, whole.data());
+  engine::Session a(c.model, o);
+  a.forward(e.tokens.data(), pos.data(), first, nullptr);
+  a.save_context(ctx);
+  a.forward(e.tokens.data() + first, pos.data() + first, S - first, stayed.data());
+  engine::SessionOptions small = o;
+  small.capacity = S - first;  // the capacity given counts the tokens after the context
+  engine::Session b(c.model, small);
+  b.open_context(ctx);
+  EXPECT_EQ(b.size(), first);
+  EXPECT_EQ(b.next_position(), first);
+  EXPECT_EQ(b.capacity(), S);
+  b.forward(e.tokens.data() + first, pos.data() + first, S - first, opened.data());
+  EXPECT_EQ(opened, stayed);
+  EXPECT_EQ(opened, std::vector<float>(whole.begin() + first * d, whole.end()));
+  EXPECT_EQ(b.memory_stats().memory_tokens, a.memory_stats().memory_tokens);
+
+  // generate() after a context: the rest of the prompt, then new tokens, as one session over the whole prompt.
+  const std::vector<int64_t> rest(e.tokens.begin() + first, e.tokens.end()), all(e.tokens.begin(), e.tokens.end());
+  o.capacity = S + 4;
+  engine::Session g1(c.model, o);
+  const std::vector<int64_t> want = engine::generate(g1, all, {.max_new = 4});
+  small.capacity = S - first + 4;
+  engine::Session g2(c.model, small);
+  g2.open_context(ctx);
+  EXPECT_EQ(engine::generate(g2, rest, {.max_new = 4}), want);
+
+  // Refused: a session that holds tokens, one without a memory, other settings (the files' fingerprint or layout).
+  expect_error([&] { b.open_context(ctx); }, {"open_context", "an empty session"});
+  engine::SessionOptions plain = o;
+  plain.memory.reset();
+  expect_error([&] { engine::Session(c.model, plain).open_context(ctx); }, {"open_context", "with a memory"});
+  expect_error([&] { engine::Session(c.model, plain).save_context(ctx); }, {"save_context", "with a memory"});
+  expect_error([&] { engine::Session(c.model, o).save_context(ctx); }, {"save_context", "an empty session"});
+  EncodingConfig rerope = enc;
+  rerope.kind = EncodingKind::Rerope, rerope.window = 3;
+  engine::SessionOptions other = o;
+  other.positions = engine_positions(rerope);
+  expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
+  other = o, other.memory->storage = DType::BF16;
+  expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
+  std::filesystem::remove_all(ctx);
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));

@@ -22,10 +22,11 @@ struct GenerateOptions {
                                                                 // after each chunk, else once)
 };
 
-// Runs `prompt` (positions 0, 1, ...) in an empty session (with a memory: a chunk per forward call) and returns
-// the new tokens. rotary::Error naming the field when the options or the prompt do not fit the session
-// (capacity >= prompt + max_new - 1), or when the logits are not finite (a model with NaN / Inf weights): never a
-// silent choice.
+// Runs `prompt` after the tokens the session holds (positions from Session::next_position(): 0, 1, ... in an empty
+// session; after a saved context's tokens) - with a memory a chunk per forward call - and returns the new tokens
+// (max_new 0: the prompt read into the caches, none). rotary::Error naming the field when the options or the
+// prompt do not fit the session (capacity >= tokens held + prompt + max_new - 1), or when the logits are not
+// finite (a model with NaN / Inf weights): never a silent choice.
 std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prompt, const GenerateOptions& options);
 
 }  // namespace rotary::engine

@@ -206,6 +206,19 @@ class Session {
   MemoryStats memory_stats() const;  // zeros without a memory
   const Model& model() const;
   void clear();              // back to an empty sequence
+  // The position the next token takes when a sequence goes on: 0 when empty, else the last one's + 1.
+  int64_t next_position() const;
+
+  // A session with a memory saved to the directory `dir` (created if missing; its layer<i>.memory and
+  // layer<i>.window files replaced: MemoryKvCache::save, each file atomic) and continued in a later run - a book
+  // read once, asked about many times. The files carry a fingerprint of the model (its shape and three embedding
+  // rows) and of what shaped the rows (the positions' rotation and method, the memory's policy, window and
+  // storage), so a context of another model or other settings is refused by the files' checks, naming the file.
+  void save_context(const std::string& dir) const;
+  // Continues the session saved in `dir` in this empty session with a memory (the memory read into RAM); the next
+  // token goes at next_position(), and capacity() grows by the context's tokens (the capacity given counts the
+  // tokens after them). rotary::Error naming the file or field when it does not fit.
+  void open_context(const std::string& dir);
 
   // Bytes a session with these options allocates (KV caches unless keep_caches is false, and scratch for a prompt
   // of `prompt_tokens`), so a caller can check a run against the machine's memory before starting it.

@@ -19,7 +19,7 @@ namespace rotary::cli {
 namespace {
 
 struct GenerateCommand {
-  std::string checkpoint, prompt, prompt_file, prompt_tokens;
+  std::string checkpoint, prompt, prompt_file, prompt_tokens, context, save_context;
   int max_new = 200;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -65,8 +65,13 @@ struct GenerateCommand {
       ids = tokenizer->encode_for_model(prompt);
       check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
     }
+    // A saved context's memory is read into RAM: its files' bytes come out of what is available.
+    int64_t available = experiments::available_memory_bytes();
+    if (!context.empty() && available >= 0)
+      for (const auto& f : std::filesystem::directory_iterator(context))
+        if (f.is_regular_file()) available -= int64_t(f.file_size());
     c.check_memory(int64_t(ids.size()) + max_new, experiments::CheckpointModel::RunKind::Generate,
-                   "--prompt tokens + --max-new");
+                   "--prompt tokens + --max-new", std::max<int64_t>(available, 0));
     const int64_t stop = no_stop || !tokenizer || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
@@ -81,7 +86,8 @@ struct GenerateCommand {
       std::fprintf(stderr, "prompt: %lld / %lld tokens (%.0f tokens/s)\n", (long long)done, (long long)total,
                    double(done) / std::max(s, 1e-9));
     };
-    const std::vector<int64_t> out = c.generate(ids, max_new, temperature, stop, seed, sample_vocab, progress);
+    const std::vector<int64_t> out =
+        c.generate(ids, max_new, temperature, stop, seed, sample_vocab, progress, context, save_context);
     if (tokenizer) {
       std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
     } else {
@@ -138,7 +144,15 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--prompt-tokens", cmd->prompt_tokens,
                   "or (Hugging Face checkpoints): a file of whitespace-separated token ids; the output is ids too, "
                   "no tokenizer needed");
-  sub->add_option("--max-new", cmd->max_new, "tokens to generate at most")->transform(integer_in(1, kMaxSequenceLength));
+  sub->add_option("--max-new", cmd->max_new, "tokens to generate at most (0: read the prompt only, for --save-context)")
+      ->transform(integer_in(0, kMaxSequenceLength));
+  CLI::Option* save_context = sub->add_option("--save-context", cmd->save_context,
+                  "with --memory: save the session to this directory once the prompt is read (a book read once, "
+                  "asked about in later runs with --context)");
+  CLI::Option* context = sub->add_option("--context", cmd->context,
+                  "with --memory: continue the session saved by --save-context in this directory (the same model "
+                  "and memory settings); the prompt goes after its tokens")
+      ->check(CLI::ExistingDirectory);
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
   sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
   sub->add_flag("--no-stop", cmd->no_stop, "do not stop at the task's stop token");
@@ -147,6 +161,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   cmd->overrides.add_to(*sub);
   cmd->run_flags = add_checkpoint_run_flags(*sub, cmd->run_options);
   for (CLI::Option* o : add_checkpoint_memory_flags(*sub, cmd->memory)) cmd->run_flags.push_back(o);
+  cmd->run_flags.push_back(save_context), cmd->run_flags.push_back(context);
   sub->add_flag("--no-progress", cmd->no_progress, "no progress or memory summary on stderr");
   sub->callback([cmd] { cmd->run(); });
 });
