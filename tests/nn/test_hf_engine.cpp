@@ -52,6 +52,25 @@ double relative_error(const std::vector<double>& a, const std::vector<double>& b
   return err / scale;
 }
 
+// The two windowed methods the chunk tests run beside the checkpoint's own rope: ReRoPE w = 8, Leaky ReRoPE
+// w = 6, k = 3.
+struct ReropeVariants {
+  EncodingConfig rerope, leaky;
+};
+ReropeVariants rerope_variants(const EncodingConfig& native) {
+  ReropeVariants v{native, native};
+  v.rerope.kind = EncodingKind::Rerope, v.rerope.window = 8;
+  v.leaky.kind = EncodingKind::LeakyRerope, v.leaky.window = 6, v.leaky.leaky_k = 3;
+  return v;
+}
+
+// Positions 0 .. S-1.
+std::vector<int64_t> positions_from_zero(int64_t S) {
+  std::vector<int64_t> pos(static_cast<size_t>(S));
+  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  return pos;
+}
+
 // Logits [S * V] from the engine: the first `prompt` tokens as one prompt, the rest one at a time.
 std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingConfig& enc,
                                   const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32,
@@ -115,9 +134,7 @@ TEST_P(HfEngineFixture, APromptInChunksGivesTheWholePromptsLogitsBitwise) {
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
   const Expected e = read_expected(dir);
   const EncodingConfig native = c.spec.config.resolved_encoding();
-  EncodingConfig rerope = native, leaky = native;
-  rerope.kind = EncodingKind::Rerope, rerope.window = 8;
-  leaky.kind = EncodingKind::LeakyRerope, leaky.window = 6, leaky.leaky_k = 3;
+  const auto [rerope, leaky] = rerope_variants(native);
   const int64_t S = int64_t(e.tokens.size());
   engine::MemoryOptions memory;
   memory.window = 4, memory.top_k = 3, memory.chunk = 2;
@@ -146,9 +163,7 @@ TEST_P(HfEngineFixture, AOnePassSessionGivesTheSameLogitsWithoutACache) {
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
   const Expected e = read_expected(dir);
   const EncodingConfig native = c.spec.config.resolved_encoding();
-  EncodingConfig rerope = native, leaky = native;
-  rerope.kind = EncodingKind::Rerope, rerope.window = 8;
-  leaky.kind = EncodingKind::LeakyRerope, leaky.window = 6, leaky.leaky_k = 3;
+  const auto [rerope, leaky] = rerope_variants(native);
   const int64_t S = int64_t(e.tokens.size());
   for (const EncodingConfig* enc : std::initializer_list<const EncodingConfig*>{&native, &rerope, &leaky})
     for (DType kv : {DType::F32, DType::BF16})
@@ -174,8 +189,7 @@ TEST_P(HfEngineFixture, AOnePassSessionGivesTheSameLogitsWithoutACache) {
   EXPECT_EQ(engine::Session::bytes_needed(*c.model, kept, S) - engine::Session::bytes_needed(*c.model, o, S),
             a.n_layers * 2 * a.n_kv_heads * S * row * 4);
   engine::Session s(c.model, o);
-  std::vector<int64_t> pos(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const std::vector<int64_t> pos = positions_from_zero(S);
   s.forward(e.tokens.data(), pos.data(), S / 2, nullptr);
   EXPECT_EQ(s.size(), S / 2);
   expect_error([&] { s.forward(e.tokens.data() + S / 2, pos.data() + S / 2, 1, nullptr); },
@@ -501,8 +515,7 @@ TEST_P(HfEngineFixture, ACallersSearchProposesTheRowsTheMemoryAttends) {
   bad.memory->search = MemoryPagesConfig{.page_size = 2};
   expect_error([&] { engine::Session(c.model, bad); }, {"memory.search_factory", "one search per memory"});
   bad = o, bad.memory->search_factory = [](const KvMemory&) { return std::unique_ptr<engine::MemorySearch>(); };
-  std::vector<int64_t> pos(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const std::vector<int64_t> pos = positions_from_zero(S);
   expect_error([&] { engine::Session(c.model, bad).forward(e.tokens.data(), pos.data(), S, nullptr); },
                {"memory.search_factory", "a MemorySearch"});
 }
@@ -521,8 +534,7 @@ TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
   engine::SessionOptions o;
   o.capacity = S, o.positions = engine_positions(enc);
   o.memory = engine::MemoryOptions{.window = 4, .top_k = 3, .chunk = 3};
-  std::vector<int64_t> pos(static_cast<size_t>(S));
-  for (int64_t i = 0; i < S; ++i) pos[size_t(i)] = i;
+  const std::vector<int64_t> pos = positions_from_zero(S);
   std::vector<float> whole(size_t(S * d)), stayed(size_t((S - first) * d)), opened(stayed.size());
   engine::Session one(c.model, o);
   one.forward(e.tokens.data(), pos.data(), S, whole.data());
