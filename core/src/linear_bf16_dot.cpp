@@ -9,9 +9,9 @@
 // accumulator one after the other, rounding to nearest even each time, with bf16 subnormal inputs read as zero and
 // subnormal results flushed to zero (the instruction's fixed mode) - so a result differs from the float32-lane
 // kernel's only in the order and rounding of the sums (and by subnormals), within linear_forward's tolerance.
-// Tiles as in linear_hwy.cpp: kRows weight rows x kTokens tokens of accumulators; decode (one token) prefetches
-// each row kPrefetchBytes ahead. A row's columns past the last whole 32 are read by a masked load (zeros
-// beyond the row's end, nothing read there).
+// Tiles as in linear_hwy.cpp: kRows weight rows x kTokens tokens of accumulators, and the tokens left (decode's one)
+// row by row, one sequential stream of weights per thread. A row's columns past the last whole 32 are read by a
+// masked load (zeros beyond the row's end, nothing read there).
 #include <cstdint>
 
 #include "linear_kernel.h"
@@ -58,7 +58,6 @@ ROTARY_BF16_DOT_TARGET inline void DotTile(const uint16_t* w, int64_t ws, const 
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm512_setzero_ps();
   int64_t k = 0;
   for (; k + kLanes <= K; k += kLanes) {
-    if constexpr (NT == 1) prefetch_rows_ahead<NR>(w, ws, K, k);  // decode: a vector is one cache line
     __m512i wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(w + r * ws + k);
     for (int t = 0; t < NT; ++t) {
@@ -96,17 +95,14 @@ bool bf16_dot_supported() {
 }
 
 ROTARY_BF16_DOT_TARGET void bf16_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
   int64_t r = r0;
-  for (; r + kRows <= r1; r += kRows) {
-    int64_t t = t0;
-    for (; t + kTokens <= t1; t += kTokens) DotTileAt<kTokens, kRows>(j, t, r);
-    for (; t < t1; ++t) DotTileAt<1, kRows>(j, t, r);
-  }
-  for (; r < r1; ++r) {
-    int64_t t = t0;
-    for (; t + kTokens <= t1; t += kTokens) DotTileAt<kTokens, 1>(j, t, r);
-    for (; t < t1; ++t) DotTileAt<1, 1>(j, t, r);
-  }
+  for (; r + kRows <= r1; r += kRows)
+    for (int64_t t = t0; t < tiled; t += kTokens) DotTileAt<kTokens, kRows>(j, t, r);
+  for (; r < r1; ++r)
+    for (int64_t t = t0; t < tiled; t += kTokens) DotTileAt<kTokens, 1>(j, t, r);
+  for (r = r0; r < r1; ++r)
+    for (int64_t t = tiled; t < t1; ++t) DotTileAt<1, 1>(j, t, r);
 }
 
 #else

@@ -1,9 +1,13 @@
 // core/src/linear_hwy.cpp: the Highway kernels of linear_forward (rotary/linear.h). Every output is a dot product of
 // a weight row and a token's activations, accumulated in float32 lanes and summed across lanes once at the end.
 // A register tile holds kRows weight rows x kTokens tokens of accumulators, so each weight vector loaded (and
-// widened from its storage format) is used kTokens times and each activation vector kRows times. Decode
-// (tokens = 1) runs 1 x kRows tiles, streaming each weight once; prefill runs kTokens x kRows tiles over chunks of
-// tokens small enough to stay in the core's L2 cache while the weight rows stream past. bf16 activations
+// widened from its storage format) is used kTokens times and each activation vector kRows times: prefill runs
+// kTokens x kRows tiles over chunks of tokens small enough to stay in the core's L2 cache while the weight rows
+// stream past. Decode (and the tokens a chunk leaves past its last whole tile) runs one row at a time, all its
+// tokens while the row is in L1: each thread's weights are then one sequential stream, which the hardware
+// prefetcher follows at the bus's speed (a 4-row tile is four short streams a row apart: on Zen 4, 896-wide bf16
+// rows read at 22 GB/s that way against 44 GB/s row by row, no software prefetch helping - docs/engine.md). Every
+// (token, row) sum has its own accumulator in every tile shape, so the shape changes no result bit. bf16 activations
 // (ActivationFormat::BF16) are rounded here once per call, then run on linear_bf16_dot.cpp's kernel at AVX-512
 // targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights.
 #include <omp.h>
@@ -61,16 +65,6 @@ HWY_INLINE float WeightAt(const T* p, int64_t c) {
   else return f16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
 }
 
-// Decode (one token: nothing reused, bound by the bus): at the first vector of each cache line of the rows'
-// columns [k, k + L), prefetch_rows_ahead (linear_kernel.h). Prefill reuses each weight kTokens times and is bound
-// by arithmetic, so it does not prefetch.
-template <int NR, class T>
-HWY_INLINE void PrefetchAhead(const T* w, int64_t ws, int64_t K, int64_t k, int64_t L) {
-  constexpr int64_t kLine = 64 / int64_t(sizeof(T));
-  if (k % kLine >= L) return;  // not the first vector in its line (a vector is at most one line)
-  prefetch_rows_ahead<NR>(w, ws, K, k);
-}
-
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
 // x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block scales; a block's widened quants are multiplied
 // by its scale before the multiply-add (one rounding more per product than a float weight, within the tolerance).
@@ -92,7 +86,6 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
         hn::Vec<DF> scale[NR];
         for (int r = 0; r < NR; ++r) scale[r] = hn::Set(df, scales[r * ss + k / kQ8Block]);
         for (int64_t j = k; j < k + kQ8Block; j += L) {
-          if constexpr (NT == 1) PrefetchAhead<NR>(w, ws, K, j, L);
           hn::Vec<DF> wv[NR];
           for (int r = 0; r < NR; ++r) wv[r] = hn::Mul(LoadWeights(df, w + r * ws + j), scale[r]);
           for (int t = 0; t < NT; ++t) {
@@ -104,7 +97,6 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     }
   } else {
     for (; k + L <= K; k += L) {
-      if constexpr (NT == 1) PrefetchAhead<NR>(w, ws, K, k, L);
       hn::Vec<DF> wv[NR];
       for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + k);
       for (int t = 0; t < NT; ++t) {
@@ -150,21 +142,18 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   store_tile(j, t0, r0, NT, NR, sums);
 }
 
-// Tokens [t0, t1) against rows [r0, r1): kTokens x kRows tiles, then the leftover tokens one at a time, then the
-// leftover rows one at a time.
+// Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (all of decode's
+// one token) row by row.
 template <class T>
 HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
   int64_t r = r0;
-  for (; r + kRows <= r1; r += kRows) {
-    int64_t t = t0;
-    for (; t + kTokens <= t1; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
-    for (; t < t1; ++t) TileAt<1, kRows, T>(j, t, r);
-  }
-  for (; r < r1; ++r) {
-    int64_t t = t0;
-    for (; t + kTokens <= t1; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
-    for (; t < t1; ++t) TileAt<1, 1, T>(j, t, r);
-  }
+  for (; r + kRows <= r1; r += kRows)
+    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
+  for (; r < r1; ++r)
+    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
+  for (r = r0; r < r1; ++r)
+    for (int64_t t = tiled; t < t1; ++t) TileAt<1, 1, T>(j, t, r);
 }
 
 void BlockOf(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {

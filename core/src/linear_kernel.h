@@ -10,24 +10,6 @@ namespace rotary::linear_detail {
 
 // Activation bytes a prefill chunk keeps in L2 while the weight rows stream past (chunk tokens x cols floats).
 inline constexpr int64_t kChunkBytes = 256 * 1024;
-// Decode reads each weight once, so its speed is how soon the bytes arrive. A tile's rows are short streams (a
-// 896-wide bf16 row is 28 cache lines) that the hardware prefetcher keeps relearning; each row is prefetched this
-// many bytes ahead of its loads, running on into the row below the tile's last (the next tile's) past its end.
-inline constexpr int64_t kPrefetchBytes = 1024;
-
-// Decode's prefetch for a tile of NR rows (w + r * ws, K columns of T) at column k: each row's line kPrefetchBytes
-// ahead, or past the row's end the same distance into row r + NR (the next tile's). An address, not a pointer into
-// w: past the matrix's last row it is never dereferenced (a prefetch does not fault), and no out-of-bounds pointer
-// is formed.
-template <int NR, class T>
-inline void prefetch_rows_ahead(const T* w, int64_t ws, int64_t K, int64_t k) {
-  const int64_t ahead = k + kPrefetchBytes / int64_t(sizeof(T));
-  for (int r = 0; r < NR; ++r) {
-    const int64_t row = ahead < K ? r : r + NR, col = ahead < K ? ahead : ahead - K;
-    __builtin_prefetch(reinterpret_cast<const void*>(reinterpret_cast<uintptr_t>(w) + uintptr_t(row * ws + col) * sizeof(T)));
-  }
-}
-
 struct Job {
   WeightFormat format = WeightFormat::F32;
   const void* w = nullptr;
