@@ -10,7 +10,7 @@
 // subnormal results flushed to zero (the instruction's fixed mode) - so a result differs from the float32-lane
 // kernel's only in the order and rounding of the sums (and by subnormals), within linear_forward's tolerance.
 // Tiles as in linear_hwy.cpp: kRows weight rows x kTokens tokens of accumulators, and the tokens left (decode's one)
-// row by row, one sequential stream of weights per thread. A row's columns past the last whole 32 are read by a
+// row by row, one sequential stream of weights per thread (kRows at a time past kLongRowBytes). A row's columns past the last whole 32 are read by a
 // masked load (zeros beyond the row's end, nothing read there).
 #include <cstdint>
 
@@ -101,7 +101,11 @@ ROTARY_BF16_DOT_TARGET void bf16_dot_block(const Job& j, int64_t t0, int64_t t1,
     for (int64_t t = t0; t < tiled; t += kTokens) DotTileAt<kTokens, kRows>(j, t, r);
   for (; r < r1; ++r)
     for (int64_t t = t0; t < tiled; t += kTokens) DotTileAt<kTokens, 1>(j, t, r);
-  for (r = r0; r < r1; ++r)
+  r = r0;
+  if (j.cols * 2 > kLongRowBytes)
+    for (; r + kRows <= r1; r += kRows)
+      for (int64_t t = tiled; t < t1; ++t) DotTileAt<1, kRows>(j, t, r);
+  for (; r < r1; ++r)
     for (int64_t t = tiled; t < t1; ++t) DotTileAt<1, 1>(j, t, r);
 }
 

@@ -143,7 +143,7 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
 }
 
 // Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (all of decode's
-// one token) row by row.
+// one token) row by row, or kRows rows at a time for rows longer than kLongRowBytes.
 template <class T>
 HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
@@ -152,7 +152,11 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
   for (; r < r1; ++r)
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
-  for (r = r0; r < r1; ++r)
+  r = r0;
+  if (j.cols * int64_t(sizeof(T)) > kLongRowBytes)
+    for (; r + kRows <= r1; r += kRows)
+      for (int64_t t = tiled; t < t1; ++t) TileAt<1, kRows, T>(j, t, r);
+  for (; r < r1; ++r)
     for (int64_t t = tiled; t < t1; ++t) TileAt<1, 1, T>(j, t, r);
 }
 

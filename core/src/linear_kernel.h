@@ -10,6 +10,12 @@ namespace rotary::linear_detail {
 
 // Activation bytes a prefill chunk keeps in L2 while the weight rows stream past (chunk tokens x cols floats).
 inline constexpr int64_t kChunkBytes = 256 * 1024;
+// Decode reads a weight row as one stream while its sum waits on one multiply-add per vector: past this many bytes
+// a row (32 KB of bf16 at 16384 columns) no longer overlaps with the next row's start and that chain bounds it, so
+// longer rows go 4 at a time (4 chains; the streams are long enough for the hardware prefetcher), shorter ones one
+// at a time (docs/engine.md: 896-wide rows 20 -> 33 GB/s row by row; 16384-wide 30 -> 23).
+inline constexpr int64_t kLongRowBytes = 16 * 1024;
+
 struct Job {
   WeightFormat format = WeightFormat::F32;
   const void* w = nullptr;

@@ -108,10 +108,13 @@ constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, Weigh
 
 // Every output is one thread's dot product in a fixed order, so neither the thread count nor the batching of tokens
 // (decode one at a time, prefill tiles of four, chunks) changes a bit: the engine's prefill and decode agree exactly.
+// K = 4100: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block; f32 rows past kLongRowBytes (decode
+// 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows past it.
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
-  const int64_t T = 70, N = 37, K = 4100;  // K: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block
-  const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
+  const int64_t T = 70, N = 37;
+  for (const int64_t K : {int64_t(4100), int64_t(16421)})
   for (int config = 0; config < 5; ++config) {  // each format; then bf16 weights with bf16 activations
+    const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
     const WeightFormat f = config < 4 ? kFormats[config] : WeightFormat::BF16;
     Weights w(f, N, K, 13);
     std::vector<float> one(size_t(T * N)), batch(one.size());
@@ -128,7 +131,7 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
       linear_forward(p);
       for (size_t i = 0; i < one.size(); ++i)
         if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-          ADD_FAILURE() << weight_format_name(f) << " activations " << activation_format_name(p.activations)
+          ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations " << activation_format_name(p.activations)
                         << " threads " << threads << ": token " << i / N << " row " << i % N
                         << ": one at a time " << one[i] << ", batched " << batch[i];
           break;
