@@ -201,6 +201,11 @@ OpCases linear_cases() {
     add({.tokens = 130, .rows = 19, .cols = 1100, .threads = 3});             // 3 token chunks, 3 threads
     add({.tokens = 7, .rows = 13, .cols = 33, .accumulate = true, .threads = 1});
     add({.tokens = 3, .rows = 2, .cols = 1, .y_pad = 1, .bias = true});
+    // Rows past kLongRowBytes (16 KB, core/src/linear_kernel.h), which decode reads 4 at a time: 2 tiles + 1 row,
+    // ending mid-vector and mid-block; then a token tile and one token left over.
+    const int64_t long_cols = 16 * 1024 / weight_element_size(f) + 37;
+    add({.tokens = 1, .rows = 9, .cols = long_cols, .bias = true});
+    add({.tokens = 5, .rows = 9, .cols = long_cols, .threads = 2});
     if (f == WeightFormat::BF16) {  // bf16 activations: the dot-product kernel's tiles, tails and shared rounding
       constexpr ActivationFormat b = ActivationFormat::BF16;
       add({.tokens = 1, .rows = 67, .cols = 96, .bias = true, .activations = b});
@@ -211,6 +216,7 @@ OpCases linear_cases() {
       add({.tokens = 130, .rows = 19, .cols = 1100, .activations = b, .threads = 3});
       add({.tokens = 7, .rows = 13, .cols = 63, .accumulate = true, .activations = b, .threads = 1});
       add({.tokens = 5, .rows = 9, .cols = 32, .x_pad = 1, .activations = b});
+      add({.tokens = 1, .rows = 9, .cols = long_cols, .activations = b});
     }
   }
   OpCases out;

@@ -112,30 +112,31 @@ constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, Weigh
 // 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows past it.
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t T = 70, N = 37;
-  for (const int64_t K : {int64_t(4100), int64_t(16421)})
-  for (int config = 0; config < 5; ++config) {  // each format; then bf16 weights with bf16 activations
+  for (const int64_t K : {int64_t(4100), int64_t(16421)}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
-    const WeightFormat f = config < 4 ? kFormats[config] : WeightFormat::BF16;
-    Weights w(f, N, K, 13);
-    std::vector<float> one(size_t(T * N)), batch(one.size());
-    LinearParams p;
-    p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
-    p.activations = config < 4 ? ActivationFormat::F32 : ActivationFormat::BF16;
-    for (int64_t t = 0; t < T; ++t) {
-      p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
-      linear_forward(p);
-    }
-    for (int threads : {1, 2, 3, 8}) {
-      std::fill(batch.begin(), batch.end(), -1.0f);
-      p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
-      linear_forward(p);
-      for (size_t i = 0; i < one.size(); ++i)
-        if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-          ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations " << activation_format_name(p.activations)
-                        << " threads " << threads << ": token " << i / N << " row " << i % N
-                        << ": one at a time " << one[i] << ", batched " << batch[i];
-          break;
-        }
+    for (int config = 0; config < 5; ++config) {  // each format; then bf16 weights with bf16 activations
+      const WeightFormat f = config < 4 ? kFormats[config] : WeightFormat::BF16;
+      Weights w(f, N, K, 13);
+      std::vector<float> one(size_t(T * N)), batch(one.size());
+      LinearParams p;
+      p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
+      p.activations = config < 4 ? ActivationFormat::F32 : ActivationFormat::BF16;
+      for (int64_t t = 0; t < T; ++t) {
+        p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
+        linear_forward(p);
+      }
+      for (int threads : {1, 2, 3, 8}) {
+        std::fill(batch.begin(), batch.end(), -1.0f);
+        p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
+        linear_forward(p);
+        for (size_t i = 0; i < one.size(); ++i)
+          if (std::memcmp(&one[i], &batch[i], 4) != 0) {
+            ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations "
+                          << activation_format_name(p.activations) << " threads " << threads << ": token " << i / N << " row " << i % N
+                          << ": one at a time " << one[i] << ", batched " << batch[i];
+            break;
+          }
+      }
     }
   }
 }
