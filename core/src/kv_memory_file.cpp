@@ -43,7 +43,7 @@ std::string header_bytes(const FileHeader& h, int64_t storage, const std::vector
   std::string b(reinterpret_cast<const char*>(&h), sizeof h);
   if (storage >= 0) b.append(reinterpret_cast<const char*>(&storage), sizeof storage);
   b.append(reinterpret_cast<const char*>(inv_freq.data()), inv_freq.size() * sizeof(double));
-  const uint64_t hash = detail::fnv1a64(b.data(), b.size());
+  const uint64_t hash = fnv1a64(b.data(), b.size());
   b.append(reinterpret_cast<const char*>(&hash), sizeof hash);
   return b;
 }

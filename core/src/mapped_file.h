@@ -3,9 +3,9 @@
 //   MappedFile         a regular file mapped read-only (files.h's open_regular_file, fstat, mmap), unmapped with it
 //   write_file_atomic  a temporary file beside the target, written, fsync'ed, renamed over it, then files.h's
 //                      sync_directory_of: the target is either complete or absent, and survives a crash once written
-//   fnv1a64            FNV-1a 64, the memory file's header checksum (not cryptographic)
-// lab/common/files.h keeps an atomic writer of its own (write_file_atomic, with a non-durable mode and a per-thread
-// counter in the temporary name) and its own fnv1a64: the lab is a higher layer and core/src is not its interface.
+// (Their checksum is rotary/files.h's fnv1a64.) lab/common/files.h keeps an atomic writer of its own
+// (write_file_atomic, with a non-durable mode and a per-thread counter in the temporary name): the lab is a higher
+// layer and core/src is not its interface.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "rotary/error.h"
+#include "rotary/files.h"
 
 namespace rotary::detail {
 
@@ -81,12 +82,5 @@ struct ReaderErrors {
                 " are invalid; allowed: an address aligned to 8 bytes (a mapping or a heap buffer)");
   }
 };
-
-inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
-inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1a64Offset) {
-  const auto* p = static_cast<const uint8_t*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
-  return h;
-}
 
 }  // namespace rotary::detail

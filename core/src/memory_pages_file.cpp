@@ -46,12 +46,12 @@ struct PagesHeader {
 uint64_t memory_check(const KvMemory& m) {
   const int64_t n = m.size(), D = m.head_dim();
   const int64_t row_bytes = D * int64_t(dtype_size(m.storage()));
-  uint64_t h = detail::fnv1a64(m.positions(), size_t(n) * sizeof(int64_t));
+  uint64_t h = fnv1a64(m.positions(), size_t(n) * sizeof(int64_t));
   const int64_t samples = std::min<int64_t>(n, 64);
   for (int64_t kv = 0; kv < m.kv_heads(); ++kv)
     for (int64_t i = 0; i < samples; ++i) {
       const int64_t row = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
-      h = detail::fnv1a64(static_cast<const char*>(m.key_data(kv)) + row * row_bytes, size_t(row_bytes), h);
+      h = fnv1a64(static_cast<const char*>(m.key_data(kv)) + row * row_bytes, size_t(row_bytes), h);
     }
   return h;
 }
@@ -88,7 +88,7 @@ class HashingSink final : public detail::FileSink {
  public:
   explicit HashingSink(detail::FileSink& out) : out_(out) { written_ = out.written(); }
   void write(const void* data, size_t n) override {
-    hash_ = detail::fnv1a64(data, n, hash_);
+    hash_ = fnv1a64(data, n, hash_);
     out_.write(data, n);
     written_ += n;
   }
@@ -96,7 +96,7 @@ class HashingSink final : public detail::FileSink {
 
  private:
   detail::FileSink& out_;
-  uint64_t hash_ = detail::kFnv1a64Offset;
+  uint64_t hash_ = kFnv1a64Offset;
 };
 
 // Nodes and roots of every segment, as lay_out_tree makes them without grouping.
@@ -123,7 +123,7 @@ void MemoryPages::save(const std::string& path) const {
   detail::write_file_atomic(path, "memory_pages.save", [&](detail::FileSink& out) {
     out.write(kPagesMagic, 8);
     out.write(&h, sizeof h);
-    const uint64_t header_hash = detail::fnv1a64(&h, sizeof h);
+    const uint64_t header_hash = fnv1a64(&h, sizeof h);
     out.write(&header_hash, sizeof header_hash);
     out.pad_to(uint64_t(lay.body));
     HashingSink body(out);
@@ -186,7 +186,7 @@ MemoryPages MemoryPages::open_bytes(const void* data, size_t bytes, const KvMemo
   std::memcpy(&h, base + 8, sizeof h);
   uint64_t header_hash = 0;
   std::memcpy(&header_hash, base + 8 + sizeof h, 8);
-  if (header_hash != detail::fnv1a64(&h, sizeof h)) throw bad("a damaged header (checksum)");
+  if (header_hash != fnv1a64(&h, sizeof h)) throw bad("a damaged header (checksum)");
   if (h.kv_heads < 1 || h.kv_heads > 4096) throw damaged("kv_heads", h.kv_heads, "1..4096");
   if (h.head_dim < 2 || h.head_dim > 4096) throw damaged("head_dim", h.head_dim, "2..4096");
   if (h.storage != int64_t(DType::F32) && h.storage != int64_t(DType::F16) && h.storage != int64_t(DType::BF16))
@@ -248,7 +248,7 @@ MemoryPages MemoryPages::open_bytes(const void* data, size_t bytes, const KvMemo
               std::to_string(D) + ", page_size = " + std::to_string(h.page_size));
   uint64_t body_hash = 0;
   std::memcpy(&body_hash, base + lay.checksum, 8);
-  if (body_hash != detail::fnv1a64(base + lay.body, size_t(lay.checksum - lay.body)))
+  if (body_hash != fnv1a64(base + lay.body, size_t(lay.checksum - lay.body)))
     throw bad("a damaged body (checksum)");
   // Each segment's rows a permutation of its own rows: a search indexes the memory with them.
   std::vector<uint8_t> seen(static_cast<size_t>(h.size));

@@ -12,6 +12,7 @@
 
 #include "model_impl.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary_engine/model.h"
 
 namespace rotary::engine {
@@ -58,15 +59,10 @@ float gelu(float x, bool tanh_form) {
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
 }
 
-// FNV-1a, 64 bits: the fingerprint of a saved context (stable across builds and runs).
-uint64_t fnv1a(uint64_t h, const void* data, size_t n) {
-  const auto* p = static_cast<const unsigned char*>(data);
-  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 1099511628211ull;
-  return h;
-}
+// One value's bytes into a saved context's fingerprint (rotary/files.h's fnv1a64).
 template <class T>
 uint64_t fnv1a(uint64_t h, const T& value) {
-  return fnv1a(h, &value, sizeof value);
+  return fnv1a64(&value, sizeof value, h);
 }
 
 // The core's page search (rotary/memory_pages.h) as a MemorySearch; its work: a page bound counts two vectors.
@@ -496,17 +492,17 @@ std::string layer_file(const std::string& dir, int64_t layer, const char* what) 
 uint64_t Session::Impl::context_fingerprint() const {
   const Impl& s = *this;
   const Architecture& a = s.a;
-  uint64_t h = 14695981039346656037ull;
+  uint64_t h = kFnv1a64Offset;
   for (int64_t v : {a.vocab_size, a.d_model, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.d_ff})
     h = fnv1a(h, v);
   std::vector<float> row(static_cast<size_t>(a.d_model));
   for (int64_t id : {int64_t(0), a.vocab_size / 2, a.vocab_size - 1}) {
     weight_row(s.m.embed, id, row.data());
-    h = fnv1a(h, row.data(), row.size() * sizeof(float));
+    h = fnv1a64(row.data(), row.size() * sizeof(float), h);
   }
   const PositionMethod& p = s.o.positions;
   h = fnv1a(h, int(p.mode)), h = fnv1a(h, p.window), h = fnv1a(h, p.leaky_k), h = fnv1a(h, p.logn_train_len);
-  h = fnv1a(h, s.freqs.inv_freq.data(), s.freqs.inv_freq.size() * sizeof(double));
+  h = fnv1a64(s.freqs.inv_freq.data(), s.freqs.inv_freq.size() * sizeof(double), h);
   h = fnv1a(h, s.freqs.attention_factor), h = fnv1a(h, s.freqs.rotary_dim), h = fnv1a(h, int(s.freqs.layout));
   const MemoryOptions& mo = *s.o.memory;
   h = fnv1a(h, int(mo.policy)), h = fnv1a(h, mo.window), h = fnv1a(h, int(mo.storage));

@@ -78,11 +78,7 @@ DirectoryLock::~DirectoryLock() {
   if (fd_ >= 0) ::close(fd_);  // releases the flock
 }
 
-uint64_t fnv1a64(std::string_view bytes) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) h = (h ^ c) * 0x100000001b3ull;
-  return h;
-}
+uint64_t fnv1a64(std::string_view bytes) { return rotary::fnv1a64(bytes.data(), bytes.size()); }
 
 int remove_stale_temp_files(const std::string& dir) {
   namespace fs = std::filesystem;

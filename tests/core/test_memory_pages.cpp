@@ -448,7 +448,7 @@ TEST(MemoryPages, SavedIndexMapsBackOverItsMemoryAndForeignOrDamagedFilesAreRefu
             << "head " << h << " entry " << i;
     }
     auto seal = [&](std::vector<char>& x) {  // the body's checksum made right
-      const uint64_t h = detail::fnv1a64(x.data() + body, checksum - body);  // the file's own checksum function
+      const uint64_t h = fnv1a64(x.data() + body, checksum - body);  // the file's own checksum function
       std::memcpy(x.data() + checksum, &h, 8);
     };
     b = good;

@@ -7,6 +7,8 @@
 // "rotary: <field> = <path> (a directory) is invalid; allowed: <allowed>".
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <string>
 #include <string_view>
 
@@ -32,5 +34,15 @@ int open_regular_file(const std::string& path, std::string_view field,
 // rotary::Error "rotary: <who>: fsync of directory <dir> (holding <path>): <reason>" if the directory cannot be
 // opened or synced; a file system that cannot sync directories at all (EINVAL) is not an error.
 void sync_directory_of(const std::string& path, std::string_view who);
+
+// FNV-1a, 64 bits, of n bytes, going on from h (kFnv1a64Offset to start): the checksum of the memory and page
+// index files, the lab's cache and checkpoint files, and the fingerprint of a saved engine context. Stable across
+// builds and machines; not cryptographic.
+inline constexpr uint64_t kFnv1a64Offset = 0xcbf29ce484222325ULL;
+inline uint64_t fnv1a64(const void* data, size_t n, uint64_t h = kFnv1a64Offset) {
+  const auto* p = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
 
 }  // namespace rotary
