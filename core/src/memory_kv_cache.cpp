@@ -26,8 +26,9 @@ struct MemoryKvCache::Impl {
   int64_t query_origin = -1;  // policy Unlimiformer: the position of the first query that retrieved (-1: none yet)
 
   int64_t row_elems() const { return config.kv_heads * config.head_dim; }
-  HeadsView rows_view(std::vector<float>& x, int64_t first) const {
-    return {x.data() + first * row_elems(), config.kv_heads, row_elems(), config.head_dim};
+  // Rows of x from `first` as an append's input (HeadsView's pointer is not const; append only reads it).
+  HeadsView rows_view(const std::vector<float>& x, int64_t first) const {
+    return {const_cast<float*>(x.data()) + first * row_elems(), config.kv_heads, row_elems(), config.head_dim};
   }
 };
 
@@ -79,8 +80,7 @@ void MemoryKvCache::save(const std::string& memory_path, const std::string& wind
         "another file than memory_path");
   KvMemory window(window_file_config(m.config));
   const int64_t rows = int64_t(m.pos_rows.size());
-  std::vector<float> k = m.k_rows, v = m.v_rows;
-  window.append(rows, m.rows_view(k, 0), m.rows_view(v, 0), m.pos_rows.data());
+  window.append(rows, m.rows_view(m.k_rows, 0), m.rows_view(m.v_rows, 0), m.pos_rows.data());
   m.memory->save(memory_path, fingerprint);
   window.save(window_path, fingerprint);
 }
