@@ -33,7 +33,8 @@
 # a busy machine shows as a wide range). llama.cpp runs with its defaults otherwise
 # (KV cache f16, flash attention auto); rotary with its defaults (KV cache f32), and for bf16 also with
 # `--activations bf16` (the row "bf16, activations bf16": llama.cpp's bf16 arithmetic, activations rounded to bf16
-# for the CPU's bf16 dot products).
+# for the CPU's bf16 dot products), and for q8 also with `--activations q8` (the row "q8, activations q8":
+# llama.cpp's Q8_0 arithmetic, activations quantized to int8 blocks of 32 for the CPU's int8 dot products).
 #
 # Then a greedy check: the same text prompt through `rotary generate --temperature 0 --max-new 32` and through
 # llama-simple (greedy sampler, -n 32), both from the bf16 weights; the generated texts are cut into tokens (a
@@ -108,6 +109,7 @@ rotary_run() {
   local extra=()
   [[ $w == q8_0 ]] && extra=(--weights q8)
   [[ $w == bf16a ]] && extra=(--activations bf16)  # bf16 activations: llama.cpp's bf16 arithmetic
+  [[ $w == q8a ]] && extra=(--weights q8 --activations q8)  # q8 activations: llama.cpp's Q8_0 arithmetic
   /usr/bin/time -v -o "$log.time" "$ROTARY" bench checkpoint --model "$MODEL" --prompt "$prompt" \
     --decode "$decode" --trials $((REPS + 1)) --threads "$THREADS" --json "${extra[@]}" > "$log.json" 2> "$log.err"
   "$PY" - "$log.json" "$(rss_kb "$log.time")" "$tag" "$w" "$prompt" "$decode" >> "$RESULTS" <<'EOF'
@@ -129,8 +131,10 @@ for ((r = 1; r <= ROUNDS; r++)); do
     if (( r % 2 == 1 )); then
       llama_run r$r "$w" -p 512 -n 0; llama_run r$r "$w" -p 0 -n 128 -d 512; rotary_run r$r "$w" 512 128
       [[ $w == bf16 ]] && rotary_run r$r bf16a 512 128
+      [[ $w == q8_0 ]] && rotary_run r$r q8a 512 128
     else
       [[ $w == bf16 ]] && rotary_run r$r bf16a 512 128
+      [[ $w == q8_0 ]] && rotary_run r$r q8a 512 128
       rotary_run r$r "$w" 512 128; llama_run r$r "$w" -p 512 -n 0; llama_run r$r "$w" -p 0 -n 128 -d 512
     fi
     echo "   round $r $w done" >&2
@@ -141,6 +145,7 @@ if (( DO4096 )); then
   for w in bf16 q8_0; do
     llama_run p4096 "$w" -p 4096 -n 0; rotary_run p4096 "$w" 4096 1
     [[ $w == bf16 ]] && rotary_run p4096 bf16a 4096 1
+    [[ $w == q8_0 ]] && rotary_run p4096 q8a 4096 1
     echo "   4096 $w done" >&2
   done
 fi
@@ -173,8 +178,9 @@ def rss(rt, w):
     return f"{max(v) / 1024 / 1024:.2f} GB" if v else "-"
 print("| runtime, weights | prefill 512 tok/s | prefill 4096 tok/s | decode tok/s (128 after 512) | peak RSS (512/128) |")
 print("| --- | ---: | ---: | ---: | ---: |")
-names = {"bf16": "bf16", "q8_0": "q8", "bf16a": "bf16, activations bf16"}
-pairs = [("llama.cpp", "bf16"), ("rotary", "bf16"), ("rotary", "bf16a"), ("llama.cpp", "q8_0"), ("rotary", "q8_0")]
+names = {"bf16": "bf16", "q8_0": "q8", "bf16a": "bf16, activations bf16", "q8a": "q8, activations q8"}
+pairs = [("llama.cpp", "bf16"), ("rotary", "bf16"), ("rotary", "bf16a"), ("llama.cpp", "q8_0"), ("rotary", "q8_0"),
+         ("rotary", "q8a")]
 for rt, w in pairs:
     print(f"| {rt}, {names[w]} | {cell(rt, w, 'prefill512')} | {cell(rt, w, 'prefill4096')} | "
           f"{cell(rt, w, 'decode')} | {rss(rt, w)} |")

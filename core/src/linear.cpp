@@ -5,8 +5,10 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -43,12 +45,37 @@ WeightFormat weight_format_of(DType t) {
   fail("weight dtype", dtype_name(t), "f32, f16, bf16 (convert f64 weights at load)");
 }
 
-const char* activation_format_name(ActivationFormat f) { return f == ActivationFormat::BF16 ? "bf16" : "f32"; }
+const char* activation_format_name(ActivationFormat f) {
+  switch (f) {
+    case ActivationFormat::F32: return "f32";
+    case ActivationFormat::BF16: return "bf16";
+    case ActivationFormat::Q8: return "q8";
+  }
+  return "?";
+}
 
 ActivationFormat parse_activation_format(std::string_view name, std::string_view field) {
-  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16})
+  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16, ActivationFormat::Q8})
     if (name == activation_format_name(f)) return f;
-  fail(field, "\"" + std::string(name) + "\"", "f32, bf16");
+  fail(field, "\"" + std::string(name) + "\"", "f32, bf16, q8");
+}
+
+float q8_quantize_block(const float* v, int64_t n, int8_t* quants) {
+  float amax = 0;
+  bool nan = false;
+  for (int64_t i = 0; i < n; ++i) {
+    nan |= std::isnan(v[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    int8_t q = 0;
+    if (std::isinf(v[i])) q = v[i] > 0 ? 127 : -127;
+    else if (scale > 0 && std::isfinite(scale))
+      q = int8_t(std::clamp(linear_detail::round_away(v[i] / scale), -127, 127));
+    quants[i] = q;  // a NaN scale: every quant 0 (the block's products are NaN through the scale)
+  }
+  return scale;
 }
 
 namespace {
@@ -90,11 +117,15 @@ void linear_detail::validate(const LinearParams& p) {
           ">= q8_blocks(w.cols) = " + std::to_string(q8_blocks(w.cols)));
     check_extent(w.rows, w.scale_stride, q8_blocks(w.cols), "w.scale_stride");
   }
-  if (p.activations != ActivationFormat::F32 && p.activations != ActivationFormat::BF16)
-    fail("activations", std::to_string(int(p.activations)), "f32, bf16");
+  if (p.activations != ActivationFormat::F32 && p.activations != ActivationFormat::BF16 &&
+      p.activations != ActivationFormat::Q8)
+    fail("activations", std::to_string(int(p.activations)), "f32, bf16, q8");
   if (p.activations == ActivationFormat::BF16 && w.format != WeightFormat::BF16)
     fail("activations", "bf16 with w.format = " + std::string(weight_format_name(w.format)),
          "bf16 activations with bf16 weights only (the bf16 dot products take both in bf16), or f32 activations");
+  if (p.activations == ActivationFormat::Q8 && w.format != WeightFormat::Q8)
+    fail("activations", "q8 with w.format = " + std::string(weight_format_name(w.format)),
+         "q8 activations with q8 weights only (the int8 dot products take both in q8), or f32 activations");
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   detail::check_threads(p.threads);
   if (p.tokens == 0) return;
@@ -156,28 +187,55 @@ void linear_forward_group(const LinearParams* products, int count) {
     j.scales = p.w.scales, j.scale_stride = p.w.scale_stride;
     j.bias = p.bias, j.tokens = p.tokens, j.x = p.x, j.x_stride = p.x_stride, j.y = p.y, j.y_stride = p.y_stride;
     j.accumulate = p.accumulate;
-    if (p.activations == ActivationFormat::BF16) j.round_x = true;  // xb assigned below
+    j.activations = p.activations;  // xb / xq assigned below
+    j.round_x = p.activations == ActivationFormat::BF16, j.quantize_x = p.activations == ActivationFormat::Q8;
     jobs.push_back(j);
     work += p.tokens * p.w.rows * p.w.cols;
   }
   if (jobs.empty()) return;
-  // bf16 activations: each distinct x (decode's q, k and v read one) is rounded once, into a buffer kept by the
-  // calling thread and grown only when a larger call needs it (a decode loop allocates nothing after its first step).
-  static thread_local std::vector<uint16_t> rounded;
-  std::vector<int64_t> at(jobs.size(), -1);  // job i's rounded rows start at rounded[at[i]]; -1: f32 activations
+  // bf16 / q8 activations: each distinct x (decode's q, k and v read one) is converted once, by the first job that
+  // reads it, into a buffer kept by the calling thread and grown only when a larger call needs it (a decode loop
+  // allocates nothing after its first step). Each piece starts on a 64-byte boundary.
+  static thread_local std::vector<uint64_t> converted;
   size_t need = 0;
+  const auto piece = [&need](int64_t bytes) {
+    const size_t at = need;
+    need += (size_t(bytes) + 63) / 64 * 64;
+    return at;
+  };
+  constexpr size_t kNone = ~size_t(0);
+  std::vector<std::array<size_t, 4>> at(jobs.size(), {kNone, kNone, kNone, kNone});  // byte offsets of the pieces
   for (size_t i = 0; i < jobs.size(); ++i) {
     linear_detail::Job& j = jobs[i];
-    if (!j.round_x) continue;
-    for (size_t e = 0; e < i && at[i] < 0; ++e)
-      if (jobs[e].round_x && jobs[e].x == j.x && jobs[e].x_stride == j.x_stride && jobs[e].cols == j.cols &&
-          jobs[e].tokens >= j.tokens)
-        at[i] = at[e], j.round_x = false;  // reads e's rounded rows
-    if (at[i] < 0) at[i] = int64_t(need), need += size_t(j.tokens * j.cols);
+    if (j.activations == ActivationFormat::F32) continue;
+    for (size_t e = 0; e < i && at[i][0] == kNone; ++e)
+      if (jobs[e].activations == j.activations && (jobs[e].round_x || jobs[e].quantize_x) && jobs[e].x == j.x &&
+          jobs[e].x_stride == j.x_stride && jobs[e].cols == j.cols && jobs[e].tokens >= j.tokens)
+        at[i] = at[e], j.round_x = j.quantize_x = false;  // reads e's converted rows
+    if (at[i][0] != kNone) continue;
+    if (j.activations == ActivationFormat::BF16) {
+      at[i][0] = piece(2 * j.tokens * j.cols);
+    } else {
+      const int64_t blocks = q8_blocks(j.cols);
+      const int64_t stride = linear_detail::q8_activation_stride(j.cols);
+      at[i] = {piece(j.tokens * stride), piece(j.tokens * stride), piece(j.tokens * stride),
+               piece(j.tokens * blocks * 4)};
+    }
   }
-  if (need > 0 && rounded.size() < need) rounded.resize(need);
-  for (size_t i = 0; i < jobs.size(); ++i)
-    if (at[i] >= 0) jobs[i].xb = rounded.data() + at[i];
+  if (need > 0 && converted.size() * 8 < need + 64) converted.resize((need + 64) / 8);
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(converted.data()) + 63) / 64 * 64);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    linear_detail::Job& j = jobs[i];
+    if (j.activations == ActivationFormat::BF16) {
+      j.xb = reinterpret_cast<uint16_t*>(base + at[i][0]);
+    } else if (j.activations == ActivationFormat::Q8) {
+      j.xq.quants = reinterpret_cast<int8_t*>(base + at[i][0]);
+      j.xq.corrections = reinterpret_cast<int32_t*>(base + at[i][1]);
+      j.xq.scale_pairs = reinterpret_cast<float*>(base + at[i][2]);
+      j.xq.scales = reinterpret_cast<float*>(base + at[i][3]);
+      j.xq.blocks = q8_blocks(j.cols), j.xq.stride = linear_detail::q8_activation_stride(j.cols);
+    }
+  }
   // A thread costs a few microseconds to wake: small products (a GQA model's k / v projections in decode) stay on
   // fewer threads, each given at least ~64k multiply-adds.
   const int threads = products[0].threads > 0 ? products[0].threads : omp_get_max_threads();
@@ -230,16 +288,10 @@ void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, i
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<float> row(static_cast<size_t>(cols));
     detail::load_row(src, src_dtype, r * src_row_stride, cols, row.data());
-    for (int64_t b = 0; b < blocks; ++b) {
-      const int64_t c0 = b * kQ8Block, c1 = std::min(cols, c0 + kQ8Block);
-      float amax = 0;
-      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(row[size_t(c)]));
-      const float scale = amax / 127.0f;
-      scales[r * blocks + b] = scale;
-      for (int64_t c = c0; c < c1; ++c) {
-        const float q = scale > 0 ? std::round(row[size_t(c)] / scale) : 0.0f;  // one rounding: within scale / 2
-        quants[r * cols + c] = int8_t(std::clamp(q, -127.0f, 127.0f));
-      }
+    for (int64_t b = 0; b < blocks; ++b) {  // one rounding per weight: within scale / 2
+      const int64_t c0 = b * kQ8Block;
+      scales[r * blocks + b] = q8_quantize_block(row.data() + c0, std::min(cols - c0, int64_t(kQ8Block)),
+                                                 quants + r * cols + c0);
     }
   }
 }

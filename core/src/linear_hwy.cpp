@@ -9,7 +9,9 @@
 // rows read at 22 GB/s that way against 44 GB/s row by row, no software prefetch helping - docs/engine.md). Every
 // (token, row) sum has its own accumulator in every tile shape, so the shape changes no result bit. bf16 activations
 // (ActivationFormat::BF16) are rounded here once per call, then run on linear_bf16_dot.cpp's kernel at AVX-512
-// targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights.
+// targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights; q8
+// activations (ActivationFormat::Q8) are quantized here once per call, then run on linear_q8_dot.cpp's int8 kernel at
+// AVX-512 targets of a CPU with AVX512-VNNI, or through TileQ8 (exact integer block sums in float32 lanes).
 #include <omp.h>
 
 #include <algorithm>
@@ -128,11 +130,65 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     for (int r = 0; r < NR; ++r) sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
 }
 
+// The same sums for q8 weights and q8 activations (ActivationFormat::Q8): per block, the products of the widened
+// quants are integers below 2^14 and their lane sums below 2^24, so each block's sums are exact in float32 lanes;
+// they are then scaled by the weight block's scale times the activation block's into the accumulators. A block
+// shorter than kQ8Block (a row's last, or every block where the lanes do not divide kQ8Block) is summed as integers
+// apart and added at the end. x: `NT` tokens of xq from token t0.
+template <int NT, int NR>
+HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTRICT scales, int64_t ss,
+                       const Q8Activations& xq, int64_t t0, int64_t K, float sums[NT * NR]) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), xs = xq.stride;
+  const int8_t* HWY_RESTRICT x = xq.quants + t0 * xs;
+  const float* HWY_RESTRICT xsc = xq.scales + t0 * xq.blocks;
+  hn::Vec<DF> acc[NT][NR];
+  float apart[NT][NR] = {};
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = hn::Zero(df);
+  const int64_t whole = kQ8Block % L == 0 ? K / kQ8Block : 0;
+  for (int64_t b = 0; b < whole; ++b) {
+    const int64_t k = b * kQ8Block;
+    hn::Vec<DF> block[NT][NR];
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) block[t][r] = hn::Zero(df);
+    for (int64_t j = k; j < k + kQ8Block; j += L) {
+      hn::Vec<DF> wv[NR];
+      for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + j);
+      for (int t = 0; t < NT; ++t) {
+        const hn::Vec<DF> xv = LoadWeights(df, x + t * xs + j);
+        for (int r = 0; r < NR; ++r) block[t][r] = hn::MulAdd(wv[r], xv, block[t][r]);
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r)
+        acc[t][r] = hn::MulAdd(block[t][r], hn::Set(df, scales[r * ss + b] * xsc[t * xq.blocks + b]), acc[t][r]);
+  }
+  for (int64_t b = whole; b < xq.blocks; ++b) {
+    const int64_t k = b * kQ8Block, n = std::min<int64_t>(kQ8Block, K - k);
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) {
+        int32_t sum = 0;
+        for (int64_t i = 0; i < n; ++i) sum += int32_t(w[r * ws + k + i]) * int32_t(x[t * xs + k + i]);
+        apart[t][r] += float(sum) * (scales[r * ss + b] * xsc[t * xq.blocks + b]);
+      }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r])) + apart[t][r];
+}
+
 template <int NT, int NR, class T>
 HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   const T* w = static_cast<const T*>(j.w) + r0 * j.row_stride;
   const float* sc = j.scales ? j.scales + r0 * j.scale_stride : nullptr;
   float sums[NT * NR];
+  if constexpr (std::is_same_v<T, int8_t>) {
+    if (j.activations == ActivationFormat::Q8) {
+      TileQ8<NT, NR>(w, j.row_stride, sc, j.scale_stride, j.xq, t0, j.cols, sums);
+      store_tile(j, t0, r0, NT, NR, sums);
+      return;
+    }
+  }
   if (j.xb != nullptr) {
     const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
     Tile<NT, NR>(w, j.row_stride, sc, j.scale_stride, xb + t0 * j.cols, j.cols, j.cols, sums);
@@ -178,14 +234,89 @@ bool UsesBf16Dot() {
 #endif
 }
 
-// Rounds the x rows of the jobs that own a bf16 copy (Job::round_x) into it, rows shared among the team.
-void RoundActivations(const Job* jobs, int count) {
+// int8 dot products for q8 activations: at AVX-512 targets of an x86 CPU that has AVX512-VNNI.
+bool UsesQ8Dot() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
+  return q8_dot_supported();
+#else
+  return false;
+#endif
+}
+
+// A whole block of kQ8Block finite floats quantized in lanes by q8_quantize_block's rule (the same float division,
+// and round_away's truncation and step, so the same quants): returns the scale.
+HWY_INLINE float QuantizeWholeBlock(const float* HWY_RESTRICT v, int8_t* HWY_RESTRICT q, float amax) {
+  const DF df;
+  const hn::RebindToSigned<DF> di;
+  const hn::Rebind<int8_t, DF> d8;
+  const int64_t L = int64_t(hn::Lanes(df));
+  const float scale = amax / 127.0f;
+  const auto s = hn::Set(df, scale), half = hn::Set(df, 0.5f), one = hn::Set(df, 1.0f), top = hn::Set(df, 127.0f);
+  for (int64_t i = 0; i < kQ8Block; i += L) {
+    auto r = hn::Zero(df);
+    if (scale > 0) {
+      const auto x = hn::Div(hn::LoadU(df, v + i), s);
+      const auto t = hn::ConvertTo(df, hn::ConvertTo(di, x));  // truncation (|x| <= 127 + rounding)
+      const auto f = hn::Sub(x, t);
+      r = hn::Sub(hn::Add(t, hn::IfThenElseZero(hn::Ge(f, half), one)),
+                  hn::IfThenElseZero(hn::Le(f, hn::Neg(half)), one));
+      r = hn::Min(hn::Max(r, hn::Neg(top)), top);
+    }
+    hn::StoreU(hn::DemoteTo(d8, hn::ConvertTo(di, r)), d8, q + i);
+  }
+  return scale;
+}
+
+// One token's x quantized (ActivationFormat::Q8) into row t of xq: the quants and scales, the padding zero, and the
+// int8 kernel's corrections and scale pairs. Whole blocks of finite values in lanes, the rest (a short last block,
+// a NaN or an infinity) by q8_quantize_block.
+void QuantizeToken(const float* x, int64_t cols, const Q8Activations& xq, int64_t t) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), xs = xq.stride;
+  int8_t* q = xq.quants + t * xs;
+  for (int64_t b = 0; b < xq.blocks; ++b) {
+    const int64_t k = b * kQ8Block, n = std::min<int64_t>(kQ8Block, cols - k);
+    float& scale = xq.scales[t * xq.blocks + b];
+    bool lanes = n == kQ8Block && kQ8Block % L == 0;
+    if (lanes) {
+      auto amax = hn::Zero(df);
+      auto finite = hn::Zero(df);  // 0 while every value is finite (|v| < infinity)
+      const auto inf = hn::Set(df, std::numeric_limits<float>::infinity());
+      for (int64_t i = 0; i < kQ8Block; i += L) {
+        const auto a = hn::Abs(hn::LoadU(df, x + k + i));
+        amax = hn::Max(amax, a);
+        finite = hn::Or(finite, hn::IfThenZeroElse(hn::Lt(a, inf), hn::Set(df, 1.0f)));
+      }
+      lanes = hn::GetLane(hn::MaxOfLanes(df, finite)) == 0.0f;
+      if (lanes) scale = QuantizeWholeBlock(x + k, q + k, hn::GetLane(hn::MaxOfLanes(df, amax)));
+    }
+    if (!lanes) scale = q8_quantize_block(x + k, n, q + k);
+    for (int64_t i = n; i < kQ8Block; ++i) q[k + i] = 0;
+  }
+  for (int64_t i = xq.blocks * kQ8Block; i < xs; ++i) q[i] = 0;  // the pair's padding
+  // The int8 kernel's operands per pair of blocks (Q8Activations).
+  int32_t* corrections = xq.corrections + t * xs / 4;
+  float* pairs = xq.scale_pairs + t * xs / 4;
+  for (int64_t i = 0; i < xs / 4; ++i) {
+    corrections[i] = -128 * (int32_t(q[4 * i]) + q[4 * i + 1] + q[4 * i + 2] + q[4 * i + 3]);
+    const int64_t b = i / 8;  // lane i of pair i / 16 sums block b's quants
+    pairs[i] = b < xq.blocks ? xq.scales[t * xq.blocks + b] : 0.0f;
+  }
+}
+
+// Converts the x rows of the jobs that own a bf16 or q8 copy (Job::round_x, Job::quantize_x) into it, rows shared
+// among the team.
+void ConvertActivations(const Job* jobs, int count) {
   for (int i = 0; i < count; ++i) {
     const Job& j = jobs[i];
-    if (!j.round_x) continue;
+    if (!j.round_x && !j.quantize_x) continue;
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < j.tokens; ++t) {
       const float* x = j.x + t * j.x_stride;
+      if (j.quantize_x) {
+        QuantizeToken(x, j.cols, j.xq, t);
+        continue;
+      }
       uint16_t* xb = j.xb + t * j.cols;
       for (int64_t c = 0; c < j.cols; ++c) xb[c] = float_to_bf16(x[c]);
     }
@@ -201,16 +332,18 @@ void RunJobs(const Job* jobs, int count, int threads) {
   for (int i = 0; i < count; ++i) {
     const Job& j = jobs[i];
     first[size_t(i) + 1] = first[size_t(i)] + (j.rows + kRows - 1) / kRows;
-    const int64_t x_bytes = (j.xb != nullptr ? 2 : 4) * std::max<int64_t>(j.cols, 1);  // one token's activations
+    // One token's activations: float32, bf16, or q8's quants, corrections and scale pairs (3 bytes an element).
+    const int64_t element = j.activations == ActivationFormat::BF16 ? 2 : j.activations == ActivationFormat::Q8 ? 3 : 4;
+    const int64_t x_bytes = element * std::max<int64_t>(j.cols, 1);
     chunk = std::min(chunk, std::max<int64_t>(kTokens, (kChunkBytes / x_bytes) / kTokens * kTokens));
     tokens = std::max(tokens, j.tokens);
   }
   const int64_t groups = first.back();
-  const bool dot = UsesBf16Dot();
+  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot();
   threads = int(std::min<int64_t>(threads, groups));
 #pragma omp parallel num_threads(threads)
   {
-    RoundActivations(jobs, count);  // ends with the team's barrier: every rounded row is there before any tile
+    ConvertActivations(jobs, count);  // ends with the team's barrier: every converted row is there before any tile
     for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
       int i = 0;  // the job of group g: groups are visited in increasing order by each thread
 #pragma omp for schedule(static)
@@ -219,8 +352,10 @@ void RunJobs(const Job* jobs, int count, int threads) {
         const Job& j = jobs[i];
         if (t0 >= j.tokens) continue;
         const int64_t r0 = (g - first[size_t(i)]) * kRows, t1 = std::min(j.tokens, t0 + chunk);
-        if (dot && j.xb != nullptr) bf16_dot_block(j, t0, t1, r0, std::min(j.rows, r0 + kRows));
-        else BlockOf(j, t0, t1, r0, std::min(j.rows, r0 + kRows));
+        const int64_t r1 = std::min(j.rows, r0 + kRows);
+        if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
+        else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
+        else BlockOf(j, t0, t1, r0, r1);
       }
     }
   }
@@ -236,6 +371,7 @@ namespace rotary::linear_detail {
 HWY_EXPORT(RunJobs);
 HWY_EXPORT(LinearTargetName);
 HWY_EXPORT(UsesBf16Dot);
+HWY_EXPORT(UsesQ8Dot);
 
 void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs)(jobs, count, threads); }
 
@@ -243,4 +379,5 @@ void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs
 
 const char* rotary::detail::linear_simd_target() { return HWY_DYNAMIC_DISPATCH(linear_detail::LinearTargetName)(); }
 bool rotary::linear_uses_bf16_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesBf16Dot)(); }
+bool rotary::linear_uses_q8_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8Dot)(); }
 #endif  // HWY_ONCE

@@ -16,6 +16,30 @@ inline constexpr int64_t kChunkBytes = 256 * 1024;
 // at a time (docs/engine.md: 896-wide rows 20 -> 33 GB/s row by row; 16384-wide 30 -> 23).
 inline constexpr int64_t kLongRowBytes = 16 * 1024;
 
+// std::round (nearest, ties away from zero) of r, |r| < 2^23, as an int without a call into libm: the truncation,
+// then a step away from zero where the remainder (exact) is at least one half.
+inline int round_away(float r) {
+  const int t = int(r);
+  const float f = r - float(t);
+  return t + int(f >= 0.5f) - int(f <= -0.5f);
+}
+
+// An x quantized for q8 activations (ActivationFormat::Q8), as the kernels read it: per token, `blocks` =
+// q8_blocks(cols) blocks of kQ8Block elements (the last one zero-padded, and a zero block more when `blocks` is
+// odd: the int8 kernel reads a pair of blocks at a time). Beside the quants and scales, what that kernel takes per
+// pair of blocks: vpdpbusd multiplies unsigned by signed bytes, so it multiplies each weight plus 128 (unsigned) by
+// x's quant and starts from -128 times the sum of the four quants of each lane, which leaves exactly the sum of
+// weight x quant; and the two blocks' scales spread over the 16 lanes their sums land in.
+struct Q8Activations {
+  int8_t* quants = nullptr;         // [tokens, stride]
+  int32_t* corrections = nullptr;   // [tokens, stride / 4]: lane i of a pair, -128 (q[4i] + ... + q[4i + 3])
+  float* scale_pairs = nullptr;     // [tokens, stride / 4]: lanes 0-7 the pair's first block's scale, 8-15 its second's
+  float* scales = nullptr;          // [tokens, blocks]
+  int64_t blocks = 0;
+  int64_t stride = 0;  // quants between tokens: blocks rounded up to even, times kQ8Block
+};
+inline int64_t q8_activation_stride(int64_t cols) { return (q8_blocks(cols) + 1) / 2 * 2 * kQ8Block; }
+
 struct Job {
   WeightFormat format = WeightFormat::F32;
   const void* w = nullptr;
@@ -29,10 +53,14 @@ struct Job {
   float* y = nullptr;
   int64_t y_stride = 0;
   bool accumulate = false;
+  ActivationFormat activations = ActivationFormat::F32;
   // ActivationFormat::BF16: x rounded to bf16 into xb ([tokens, cols], row stride cols) by the first job that
   // reads this x (round_x); the kernels read xb instead of x.
   uint16_t* xb = nullptr;
   bool round_x = false;
+  // ActivationFormat::Q8: x quantized into xq by the first job that reads this x (quantize_x); the kernels read xq.
+  Q8Activations xq;
+  bool quantize_x = false;
 };
 
 // Writes (or adds) an nt x nr tile of sums (sums[t * nr + r]) plus the bias into y at tokens t0.., rows r0...
@@ -51,6 +79,12 @@ inline void store_tile(const Job& j, int64_t t0, int64_t r0, int nt, int nr, con
 // from AVX-512 dispatch targets (the OS saves the vector state those need).
 bool bf16_dot_supported();
 void bf16_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+
+// The int8 dot-product kernels (linear_q8_dot.cpp): whether this CPU has AVX512-VNNI (x86-64 builds; false
+// elsewhere), and tokens [t0, t1) x rows [r0, r1) of a q8-weight job with xq filled, on vpdpbusd. Called only from
+// AVX-512 dispatch targets.
+bool q8_dot_supported();
+void q8_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);

@@ -1,8 +1,12 @@
 // core/src/linear_reference.cpp: the float64 oracle of linear_forward (rotary/linear.h). Every weight is read as a
 // double (q8: quant times scale, exact in double), every product and sum is taken in double, and the result is
-// rounded once to float (bf16 activations: each x rounded to bf16 first). It shares no code with the kernels (no
+// rounded once to float (bf16 / q8 activations: each x rounded to bf16 or quantized first). It shares no code with the kernels (no
 // tiles, no chunks, no threads), only the validation of the one contract.
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
+#include <vector>
 
 #include "linear_kernel.h"
 #include "rotary/linear.h"
@@ -23,26 +27,56 @@ double weight(const WeightMatrix& w, int64_t r, int64_t c) {
   return 0;
 }
 
-// Activation x as the products see it: bf16 activations are x rounded once to bf16 (nearest even, from x's exact
-// value in double: the same bf16 as rounding the float).
-double activation(const LinearParams& p, int64_t i) {
-  if (p.activations == ActivationFormat::F32) return double(p.x[i]);
-  uint16_t b = 0;
-  store_from_double(&b, DType::BF16, 0, double(p.x[i]));
-  return load_as_double(&b, DType::BF16, 0);
+// Token t's activations as the products see them: f32 as given; bf16 each x rounded once to bf16 (nearest even,
+// from x's exact value in double: the same bf16 as rounding the float); q8 each block of kQ8Block quantized by the
+// q8 rule of rotary/linear.h (written out here again: scale = max |x| / 127 and quant = round(x / scale) in float,
+// NaN making the scale NaN, an infinity quant +-127) and read back as quant x scale, exact in double.
+std::vector<double> activations(const LinearParams& p, int64_t t) {
+  const float* x = p.x + t * p.x_stride;
+  const int64_t K = p.w.cols;
+  std::vector<double> a(size_t(K), 0.0);
+  if (p.activations == ActivationFormat::F32) {
+    for (int64_t c = 0; c < K; ++c) a[size_t(c)] = double(x[c]);
+  } else if (p.activations == ActivationFormat::BF16) {
+    for (int64_t c = 0; c < K; ++c) {
+      uint16_t b = 0;
+      store_from_double(&b, DType::BF16, 0, double(x[c]));
+      a[size_t(c)] = load_as_double(&b, DType::BF16, 0);
+    }
+  } else {
+    for (int64_t c0 = 0; c0 < K; c0 += kQ8Block) {
+      const int64_t c1 = std::min(K, c0 + kQ8Block);
+      float amax = 0;
+      bool nan = false;
+      for (int64_t c = c0; c < c1; ++c) {
+        if (std::isnan(x[c])) nan = true;
+        else if (std::fabs(x[c]) > amax) amax = std::fabs(x[c]);
+      }
+      const float scale = nan ? std::numeric_limits<float>::quiet_NaN() : amax / 127.0f;
+      for (int64_t c = c0; c < c1; ++c) {
+        double q = 0;
+        if (std::isinf(x[c])) q = x[c] > 0 ? 127 : -127;
+        else if (scale > 0 && std::isfinite(scale)) q = std::min(127.0f, std::max(-127.0f, std::round(x[c] / scale)));
+        a[size_t(c)] = q * double(scale);
+      }
+    }
+  }
+  return a;
 }
 
 }  // namespace
 
 void linear_forward_reference(const LinearParams& p) {
   linear_detail::validate(p);
-  for (int64_t t = 0; t < p.tokens; ++t)
+  for (int64_t t = 0; t < p.tokens; ++t) {
+    const std::vector<double> a = activations(p, t);
     for (int64_t r = 0; r < p.w.rows; ++r) {
       double s = p.bias ? double(p.bias[r]) : 0.0;
-      for (int64_t c = 0; c < p.w.cols; ++c) s += weight(p.w, r, c) * activation(p, t * p.x_stride + c);
+      for (int64_t c = 0; c < p.w.cols; ++c) s += weight(p.w, r, c) * a[size_t(c)];
       float& out = p.y[t * p.y_stride + r];
       out = p.accumulate ? float(double(out) + s) : float(s);
     }
+  }
 }
 
 }  // namespace rotary

@@ -214,22 +214,30 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
                                          const LoadOptions& options, std::shared_ptr<const void> keep_alive) {
   arch.validate();
   check(options.threads >= 0, "threads", options.threads, ">= 0 (0: OpenMP's default)");
-  const auto bf16_only = [&](const std::string& what) {
-    fail("activations", "bf16 with " + what,
-         "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 activations");
+  // bf16 activations need every matrix in bf16, q8 activations every matrix in q8 (made at load).
+  const auto refuse = [&](const std::string& what) {
+    const bool bf16 = options.activations == ActivationFormat::BF16;
+    fail("activations", std::string(activation_format_name(options.activations)) + " with " + what,
+         bf16 ? "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 "
+                "activations"
+              : "q8 activations with q8 weights (--weights q8 converts them at load), or f32 activations");
   };
-  if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16)
-    fail("activations", std::to_string(int(options.activations)), "f32, bf16");
+  if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16 &&
+      options.activations != ActivationFormat::Q8)
+    fail("activations", std::to_string(int(options.activations)), "f32, bf16, q8");
   // Checked before any weight is read or converted: the conversion's target, or else every matrix's stored dtype
   // (the embedding only when it is also the head).
   if (options.activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
-    bf16_only(std::string("weights converted to ") + weight_format_name(*options.weights));
+    refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
+  if (options.activations == ActivationFormat::Q8 && options.weights != WeightFormat::Q8)
+    refuse(options.weights ? std::string("weights converted to ") + weight_format_name(*options.weights)
+                           : std::string("weights as stored (no checkpoint stores q8)"));
   if (options.activations == ActivationFormat::BF16 && !options.weights)
     for (const TensorSlot& s : tensor_slots(arch)) {
       if (s.shape.size() != 2 || (s.name == "embed" && !arch.tie_embeddings)) continue;
       const StoredTensor t = lookup(s.name);
       if (t.dtype != DType::BF16)
-        bf16_only("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + dtype_name(t.dtype));
+        refuse("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + dtype_name(t.dtype));
     }
   auto m = std::make_unique<Impl>();
   m->arch = arch;

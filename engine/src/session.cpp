@@ -618,8 +618,12 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
   // twice for ReRoPE's far copies (attention.h: O(tokens x heads x head_dim)).
   const int64_t dp = round_up(a.head_dim, 16);
   scratch += 4 * 2 * (chunk * a.n_heads * dp + 2 * n * a.n_kv_heads * dp);
-  // bf16 activations: linear_forward's rounded copy of the largest input of one call (one chunk's).
-  if (model.activations() == ActivationFormat::BF16) scratch += 2 * chunk * std::max({a.d_model, hq, a.d_ff});
+  // bf16 / q8 activations: linear_forward's converted copy of the largest input of one call (one chunk's): bf16
+  // 2 bytes an element; q8 its quants, the int8 kernel's corrections and scale pairs (a byte an element each, padded
+  // to 64) and a scale per 32.
+  const int64_t widest = std::max({a.d_model, hq, a.d_ff});
+  if (model.activations() == ActivationFormat::BF16) scratch += 2 * chunk * widest;
+  if (model.activations() == ActivationFormat::Q8) scratch += chunk * (3 * (widest + 64) + (widest / 32 + 1) * 4);
   return cache + scratch;
 }
 

@@ -7,7 +7,9 @@
 //   prefill  --tokens tokens at once (matrix-matrix), in GFLOP/s, beside OpenBLAS's sgemm on float32 copies of
 //            the same weights (the f32 path the nn model runs today).
 // A format `bf16:bf16` is bf16 weights with bf16 activations (ActivationFormat::BF16: the CPU's bf16 dot products
-// where it has them, as llama.cpp's bf16 products); the others take float32 activations.
+// where it has them, as llama.cpp's bf16 products), `q8:q8` q8 weights with q8 activations (ActivationFormat::Q8:
+// the CPU's int8 dot products where it has AVX512-VNNI, as llama.cpp's Q8_0 products); the others take float32
+// activations.
 // Methods take turns trial by trial (a slow stretch of a shared machine hits all of them alike); medians.
 #include <cblas.h>
 #include <omp.h>
@@ -35,7 +37,7 @@ using lab::median;
 
 struct BenchLinearArgs {
   std::string shapes = "4864x896,896x4864,14336x4096";
-  std::string formats = "f32,f16,bf16,q8,bf16:bf16";
+  std::string formats = "f32,f16,bf16,q8,bf16:bf16,q8:q8";
   int64_t weight_mib = 512;
   int64_t tokens = 512;
   int trials = 5;
@@ -119,6 +121,10 @@ void run_bench_linear(const BenchLinearArgs& a) {
     formats.emplace_back(parse_weight_format(f.substr(0, colon), "--formats"),
                          colon == std::string::npos ? ActivationFormat::F32
                                                     : parse_activation_format(f.substr(colon + 1), "--formats activations"));
+    const auto [w, x] = formats.back();
+    check(x == ActivationFormat::F32 || (x == ActivationFormat::BF16 && w == WeightFormat::BF16) ||
+              (x == ActivationFormat::Q8 && w == WeightFormat::Q8),
+          "--formats", f, "f32, f16, bf16, q8, bf16:bf16, q8:q8 (bf16 activations need bf16 weights, q8 q8)");
   }
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   openblas_set_num_threads(threads);
@@ -182,7 +188,7 @@ void run_bench_linear(const BenchLinearArgs& a) {
   };
   nlohmann::json j;
   j["cpu"] = lab::cpu_model(), j["threads"] = threads, j["read_bandwidth_bytes_per_s"] = probe;
-  j["bf16_dot_products"] = linear_uses_bf16_dot();
+  j["bf16_dot_products"] = linear_uses_bf16_dot(), j["q8_dot_products"] = linear_uses_q8_dot();
   j["weight_mib"] = a.weight_mib, j["tokens"] = a.tokens, j["trials"] = a.trials;
   for (const Row& r : rows) {
     nlohmann::json e = {{"phase", r.phase}, {"method", r.method}, {"rows", r.shape.rows}, {"cols", r.shape.cols},
@@ -195,8 +201,9 @@ void run_bench_linear(const BenchLinearArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
-  std::printf("rotary bench linear: y = x W^T, weights in their storage format, float32 activations (W:A: %s)\n",
-              linear_uses_bf16_dot() ? "bf16 activations on the CPU's bf16 dot products" : "bf16 activations in f32 lanes");
+  std::printf("rotary bench linear: y = x W^T, weights in their storage format, float32 activations (W:A: %s, %s)\n",
+              linear_uses_bf16_dot() ? "bf16 activations on the CPU's bf16 dot products" : "bf16 activations in f32 lanes",
+              linear_uses_q8_dot() ? "q8 activations on the CPU's int8 dot products" : "q8 activations in f32 lanes");
   std::printf("cpu: %s | threads %d | read probe %.2f GB/s (%lld MiB) | decode weights %lld MiB per format\n\n",
               lab::cpu_model().c_str(), threads, probe / 1e9, (long long)a.weight_mib, (long long)a.weight_mib);
   std::printf("%-8s %-10s %-12s %7s %11s %9s %11s %9s\n", "phase", "weights", "shape", "tokens", "us/call", "GB/s",
@@ -223,8 +230,8 @@ const CommandRegistrar kRegisterBenchLinear([](CLI::App& root) {
                   "weight shapes ROWSxCOLS (output x input features), comma-separated (default 4864x896,896x4864,"
                   "14336x4096: Qwen2.5-0.5B's MLP up and down, Llama-3-8B's MLP up)");
   cmd->add_option("--formats", args->formats,
-                  "weight formats among f32, f16, bf16, q8, and bf16:bf16 (bf16 weights, bf16 activations; default "
-                  "all five)");
+                  "weight formats among f32, f16, bf16, q8, bf16:bf16 (bf16 weights, bf16 activations) and q8:q8 "
+                  "(q8 weights, q8 activations); default all six");
   cmd->add_option("--weight-mib", args->weight_mib,
                   "MiB of weights per format and shape for decode, and of the read probe (default 512)")
       ->transform(integer_in(1, 1 << 16));

@@ -31,6 +31,10 @@ void CheckpointRunOptions::validate() const {
   if (act == ActivationFormat::BF16 && !weights.empty())
     check(weights == "bf16", "--activations", activations + " with --weights " + weights,
           "bf16 activations with bf16 weights only (--weights bf16 or bf16 as stored), or --activations f32");
+  if (act == ActivationFormat::Q8)
+    check(weights == "q8", "--activations",
+          activations + (weights.empty() ? " with the weights as stored" : " with --weights " + weights),
+          "q8 activations with --weights q8 only, or --activations f32");
 }
 
 nlohmann::json CheckpointRunOptions::key() const {

@@ -23,7 +23,7 @@ struct CheckpointRunOptions {
   std::string engine = "engine";  // engine | torch
   std::string weights;            // engine: f32, f16, bf16, q8 (empty: as stored)
   std::string kv_dtype = "f32";   // engine: f32, bf16, f16
-  std::string activations = "f32";  // engine: the linear products' activations, f32 or bf16 (bf16 weights only)
+  std::string activations = "f32";  // engine: the linear products' activations, f32, bf16 (bf16 weights) or q8 (q8)
   int threads = 0;                // 0: all cores
   void validate() const;          // rotary::Error naming --engine, --weights, --kv-dtype, --activations
   // What changes the numbers a run computes (engine, weights, kv dtype, activations): part of a stored result's

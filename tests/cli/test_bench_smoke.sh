@@ -99,16 +99,16 @@ for chunk in 8 512; do  # (512: the default, given)
     "$ROTARY" bench checkpoint --engine torch --prefill-chunk $chunk --hidden 64 --layers 1 --heads 4 --kv-heads 2 \
     --ff 96 --vocab 128
 done
-# bench linear: every weight format (and bf16 weights with bf16 activations) at a small shape, decode against the
+# bench linear: every weight format (and bf16 / q8 weights with bf16 / q8 activations) at a small shape, decode against the
 # read probe, prefill against sgemm.
 if "$ROTARY" bench linear --shapes 64x96,33x40 --weight-mib 4 --tokens 9 --trials 1 --threads 1 --json > "$W/linear.json"; then
   check "bench linear: every format and phase per shape, finite rates" "$W/linear.json" \
-    "len(j['results']) == 2 * (2 * 5 + 1) and all(0 < r['seconds'] < math.inf for r in j['results']) and all(0 < r['over_read_probe'] < math.inf for r in j['results'] if r['phase'] == 'decode') and {r['method'] for r in j['results']} == {'f32', 'f16', 'bf16', 'q8', 'bf16:bf16', 'sgemm_f32'} and isinstance(j['bf16_dot_products'], bool)"
+    "len(j['results']) == 2 * (2 * 6 + 1) and all(0 < r['seconds'] < math.inf for r in j['results']) and all(0 < r['over_read_probe'] < math.inf for r in j['results'] if r['phase'] == 'decode') and {r['method'] for r in j['results']} == {'f32', 'f16', 'bf16', 'q8', 'bf16:bf16', 'q8:q8', 'sgemm_f32'} and isinstance(j['bf16_dot_products'], bool) and isinstance(j['q8_dot_products'], bool)"
 else
   fail "bench linear exited $?"
 fi
 expect_error "bench linear --shapes 64" 2 "--shapes" -- "$ROTARY" bench linear --shapes 64
-expect_error "bench linear --formats q8:bf16" 2 "activations = bf16 with w.format = q8" -- \
+expect_error "bench linear --formats q8:bf16" 2 "--formats = q8:bf16" -- \
   "$ROTARY" bench linear --shapes 64x96 --weight-mib 1 --tokens 2 --trials 1 --formats q8:bf16
 expect_error "bench linear --formats bf16:f16" 2 "--formats activations" -- "$ROTARY" bench linear --formats bf16:f16
 

@@ -74,7 +74,7 @@ PY
 else
   fail "perplexity --engine torch exited $?: $(tail -c 300 "$W/err4.txt")"
 fi
-for w in q8 bf16 "bf16 --activations bf16"; do
+for w in q8 bf16 "bf16 --activations bf16" "q8 --activations q8"; do
   tag=${w// /_}
   if "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16,32,64 --methods native --window 8 --windows 2 \
        --weights $w --kv-dtype bf16 --out "$W/q_$tag" --no-progress > /dev/null 2> "$W/err5.txt"; then
@@ -83,7 +83,8 @@ for w in q8 bf16 "bf16 --activations bf16"; do
     fail "perplexity --weights $w exited $?: $(tail -c 300 "$W/err5.txt")"
   fi
 done
-/usr/bin/python3 - "$W/run0.csv" "$W/q_q8/results.csv" "$W/q_bf16/results.csv" "$W/q_bf16_--activations_bf16/results.csv" <<'PY' && pass "q8 and bf16 (f32 and bf16 activations) losses within 0.1 of the float32 ones" || fail "q8 / bf16 losses"
+/usr/bin/python3 - "$W/run0.csv" "$W/q_q8/results.csv" "$W/q_bf16/results.csv" "$W/q_bf16_--activations_bf16/results.csv" \
+  "$W/q_q8_--activations_q8/results.csv" <<'PY' && pass "q8 and bf16 (f32, bf16 and q8 activations) losses within 0.1 of the float32 ones" || fail "q8 / bf16 losses"
 import csv, sys
 base = {(r["method"], r["length"]): float(r["tail_loss"]) for r in csv.DictReader(open(sys.argv[1])) if r["logn"] == "0"}
 for path in sys.argv[2:]:
@@ -97,6 +98,10 @@ expect_error "perplexity --weights int4" 2 "--weights = \"int4\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights int4 --out "$W/x"
 expect_error "perplexity --activations bf16 --weights q8" 2 "--activations = bf16 with --weights q8" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q8 --activations bf16 --out "$W/x"
+expect_error "perplexity --activations q8 --weights bf16" 2 "--activations = q8 with --weights bf16" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights bf16 --activations q8 --out "$W/x"
+expect_error "perplexity --activations q8 as stored" 2 "--activations = q8 with the weights as stored" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations q8 --out "$W/x"
 expect_error "perplexity --activations f16" 2 "--activations = \"f16\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations f16 --out "$W/x"
 expect_error "generate --activations bf16 on f16 weights" 2 "stored as f16" -- \

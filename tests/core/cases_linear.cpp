@@ -3,7 +3,8 @@
 // several token chunks), columns that end mid-vector and mid-q8-block, padded weight rows, activation and output
 // strides, bias and accumulation (a residual), one and several threads; bf16 weights also with bf16 activations
 // (rounded first; the bf16 dot-product instruction at AVX-512 targets where the CPU has it), whose columns end
-// mid-vector of that kernel's 32 as well.
+// mid-vector of that kernel's 32 as well; q8 weights also with q8 activations (quantized per block first; the int8
+// dot-product instruction at AVX-512 targets where the CPU has AVX512-VNNI), ending mid-block.
 #include <algorithm>
 #include <cmath>
 #include <memory>
@@ -84,10 +85,18 @@ struct LinearProblem {
     if (c.format != WeightFormat::Q8) return w->get(i);
     return double(static_cast<const int8_t*>(w->data())[i]) * scales->get(r * q8_blocks(c.cols) + k / kQ8Block);
   }
-  // Activation (t, k) as the products take it (bf16 activations: rounded), exactly.
+  // Activation (t, k) as the products take it (bf16 activations: rounded; q8: quant x scale of its block), exactly.
   double activation(int64_t t, int64_t k) const {
     const double v = x->get(t * (c.cols + c.x_pad) + k);
     if (c.activations == ActivationFormat::F32) return v;
+    if (c.activations == ActivationFormat::Q8) {
+      const int64_t k0 = k / kQ8Block * kQ8Block, n = std::min<int64_t>(kQ8Block, c.cols - k0);
+      float block[kQ8Block];
+      int8_t q[kQ8Block];
+      for (int64_t i = 0; i < n; ++i) block[i] = float(x->get(t * (c.cols + c.x_pad) + k0 + i));
+      const float scale = q8_quantize_block(block, n, q);
+      return double(q[k - k0]) * double(scale);
+    }
     uint16_t b = 0;
     store_from_double(&b, DType::BF16, 0, v);
     return load_as_double(&b, DType::BF16, 0);
@@ -101,7 +110,7 @@ class LinearCase : public OpCase {
   std::string name() const override {
     std::string s = std::string(weight_format_name(c_.format)) + " T" + std::to_string(c_.tokens) + " N" +
                     std::to_string(c_.rows) + " K" + std::to_string(c_.cols);
-    if (c_.activations == ActivationFormat::BF16) s += " xbf16";
+    if (c_.activations != ActivationFormat::F32) s += std::string(" x") + activation_format_name(c_.activations);
     if (c_.row_pad) s += " wpad" + std::to_string(c_.row_pad);
     if (c_.x_pad) s += " xpad" + std::to_string(c_.x_pad);
     if (c_.y_pad) s += " ypad" + std::to_string(c_.y_pad);
@@ -217,6 +226,19 @@ OpCases linear_cases() {
       add({.tokens = 7, .rows = 13, .cols = 63, .accumulate = true, .activations = b, .threads = 1});
       add({.tokens = 5, .rows = 9, .cols = 32, .x_pad = 1, .activations = b});
       add({.tokens = 1, .rows = 9, .cols = long_cols, .activations = b});
+    }
+    if (f == WeightFormat::Q8) {  // q8 activations: the int8 dot-product kernel's tiles, short last blocks, sharing
+      constexpr ActivationFormat q = ActivationFormat::Q8;
+      add({.tokens = 1, .rows = 67, .cols = 96, .bias = true, .activations = q});
+      add({.tokens = 1, .rows = 5, .cols = 37, .row_pad = 3, .activations = q});
+      add({.tokens = 1, .rows = 1, .cols = 1, .activations = q});
+      add({.tokens = 9, .rows = 70, .cols = 200, .row_pad = 8, .x_pad = 5, .y_pad = 3, .bias = true,
+           .accumulate = true, .activations = q});
+      add({.tokens = 130, .rows = 19, .cols = 1100, .activations = q, .threads = 3});
+      add({.tokens = 7, .rows = 13, .cols = 63, .accumulate = true, .activations = q, .threads = 1});
+      add({.tokens = 5, .rows = 9, .cols = 32, .x_pad = 1, .activations = q});
+      add({.tokens = 1, .rows = 9, .cols = long_cols, .bias = true, .activations = q});
+      add({.tokens = 5, .rows = 9, .cols = long_cols, .activations = q, .threads = 2});
     }
   }
   OpCases out;

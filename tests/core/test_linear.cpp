@@ -49,7 +49,9 @@ TEST(quantize_q8, EveryWeightWithinHalfAScaleAndTheBlockMaximumExact) {
         const double wq = double(q[size_t(r * cols + c)]) * scale, wv = w[size_t(r * cols + c)];
         // Half a step, plus the one rounding of w / scale (|w / scale| <= 127, u = 2^-24).
         EXPECT_LE(std::fabs(wq - wv), scale * (0.5 + 127 * 0x1p-24)) << "row " << r << " col " << c;
-        if (std::fabs(wv) == amax && amax > 0) EXPECT_EQ(std::abs(q[size_t(r * cols + c)]), 127);
+        if (std::fabs(wv) == amax && amax > 0) {
+          EXPECT_EQ(std::abs(q[size_t(r * cols + c)]), 127);
+        }
       }
     }
   EXPECT_EQ(q[7], 0);
@@ -114,13 +116,14 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t T = 70, N = 37;
   for (const int64_t K : {int64_t(4100), int64_t(16421)}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
-    for (int config = 0; config < 5; ++config) {  // each format; then bf16 weights with bf16 activations
-      const WeightFormat f = config < 4 ? kFormats[config] : WeightFormat::BF16;
+    // Each format; then bf16 weights with bf16 activations, q8 weights with q8 activations.
+    for (int config = 0; config < 6; ++config) {
+      const WeightFormat f = config < 4 ? kFormats[config] : config == 4 ? WeightFormat::BF16 : WeightFormat::Q8;
       Weights w(f, N, K, 13);
       std::vector<float> one(size_t(T * N)), batch(one.size());
       LinearParams p;
       p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
-      p.activations = config < 4 ? ActivationFormat::F32 : ActivationFormat::BF16;
+      p.activations = config < 4 ? ActivationFormat::F32 : config == 4 ? ActivationFormat::BF16 : ActivationFormat::Q8;
       for (int64_t t = 0; t < T; ++t) {
         p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
         linear_forward(p);
@@ -201,6 +204,7 @@ TEST(linear_forward, RefusesBadParamsByName) {
   refused([&](LinearParams& p) { p.y = x.data() + 60; }, "y");  // overlaps x
   refused([](LinearParams& p) { p.threads = -2; }, "threads");
   refused([](LinearParams& p) { p.activations = ActivationFormat::BF16; }, "activations");  // q8 weights
+  refused([](LinearParams& p) { p.w.format = WeightFormat::F16, p.activations = ActivationFormat::Q8; }, "activations");
   refused([](LinearParams& p) { p.activations = ActivationFormat(7); }, "activations");
   // Nothing written by a refused call.
   std::vector<float> before = y;
@@ -285,6 +289,100 @@ TEST(linear_forward_group, Bf16ActivationsSharedAmongProductsKeepTheirBits) {
   EXPECT_NE(f32, b16);
 }
 
+// q8 activations: products of a group that read one x share its quantization; each has the bits it has alone,
+// also beside a product reading the same x with f32 activations and one reading fewer of its tokens. Quantizing is
+// what changes the result (the same product with f32 activations differs), and by no more than the activations'
+// quantization allows: per block |x - q scale| <= scale / 2 (plus one rounding), so |dy| <= sum |w| scale / 2.
+TEST(linear_forward_group, Q8ActivationsSharedAmongProductsKeepTheirBits) {
+  const int64_t K = 75, T = 6;
+  const std::vector<float> x = uniform(T * K, 190);
+  Weights wq(WeightFormat::Q8, 40, K, 191), wk(WeightFormat::Q8, 9, K, 192), wv(WeightFormat::Q8, 9, K, 193);
+  const WeightMatrix* ms[] = {&wq.m, &wk.m, &wq.m, &wv.m};
+  const int64_t tokens[] = {T, T, T, 4};
+  for (int threads : {1, 2, 3}) {
+    std::vector<LinearParams> ps(4);
+    std::vector<std::vector<float>> alone(4), grouped(4);
+    for (int i = 0; i < 4; ++i) {
+      LinearParams& p = ps[size_t(i)];
+      p.w = *ms[i], p.tokens = tokens[i], p.x = x.data(), p.x_stride = K, p.y_stride = p.w.rows, p.threads = threads;
+      p.activations = i == 2 ? ActivationFormat::F32 : ActivationFormat::Q8;
+      alone[size_t(i)].assign(size_t(T * p.w.rows), 0.25f), grouped[size_t(i)] = alone[size_t(i)];
+      p.y = alone[size_t(i)].data();
+      linear_forward(p);
+      p.y = grouped[size_t(i)].data();
+    }
+    linear_forward_group(ps.data(), 4);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
+          << "product " << i << " threads " << threads;
+  }
+  std::vector<float> f32(size_t(T * 40)), q8(f32.size()), w(static_cast<size_t>(K));
+  LinearParams p;
+  p.w = wq.m, p.tokens = T, p.x = x.data(), p.x_stride = K, p.y = f32.data(), p.y_stride = 40;
+  linear_forward(p);
+  p.y = q8.data(), p.activations = ActivationFormat::Q8;
+  linear_forward(p);
+  EXPECT_NE(f32, q8);
+  for (int64_t r = 0; r < 40; ++r) {
+    weight_row(wq.m, r, w.data());
+    for (int64_t t = 0; t < T; ++t) {
+      double bound = 0;
+      for (int64_t b = 0; b < q8_blocks(K); ++b) {
+        float amax = 0, wsum = 0;
+        for (int64_t c = b * kQ8Block; c < std::min(K, (b + 1) * kQ8Block); ++c)
+          amax = std::max(amax, std::fabs(x[size_t(t * K + c)])), wsum += std::fabs(w[size_t(c)]);
+        bound += double(wsum) * amax / 127 * (0.5 + 1e-6);
+      }
+      EXPECT_LE(std::fabs(double(q8[size_t(t * 40 + r)]) - f32[size_t(t * 40 + r)]), bound + 1e-5) << t << " " << r;
+    }
+  }
+}
+
+// q8_quantize_block: the weights' rule on activations, with non-finite values kept non-finite through the scale.
+TEST(q8_quantize_block, SameRuleAsTheWeightsAndNonFiniteValuesPoisonTheBlock) {
+  const std::vector<float> v = uniform(45, 7);
+  std::vector<int8_t> q(45), qw(45);
+  std::vector<float> sw(2);
+  quantize_q8(v.data(), DType::F32, 1, 45, 45, qw.data(), sw.data());
+  EXPECT_EQ(q8_quantize_block(v.data(), 32, q.data()), sw[0]);
+  EXPECT_EQ(q8_quantize_block(v.data() + 32, 13, q.data() + 32), sw[1]);
+  EXPECT_EQ(q, qw);
+  const float zeros[3] = {0, -0.0f, 0};
+  EXPECT_EQ(q8_quantize_block(zeros, 3, q.data()), 0.0f);
+  EXPECT_EQ(q[0] | q[1] | q[2], 0);
+  float bad[4] = {1, 2, std::numeric_limits<float>::quiet_NaN(), 3};
+  EXPECT_TRUE(std::isnan(q8_quantize_block(bad, 4, q.data())));
+  bad[2] = -std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(std::isinf(q8_quantize_block(bad, 4, q.data())));
+  EXPECT_EQ(q[2], -127);
+  EXPECT_EQ(q[0] | q[1] | q[3], 0);
+}
+
+// q8 activations round halves away from zero, as quantize_q8 rounds weights (std::round), at every SIMD target:
+// with max |x| = 127 a block's scale is 1, so x = k + 1/2 lands exactly on a tie; a quant off by one moves y by a
+// whole weight, far past the reference's bound.
+TEST(linear_forward, Q8ActivationsRoundHalvesAwayFromZeroAtEveryTarget) {
+  const int64_t K = 64, N = 5;
+  std::vector<float> x(static_cast<size_t>(K));
+  for (int64_t c = 0; c < K; ++c) x[size_t(c)] = c % 32 == 0 ? 127.0f : float(c % 9) - 4.5f;  // ties, both signs
+  Weights w(WeightFormat::Q8, N, K, 71);
+  std::vector<float> want(static_cast<size_t>(N)), got(want.size()), row(static_cast<size_t>(K));
+  LinearParams p;
+  p.w = w.m, p.tokens = 1, p.x = x.data(), p.x_stride = K, p.y = want.data(), p.y_stride = N;
+  p.activations = ActivationFormat::Q8;
+  linear_forward_reference(p);
+  test::for_each_target([&] {
+    p.y = got.data();
+    linear_forward(p);
+    for (int64_t r = 0; r < N; ++r) {
+      weight_row(w.m, r, row.data());
+      double scale = 0;
+      for (int64_t c = 0; c < K; ++c) scale += std::fabs(double(row[size_t(c)]) * x[size_t(c)]);
+      EXPECT_NEAR(got[size_t(r)], want[size_t(r)], 1e-5 * scale) << detail::linear_simd_target() << " row " << r;
+    }
+  });
+}
+
 // The bf16 dot-product instruction runs exactly where it should: at AVX-512 targets of a CPU that has AVX512-BF16,
 // never at a lower target (ROTARY_SIMD_TARGET, or a smaller CPU).
 TEST(linear_forward, Bf16DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
@@ -294,6 +392,17 @@ TEST(linear_forward, Bf16DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
     EXPECT_EQ(linear_uses_bf16_dot(), cpu && target.rfind("AVX3", 0) == 0) << target;
   });
   std::printf("this CPU %s AVX512-BF16\n", cpu ? "has" : "lacks");
+}
+
+// The same for the int8 dot-product instruction of q8 activations and AVX512-VNNI.
+TEST(linear_forward, Q8DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
+  const bool cpu = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                   __builtin_cpu_supports("avx512vl");
+  test::for_each_target([&] {
+    const std::string target = detail::linear_simd_target();
+    EXPECT_EQ(linear_uses_q8_dot(), cpu && target.rfind("AVX3", 0) == 0) << target;
+  });
+  std::printf("this CPU %s AVX512-VNNI\n", cpu ? "has" : "lacks");
 }
 
 TEST(linear_forward_group, RefusesBadGroupsByNameBeforeWriting) {
@@ -331,9 +440,9 @@ TEST(weight_format, NamesRoundTripAndUnknownNamesListTheChoices) {
   expect_error([] { parse_weight_format("int4", "--weights"); }, {"--weights = \"int4\"", "f32, f16, bf16, q8"});
   EXPECT_EQ(weight_format_of(DType::BF16), WeightFormat::BF16);
   expect_error([] { weight_format_of(DType::F64); }, "weight dtype = f64");
-  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16})
+  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16, ActivationFormat::Q8})
     EXPECT_EQ(parse_activation_format(activation_format_name(f)), f);
-  expect_error([] { parse_activation_format("f16", "--activations"); }, {"--activations = \"f16\"", "f32, bf16"});
+  expect_error([] { parse_activation_format("f16", "--activations"); }, {"--activations = \"f16\"", "f32, bf16, q8"});
 }
 
 }  // namespace

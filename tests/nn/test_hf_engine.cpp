@@ -257,7 +257,8 @@ TEST_P(HfEngineFixture, EveryPositionMethodMatchesTheNnModel) {
 // 2.9e-2 = 2.2-3.7 u). Allowed: 8 u. Greedy tokens must agree wherever the float32 logits' top two are
 // further apart than twice that bound (where they are closer, either token is within rounding). bf16 activations
 // (every product's input rounded to bf16, u = 2^-9, on bf16 weights) add one more such perturbation per product:
-// u = hypot(2^-8, 2^-9) for the two together.
+// u = hypot(2^-8, 2^-9) for the two together; q8 activations (each input quantized per block of 32 like q8
+// weights, on q8 weights) u = hypot(2^-7, 2^-7).
 double storage_roundoff(WeightFormat f) {
   switch (f) {
     case WeightFormat::F32: return 0x1p-24;
@@ -310,6 +311,15 @@ TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRou
     expect_close_to_float32(got, want, V, std::hypot(0x1p-8, 0x1p-9), "bf16 weights, bf16 activations");
     const HfEngineCheckpoint w = load_hf_engine(dir.string(), {.weights = WeightFormat::BF16});
     EXPECT_NE(got, engine_logits(w, w.spec.config.resolved_encoding(), e.tokens, 4)) << "activations not rounded";
+  }
+  {  // q8 weights with q8 activations: the int8 dot products through a prompt and the cache
+    const HfEngineCheckpoint q = load_hf_engine(dir.string(), {.weights = WeightFormat::Q8,
+                                                               .activations = ActivationFormat::Q8});
+    EXPECT_EQ(q.model->activations(), ActivationFormat::Q8);
+    const std::vector<double> got = engine_logits(q, q.spec.config.resolved_encoding(), e.tokens, 4);
+    expect_close_to_float32(got, want, V, std::hypot(0x1p-7, 0x1p-7), "q8 weights, q8 activations");
+    const HfEngineCheckpoint w = load_hf_engine(dir.string(), {.weights = WeightFormat::Q8});
+    EXPECT_NE(got, engine_logits(w, w.spec.config.resolved_encoding(), e.tokens, 4)) << "activations not quantized";
   }
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
   for (DType kv : {DType::BF16, DType::F16})
@@ -647,6 +657,11 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
                {"activations = bf16 with weights converted to q8", "bf16 weights throughout"});
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::BF16}, nullptr); },
                {"activations = bf16 with tensor ", "stored as f32", "--weights bf16"});
+  // q8 activations need q8 matrices, which only a conversion at load makes.
+  expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = WeightFormat::BF16, .activations = ActivationFormat::Q8}, nullptr); },
+               {"activations = q8 with weights converted to bf16", "--weights q8"});
+  expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::Q8}, nullptr); },
+               {"activations = q8 with weights as stored", "--weights q8"});
 
   engine::SessionOptions o;
   o.capacity = 8, o.positions = engine_positions(spec.config.resolved_encoding());

@@ -16,6 +16,13 @@
 // 2^-9 of each element), and the products can run on the CPU's bf16 dot-product instruction (AVX512-BF16's
 // vdpbf16ps: 32 multiply-adds into 16 float lanes, twice an f32 FMA's), used where the CPU has it and the
 // dispatched target is AVX-512; elsewhere the same products are taken in float32 lanes.
+//
+// With q8 weights the activations may be quantized to q8 as well (ActivationFormat::Q8, as llama.cpp's Q8_0
+// products do): each token's x in blocks of kQ8Block by the weights' own rule (q8_quantize_block), so a block's
+// products are products of integers, summed exactly, and scaled once by the two blocks' scales. Where the CPU has
+// AVX512-VNNI and the dispatched target is AVX-512 the integer products run on its int8 dot-product instruction
+// (vpdpbusd: 32 byte products into 8 int32 lanes, no widening of the weights); elsewhere in float32 lanes, where a
+// block's integer sums are exact as well.
 #pragma once
 
 #include <cstdint>
@@ -54,11 +61,20 @@ struct WeightMatrix {
 };
 
 // The precision of the activations x in the products. F32: as given. BF16: each element rounded to bfloat16
-// (nearest even; NaN stays NaN) before its products; bf16 weights only.
-enum class ActivationFormat : uint8_t { F32, BF16 };
-const char* activation_format_name(ActivationFormat f);  // "f32", "bf16"
-// Parses "f32", "bf16"; throws rotary::Error naming `field` otherwise.
+// (nearest even; NaN stays NaN) before its products; bf16 weights only. Q8: each token's x quantized in blocks of
+// kQ8Block along its row (q8_quantize_block: scale = max |x| / 127, quant = round(x / scale)); q8 weights only.
+enum class ActivationFormat : uint8_t { F32, BF16, Q8 };
+const char* activation_format_name(ActivationFormat f);  // "f32", "bf16", "q8"
+// Parses "f32", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
 ActivationFormat parse_activation_format(std::string_view name, std::string_view field = "activation format");
+
+// The q8 rule for one block of n (1..kQ8Block) floats, shared by quantize_q8 (weights) and ActivationFormat::Q8:
+// scale = max |v| / 127 (in float), quant = round(v / scale) (float division, ties away from zero) clamped to
+// +-127, every quant 0 when the scale is 0. Non-finite values (activations only: quantize_q8 refuses them before):
+// a NaN makes the scale NaN, so every product of the block turns NaN; an infinity makes it infinite, with quant
+// +-127 at the infinity and 0 elsewhere, so the block's sum turns infinite or NaN as float products would. Returns
+// the scale.
+float q8_quantize_block(const float* v, int64_t n, int8_t* quants);
 
 struct LinearParams {
   WeightMatrix w;
@@ -69,7 +85,8 @@ struct LinearParams {
   float* y = nullptr;           // [tokens, w.rows], row stride y_stride; must not overlap x or the weights
   int64_t y_stride = 0;
   bool accumulate = false;      // y += x W^T (+ bias) instead of y = ...
-  ActivationFormat activations = ActivationFormat::F32;  // BF16: x rounded to bf16 first (w.format must be BF16)
+  // BF16: x rounded to bf16 first (w.format must be BF16); Q8: x quantized per block (w.format must be Q8).
+  ActivationFormat activations = ActivationFormat::F32;
   int threads = 0;              // 0 = all OpenMP threads
 };
 
@@ -89,6 +106,9 @@ void linear_forward_reference(const LinearParams& p);
 // Whether linear_forward runs bf16-activation products on the CPU's bf16 dot-product instruction now (the CPU has
 // AVX512-BF16 and dispatch is at an AVX-512 target); false: in float32 lanes. Results differ only in rounding.
 bool linear_uses_bf16_dot();
+// Whether linear_forward runs q8-activation products on the CPU's int8 dot-product instruction now (the CPU has
+// AVX512-VNNI and dispatch is at an AVX-512 target); false: in float32 lanes. Results differ only in rounding.
+bool linear_uses_q8_dot();
 
 // Quantizes a [rows, cols] matrix stored as `src_dtype` (any DType; row r at src + r * src_row_stride elements)
 // into q8: per block of kQ8Block weights along a row, scale = max |w| / 127 and quant = round(w / scale) (ties away

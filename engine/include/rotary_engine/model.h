@@ -83,7 +83,8 @@ struct LoadOptions {
   std::optional<WeightFormat> weights;  // convert every matrix at load; unset: as stored (f64 becomes f32)
   // The activations' precision in every linear product (rotary/linear.h ActivationFormat): f32, or bf16 - rounded
   // to bf16 as llama.cpp's bf16 products do, for the CPU's bf16 dot products (~1.5-2x prefill where it has them);
-  // bf16 needs every matrix in bf16 (rotary::Error naming "activations" otherwise).
+  // or q8 - quantized per block of 32 as llama.cpp's Q8_0 products do, for the CPU's int8 dot products (AVX512-VNNI).
+  // bf16 needs every matrix in bf16, q8 weights converted to q8 (rotary::Error naming "activations" otherwise).
   ActivationFormat activations = ActivationFormat::F32;
   int threads = 0;                      // 0: OpenMP's default
 };

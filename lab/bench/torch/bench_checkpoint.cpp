@@ -196,6 +196,8 @@ void run_engine(const BenchCheckpointArgs& a) {
               activation_format_name(model->activations()),
               model->activations() == ActivationFormat::BF16
                   ? (linear_uses_bf16_dot() ? " (bf16 dot products)" : " (no bf16 dot products on this CPU)")
+              : model->activations() == ActivationFormat::Q8
+                  ? (linear_uses_q8_dot() ? " (int8 dot products)" : " (no int8 dot products on this CPU)")
                   : "",
               threads);
   std::printf("prompt %d tokens: %.1f tok/s | decode %d tokens: %.2f tok/s (median of %d trials)\n", a.prompt,

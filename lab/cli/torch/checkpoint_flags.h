@@ -22,8 +22,9 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
                  "scale; default: as stored)"),
           app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)"),
           app.add_option("--activations", o.activations,
-                 "engine: the linear layers' activations f32 (default), or bf16 - rounded to bf16 as llama.cpp's "
-                 "bf16 products do, for the CPU's bf16 dot products (bf16 weights only)")};
+                 "engine: the linear layers' activations f32 (default); bf16 - rounded to bf16 as llama.cpp's "
+                 "bf16 products do, for the CPU's bf16 dot products (bf16 weights only); or q8 - quantized per block "
+                 "of 32 as llama.cpp's Q8_0 products do, for the CPU's int8 dot products (--weights q8 only)")};
 }
 
 // Returns the six options (a command that also runs other models refuses them there).
