@@ -61,6 +61,9 @@ ActivationFormat parse_activation_format(std::string_view name, std::string_view
 }
 
 float q8_quantize_block(const float* v, int64_t n, int8_t* quants) {
+  check(n >= 1 && n <= kQ8Block, "n", n, "in [1, " + std::to_string(kQ8Block) + "] (one block)");
+  if (v == nullptr) fail("v", "null", "a non-null pointer");
+  if (quants == nullptr) fail("quants", "null", "a non-null pointer");
   float amax = 0;
   bool nan = false;
   for (int64_t i = 0; i < n; ++i) {

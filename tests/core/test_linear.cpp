@@ -253,6 +253,30 @@ TEST(linear_forward_group, EachProductHasItsBitsAlone) {
   }
 }
 
+// Runs the four products of `ms` (tokens[i] tokens each; product 2 with f32 activations, the others with `act`) alone
+// and as one group over one x, at 1, 2 and 3 threads, and expects each product's bits to be the same both ways.
+void expect_group_keeps_bits(const std::vector<float>& x, int64_t K, const WeightMatrix* const (&ms)[4],
+                             const int64_t (&tokens)[4], ActivationFormat act) {
+  const int64_t T = tokens[0];
+  for (int threads : {1, 2, 3}) {
+    std::vector<LinearParams> ps(4);
+    std::vector<std::vector<float>> alone(4), grouped(4);
+    for (int i = 0; i < 4; ++i) {
+      LinearParams& p = ps[size_t(i)];
+      p.w = *ms[i], p.tokens = tokens[i], p.x = x.data(), p.x_stride = K, p.y_stride = p.w.rows, p.threads = threads;
+      p.activations = i == 2 ? ActivationFormat::F32 : act;
+      alone[size_t(i)].assign(size_t(T * p.w.rows), 0.25f), grouped[size_t(i)] = alone[size_t(i)];
+      p.y = alone[size_t(i)].data();
+      linear_forward(p);
+      p.y = grouped[size_t(i)].data();
+    }
+    linear_forward_group(ps.data(), 4);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
+          << activation_format_name(act) << " product " << i << " threads " << threads;
+  }
+}
+
 // bf16 activations: products of a group that read one x (decode's q, k, v) share its rounding; each has the bits
 // it has alone, also beside a product reading the same x with f32 activations and one reading fewer of its tokens.
 TEST(linear_forward_group, Bf16ActivationsSharedAmongProductsKeepTheirBits) {
@@ -262,23 +286,7 @@ TEST(linear_forward_group, Bf16ActivationsSharedAmongProductsKeepTheirBits) {
   Weights wf(WeightFormat::F32, 5, K, 94);
   const WeightMatrix* ms[] = {&wq.m, &wk.m, &wf.m, &wv.m};
   const int64_t tokens[] = {T, T, T, 4};
-  for (int threads : {1, 2, 3}) {
-    std::vector<LinearParams> ps(4);
-    std::vector<std::vector<float>> alone(4), grouped(4);
-    for (int i = 0; i < 4; ++i) {
-      LinearParams& p = ps[size_t(i)];
-      p.w = *ms[i], p.tokens = tokens[i], p.x = x.data(), p.x_stride = K, p.y_stride = p.w.rows, p.threads = threads;
-      p.activations = i == 2 ? ActivationFormat::F32 : ActivationFormat::BF16;
-      alone[size_t(i)].assign(size_t(T * p.w.rows), 0.25f), grouped[size_t(i)] = alone[size_t(i)];
-      p.y = alone[size_t(i)].data();
-      linear_forward(p);
-      p.y = grouped[size_t(i)].data();
-    }
-    linear_forward_group(ps.data(), 4);
-    for (int i = 0; i < 4; ++i)
-      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
-          << "product " << i << " threads " << threads;
-  }
+  expect_group_keeps_bits(x, K, ms, tokens, ActivationFormat::BF16);
   // Rounding is what changes the result: the same product with f32 activations differs.
   std::vector<float> f32(size_t(T * 40)), b16(f32.size());
   LinearParams p;
@@ -299,23 +307,7 @@ TEST(linear_forward_group, Q8ActivationsSharedAmongProductsKeepTheirBits) {
   Weights wq(WeightFormat::Q8, 40, K, 191), wk(WeightFormat::Q8, 9, K, 192), wv(WeightFormat::Q8, 9, K, 193);
   const WeightMatrix* ms[] = {&wq.m, &wk.m, &wq.m, &wv.m};
   const int64_t tokens[] = {T, T, T, 4};
-  for (int threads : {1, 2, 3}) {
-    std::vector<LinearParams> ps(4);
-    std::vector<std::vector<float>> alone(4), grouped(4);
-    for (int i = 0; i < 4; ++i) {
-      LinearParams& p = ps[size_t(i)];
-      p.w = *ms[i], p.tokens = tokens[i], p.x = x.data(), p.x_stride = K, p.y_stride = p.w.rows, p.threads = threads;
-      p.activations = i == 2 ? ActivationFormat::F32 : ActivationFormat::Q8;
-      alone[size_t(i)].assign(size_t(T * p.w.rows), 0.25f), grouped[size_t(i)] = alone[size_t(i)];
-      p.y = alone[size_t(i)].data();
-      linear_forward(p);
-      p.y = grouped[size_t(i)].data();
-    }
-    linear_forward_group(ps.data(), 4);
-    for (int i = 0; i < 4; ++i)
-      EXPECT_EQ(std::memcmp(alone[size_t(i)].data(), grouped[size_t(i)].data(), alone[size_t(i)].size() * 4), 0)
-          << "product " << i << " threads " << threads;
-  }
+  expect_group_keeps_bits(x, K, ms, tokens, ActivationFormat::Q8);
   std::vector<float> f32(size_t(T * 40)), q8(f32.size()), w(static_cast<size_t>(K));
   LinearParams p;
   p.w = wq.m, p.tokens = T, p.x = x.data(), p.x_stride = K, p.y = f32.data(), p.y_stride = 40;
@@ -356,6 +348,10 @@ TEST(q8_quantize_block, SameRuleAsTheWeightsAndNonFiniteValuesPoisonTheBlock) {
   EXPECT_TRUE(std::isinf(q8_quantize_block(bad, 4, q.data())));
   EXPECT_EQ(q[2], -127);
   EXPECT_EQ(q[0] | q[1] | q[3], 0);
+  expect_error_naming([&] { q8_quantize_block(bad, 0, q.data()); }, "n");
+  expect_error_naming([&] { q8_quantize_block(bad, kQ8Block + 1, q.data()); }, "n");
+  expect_error_naming([&] { q8_quantize_block(nullptr, 4, q.data()); }, "v");
+  expect_error_naming([&] { q8_quantize_block(bad, 4, nullptr); }, "quants");
 }
 
 // q8 activations round halves away from zero, as quantize_q8 rounds weights (std::round), at every SIMD target:

@@ -73,7 +73,7 @@ ActivationFormat parse_activation_format(std::string_view name, std::string_view
 // +-127, every quant 0 when the scale is 0. Non-finite values (activations only: quantize_q8 refuses them before):
 // a NaN makes the scale NaN, so every product of the block turns NaN; an infinity makes it infinite, with quant
 // +-127 at the infinity and 0 elsewhere, so the block's sum turns infinite or NaN as float products would. Returns
-// the scale.
+// the scale. Throws rotary::Error naming `n` outside [1, kQ8Block] or a null pointer.
 float q8_quantize_block(const float* v, int64_t n, int8_t* quants);
 
 struct LinearParams {
