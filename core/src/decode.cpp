@@ -96,13 +96,15 @@ void prepare_queries(const KvCache& cache, const DecodeParams& p, int64_t b, int
 
 template <class C>
 void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& p, std::vector<SeqPlan>& plans,
-                    const std::vector<C>& q_plain, const std::vector<C>& q_near, DType key_type, int threads) {
+                    const std::vector<C>& q_plain, const std::vector<C>& q_near, DType key_type,
+                    KvStorage key_storage, int threads) {
   const KvCache& c0 = *caches[0];
   const int64_t B = int64_t(caches.size()), Hkv = c0.kv_heads(), Hq = p.q.heads, G = Hq / Hkv;
   const int D = c0.head_dim();
   const KvCacheLayout& lay = c0.layout();
   const int64_t rs = lay.row_stride;
-  const size_t elt = dtype_size(c0.dtype());
+  const bool q8 = key_storage == KvStorage::Q8;
+  const size_t elt = q8 ? 1 : dtype_size(c0.dtype()), key_elt = q8 ? 1 : dtype_size(key_type);
 
   int64_t tasks = 0;
   for (int64_t b = 0; b < B; ++b) {
@@ -125,10 +127,17 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
     const size_t head = size_t(g * cache.capacity() * rs) * elt;
     auto at = [](const void* base, size_t bytes) { return static_cast<const uint8_t*>(base) + bytes; };
     ChunkArgs a;
-    a.k_plain = at(sp.k_plain, size_t(g * sp.k_plain_head) * dtype_size(key_type));
+    a.k_plain = at(sp.k_plain, size_t(g * sp.k_plain_head) * key_elt);
     a.k_near = at(sp.k_near, head);
     a.v_plain = at(sp.v_plain, head);
     a.v_near = at(sp.v_near, head);
+    if (q8) {  // a head's scales: its rows' elements / kQ8Block
+      const int64_t head_scales = g * cache.capacity() * rs / kQ8Block;
+      a.k_plain_scales = sp.k_plain_scales + g * sp.k_plain_head / kQ8Block;
+      a.k_near_scales = sp.k_near_scales + head_scales;
+      a.v_plain_scales = sp.v_plain_scales + head_scales;
+      a.v_near_scales = sp.v_near_scales + head_scales;
+    }
     a.pos = cache.positions();
     a.begin = sp.n * ci / sp.chunks;
     a.end = sp.n * (ci + 1) / sp.chunks;
@@ -148,7 +157,7 @@ void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& 
     a.l = part_l.data() + t * G;
     a.acc = part_acc.data() + t * 2 * G * rs;
     a.acc_near = sp.rotate_near_values ? part_acc.data() + (t * 2 + 1) * G * rs : a.acc;
-    run_chunk(key_type, a);
+    run_chunk(key_type, key_storage, a);
   }
 
   std::vector<Turn> roper_turns;  // per sequence: RoPER's turn of the plain-key sum
@@ -220,9 +229,10 @@ template void prepare_queries<float>(const KvCache&, const DecodeParams&, int64_
 template void prepare_queries<double>(const KvCache&, const DecodeParams&, int64_t, int64_t, double, bool, double*,
                                        double*);
 template void decode_planned<float>(std::span<const KvCache* const>, const DecodeParams&, std::vector<SeqPlan>&,
-                                    const std::vector<float>&, const std::vector<float>&, DType, int);
+                                    const std::vector<float>&, const std::vector<float>&, DType, KvStorage, int);
 template void decode_planned<double>(std::span<const KvCache* const>, const DecodeParams&, std::vector<SeqPlan>&,
-                                     const std::vector<double>&, const std::vector<double>&, DType, int);
+                                     const std::vector<double>&, const std::vector<double>&, DType, KvStorage,
+                                     int);
 
 }  // namespace rotary::decode_detail
 
@@ -252,11 +262,15 @@ void decode_fast(std::span<const KvCache* const> caches, const DecodeParams& p) 
     sp.k_near = c.keys();
     sp.v_plain = c.values_far() ? c.values_far() : c.values();
     sp.v_near = c.values();
+    sp.k_plain_scales = mode == PositionMode::LeakyRerope ? c.key_far_scales() : c.key_scales();
+    sp.k_near_scales = c.key_scales();
+    sp.v_plain_scales = c.values_far() ? c.value_far_scales() : c.value_scales();
+    sp.v_near_scales = c.value_scales();
     sp.rotate_near_values = clipped && c.pos().roper;
     prepare_queries(c, p, b, sp.q_pos, resolve_scale(p, c.head_dim()), false, q_plain.data() + b * Hq * rs,
                     q_near.data() + b * Hq * rs);
   }
-  decode_planned(caches, p, plans, q_plain, q_near, c0.dtype(), resolve_threads(p));
+  decode_planned(caches, p, plans, q_plain, q_near, c0.dtype(), c0.storage(), resolve_threads(p));
 }
 
 }  // namespace

@@ -21,6 +21,8 @@ void attention_decode_rerotate_baseline(const KvCache& cache, const DecodeParams
   validate_decode_params(caches, p);
   const PositionParams& pp = cache.pos();
   check(cache.dtype() == DType::F32, "cache.dtype()", dtype_name(cache.dtype()), "f32 (the baseline is fp32 only)");
+  check(cache.storage() == KvStorage::Dtype, "cache.storage()", kv_storage_name(cache.storage()),
+        "dtype (the baseline reads f32 rows)");
   check(pp.mode == PositionMode::Rerope || pp.mode == PositionMode::LeakyRerope, "cache.pos().mode", int(pp.mode),
         "Rerope or LeakyRerope (the baseline re-rotates un-rotated keys)");
   check(!pp.roper, "cache.pos().roper", "true", "false (the baseline has no RoPER)");
@@ -80,7 +82,7 @@ void attention_decode_rerotate_baseline(const KvCache& cache, const DecodeParams
   sp.k_near = cache.keys();
   sp.v_plain = sp.v_near = cache.values();
   prepare_queries(cache, p, 0, q_pos, resolve_scale(p, cache.head_dim()), true, q_plain.data(), q_near.data());
-  decode_planned(caches, p, plans, q_plain, q_near, DType::F32, threads);
+  decode_planned(caches, p, plans, q_plain, q_near, DType::F32, KvStorage::Dtype, threads);
 }
 
 }  // namespace rotary

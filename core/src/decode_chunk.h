@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "rotary/dtype.h"
+#include "rotary/kv_cache.h"
 
 namespace rotary::decode_detail {
 
@@ -17,6 +18,11 @@ struct ChunkArgs {
   const void* k_near = nullptr;   // [n, row_stride] storage type (un-rotated keys)
   const void* v_plain = nullptr;  // [n, row_stride] storage type
   const void* v_near = nullptr;   // [n, row_stride] storage type
+  // KvStorage::Q8: the arrays' scales (element e of an array at scales[e / kQ8Block]); null otherwise.
+  const float* k_plain_scales = nullptr;
+  const float* k_near_scales = nullptr;
+  const float* v_plain_scales = nullptr;
+  const float* v_near_scales = nullptr;
   const int64_t* pos = nullptr;   // [n]
   int64_t begin = 0, end = 0, near_begin = 0, q_pos = 0;
   const void* q_plain = nullptr;  // [G, row_stride] compute type
@@ -34,8 +40,8 @@ struct ChunkArgs {
   void* acc_near = nullptr;  // [G, row_stride] the same over near keys; may equal acc
 };
 
-// Runs one task with the kernel for keys and values stored as `t` (compute type f32, f64 for F64), on the best
-// SIMD target dispatch allows.
-void run_chunk(DType t, const ChunkArgs& a);
+// Runs one task with the kernel for keys and values stored as `t` (compute type f32, f64 for F64) or as q8
+// blocks (storage Q8, compute f32), on the best SIMD target dispatch allows.
+void run_chunk(DType t, KvStorage storage, const ChunkArgs& a);
 
 }  // namespace rotary::decode_detail

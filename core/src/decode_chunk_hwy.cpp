@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <type_traits>
 
 #include "decode_chunk.h"
 #include "simd_targets.h"
@@ -31,6 +32,33 @@ HWY_INLINE hn::Vec<D> LoadAs(D d, const T* p) {
   return simd::HWY_NAMESPACE::LoadStorage(d, p);
 }
 
+// Rows of a Q8 cache (KvStorage::Q8): int8 quants with a float scale per kQ8Block elements. `e` counts elements
+// from the array's start, so element e's scale is s[e / kQ8Block]; the kernels add offsets to it as to a pointer.
+struct Q8Rows {
+  const int8_t* q = nullptr;
+  const float* s = nullptr;
+  int64_t e = 0;
+  Q8Rows operator+(int64_t n) const { return {q, s, e + n}; }
+};
+// A vector lies in one block: it has at most kPad lanes and starts at a multiple of its width within a row, and
+// rows are a multiple of kQ8Block long. quant x scale in float: one rounding, as the reference's product.
+template <class D>
+HWY_INLINE hn::Vec<D> LoadAs(D d, Q8Rows p) {
+  static_assert(std::is_same_v<hn::TFromD<D>, float>, "q8 caches compute in float");
+  const hn::Rebind<int32_t, D> di;
+  const hn::Rebind<int8_t, D> d8;
+  return hn::Mul(hn::ConvertTo(d, hn::PromoteTo(di, hn::LoadU(d8, p.q + p.e))), hn::Set(d, p.s[p.e / kQ8Block]));
+}
+
+// The rows an array of ChunkArgs starts: a typed pointer, or Q8Rows with the array's scales.
+template <class T>
+HWY_INLINE auto RowsOf(const void* p, const float* scales) {
+  if constexpr (std::is_same_v<T, Q8Rows>)
+    return Q8Rows{static_cast<const int8_t*>(p), scales, 0};
+  else
+    return static_cast<const T*>(p);
+}
+
 inline void near_cos_sin(const ChunkArgs& a, int64_t dist, float* c, float* s) {
   rope_cos_sin(a.inv_freq, a.pairs, dist, 1.0, c, s);
 }
@@ -47,6 +75,14 @@ HWY_INLINE void TurnBack(D d, const T* row, const hn::TFromD<D>* cs, int half, i
                                                                              cs + half);
   for (int64_t i = 2 * half; i < rs; i += L) hn::StoreU(LoadAs(d, row + i), d, out + i);
 }
+// A Q8 row: widened into `out` first, then turned there.
+template <class D>
+HWY_INLINE void TurnBack(D d, Q8Rows row, const hn::TFromD<D>* cs, int half, int64_t rs, hn::TFromD<D>* out) {
+  const int64_t L = int64_t(hn::Lanes(d));
+  for (int64_t i = 0; i < rs; i += L) hn::StoreU(LoadAs(d, row + i), d, out + i);
+  simd::HWY_NAMESPACE::RotateHalfSplitRow<simd::HWY_NAMESPACE::Turn::Inverse>(d, out, out, size_t(half), cs,
+                                                                             cs + half);
+}
 
 // Register tiles. Accumulators live in arrays of vectors that the compiler keeps in registers (fixed trip counts);
 // that needs non-scalable vectors, which every x86 target has. kHeads query heads per tile: 4 where the target has
@@ -61,8 +97,8 @@ constexpr int kVecs = 2;  // vectors of a value row per accumulate tile
 
 // s[h * s_stride + c] = q[h] . row[c] for NH heads and NK consecutive rows: each loaded vector serves NH * NK
 // products, and the NH * NK sums are reduced once at the end.
-template <int NH, int NK, class D, class T>
-HWY_INLINE void ScoreTile(D d, const hn::TFromD<D>* q, const T* rows, int64_t rs, hn::TFromD<D>* s, int64_t s_stride) {
+template <int NH, int NK, class D, class P>
+HWY_INLINE void ScoreTile(D d, const hn::TFromD<D>* q, P rows, int64_t rs, hn::TFromD<D>* s, int64_t s_stride) {
   const int64_t L = int64_t(hn::Lanes(d));
   hn::Vec<D> acc[NH][NK];
   for (int h = 0; h < NH; ++h)
@@ -80,8 +116,8 @@ HWY_INLINE void ScoreTile(D d, const hn::TFromD<D>* q, const T* rows, int64_t rs
 }
 
 // Scores of n consecutive rows against G queries: s[h * s_stride + c], c < n.
-template <class D, class T>
-HWY_INLINE void Scores(D d, const hn::TFromD<D>* q, int G, const T* rows, int64_t n, int64_t rs, hn::TFromD<D>* s,
+template <class D, class P>
+HWY_INLINE void Scores(D d, const hn::TFromD<D>* q, int G, P rows, int64_t n, int64_t rs, hn::TFromD<D>* s,
                        int64_t s_stride) {
   int64_t c = 0;
   for (; c + kKeys <= n; c += kKeys) {
@@ -100,8 +136,8 @@ HWY_INLINE void Scores(D d, const hn::TFromD<D>* q, int G, const T* rows, int64_
 
 // acc[h][i .. i + NV*L) += sum_c p[h * p_stride + c] row[c][i ..] for NH heads: the accumulators stay in registers
 // over all n rows, each row vector is loaded once for the NH heads.
-template <int NH, int NV, class D, class T>
-HWY_INLINE void AccumulateTile(D d, const T* rows, int64_t n, int64_t rs, int64_t i, const hn::TFromD<D>* p,
+template <int NH, int NV, class D, class P>
+HWY_INLINE void AccumulateTile(D d, P rows, int64_t n, int64_t rs, int64_t i, const hn::TFromD<D>* p,
                                int64_t p_stride, hn::TFromD<D>* acc) {
   const int64_t L = int64_t(hn::Lanes(d));
   hn::Vec<D> a[NH][NV];
@@ -120,8 +156,8 @@ HWY_INLINE void AccumulateTile(D d, const T* rows, int64_t n, int64_t rs, int64_
 }
 
 // acc[h] += sum_c p[h * p_stride + c] row[c] for G heads over n consecutive rows (acc rows of length rs).
-template <class D, class T>
-HWY_INLINE void Accumulate(D d, const T* rows, int64_t n, int64_t rs, const hn::TFromD<D>* p, int64_t p_stride, int G,
+template <class D, class P>
+HWY_INLINE void Accumulate(D d, P rows, int64_t n, int64_t rs, const hn::TFromD<D>* p, int64_t p_stride, int G,
                            hn::TFromD<D>* acc) {
   if (n <= 0) return;
   const int64_t L = int64_t(hn::Lanes(d));
@@ -144,10 +180,10 @@ void Chunk(const ChunkArgs& a) {
   constexpr int64_t kBlock = 32;  // keys per online-softmax block (their rows stay in L1 between the passes)
   const int G = a.groups, half = a.half;
   const int64_t rs = a.row_stride;
-  const T* kp = static_cast<const T*>(a.k_plain);
-  const T* kn = static_cast<const T*>(a.k_near);
-  const T* vp = static_cast<const T*>(a.v_plain);
-  const T* vn = static_cast<const T*>(a.v_near);
+  const auto kp = RowsOf<T>(a.k_plain, a.k_plain_scales);
+  const auto kn = RowsOf<T>(a.k_near, a.k_near_scales);
+  const auto vp = RowsOf<T>(a.v_plain, a.v_plain_scales);
+  const auto vn = RowsOf<T>(a.v_near, a.v_near_scales);
   const C* qp = static_cast<const C*>(a.q_plain);
   const C* qn = static_cast<const C*>(a.q_near);
   const C* table = static_cast<const C*>(a.table);
@@ -232,6 +268,7 @@ void ChunkF32(const ChunkArgs& a) { Chunk<float, float>(a); }
 void ChunkBF16(const ChunkArgs& a) { Chunk<hwy::bfloat16_t, float>(a); }
 void ChunkF16(const ChunkArgs& a) { Chunk<hwy::float16_t, float>(a); }
 void ChunkF64(const ChunkArgs& a) { Chunk<double, double>(a); }
+void ChunkQ8(const ChunkArgs& a) { Chunk<Q8Rows, float>(a); }
 
 const char* DecodeTargetName() { return hwy::TargetName(HWY_TARGET); }
 
@@ -244,9 +281,11 @@ HWY_EXPORT(ChunkF32);
 HWY_EXPORT(ChunkBF16);
 HWY_EXPORT(ChunkF16);
 HWY_EXPORT(ChunkF64);
+HWY_EXPORT(ChunkQ8);
 HWY_EXPORT(DecodeTargetName);
 
-void run_chunk(DType t, const ChunkArgs& a) {
+void run_chunk(DType t, KvStorage storage, const ChunkArgs& a) {
+  if (storage == KvStorage::Q8) return HWY_DYNAMIC_DISPATCH(ChunkQ8)(a);
   switch (t) {
     case DType::F32: HWY_DYNAMIC_DISPATCH(ChunkF32)(a); break;
     case DType::BF16: HWY_DYNAMIC_DISPATCH(ChunkBF16)(a); break;

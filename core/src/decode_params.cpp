@@ -19,6 +19,8 @@ void validate_decode_params(std::span<const KvCache* const> caches, const Decode
     if (b == 0) continue;
     check(c.dtype() == caches[0]->dtype(), name + ".dtype()", dtype_name(c.dtype()),
           std::string("the dtype of caches[0] = ") + dtype_name(caches[0]->dtype()));
+    check(c.storage() == caches[0]->storage(), name + ".storage()", kv_storage_name(c.storage()),
+          std::string("the storage of caches[0] = ") + kv_storage_name(caches[0]->storage()));
     check(c.head_dim() == caches[0]->head_dim(), name + ".head_dim()", c.head_dim(),
           "the head_dim of caches[0] = " + std::to_string(caches[0]->head_dim()));
     check(c.kv_heads() == caches[0]->kv_heads(), name + ".kv_heads()", c.kv_heads(),

@@ -19,6 +19,11 @@ struct SeqPlan {
   const void* k_near = nullptr;
   const void* v_plain = nullptr;
   const void* v_near = nullptr;
+  // KvStorage::Q8: each array's scales (the k_plain ones k_plain_head / kQ8Block apart per kv head); else null.
+  const float* k_plain_scales = nullptr;
+  const float* k_near_scales = nullptr;
+  const float* v_plain_scales = nullptr;
+  const float* v_near_scales = nullptr;
   bool rotate_near_values = false;
   int64_t chunks = 1, first_task = 0;
 };
@@ -30,10 +35,12 @@ template <class C>
 void prepare_queries(const KvCache& cache, const DecodeParams& p, int64_t b, int64_t q_pos, double scale, bool baseline,
                      C* plain, C* near);
 
-// Runs the split-K tasks of every sequence (decode_chunk.h) and combines them into p.o and p.lse.
+// Runs the split-K tasks of every sequence (decode_chunk.h) and combines them into p.o and p.lse. The rows are
+// stored as `key_type` (or q8 blocks: key_storage Q8).
 template <class C>
 void decode_planned(std::span<const KvCache* const> caches, const DecodeParams& p, std::vector<SeqPlan>& plans,
-                    const std::vector<C>& q_plain, const std::vector<C>& q_near, DType key_type, int threads);
+                    const std::vector<C>& q_plain, const std::vector<C>& q_near, DType key_type,
+                    KvStorage key_storage, int threads);
 
 int resolve_threads(const DecodeParams& p);
 double resolve_scale(const DecodeParams& p, int D);

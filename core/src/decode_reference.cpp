@@ -14,18 +14,24 @@ namespace rotary {
 
 namespace {
 
+// Element e of a stored array as float64: in the cache's dtype, or (Q8) quant x its block's scale.
+double stored(const KvCache& c, const void* base, const float* scales, int64_t e) {
+  if (c.storage() == KvStorage::Q8) return double(static_cast<const int8_t*>(base)[e]) * double(scales[e / kQ8Block]);
+  return load_as_double(base, c.dtype(), e);
+}
+
 // Stored row j of kv head g (cache layout) back in the caller's feature order, as float64.
-void read_row(const KvCache& c, const void* base, int64_t g, int64_t j, std::vector<double>& out) {
+void read_row(const KvCache& c, const void* base, const float* scales, int64_t g, int64_t j, std::vector<double>& out) {
   const KvCacheLayout& lay = c.layout();
   const int D = c.head_dim();
   const int n = c.pos().mode == PositionMode::None ? 0 : c.pos().freqs->pairs(), r = 2 * n;
   const int64_t row = (g * c.capacity() + j) * lay.row_stride;
   for (int i = 0; i < n; ++i) {
     const auto [fa, fb] = rope_pair(c.pos().freqs->layout, r, i);
-    out[size_t(fa)] = load_as_double(base, c.dtype(), row + i);
-    out[size_t(fb)] = load_as_double(base, c.dtype(), row + lay.half + i);
+    out[size_t(fa)] = stored(c, base, scales, row + i);
+    out[size_t(fb)] = stored(c, base, scales, row + lay.half + i);
   }
-  for (int f = r; f < D; ++f) out[size_t(f)] = load_as_double(base, c.dtype(), row + 2 * lay.half + f - r);
+  for (int f = r; f < D; ++f) out[size_t(f)] = stored(c, base, scales, row + 2 * lay.half + f - r);
 }
 
 // q . (a^2 R(-dist) k) on the rotary pairs plus q . k on the pass-through features.
@@ -70,7 +76,7 @@ void decode_one(const KvCache& c, const DecodeParams& p, int64_t b, int64_t h) {
 
   double mx = -std::numeric_limits<double>::infinity();
   for (int64_t j = 0; j < n; ++j) {
-    read_row(c, c.keys(), g, j, k);
+    read_row(c, c.keys(), c.key_scales(), g, j, k);
     const double dist = double(q_pos - c.positions()[j]), w = double(pp.window);
     double sj = 0;
     switch (pp.mode) {
@@ -90,7 +96,7 @@ void decode_one(const KvCache& c, const DecodeParams& p, int64_t b, int64_t h) {
   for (int64_t j = 0; j < n; ++j) sum += std::exp(s[size_t(j)] - mx);
   for (int64_t j = 0; j < n; ++j) {
     const double pj = std::exp(s[size_t(j)] - mx) / sum;
-    read_row(c, c.values(), g, j, k);
+    read_row(c, c.values(), c.value_scales(), g, j, k);
     if (pp.roper && pp.mode != PositionMode::Rope) {  // value turned by R(-delta), delta the distance the score saw
       const double dist = double(q_pos - c.positions()[j]), w = double(pp.window);
       double delta = dist;

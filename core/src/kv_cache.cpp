@@ -8,6 +8,7 @@
 #include <limits>
 #include <new>
 #include <string>
+#include <type_traits>
 
 #include "rotary/angles.h"
 #include "rotary/error.h"
@@ -52,7 +53,50 @@ void cos_sin(const RopeFreqs& f, int64_t pos, double scale, double* c, double* s
   rope_cos_sin_f64(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
 }
 
+
+// The layout of a cache of `config` with `pairs` rotary pairs.
+KvCacheLayout layout_of(const KvCacheConfig& config, int pairs) {
+  constexpr int P = KvCacheLayout::kPad;
+  KvCacheLayout l;
+  l.half = int(round_up(pairs, P));
+  l.pass = int(round_up(config.head_dim - 2 * pairs, P));
+  if (config.storage == KvStorage::Q8) l.pass = int(round_up(2 * l.half + l.pass, kQ8Block)) - 2 * l.half;
+  l.row_stride = 2 * l.half + l.pass;
+  return l;
+}
+// Bytes of one stored array (keys, values or a far copy) of `rows` rows, scales included.
+int64_t array_bytes(const KvCacheConfig& config, const KvCacheLayout& l, int64_t rows) {
+  if (config.storage == KvStorage::Q8) return rows * l.row_stride + rows * (l.row_stride / kQ8Block) * 4;
+  return rows * l.row_stride * int64_t(dtype_size(config.dtype));
+}
+int copies_of(const KvCacheConfig& config) {
+  const bool leaky = config.pos.mode == PositionMode::LeakyRerope;
+  return 2 + (leaky ? 1 : 0) + (leaky && config.pos.roper ? 1 : 0);
+}
+
+void check_config(const KvCacheConfig& config) {
+  check(config.capacity >= 1 && config.capacity <= (int64_t(1) << 34), "capacity", config.capacity, "1..2^34");
+  check(config.kv_heads >= 1 && config.kv_heads <= 65536, "kv_heads", config.kv_heads, "1..65536");
+  check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
+  detail::check_dtype(config.dtype);
+  check(config.storage == KvStorage::Dtype || config.storage == KvStorage::Q8, "storage", int(config.storage),
+        "dtype, q8");
+  if (config.storage == KvStorage::Q8)
+    check(config.dtype != DType::F64, "dtype", dtype_name(config.dtype),
+          "f32, bf16 or f16 with storage q8 (f64 caches are the reference precision: stored as given)");
+  detail::check_position_params(config.pos, config.head_dim, "the cache's head_dim");
+  detail::check_threads(config.threads);
+}
+
 }  // namespace
+
+const char* kv_storage_name(KvStorage s) { return s == KvStorage::Q8 ? "q8" : "dtype"; }
+
+int64_t kv_cache_bytes(const KvCacheConfig& config) {
+  check_config(config);
+  const int pairs = config.pos.mode == PositionMode::None ? 0 : config.pos.freqs->pairs();
+  return copies_of(config) * array_bytes(config, layout_of(config, pairs), config.capacity * config.kv_heads);
+}
 
 struct KvCache::Impl {
   KvCacheConfig config;
@@ -60,7 +104,9 @@ struct KvCache::Impl {
   KvCacheLayout layout;
   int64_t size = 0;
   std::vector<int64_t> positions;
+  // Q8: each array's int8 quants, then its scales (at scale_offset bytes).
   AlignedBytes keys, keys_far, values, values_far, table;
+  size_t scale_offset = 0;
   int64_t table_rows = 0;
 
   int pairs() const { return config.pos.mode == PositionMode::None ? 0 : freqs.pairs(); }
@@ -68,7 +114,27 @@ struct KvCache::Impl {
   void build_table();
   template <class W>
   void write_token(const HeadsView& k, const HeadsView& v, int64_t t, int64_t slot, int64_t pos);
+  // Stores row (rs elements) at element offset dst of array `a`: rounded to the dtype, or quantized (Q8).
+  template <class W>
+  void store(const AlignedBytes& a, int64_t dst, const std::vector<W>& row) const;
+  const float* scales(const AlignedBytes& a) const {
+    return a && config.storage == KvStorage::Q8 ? reinterpret_cast<const float*>(a.get() + scale_offset) : nullptr;
+  }
 };
+
+template <class W>
+void KvCache::Impl::store(const AlignedBytes& a, int64_t dst, const std::vector<W>& row) const {
+  if (config.storage == KvStorage::Dtype) {
+    store_row(a.get(), config.dtype, dst, layout.row_stride, row.data());
+    return;
+  }
+  if constexpr (std::is_same_v<W, float>) {
+    int8_t* quants = reinterpret_cast<int8_t*>(a.get()) + dst;
+    float* s = reinterpret_cast<float*>(a.get() + scale_offset) + dst / kQ8Block;
+    for (int64_t b = 0; b < layout.row_stride / kQ8Block; ++b)
+      s[b] = q8_quantize_block(row.data() + b * kQ8Block, kQ8Block, quants + b * kQ8Block);
+  }
+}
 
 template <class W>
 void KvCache::Impl::build_table() {
@@ -115,41 +181,32 @@ void KvCache::Impl::write_token(const HeadsView& k, const HeadsView& v, int64_t 
     const int64_t dst = (h * cap + slot) * rs;
     load_row(k.data, dt, t * k.token_stride + h * k.head_stride, D, x.data());
     to_row(rope ? c.data() : nullptr, s.data());
-    store_row(keys.get(), dt, dst, rs, row.data());
+    store(keys, dst, row);
     if (leaky) {
       to_row(cl.data(), sl.data());
-      store_row(keys_far.get(), dt, dst, rs, row.data());
+      store(keys_far, dst, row);
     }
     load_row(v.data, dt, t * v.token_stride + h * v.head_stride, D, x.data());
     to_row(rope && pp.roper ? c1.data() : nullptr, s1.data());
-    store_row(values.get(), dt, dst, rs, row.data());
+    store(values, dst, row);
     if (leaky && pp.roper) {
       to_row(cl1.data(), sl1.data());
-      store_row(values_far.get(), dt, dst, rs, row.data());
+      store(values_far, dst, row);
     }
   }
 }
 
 KvCache::KvCache(const KvCacheConfig& config) : impl_(std::make_unique<Impl>()) {
-  check(config.capacity >= 1 && config.capacity <= (int64_t(1) << 34), "capacity", config.capacity, "1..2^34");
-  check(config.kv_heads >= 1 && config.kv_heads <= 65536, "kv_heads", config.kv_heads, "1..65536");
-  check(config.head_dim >= 1 && config.head_dim <= 4096, "head_dim", config.head_dim, "1..4096");
-  detail::check_dtype(config.dtype);
-  detail::check_position_params(config.pos, config.head_dim, "the cache's head_dim");
-  detail::check_threads(config.threads);
+  check_config(config);
 
   Impl& m = *impl_;
   m.config = config;
   if (config.pos.freqs) m.freqs = *config.pos.freqs;
   m.config.pos.freqs = config.pos.mode == PositionMode::None ? nullptr : &m.freqs;
-  const int n = m.pairs(), D = config.head_dim;
-  constexpr int P = KvCacheLayout::kPad;
-  m.layout.half = int(round_up(n, P));
-  m.layout.pass = int(round_up(D - 2 * n, P));
-  m.layout.row_stride = 2 * m.layout.half + m.layout.pass;
-  const size_t elt = dtype_size(config.dtype);
-  const size_t rows = size_t(config.capacity * config.kv_heads);
-  const size_t bytes = rows * size_t(m.layout.row_stride) * elt;
+  m.layout = layout_of(config, m.pairs());
+  const int64_t rows = config.capacity * config.kv_heads;
+  const size_t bytes = size_t(array_bytes(config, m.layout, rows));
+  m.scale_offset = size_t(rows * m.layout.row_stride);  // Q8: the quants' bytes (a multiple of 32)
   const bool leaky = config.pos.mode == PositionMode::LeakyRerope;
   m.keys = allocate(bytes);
   m.values = allocate(bytes);
@@ -204,6 +261,7 @@ int64_t KvCache::capacity() const { return impl_->config.capacity; }
 int64_t KvCache::kv_heads() const { return impl_->config.kv_heads; }
 int KvCache::head_dim() const { return impl_->config.head_dim; }
 DType KvCache::dtype() const { return impl_->config.dtype; }
+KvStorage KvCache::storage() const { return impl_->config.storage; }
 const PositionParams& KvCache::pos() const { return impl_->config.pos; }
 const KvCacheLayout& KvCache::layout() const { return impl_->layout; }
 int64_t KvCache::last_position() const {
@@ -215,6 +273,10 @@ const void* KvCache::keys() const { return impl_->keys.get(); }
 const void* KvCache::keys_far() const { return impl_->keys_far.get(); }
 const void* KvCache::values() const { return impl_->values.get(); }
 const void* KvCache::values_far() const { return impl_->values_far.get(); }
+const float* KvCache::key_scales() const { return impl_->scales(impl_->keys); }
+const float* KvCache::key_far_scales() const { return impl_->scales(impl_->keys_far); }
+const float* KvCache::value_scales() const { return impl_->scales(impl_->values); }
+const float* KvCache::value_far_scales() const { return impl_->scales(impl_->values_far); }
 const void* KvCache::near_table() const { return impl_->table.get(); }
 int64_t KvCache::near_table_rows() const { return impl_->table_rows; }
 

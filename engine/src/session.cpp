@@ -119,6 +119,13 @@ struct Session::Impl {
               " (rotary has no sliding-window attention; longer sequences would differ from the checkpoint's code)");
     check(o.kv_dtype == DType::F32 || o.kv_dtype == DType::BF16 || o.kv_dtype == DType::F16, "kv_dtype",
           dtype_name(o.kv_dtype), "f32, bf16, f16");
+    check(o.kv_storage == KvStorage::Dtype || o.kv_storage == KvStorage::Q8, "kv_storage", int(o.kv_storage),
+          "dtype, q8");
+    if (o.kv_storage == KvStorage::Q8) {
+      check(o.kv_dtype == DType::F32, "kv_dtype", dtype_name(o.kv_dtype),
+            "f32 with kv_storage q8 (the queries and outputs; the cache quantizes what it stores)");
+      check(!o.memory, "kv_storage", "q8", "dtype with a memory (memory.storage sets the memory's dtype)");
+    }
     check(o.prefill_chunk >= 1, "prefill_chunk", o.prefill_chunk, ">= 1");
     check(o.keep_caches || !o.memory, "keep_caches", "false",
           "true with a memory (the memory and its window are the caches it keeps)");
@@ -184,7 +191,7 @@ struct Session::Impl {
     if (!o.keep_caches) return;
     KvCacheConfig c;
     c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
-    c.pos = position_params(), c.threads = threads;
+    c.pos = position_params(), c.threads = threads, c.storage = o.kv_storage;
     for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
   }
 
@@ -590,7 +597,16 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64
   const int64_t copies = o.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
   const int64_t es = int64_t(dtype_size(o.kv_dtype));
   const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
-  int64_t cache = o.keep_caches ? a.n_layers * copies * a.n_kv_heads * o.capacity * row * es : 0;
+  int64_t cache = 0;
+  if (o.keep_caches && !o.memory) {  // the core's count for the caches new_caches() makes
+    const RopeFreqs freqs = o.positions.rope.freqs(o.capacity);
+    KvCacheConfig c;
+    c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
+    c.storage = o.kv_storage;
+    c.pos.mode = o.positions.mode, c.pos.freqs = &freqs, c.pos.window = o.positions.window;
+    c.pos.leaky_k = o.positions.leaky_k, c.pos.logn_train_len = o.positions.logn_train_len;
+    cache = a.n_layers * kv_cache_bytes(c);
+  }
   if (o.memory) {
     // Per layer: the window's cache (2W rows, f32) and its un-rotated rows, the memory's keys, values and
     // positions for every token; and the chunk buffers (window + chunk rows).

@@ -10,10 +10,12 @@
 //                 (the seed's algorithm done well: one fused, threaded pass with a cos/sin table)
 //   rerotate_torch the seed's own PyTorch step (lab/bench/decode_torch_baseline.h): gathered cos/sin, rotate_half,
 //                 repeat_kv, matmul-softmax-matmul; when built with libtorch (--no-torch skips it)
+//   rope_bf16, rope_q8, rerope_q8   the same steps on caches stored in bf16 and in q8 blocks (KvStorage::Q8:
+//                 int8 with a float scale per 32, 1.125 bytes a feature): what a smaller cache buys per step
 //   memcpy   a copy of the keys + values bytes of one cache (same threads): the bandwidth ceiling
 // The methods run round-robin, one step each per round, so drift on a shared machine hits them alike; the
 // median over rounds is reported. GB/s = the cache bytes a step must read (keys + values of every token and kv
-// head) / time - the same numerator for every method, so the column compares with memcpy.
+// head, in the method's storage: f32 for all but the bf16 / q8 ones) / time, so the column compares with memcpy.
 #include <omp.h>
 
 #include <algorithm>
@@ -67,6 +69,7 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
 struct Method {
   std::string name;
   std::function<void()> step;
+  double bytes = 0;  // keys + values the step reads: 0 means the f32 cache's
   std::vector<double> seconds;
   double median() const { return lab::median(seconds); }
   double min() const { return *std::min_element(seconds.begin(), seconds.end()); }
@@ -96,14 +99,22 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   std::vector<int64_t> pos(static_cast<size_t>(N));
   for (int64_t t = 0; t < N; ++t) pos[size_t(t)] = t;
 
-  auto make_cache = [&](PositionMode mode) {
+  auto make_cache = [&](PositionMode mode, DType dtype = DType::F32, KvStorage storage = KvStorage::Dtype) {
     PositionParams pp;
     pp.mode = mode;
     pp.freqs = &freqs;
     pp.window = a.window;
     pp.leaky_k = a.leaky_k;
-    auto c = std::make_unique<KvCache>(KvCacheConfig{N, Hkv, D, DType::F32, pp});
-    c->append(N, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, pos.data());
+    KvCacheConfig config{N, Hkv, D, dtype, pp};
+    config.storage = storage;
+    auto c = std::make_unique<KvCache>(config);
+    if (dtype == DType::BF16) {
+      std::vector<uint16_t> kb(k.size()), vb(v.size());
+      for (size_t i = 0; i < k.size(); ++i) kb[i] = float_to_bf16(k[i]), vb[i] = float_to_bf16(v[i]);
+      c->append(N, {kb.data(), Hkv, Hkv * D, D}, {vb.data(), Hkv, Hkv * D, D}, pos.data());
+    } else {
+      c->append(N, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, pos.data());
+    }
     return c;
   };
   auto rope = make_cache(PositionMode::Rope), rerope = make_cache(PositionMode::Rerope),
@@ -116,13 +127,27 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   p.o = {o.data(), Hq, Hq * D, D};
   p.threads = threads;
   p.split_keys = a.split_keys;
+  // The smaller caches: bf16 (q and o in bf16 too) and q8 blocks (q and o f32).
+  auto rope_bf16 = make_cache(PositionMode::Rope, DType::BF16);
+  auto rope_q8 = make_cache(PositionMode::Rope, DType::F32, KvStorage::Q8);
+  auto rerope_q8 = make_cache(PositionMode::Rerope, DType::F32, KvStorage::Q8);
+  std::vector<uint16_t> q_bf16(q.size()), o_bf16(o.size());
+  for (size_t i = 0; i < q.size(); ++i) q_bf16[i] = float_to_bf16(q[i]);
+  DecodeParams p_bf16 = p;
+  p_bf16.q.data = q_bf16.data(), p_bf16.o.data = o_bf16.data();
+  const double bf16_bytes = double(cache_bytes) / 2, q8_rs = double(rope_q8->layout().row_stride);
+  const double q8_bytes = 2 * double(N * Hkv) * (q8_rs + q8_rs / kQ8Block * 4);  // quants and a float a block
+
   std::vector<float> scratch;
   std::vector<Method> methods;
-  methods.push_back({"rope", [&] { attention_decode(*rope, p); }, {}});
-  methods.push_back({"rerope", [&] { attention_decode(*rerope, p); }, {}});
-  methods.push_back({"leaky", [&] { attention_decode(*leaky, p); }, {}});
-  methods.push_back({"rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); }, {}});
-  methods.push_back({"memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); }, {}});
+  methods.push_back({"rope", [&] { attention_decode(*rope, p); }});
+  methods.push_back({"rerope", [&] { attention_decode(*rerope, p); }});
+  methods.push_back({"leaky", [&] { attention_decode(*leaky, p); }});
+  methods.push_back({"rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); }});
+  methods.push_back({"rope_bf16", [&] { attention_decode(*rope_bf16, p_bf16); }, bf16_bytes});
+  methods.push_back({"rope_q8", [&] { attention_decode(*rope_q8, p); }, q8_bytes});
+  methods.push_back({"rerope_q8", [&] { attention_decode(*rerope_q8, p); }, q8_bytes});
+  methods.push_back({"memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); }});
   double rel_rms_torch = -1;  // < 0: not measured
 #ifdef ROTARY_HAVE_TORCH
   std::function<void(float*)> torch_step;
@@ -132,7 +157,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
     tc.context = N, tc.hq = Hq, tc.hkv = Hkv, tc.dim = D, tc.window = a.window;
     tc.k = k.data(), tc.v = v.data(), tc.q = q.data(), tc.inv_freq = freqs.inv_freq.data(), tc.threads = threads;
     torch_step = bench::make_torch_rerope_decode(tc);
-    methods.push_back({"rerotate_torch", [&] { torch_step(o_torch.data()); }, {}});
+    methods.push_back({"rerotate_torch", [&] { torch_step(o_torch.data()); }});
   }
 #endif
 
@@ -167,7 +192,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
       if (m.name == name) return m.median();
     return 0.0;
   };
-  const double gb = double(cache_bytes) * 1e-9;
+  auto gbps = [&](const Method& m) { return (m.bytes > 0 ? m.bytes : double(cache_bytes)) * 1e-9 / m.median(); };
 
   if (a.json) {
     nlohmann::json j;
@@ -178,10 +203,13 @@ void run_bench_decode(const BenchDecodeArgs& a) {
     j["rerotate_vs_rerope_rel_rms"] = rel_rms;
     for (const Method& m : methods)
       j["methods"].push_back(
-          {{"name", m.name}, {"median_ms", m.median() * 1e3}, {"min_ms", m.min() * 1e3}, {"gbps", gb / m.median()}});
+          {{"name", m.name}, {"median_ms", m.median() * 1e3}, {"min_ms", m.min() * 1e3}, {"gbps", gbps(m)}});
     j["ratio_rerope_over_rope"] = med("rerope") / med("rope");
     j["ratio_leaky_over_rope"] = med("leaky") / med("rope");
     j["ratio_rerotate_over_rerope"] = med("rerotate") / med("rerope");
+    j["ratio_rope_q8_over_rope_bf16"] = med("rope_q8") / med("rope_bf16");
+    j["ratio_rope_q8_over_rope"] = med("rope_q8") / med("rope");
+    j["q8_cache_bytes"] = q8_bytes;
     if (rel_rms_torch >= 0) {
       j["ratio_rerotate_torch_over_rerope"] = med("rerotate_torch") / med("rerope");
       j["rerotate_torch_vs_rerope_rel_rms"] = rel_rms_torch;
@@ -195,11 +223,13 @@ void run_bench_decode(const BenchDecodeArgs& a) {
               a.rounds, double(cache_bytes) / 1e6);
   std::printf("%-15s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
   for (const Method& m : methods)
-    std::printf("%-15s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gb / m.median());
+    std::printf("%-15s %11.3f %11.3f %9.2f\n", m.name.c_str(), m.median() * 1e3, m.min() * 1e3, gbps(m));
   std::printf("rerope / rope     %.3f  (goal <= 1.1)\n", med("rerope") / med("rope"));
   std::printf("leaky / rope      %.3f\n", med("leaky") / med("rope"));
   std::printf("rerotate / rerope %.3f  (goal >= 3)\n", med("rerotate") / med("rerope"));
   std::printf("rope / memcpy     %.3f\n", med("rope") / med("memcpy"));
+  std::printf("rope_q8 / rope_bf16 %.3f  (cache %.1f MB / %.1f MB)\n", med("rope_q8") / med("rope_bf16"), q8_bytes / 1e6,
+              bf16_bytes / 1e6);
   if (rel_rms_torch >= 0)
     std::printf("rerotate_torch / rerope %.3f  (goal >= 3; the seed's own code)\n", med("rerotate_torch") / med("rerope"));
   std::printf("rerotate vs rerope output: relative rms difference %.2e\n", rel_rms);
@@ -212,7 +242,7 @@ const CommandRegistrar kRegisterBenchDecode([](CLI::App& root) {
   CLI::App* cmd =
       bench.add_subcommand("decode",
                            "time of one decode step over a long f32 KV cache: RoPE, ReRoPE, Leaky ReRoPE, the seed's "
-                           "re-rotate-the-cache ReRoPE step, and a memcpy of the cache bytes");
+                           "re-rotate-the-cache ReRoPE step, caches in bf16 and q8, and a memcpy of the cache bytes");
   cmd->add_option("--context", args->context, "cached tokens (default 32768)")->transform(integer_in(1, int64_t{1} << 32));
   cmd->add_option("--hq", args->hq, "query heads (default 32)")->transform(integer_in(1, 4096));
   cmd->add_option("--hkv", args->hkv, "kv heads (default 8)")->transform(integer_in(1, 4096));

@@ -20,12 +20,17 @@ namespace rotary::experiments {
 void CheckpointRunOptions::validate() const {
   check(engine == "engine" || engine == "torch", "--engine", engine, "engine, torch");
   if (!weights.empty()) parse_weight_format(weights, "--weights");
-  const DType kv = parse_dtype(kv_dtype);
-  check(kv == DType::F32 || kv == DType::BF16 || kv == DType::F16, "--kv-dtype", kv_dtype, "f32, bf16, f16");
+  bool kv_ok = kv_dtype == "q8";
+  try {
+    const DType t = kv_ok ? DType::F32 : parse_dtype(kv_dtype);
+    kv_ok = t == DType::F32 || t == DType::BF16 || t == DType::F16;
+  } catch (const Error&) {  // not a dtype's name: refused below, naming the flag
+  }
+  check(kv_ok, "--kv-dtype", kv_dtype, "f32, bf16, f16, q8");
   const ActivationFormat act = parse_activation_format(activations, "--activations");
   if (engine == "torch") {
     check(weights.empty(), "--weights", weights, "unset with --engine torch (the nn model copies weights to float32)");
-    check(kv == DType::F32, "--kv-dtype", kv_dtype, "f32 with --engine torch");
+    check(kv_dtype == "f32", "--kv-dtype", kv_dtype, "f32 with --engine torch");
     check(act == ActivationFormat::F32, "--activations", activations, "f32 with --engine torch");
   }
   if (act == ActivationFormat::BF16 && !weights.empty())
@@ -35,6 +40,12 @@ void CheckpointRunOptions::validate() const {
     check(weights == "q8", "--activations",
           activations + (weights.empty() ? " with the weights as stored" : " with --weights " + weights),
           "q8 activations with --weights q8 only, or --activations f32");
+}
+
+void CheckpointRunOptions::set_kv_cache(engine::SessionOptions& o) const {
+  const bool q8 = kv_dtype == "q8";
+  o.kv_dtype = q8 ? DType::F32 : parse_dtype(kv_dtype);
+  o.kv_storage = q8 ? KvStorage::Q8 : KvStorage::Dtype;
 }
 
 nlohmann::json CheckpointRunOptions::key() const {
@@ -151,7 +162,8 @@ struct CheckpointModel::Impl {
   // A session for `capacity` tokens; Score: one pass that keeps no KV cache (with a memory, the memory is kept).
   engine::SessionOptions session(int64_t capacity, RunKind kind) const {
     engine::SessionOptions o;
-    o.capacity = capacity, o.kv_dtype = parse_dtype(options.kv_dtype), o.positions = nn::engine_positions(active);
+    o.capacity = capacity, o.positions = nn::engine_positions(active);
+    options.set_kv_cache(o);
     o.threads = threads;
     o.memory = memory;
     o.keep_caches = kind == RunKind::Generate || memory.has_value();

@@ -22,7 +22,7 @@ namespace rotary::experiments {
 struct CheckpointRunOptions {
   std::string engine = "engine";  // engine | torch
   std::string weights;            // engine: f32, f16, bf16, q8 (empty: as stored)
-  std::string kv_dtype = "f32";   // engine: f32, bf16, f16
+  std::string kv_dtype = "f32";   // engine: f32, bf16, f16, q8 (int8 blocks of 32 with a scale: KvStorage::Q8)
   std::string activations = "f32";  // engine: the linear products' activations, f32, bf16 (bf16 weights) or q8 (q8)
   int threads = 0;                // 0: all cores
   void validate() const;          // rotary::Error naming --engine, --weights, --kv-dtype, --activations
@@ -30,6 +30,8 @@ struct CheckpointRunOptions {
   // key.
   nlohmann::json key() const;
   std::string describe() const;   // "engine (weights bf16 as stored, kv cache f32)" / "torch (float32 weights)"
+  // Sets o.kv_dtype and o.kv_storage from kv_dtype ("q8": f32 queries and outputs, the cache in q8 blocks).
+  void set_kv_cache(engine::SessionOptions& o) const;
 };
 
 // --search faiss-flat, faiss-hnsw, faiss-ivf: the lab's FAISS indexes (lab/memory/memory_index.h) on a checkpoint.

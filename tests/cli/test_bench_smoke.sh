@@ -62,9 +62,9 @@ if "$ROTARY" bench checkpoint --engine torch --model "$SRC/tests/data/hf_checkpo
 else
   fail "bench checkpoint --model exited $?"
 fi
-# bench checkpoint on the engine (the default): random bf16 weights (stored), then q8 with a bf16 cache, then a
+# bench checkpoint on the engine (the default): random bf16 weights (stored), then q8 with a bf16 and a q8 cache, then a
 # fixture; finite rates, a weight-read rate against the read probe, the peak resident set.
-for extra in "" "--weights q8 --kv-dtype bf16"; do
+for extra in "" "--weights q8 --kv-dtype bf16" "--weights q8 --kv-dtype q8"; do
   # shellcheck disable=SC2086
   if "$ROTARY" bench checkpoint --hidden 64 --layers 2 --heads 4 --kv-heads 2 --ff 96 --vocab 128 --prompt 24 \
        --decode 3 --trials 1 --json $extra > "$W/engine.json"; then

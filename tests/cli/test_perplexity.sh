@@ -152,6 +152,9 @@ else
 fi
 "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --weights q8 --kv-dtype f16 > /dev/null 2> "$W/gen_q8.err" \
   && pass "generate --weights q8 --kv-dtype f16" || fail "generate --weights q8 exited $?: $(cat "$W/gen_q8.err")"
+"$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --kv-dtype q8 --kind rerope --window 3 \
+  > /dev/null 2> "$W/gen_kv8.err" \
+  && pass "generate --kv-dtype q8 --kind rerope" || fail "generate --kv-dtype q8 exited $?: $(cat "$W/gen_kv8.err")"
 "$ROTARY" generate "$FIX/llama3" --prompt "In the beginning" --max-new 4 --activations bf16 > /dev/null 2> "$W/gen_a.err" \
   && pass "generate --activations bf16" || fail "generate --activations bf16 exited $?: $(cat "$W/gen_a.err")"
 # Token ids in and out (no tokenizer): the prompt's ids, then --max-new ids in the vocabulary; engine = torch path.
@@ -281,6 +284,12 @@ expect_error "generate --memory --engine torch" 2 "--engine = torch" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --engine torch
 expect_error "generate --memory --kv-dtype bf16" 2 "--kv-dtype = bf16" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --kv-dtype bf16
+expect_error "generate --memory --kv-dtype q8" 2 "--kv-dtype = q8" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --kv-dtype q8
+expect_error "generate --kv-dtype q4" 2 "--kv-dtype = q4" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --kv-dtype q4
+expect_error "generate --engine torch --kv-dtype q8" 2 "--kv-dtype = q8" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --engine torch --kv-dtype q8
 expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file / --prompt-tokens = 2" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --prompt-file "$W/prompt.txt"
 bad "--methods = dynamic" --text "$W/text.txt" --methods native,dynamic --memory exact

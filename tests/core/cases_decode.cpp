@@ -2,11 +2,15 @@
 // attention_decode_reference and the re-rotating baseline) equals the oracle's last row of the prefill, for every
 // position mode (None, Rope, Rerope, LeakyRerope; log-n; RoPER; attention factor; partial rotation; both
 // layouts), every storage dtype and SIMD target; GQA/MQA and odd head dims; appends in pieces; split-K across
-// threads over long caches; a strided o; NaN/Inf in one key, value or query head.
+// threads over long caches; a strided o; NaN/Inf in one key, value or query head. Q8 caches (KvStorage::Q8) are
+// checked against the library's float64 reference over the same cache - attention over the rows as stored - since
+// the quantization itself is test_decode.cpp's (each stored element within half its block's scale); Leaky ones,
+// whose far copies the reference does not read, against the oracle within q8's rounding (ToleranceInputs::q8).
 #include "cases_decode.h"
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <random>
 #include <tuple>
 
@@ -134,6 +138,7 @@ struct DecodeCaseSpec {
   int64_t split = 0;      // DecodeParams::split_keys
   bool o_padded = false;  // o through a strided view (padding between heads, after the sequence)
   bool poison = false;    // in the non-finite modes
+  bool q8 = false;        // the cache stores q8 blocks (KvStorage::Q8); kernel only, against the library reference
 };
 
 class DecodeCase : public OpCase {
@@ -147,6 +152,7 @@ class DecodeCase : public OpCase {
     if (s_.threads) n += " threads" + std::to_string(s_.threads);
     if (s_.split) n += " split" + std::to_string(s_.split);
     if (s_.o_padded) n += " o_padded";
+    if (s_.q8) n += " q8";
     return identifier(n);
   }
 
@@ -167,6 +173,16 @@ class DecodeCase : public OpCase {
   void release() override { rows_.reset(), cache_.reset(), o_.reset(), lse_.reset(); }
 
   void run_reference() override {
+    if (against_library_reference()) {  // attention over the stored rows, in float64
+      const DecodeSpec& c = s_.c;
+      GuardedBuffer o(c.dtype, c.Hq * c.D), lse(DType::F32, c.Hq);
+      DecodeParams p;
+      p.q = token_view(rows_->q, c.Hq, c.D), p.o = token_view(o, c.Hq, c.D), p.lse = lse.data();
+      p.q_positions = &q_pos_, p.softmax_scale = scale_;
+      attention_decode_reference(*cache_, p);
+      o_ref_ = o.to_double(), lse_ref_ = lse.to_double();
+      return;
+    }
     decode_oracle(pp_, s_.c.D, s_.c.Hq, s_.c.Hkv, *rows_, pos_.data(), s_.c.n, q_pos_, scale_, o_ref_, lse_ref_);
   }
   void run_fast() override {
@@ -194,7 +210,7 @@ class DecodeCase : public OpCase {
     else attention_decode_reference(*cache_, p);
   }
   std::vector<Output> outputs() const override {
-    const ToleranceInputs in{.dtype = s_.c.dtype, .max_position = q_pos_};
+    const ToleranceInputs in{.dtype = s_.c.dtype, .max_position = q_pos_, .q8 = s_.q8 && !against_library_reference()};
     std::vector<Output> out{{"o", o_->gather(o_view_, 1, s_.c.D), o_ref_, tolerance(Quantity::DecodeOutput, in)}};
     if (s_.engine != DecodeEngine::RerotateBaseline)
       out.push_back({"lse", lse_->to_double(), lse_ref_, tolerance(Quantity::DecodeLse, in)});
@@ -238,14 +254,21 @@ class DecodeCase : public OpCase {
   PerfCost cost() const override {
     const DecodeSpec& c = s_.c;
     // Every cached key and value read once; 4 D flops per (query head, key).
-    return {double(2 * c.n * c.Hkv * c.D) * double(dtype_size(c.dtype)), 4.0 * double(c.n * c.Hq * c.D)};
+    const double element = s_.q8 ? 1.125 : double(dtype_size(c.dtype));  // q8: a float scale per 32
+    return {double(2 * c.n * c.Hkv * c.D) * element, 4.0 * double(c.n * c.Hq * c.D)};
   }
 
  private:
+  // A q8 cache's rows as stored are what the library's reference reads, except Leaky's far copies (it scores far
+  // keys from the plain ones): a Leaky q8 cache is checked against the oracle, within q8's own rounding.
+  bool against_library_reference() const { return s_.q8 && s_.c.mode != PositionMode::LeakyRerope; }
+
   // Fills a cache with the n tokens (all appended at once, or in pieces).
   void fill_cache() {
     const DecodeSpec& c = s_.c;
-    cache_ = std::make_unique<KvCache>(KvCacheConfig{c.n, c.Hkv, c.D, c.dtype, pp_});
+    KvCacheConfig config{c.n, c.Hkv, c.D, c.dtype, pp_};
+    config.storage = s_.q8 ? KvStorage::Q8 : KvStorage::Dtype;
+    cache_ = std::make_unique<KvCache>(config);
     const int64_t step = s_.piece > 0 ? s_.piece : c.n;
     for (int64_t t = 0; t < c.n; t += step) {
       const int64_t m = std::min(step, c.n - t);
@@ -283,20 +306,30 @@ OpCases decode_cases() {
     }
   };
 
-  // Every mode x dtype; then partial rotation, log-n, attention factor, RoPER, MQA and a q gap.
-  int count = 0;
-  for (PositionMode mode : {PositionMode::None, PositionMode::Rope, PositionMode::Rerope, PositionMode::LeakyRerope})
-    for (DType t : {DType::F32, DType::BF16, DType::F16, DType::F64}) {
-      DecodeCaseSpec s;
-      s.label = "modes";
-      s.c.mode = mode, s.c.dtype = t, s.c.seed = uint64_t(10 + count++);
-      add_both(s);
-      if (mode == PositionMode::None) continue;
-      DecodeSpec& c = s.c;
-      c.layout = RopeLayout::Interleaved, c.D = 48, c.rotary_dim = 20, c.logn = 16, c.attention_factor = 1.25;
-      c.roper = true, c.Hq = 3, c.Hkv = 1, c.q_gap = 3, c.seed = uint64_t(100 + count++);
-      add_both(s);
-    }
+  // The kernel on a q8 cache (KvStorage::Q8) against the library's reference over it (DecodeCase).
+  auto add_q8 = [&](DecodeCaseSpec s) {
+    s.q8 = true, s.engine = DecodeEngine::Kernel, s.label = "q8_" + s.label;
+    cases.push_back(std::make_unique<DecodeCase>(s));
+  };
+  // Every mode x dtype; then partial rotation, log-n, attention factor, RoPER, MQA and a q gap. (Seeds from
+  // `seed` and `seed` + 90.)
+  auto add_modes = [&](std::initializer_list<DType> dtypes, const std::function<void(DecodeCaseSpec)>& add,
+                       uint64_t seed) {
+    uint64_t count = 0;
+    for (PositionMode mode : {PositionMode::None, PositionMode::Rope, PositionMode::Rerope, PositionMode::LeakyRerope})
+      for (DType t : dtypes) {
+        DecodeCaseSpec s;
+        s.label = "modes";
+        s.c.mode = mode, s.c.dtype = t, s.c.seed = seed + count++;
+        add(s);
+        if (mode == PositionMode::None) continue;
+        DecodeSpec& c = s.c;
+        c.layout = RopeLayout::Interleaved, c.D = 48, c.rotary_dim = 20, c.logn = 16, c.attention_factor = 1.25;
+        c.roper = true, c.Hq = 3, c.Hkv = 1, c.q_gap = 3, c.seed = seed + 90 + count++;
+        add(s);
+      }
+  };
+  add_modes({DType::F32, DType::BF16, DType::F16, DType::F64}, add_both, 10);
 
   // MHA, GQA, MQA and odd head dims / rotary dims.
   for (auto [Hq, Hkv, D, r] : std::vector<std::tuple<int64_t, int64_t, int, int>>{
@@ -352,7 +385,35 @@ OpCases decode_cases() {
       s.label = "nonfinite";
       s.c.mode = mode, s.c.n = 200, s.c.window = 20, s.split = split, s.poison = true;
       cases.push_back(std::make_unique<DecodeCase>(s));
+      add_q8(s);
     }
+
+  // Q8 caches: every mode x q / o dtype (and the partial-rotation, log-n, RoPER variant); rows padded to whole
+  // blocks (D = 70, 18, 130); appends in pieces; split-K over 5000 keys past the near table. (Non-finite inputs:
+  // with the others above.)
+  add_modes({DType::F32, DType::BF16, DType::F16}, add_q8, 300);
+  for (auto [Hq, Hkv, D, r] : std::vector<std::tuple<int64_t, int64_t, int, int>>{{6, 1, 70, 64}, {2, 2, 130, 128},
+                                                                                  {5, 5, 18, 2}})
+    for (PositionMode mode : {PositionMode::Rope, PositionMode::LeakyRerope}) {
+      DecodeCaseSpec s;
+      s.label = "heads";
+      s.c.mode = mode, s.c.Hq = Hq, s.c.Hkv = Hkv, s.c.D = D, s.c.rotary_dim = r, s.c.n = 75, s.c.window = 9;
+      s.c.roper = mode == PositionMode::LeakyRerope, s.c.seed = uint64_t(Hq * 100 + D + 7);
+      add_q8(s);
+    }
+  {
+    DecodeCaseSpec s;
+    s.label = "pieces";
+    s.c.mode = PositionMode::LeakyRerope, s.c.roper = true, s.c.dtype = DType::BF16, s.piece = 7;
+    add_q8(s);
+    s.label = "long";
+    s.piece = 0, s.c.dtype = DType::F32;
+    s.c.Hq = 4, s.c.Hkv = 1, s.c.D = 64, s.c.rotary_dim = 64, s.c.n = 5000, s.c.window = 700;
+    s.threads = 2, s.split = 512;
+    add_q8(s);
+    s.c.mode = PositionMode::Rerope, s.c.roper = false, s.c.window = 20000, s.split = 300;
+    add_q8(s);
+  }
   return cases;
 }
 

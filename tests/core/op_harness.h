@@ -64,6 +64,7 @@ struct ToleranceInputs {
   int64_t longest_sequence = 1;    // longest running sum (linear attention)
   double scale = 1;                // RopeElement: attention factor (or 1/a) times the input bound
   double floor = 0;                // FiniteDifference: the inputs' scale (see Tolerance::floor)
+  bool q8 = false;                 // DecodeOutput / DecodeLse: keys and values stored in q8 blocks (KvStorage::Q8)
 };
 
 Tolerance tolerance(Quantity q, const ToleranceInputs& in);

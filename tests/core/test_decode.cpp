@@ -362,6 +362,90 @@ TEST(Decode, BadInputNamesTheField) {
   expect_error([&] { attention_decode(two, p); }, "caches[1].dtype()");
   std::vector<float> scratch;
   expect_error([&] { attention_decode_rerotate_baseline(cache, p, scratch); }, "cache.pos().mode");
+
+  // Q8 storage: not with f64 (the reference precision), an unknown storage, and not mixed with dtype storage in a
+  // batch; the re-rotating baseline reads f32 rows only.
+  cfg = config(PositionMode::Rope);
+  cfg.storage = KvStorage::Q8, cfg.dtype = DType::F64;
+  expect_error([&] { KvCache x(cfg); }, {"dtype = f64", "f32, bf16 or f16 with storage q8"});
+  cfg.dtype = DType::F32, cfg.storage = KvStorage(7);
+  expect_error([&] { KvCache x(cfg); }, {"storage = 7", "dtype, q8"});
+  KvCacheConfig quantized = config(PositionMode::Rope);
+  quantized.storage = KvStorage::Q8;
+  KvCache c3(quantized);
+  c3.append(1, k, v, bad.data());
+  two = {&cache, &c3};
+  expect_error([&] { attention_decode(two, p); }, {"caches[1].storage() = q8", "the storage of caches[0] = dtype"});
+  quantized = config(PositionMode::Rerope);
+  quantized.storage = KvStorage::Q8;
+  KvCache c4(quantized);
+  c4.append(1, k, v, bad.data());
+  expect_error([&] { attention_decode_rerotate_baseline(c4, p, scratch); }, "cache.storage() = q8");
+}
+
+// A Q8 cache stores what the same cache in f32 stores, each block of kQ8Block by the q8 rule: scale = max |x| /
+// 127 of the f32 row's block and every element within half a scale of it (the kernel against the reference over
+// these rows is the "q8" decode op cases). Every stored array - keys, Leaky's far keys, values, RoPER's far values
+// - and rows padded to whole blocks (D = 70: 32 + 32 + 6 features -> 96), appended in two pieces; kv_cache_bytes
+// counts the quants and a float a block.
+TEST(Decode, Q8CacheStoresEachBlockByTheQ8Rule) {
+  DecodeSpec c;
+  c.mode = PositionMode::LeakyRerope, c.roper = true, c.D = 70, c.rotary_dim = 64, c.Hkv = 2, c.n = 21;
+  const RopeFreqs f = make_freqs(c);
+  const PositionParams pp = make_pos(c, &f);
+  DecodeRows rows(c.dtype, c.Hq, c.Hkv, c.n, c.D);
+  test::fill_uniform(rows.k, 41), test::fill_uniform(rows.v, 42);
+  const std::vector<int64_t> pos = make_positions(c.n, 43);
+  KvCacheConfig plain_config{c.n, c.Hkv, c.D, DType::F32, pp}, q8_config = plain_config;
+  q8_config.storage = KvStorage::Q8;
+  KvCache plain(plain_config), q8(q8_config);
+  for (int64_t t0 : {int64_t(0), int64_t(12)}) {
+    const int64_t m = t0 == 0 ? 12 : c.n - 12, off = t0 * c.Hkv * c.D;
+    const HeadsView k{static_cast<float*>(rows.k.data()) + off, c.Hkv, c.Hkv * c.D, c.D};
+    const HeadsView v{static_cast<float*>(rows.v.data()) + off, c.Hkv, c.Hkv * c.D, c.D};
+    plain.append(m, k, v, pos.data() + t0), q8.append(m, k, v, pos.data() + t0);
+  }
+  ASSERT_EQ(q8.storage(), KvStorage::Q8);
+  const int64_t rs = q8.layout().row_stride, blocks = rs / kQ8Block;
+  ASSERT_EQ(rs, 96);
+  ASSERT_EQ(plain.layout().row_stride, 80);
+  EXPECT_EQ(kv_cache_bytes(q8_config), 4 * c.n * c.Hkv * (rs + blocks * 4));  // keys, values and the far copies
+  EXPECT_EQ(kv_cache_bytes(plain_config), 4 * c.n * c.Hkv * 80 * 4);
+  EXPECT_EQ(plain.key_scales(), nullptr);
+  struct Array {
+    const char* name;
+    const void* f32;
+    const void* quants;
+    const float* scales;
+  };
+  int64_t nonzero = 0;
+  for (const Array& a : {Array{"keys", plain.keys(), q8.keys(), q8.key_scales()},
+                         Array{"keys_far", plain.keys_far(), q8.keys_far(), q8.key_far_scales()},
+                         Array{"values", plain.values(), q8.values(), q8.value_scales()},
+                         Array{"values_far", plain.values_far(), q8.values_far(), q8.value_far_scales()}}) {
+    ASSERT_NE(a.scales, nullptr) << a.name;
+    for (int64_t g = 0; g < c.Hkv; ++g)
+      for (int64_t j = 0; j < c.n; ++j)
+        for (int64_t b = 0; b < blocks; ++b) {
+          SCOPED_TRACE(std::string(a.name) + " head " + std::to_string(g) + " row " + std::to_string(j) + " block " +
+                       std::to_string(b));
+          // The f32 row is 80 long: the q8 row's features past it are padding (zero).
+          const int64_t row = g * c.n + j;
+          float x[kQ8Block] = {};
+          for (int64_t i = 0; i < kQ8Block && b * kQ8Block + i < 80; ++i)
+            x[i] = static_cast<const float*>(a.f32)[row * 80 + b * kQ8Block + i];
+          float amax = 0;
+          for (float e : x) amax = std::max(amax, std::fabs(e));
+          const float scale = a.scales[row * blocks + b];
+          EXPECT_EQ(scale, amax / 127.0f);
+          for (int64_t i = 0; i < kQ8Block; ++i) {
+            const int8_t qi = static_cast<const int8_t*>(a.quants)[row * rs + b * kQ8Block + i];
+            EXPECT_LE(std::fabs(double(qi) * scale - double(x[i])), 0.5 * double(scale) * (1 + 0x1p-20)) << i;
+            nonzero += qi != 0;
+          }
+        }
+  }
+  EXPECT_GT(nonzero, 4 * c.n * c.Hkv * 60);
 }
 
 }  // namespace

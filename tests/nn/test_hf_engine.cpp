@@ -76,10 +76,10 @@ std::vector<double> engine_logits(const HfEngineCheckpoint& c, const EncodingCon
                                   const std::vector<int64_t>& tokens, int64_t prompt, DType kv = DType::F32,
                                   std::optional<engine::MemoryOptions> memory = std::nullopt,
                                   int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk,
-                                  bool keep_caches = true) {
+                                  bool keep_caches = true, KvStorage kv_storage = KvStorage::Dtype) {
   engine::SessionOptions o;
   o.capacity = int64_t(tokens.size()), o.kv_dtype = kv, o.positions = engine_positions(enc), o.memory = memory;
-  o.prefill_chunk = prefill_chunk, o.keep_caches = keep_caches;
+  o.prefill_chunk = prefill_chunk, o.keep_caches = keep_caches, o.kv_storage = kv_storage;
   engine::Session s(c.model, o);
   const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model, V = c.spec.config.vocab_size;
   std::vector<int64_t> pos(static_cast<size_t>(S));
@@ -322,9 +322,22 @@ TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRou
     EXPECT_NE(got, engine_logits(w, w.spec.config.resolved_encoding(), e.tokens, 4)) << "activations not quantized";
   }
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
   for (DType kv : {DType::BF16, DType::F16})
-    expect_close_to_float32(engine_logits(c, c.spec.config.resolved_encoding(), e.tokens, 4, kv), want, V,
-                            storage_roundoff(weight_format_of(kv)), std::string("kv cache ") + dtype_name(kv));
+    expect_close_to_float32(engine_logits(c, enc, e.tokens, 4, kv), want, V, storage_roundoff(weight_format_of(kv)),
+                            std::string("kv cache ") + dtype_name(kv));
+  // A q8 cache (KvStorage::Q8): the tokens after the 4-token prompt read keys and values quantized as q8 weights
+  // are (u = 2^-7, as above), with ReRoPE too (its near keys turned after widening).
+  const ReropeVariants variants = rerope_variants(enc);
+  for (const EncodingConfig* method : {&enc, &variants.rerope, &variants.leaky}) {
+    const std::string what = "kv cache q8, " + std::string(encoding_kind_name(method->kind));
+    const std::vector<double> got = engine_logits(c, *method, e.tokens, 4, DType::F32, std::nullopt,
+                                                  engine::SessionOptions{}.prefill_chunk, true, KvStorage::Q8);
+    if (method == &enc) expect_close_to_float32(got, want, V, storage_roundoff(WeightFormat::Q8), what);
+    const std::vector<double> f32_cache = engine_logits(c, *method, e.tokens, 4);
+    EXPECT_LT(relative_error(got, f32_cache), 8 * storage_roundoff(WeightFormat::Q8)) << what;
+    EXPECT_NE(got, f32_cache) << what << ": nothing quantized";
+  }
 }
 
 // The engine's sampling loop against the nn model's generate(): the same greedy tokens; sampling reproducible by
@@ -604,6 +617,8 @@ TEST(HfEngine, RefusesMemorySettingsByName) {
   engine::SessionOptions bad = o;
   bad.kv_dtype = DType::BF16;
   expect_error([&] { engine::Session(c.model, bad); }, {"kv_dtype = bf16", "f32 with a memory"});
+  bad.kv_dtype = DType::F32, bad.kv_storage = KvStorage::Q8;
+  expect_error([&] { engine::Session(c.model, bad); }, {"kv_storage = q8", "dtype with a memory"});
   bad = o, bad.memory->top_k = -1;
   expect_error([&] { engine::Session(c.model, bad); }, "memory.top_k = -1");
   bad = o, bad.memory->chunk = -2;
@@ -668,6 +683,8 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
   engine::SessionOptions bad = o;
   bad.kv_dtype = DType::F64;
   expect_error([&] { engine::Session(good.model, bad); }, "kv_dtype = f64");
+  bad = o, bad.kv_storage = KvStorage::Q8, bad.kv_dtype = DType::BF16;
+  expect_error([&] { engine::Session(good.model, bad); }, {"kv_dtype = bf16", "f32 with kv_storage q8"});
   bad = o, bad.capacity = 0;
   expect_error([&] { engine::Session(good.model, bad); }, "capacity = 0");
   bad = o, bad.positions.rope.head_dim = 8;

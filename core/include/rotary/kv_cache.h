@@ -20,6 +20,9 @@
 // also keeps R(pos_j/k) v_j and turns the far sum once by R(w/k - w - pos_i/k).
 // Keys and values are stored with their features permuted to the half-split order, each half padded (see
 // KvCacheLayout); the permutation changes no dot product and makes every rotation contiguous SIMD.
+// Storage KvStorage::Q8 keeps each stored row (after its rotation, as above) as int8 in blocks of kQ8Block with one
+// float scale per block, by the q8 weights' own rule (linear.h: q8_quantize_block): 1.125 bytes a feature instead
+// of 2 (bf16) or 4 (f32) - llama.cpp's q8_0 cache idea - for models whose cache outgrows the machine.
 #pragma once
 
 #include <cstdint>
@@ -29,18 +32,30 @@
 
 #include "rotary/attention.h"
 #include "rotary/dtype.h"
+#include "rotary/linear.h"
 #include "rotary/rope.h"
 #include "rotary/rope_spec.h"
 
 namespace rotary {
 
+// How a cache stores its keys and values.
+enum class KvStorage : uint8_t {
+  Dtype,  // in the cache's dtype
+  Q8,     // int8 blocks of kQ8Block features with a float scale each (q8_quantize_block: scale = max |x| / 127,
+          // round(x / scale)); an element's error <= its block's scale / 2; a NaN or infinity in a block makes its
+          // scale non-finite, so the scores or outputs that read it turn NaN. dtype f32, bf16 or f16 (q, o and the
+          // appended k, v); not f64, the reference precision. Rows padded to a multiple of kQ8Block.
+};
+const char* kv_storage_name(KvStorage s);  // "dtype", "q8"
+
 struct KvCacheConfig {
   int64_t capacity = 0;      // most tokens the cache holds; append beyond it throws rotary::Error
   int64_t kv_heads = 0;      // Hkv
   int head_dim = 0;          // D, 1..4096
-  DType dtype = DType::F32;  // storage of keys, values, q and o
+  DType dtype = DType::F32;  // storage of keys, values, q and o (with storage Q8: of q, o and appended k, v)
   PositionParams pos;        // as attention.h; *pos.freqs is copied into the cache
   int threads = 0;           // OpenMP threads of append at most; 0: omp_get_max_threads() (short appends use one)
+  KvStorage storage = KvStorage::Dtype;
 };
 
 // How the cache lays out a stored key or value row (element offsets; every pad holds zeros). Rotary pair i of the
@@ -49,9 +64,12 @@ struct KvCacheConfig {
 struct KvCacheLayout {
   int64_t row_stride = 0;  // elements per stored row: 2 * half + pass
   int half = 0;            // rotary pairs rounded up to kPad (0 for mode None)
-  int pass = 0;            // D - rotary_dim rounded up to kPad
+  int pass = 0;            // D - rotary_dim rounded up to kPad (Q8: and to make row_stride a multiple of 32)
   static constexpr int kPad = 16;
 };
+// Bytes the cache of `config` allocates for keys and values (and Leaky's far copies, scales with Q8): what a
+// caller budgets before constructing it. Needs config.pos valid (as the constructor checks).
+int64_t kv_cache_bytes(const KvCacheConfig& config);
 
 class KvCache {
  public:
@@ -73,16 +91,23 @@ class KvCache {
   int64_t kv_heads() const;
   int head_dim() const;
   DType dtype() const;
+  KvStorage storage() const;
   const PositionParams& pos() const;  // pos().freqs points at the cache's own copy (null for None)
   const KvCacheLayout& layout() const;
   int64_t last_position() const;  // position of the newest token; requires size() > 0
 
-  // Storage, head-major so one kv head's rows stream contiguously; rows in KvCacheLayout order.
+  // Storage, head-major so one kv head's rows stream contiguously; rows in KvCacheLayout order; elements in the
+  // dtype, or with Q8 int8 quants with a float scale per block: element e of an array (e from the array's start)
+  // = quants[e] * scales[e / kQ8Block], the scales of keys() at key_scales() and so on (null unless Q8).
   const int64_t* positions() const;  // [size]
   const void* keys() const;          // [Hkv, capacity, row_stride]: Rope a R(pos_j) k_j, others k_j
   const void* keys_far() const;      // [Hkv, capacity, row_stride]: Leaky a R(pos_j / k) k_j; null otherwise
   const void* values() const;        // [Hkv, capacity, row_stride]: Rope with RoPER R(pos_j) v_j, others v_j
   const void* values_far() const;    // [Hkv, capacity, row_stride]: Leaky with RoPER R(pos_j / k) v_j; else null
+  const float* key_scales() const;         // Q8: [Hkv, capacity, row_stride / kQ8Block]
+  const float* key_far_scales() const;     // Q8 with keys_far()
+  const float* value_scales() const;       // Q8
+  const float* value_far_scales() const;   // Q8 with values_far()
   // Rerope/Leaky: cos (at [0, half)) and sin (at [half, 2 half)) of distance d = 0 .. near_table_rows()-1
   // (pure rotations, no attention factor), float64 for F64 caches and fp32 otherwise; null for None/Rope.
   const void* near_table() const;

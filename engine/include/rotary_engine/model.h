@@ -176,6 +176,9 @@ struct MemoryStats {
 struct SessionOptions {
   int64_t capacity = 0;         // most tokens the session holds (the KV caches are allocated for it)
   DType kv_dtype = DType::F32;  // storage of the KV cache (f32, bf16, f16; f32 with a memory)
+  // Q8: the KV cache in int8 blocks of 32 with a float scale each (rotary/kv_cache.h KvStorage::Q8; 1.125 bytes
+  // a feature), kv_dtype f32 (queries and outputs); not with a memory.
+  KvStorage kv_storage = KvStorage::Dtype;
   PositionMethod positions;
   int64_t prefill_chunk = 512;  // tokens per chunk of a prompt's work in each layer - projections, attention (the
                                 // chunk's queries against every key before them), MLP: bounds the activations'

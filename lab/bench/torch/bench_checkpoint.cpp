@@ -146,7 +146,8 @@ void run_engine(const BenchCheckpointArgs& a) {
   const engine::Architecture& arch = model->arch();
   check(a.prompt + a.decode <= kMaxSequenceLength, "--prompt + --decode", a.prompt + a.decode, "<= 2^20");
   engine::SessionOptions so;
-  so.capacity = a.prompt + a.decode + 1, so.kv_dtype = parse_dtype(a.run.kv_dtype), so.positions = positions;
+  so.capacity = a.prompt + a.decode + 1, so.positions = positions;
+  a.run.set_kv_cache(so);
   so.threads = threads, so.prefill_chunk = a.prefill_chunk;
   std::mt19937_64 rng(1);
   std::vector<int64_t> ids(size_t(so.capacity)), pos(ids.size());

@@ -20,7 +20,8 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
           app.add_option("--weights", o.weights,
                  "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with a "
                  "scale; default: as stored)"),
-          app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16 (default f32)"),
+          app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16, or q8 (int8 blocks of 32 with a float scale: 1.125 bytes a "
+                 "feature; default f32)"),
           app.add_option("--activations", o.activations,
                  "engine: the linear layers' activations f32 (default); bf16 - rounded to bf16 as llama.cpp's "
                  "bf16 products do, for the CPU's bf16 dot products (bf16 weights only); or q8 - quantized per block "
