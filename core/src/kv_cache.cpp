@@ -4,12 +4,15 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <new>
 #include <string>
 #include <type_traits>
 
+#include "kv_cache_file.h"
+#include "mapped_file.h"
 #include "rotary/angles.h"
 #include "rotary/error.h"
 #include "rotate_pair.h"
@@ -117,6 +120,14 @@ struct KvCache::Impl {
   // Stores row (rs elements) at element offset dst of array `a`: rounded to the dtype, or quantized (Q8).
   template <class W>
   void store(const AlignedBytes& a, int64_t dst, const std::vector<W>& row) const;
+  // The stored arrays in the file's order: keys, [keys_far], values, [values_far].
+  std::vector<const AlignedBytes*> arrays() const {
+    std::vector<const AlignedBytes*> out{&keys};
+    if (keys_far) out.push_back(&keys_far);
+    out.push_back(&values);
+    if (values_far) out.push_back(&values_far);
+    return out;
+  }
   const float* scales(const AlignedBytes& a) const {
     return a && config.storage == KvStorage::Q8 ? reinterpret_cast<const float*>(a.get() + scale_offset) : nullptr;
   }
@@ -249,6 +260,119 @@ void KvCache::append(int64_t n, const HeadsView& k, const HeadsView& v, const in
   }
   m.positions.insert(m.positions.end(), positions, positions + n);
   m.size += n;
+}
+
+namespace {
+
+// The header a cache writes (and a file for it must carry), size and fingerprint aside.
+detail::KvCacheFileHeader file_header(const KvCacheConfig& c, const RopeFreqs& f, const KvCacheLayout& l,
+                                      std::vector<double>& inv_freq) {
+  detail::KvCacheFileHeader h;
+  const PositionParams& pp = c.pos;
+  const bool clipped = pp.mode == PositionMode::Rerope || pp.mode == PositionMode::LeakyRerope;
+  h.kv_heads = c.kv_heads, h.head_dim = c.head_dim, h.mode = int64_t(pp.mode), h.window = clipped ? pp.window : 0;
+  h.logn_train_len = pp.logn_train_len, h.roper = pp.roper ? 1 : 0, h.dtype = int64_t(c.dtype);
+  h.storage = int64_t(c.storage), h.row_stride = l.row_stride, h.arrays = copies_of(c);
+  h.leaky_k = pp.mode == PositionMode::LeakyRerope ? pp.leaky_k : 1;  // (the settings a mode does not read: fixed)
+  inv_freq.clear();
+  if (pp.mode != PositionMode::None) {
+    h.rotary_dim = f.rotary_dim, h.layout = int64_t(f.layout), h.attention_factor = f.attention_factor;
+    inv_freq = f.inv_freq;
+  }
+  return h;
+}
+
+}  // namespace
+
+void KvCache::save(const std::string& path, uint64_t fingerprint) const {
+  const Impl& m = *impl_;
+  std::vector<double> inv_freq;
+  detail::KvCacheFileHeader h = file_header(m.config, m.freqs, m.layout, inv_freq);
+  h.size = m.size, h.fingerprint = fingerprint;
+  const std::string head = detail::kv_cache_file_head(h, inv_freq);
+  const bool q8 = m.config.storage == KvStorage::Q8;
+  const int64_t elt = q8 ? 1 : int64_t(dtype_size(m.config.dtype)), rs = m.layout.row_stride;
+  const detail::KvCacheFileLayout lay =
+      detail::kv_cache_file_layout(h, elt, int64_t(head.size()), "kv_cache.save: " + path);
+  const std::vector<const AlignedBytes*> arrays = m.arrays();
+  const int64_t H = m.config.kv_heads, cap = m.config.capacity;
+  detail::write_file_atomic(path, "kv_cache.save", [&](detail::FileSink& out) {
+    out.write(head.data(), head.size());
+    out.pad_to(uint64_t(lay.positions));
+    out.write(m.positions.data(), size_t(m.size) * sizeof(int64_t));
+    for (size_t a = 0; a < arrays.size(); ++a)
+      for (int64_t g = 0; g < H; ++g) {
+        out.pad_to(uint64_t(lay.rows_at(int64_t(a), g, H)));
+        out.write(arrays[a]->get() + g * cap * rs * elt, size_t(m.size * rs * elt));
+      }
+    if (q8)
+      for (size_t a = 0; a < arrays.size(); ++a)
+        for (int64_t g = 0; g < H; ++g) {
+          out.pad_to(uint64_t(lay.scales_at(int64_t(a), g, H)));
+          out.write(arrays[a]->get() + m.scale_offset + size_t(g * cap * (rs / kQ8Block)) * 4,
+                    size_t(m.size * (rs / kQ8Block)) * 4);
+        }
+    out.pad_to(uint64_t(lay.total));
+  });
+}
+
+KvCache KvCache::open(const std::string& path, const KvCacheConfig& expected, uint64_t fingerprint) {
+  check_config(expected);  // before the file is looked at
+  const detail::MappedFile map =
+      detail::MappedFile::open(path, "kv_cache.open path", "a rotary KV cache file (a regular file)", "kv_cache.open");
+  return open_bytes(map.data(), map.size(), expected, fingerprint, path);
+}
+
+KvCache KvCache::open_bytes(const void* data, size_t bytes, const KvCacheConfig& expected, uint64_t fingerprint,
+                            const std::string& source) {
+  check_config(expected);
+  const detail::KvCacheFileView v = detail::read_kv_cache_file(data, bytes, source);
+  const detail::KvCacheFileHeader& h = v.header;
+  const detail::ReaderErrors errors{"kv_cache.open", source};
+  check(expected.capacity <= (int64_t(1) << 34) - h.size, "capacity", expected.capacity,
+        "<= 2^34 - the " + std::to_string(h.size) + " tokens saved in " + source);
+  KvCacheConfig config = expected;
+  config.capacity = h.size + expected.capacity;
+  KvCache cache(config);
+  Impl& m = *cache.impl_;
+  // What this cache would write, field by field: a file for another cache is named by its first difference.
+  std::vector<double> want_freq;
+  const detail::KvCacheFileHeader want = file_header(m.config, m.freqs, m.layout, want_freq);
+  auto differs = [&](const std::string& field, const std::string& file, const std::string& here) {
+    return errors.bad("saved for " + field + " = " + file + ", this cache has " + here);
+  };
+  auto same = [&](const char* field, int64_t file, int64_t here) {
+    if (file != here) throw differs(field, std::to_string(file), std::to_string(here));
+  };
+  same("kv_heads", h.kv_heads, want.kv_heads), same("head_dim", h.head_dim, want.head_dim);
+  same("mode", h.mode, want.mode), same("window", h.window, want.window);
+  same("logn_train_len", h.logn_train_len, want.logn_train_len), same("roper", h.roper, want.roper);
+  if (h.dtype != want.dtype)
+    throw differs("dtype", dtype_name(DType(h.dtype)), dtype_name(m.config.dtype));
+  if (h.storage != want.storage)
+    throw differs("storage", kv_storage_name(KvStorage(h.storage)), kv_storage_name(m.config.storage));
+  if (h.leaky_k != want.leaky_k) throw differs("leaky_k", to_text(h.leaky_k), to_text(want.leaky_k));
+  if (h.rotary_dim != want.rotary_dim || h.layout != want.layout || h.attention_factor != want.attention_factor ||
+      v.inv_freq != want_freq)
+    throw errors.bad("saved for another rotation (frequencies, layout, rotary_dim or attention factor)");
+  same("row_stride", h.row_stride, want.row_stride), same("arrays", h.arrays, want.arrays);
+  if (h.fingerprint != fingerprint)
+    throw differs("fingerprint", std::to_string(h.fingerprint), std::to_string(fingerprint) + " (another model)");
+  if (m.config.pos.logn_train_len > 0)
+    detail::check_positions(v.positions, 0, h.size, "kv_cache.open " + source + ": ", true, true, nullptr);
+  const int64_t elt = v.element_bytes, rs = m.layout.row_stride, H = config.kv_heads, cap = config.capacity;
+  const std::vector<const AlignedBytes*> arrays = m.arrays();
+  for (size_t a = 0; a < arrays.size(); ++a)
+    for (int64_t g = 0; g < H; ++g) {
+      const size_t i = a * size_t(H) + size_t(g);
+      std::memcpy(arrays[a]->get() + g * cap * rs * elt, v.rows[i], size_t(h.size * rs * elt));
+      if (!v.scales.empty())
+        std::memcpy(arrays[a]->get() + m.scale_offset + size_t(g * cap * (rs / kQ8Block)) * 4, v.scales[i],
+                    size_t(h.size * (rs / kQ8Block)) * 4);
+    }
+  m.positions.assign(v.positions, v.positions + h.size);
+  m.size = h.size;
+  return cache;
 }
 
 void KvCache::clear() {

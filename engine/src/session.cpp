@@ -168,6 +168,7 @@ struct Session::Impl {
     freqs_len = len;
   }
   uint64_t context_fingerprint() const;  // save_context's: the model and what shaped the cached rows
+  void check_context_session(const char* who) const;
 
   // Empty caches for every layer (with a memory: `opened`, a saved context's, when given) and their searches.
   void new_caches(std::vector<MemoryKvCache> opened = {}) {
@@ -189,10 +190,14 @@ struct Session::Impl {
       return;
     }
     if (!o.keep_caches) return;
+    const KvCacheConfig c = cache_config();
+    for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
+  }
+  KvCacheConfig cache_config() const {
     KvCacheConfig c;
     c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
     c.pos = position_params(), c.threads = threads, c.storage = o.kv_storage;
-    for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
+    return c;
   }
 
   int64_t size() const {
@@ -511,15 +516,27 @@ uint64_t Session::Impl::context_fingerprint() const {
   h = fnv1a(h, int(p.mode)), h = fnv1a(h, p.window), h = fnv1a(h, p.leaky_k), h = fnv1a(h, p.logn_train_len);
   h = fnv1a64(s.freqs.inv_freq.data(), s.freqs.inv_freq.size() * sizeof(double), h);
   h = fnv1a(h, s.freqs.attention_factor), h = fnv1a(h, s.freqs.rotary_dim), h = fnv1a(h, int(s.freqs.layout));
-  const MemoryOptions& mo = *s.o.memory;
-  h = fnv1a(h, int(mo.policy)), h = fnv1a(h, mo.window), h = fnv1a(h, int(mo.storage));
+  if (s.o.memory) {
+    const MemoryOptions& mo = *s.o.memory;
+    h = fnv1a(h, int(mo.policy)), h = fnv1a(h, mo.window), h = fnv1a(h, int(mo.storage));
+  }
   return h;
+}
+
+// What save_context / open_context refuse before touching files.
+void Session::Impl::check_context_session(const char* who) const {
+  const Impl& s = *this;
+  check(s.o.memory || s.o.keep_caches, who, "a session without caches (keep_caches = false)",
+        "a session that keeps its KV caches or has a memory");
+  check(s.o.memory || !length_dependent(s.o.positions.rope), who,
+        "a session with rope scaling " + std::string(scaling_name(s.o.positions.rope.scaling)),
+        "a scaling whose frequencies do not change with the length (the caches of dynamic NTK and LongRoPE are "
+        "rebuilt from un-rotated rows a saved context does not hold)");
 }
 
 void Session::save_context(const std::string& dir) const {
   const Impl& s = *impl_;
-  check(s.o.memory.has_value(), "save_context", "a session without a memory",
-        "a session with a memory (SessionOptions::memory)");
+  s.check_context_session("save_context");
   check(s.started(), "save_context", "an empty session", "a session that has run tokens");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
@@ -527,16 +544,35 @@ void Session::save_context(const std::string& dir) const {
         "a directory that exists or can be made" + (ec ? " (" + ec.message() + ")" : std::string()));
   const uint64_t fingerprint = s.context_fingerprint();
   for (int64_t i = 0; i < s.a.n_layers; ++i)
-    s.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
+    if (s.o.memory)
+      s.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
+    else
+      s.caches[size_t(i)].save(layer_file(dir, i, "kv"), fingerprint);
 }
 
 void Session::open_context(const std::string& dir) {
   Impl& s = *impl_;
-  check(s.o.memory.has_value(), "open_context", "a session without a memory",
-        "a session with a memory (SessionOptions::memory)");
+  s.check_context_session("open_context");
   check(!s.started(), "open_context", "a session holding " + std::to_string(s.size()) + " tokens",
         "an empty session");
   const uint64_t fingerprint = s.context_fingerprint();
+  if (!s.o.memory) {  // each layer's KV cache, with room for the capacity given after its tokens
+    KvCacheConfig c = s.cache_config();
+    std::vector<KvCache> caches;
+    for (int64_t i = 0; i < s.a.n_layers; ++i) caches.push_back(KvCache::open(layer_file(dir, i, "kv"), c, fingerprint));
+    for (const KvCache& k : caches)
+      check(k.size() == caches.front().size() && k.size() > 0, "open_context " + dir,
+            std::to_string(k.size()) + " tokens in one layer, " + std::to_string(caches.front().size()) +
+                " in layer 0",
+            "every layer's files from one saved session");
+    const int64_t n = caches.front().size();
+    check(n <= kMaxAbsPosition - s.o.capacity, "open_context " + dir, std::to_string(n) + " tokens",
+          "<= 2^53 - the session's capacity");
+    s.caches = std::move(caches);
+    s.o.capacity += n;
+    s.last_position = s.caches.front().last_position();
+    return;
+  }
   std::vector<MemoryKvCache> caches;
   for (int64_t i = 0; i < s.a.n_layers; ++i)
     caches.push_back(

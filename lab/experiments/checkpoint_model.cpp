@@ -323,8 +323,8 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
                                                const std::function<void(int64_t, int64_t)>& on_prompt,
                                                const std::string& context, const std::string& save_context) {
   Impl& m = *impl_;
-  check((context.empty() && save_context.empty()) || m.memory, context.empty() ? "--save-context" : "--context",
-        context.empty() ? save_context : context, "a run with --memory (a saved context is a memory's files)");
+  check((context.empty() && save_context.empty()) || m.model, context.empty() ? "--save-context" : "--context",
+        context.empty() ? save_context : context, "a run on the engine (--engine engine: it saves its sessions)");
   if (m.torch_model.model)
     return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));

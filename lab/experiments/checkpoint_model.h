@@ -95,9 +95,9 @@ class CheckpointModel {
   void project(const float* hidden, int64_t n, std::vector<float>& logits);
   // New tokens after `prompt` (greedy at temperature 0), at most max_new, stopping at stop_id (-1: never); only
   // ids below sample_vocab (0: all) are chosen.
-  // `on_prompt(done, total)`: progress through a long prompt (optional). With a memory (set_memory): `context`
-  // non-empty continues the session saved there (engine::Session::open_context: the prompt goes after its tokens),
-  // `save_context` non-empty saves the session there once the prompt is read (before generating).
+  // `on_prompt(done, total)`: progress through a long prompt (optional). On the engine (with or without a memory):
+  // `context` non-empty continues the session saved there (engine::Session::open_context: the prompt goes after its
+  // tokens), `save_context` non-empty saves the session there once the prompt is read (before generating).
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
                                 int64_t stop_id, uint64_t seed, int64_t sample_vocab,
                                 const std::function<void(int64_t, int64_t)>& on_prompt = {},

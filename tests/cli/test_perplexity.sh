@@ -272,8 +272,22 @@ fi
 expect_error "generate --context, other memory settings" 2 "$W/ctx/layer0.memory" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/ctx" --memory exact \
   --memory-window 8 --top-k 3
-expect_error "generate --save-context without a memory" 2 "--save-context" -- \
-  "$ROTARY" generate "$FIX/llama3" --prompt x --save-context "$W/ctx2"
+# Without a memory the context is each layer's KV cache (layer<i>.kv; bitwise continuation: tests/nn/test_hf_engine.cpp):
+# the second run reads it and generates after the rest of the prompt; another --kv-dtype is refused by the file.
+if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part1.txt" --max-new 0 --save-context "$W/kvctx" \
+     --kv-dtype q8 --no-progress > /dev/null 2> "$W/kvctx.err" &&
+   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --max-new 5 --only-new --context "$W/kvctx" \
+     --kv-dtype q8 --no-progress > "$W/kvctx_rest.txt" 2>> "$W/kvctx.err"; then
+  [ "$(wc -w < "$W/kvctx_rest.txt")" -eq 5 ] && [ -f "$W/kvctx/layer0.kv" ] && [ -f "$W/kvctx/layer1.kv" ] \
+    && pass "generate --save-context / --context without a memory (q8 KV cache)" \
+    || fail "kv context: '$(cat "$W/kvctx_rest.txt")', files $(ls "$W/kvctx")"
+else
+  fail "generate --save-context / --context without a memory exited $?: $(cat "$W/kvctx.err")"
+fi
+expect_error "generate --context, another --kv-dtype" 2 "$W/kvctx/layer0.kv" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/kvctx" --kv-dtype bf16
+expect_error "generate --save-context on the torch path" 2 "--save-context" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --save-context "$W/ctx2" --engine torch
 expect_error "generate --search hnsw" 2 "--search = hnsw" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search hnsw
 expect_error "generate --search faiss-annoy" 2 "--search = faiss-annoy" -- \

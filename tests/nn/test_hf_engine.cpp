@@ -543,6 +543,32 @@ TEST_P(HfEngineFixture, ACallersSearchProposesTheRowsTheMemoryAttends) {
                {"memory.search_factory", "a MemorySearch"});
 }
 
+// Session options `o` (capacity: every token) over tokens [0, first), saved to `ctx` (save_context) and continued in
+// a session opened from it with a capacity of the rest (the capacity given counts the tokens after the context):
+// the opened session holds `first` tokens, goes on at `first`, and gives the rest of the tokens the hidden states -
+// bit for bit - and memory the session that went on gives them. Returns those hidden states.
+std::vector<float> expect_context_continues(const HfEngineCheckpoint& c, const std::vector<int64_t>& tokens,
+                                            const engine::SessionOptions& o, int64_t first, const std::string& ctx) {
+  const int64_t S = int64_t(tokens.size()), d = c.spec.config.d_model;
+  const std::vector<int64_t> pos = positions_from_zero(S);
+  std::vector<float> stayed(size_t((S - first) * d)), opened(stayed.size());
+  engine::Session a(c.model, o);
+  a.forward(tokens.data(), pos.data(), first, nullptr);
+  a.save_context(ctx);
+  a.forward(tokens.data() + first, pos.data() + first, S - first, stayed.data());
+  engine::SessionOptions small = o;
+  small.capacity = S - first;
+  engine::Session b(c.model, small);
+  b.open_context(ctx);
+  EXPECT_EQ(b.size(), first);
+  EXPECT_EQ(b.next_position(), first);
+  EXPECT_EQ(b.capacity(), S);
+  b.forward(tokens.data() + first, pos.data() + first, S - first, opened.data());
+  EXPECT_EQ(opened, stayed);
+  EXPECT_EQ(b.memory_stats().memory_tokens, a.memory_stats().memory_tokens);
+  return opened;
+}
+
 // A session with a memory saved after part of a sequence (save_context) and continued in another session
 // (open_context) gives the rest of the sequence the bits the session that went on gives it, and that one sequence
 // through one session gives (the chunks fall at the same places); generate() after a context goes on from it;
@@ -558,24 +584,13 @@ TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
   o.capacity = S, o.positions = engine_positions(enc);
   o.memory = engine::MemoryOptions{.window = 4, .top_k = 3, .chunk = 3};
   const std::vector<int64_t> pos = positions_from_zero(S);
-  std::vector<float> whole(size_t(S * d)), stayed(size_t((S - first) * d)), opened(stayed.size());
+  std::vector<float> whole(size_t(S * d));
   engine::Session one(c.model, o);
   one.forward(e.tokens.data(), pos.data(), S, whole.data());
-  engine::Session a(c.model, o);
-  a.forward(e.tokens.data(), pos.data(), first, nullptr);
-  a.save_context(ctx);
-  a.forward(e.tokens.data() + first, pos.data() + first, S - first, stayed.data());
-  engine::SessionOptions small = o;
-  small.capacity = S - first;  // the capacity given counts the tokens after the context
-  engine::Session b(c.model, small);
-  b.open_context(ctx);
-  EXPECT_EQ(b.size(), first);
-  EXPECT_EQ(b.next_position(), first);
-  EXPECT_EQ(b.capacity(), S);
-  b.forward(e.tokens.data() + first, pos.data() + first, S - first, opened.data());
-  EXPECT_EQ(opened, stayed);
+  const std::vector<float> opened = expect_context_continues(c, e.tokens, o, first, ctx);
   EXPECT_EQ(opened, std::vector<float>(whole.begin() + first * d, whole.end()));
-  EXPECT_EQ(b.memory_stats().memory_tokens, a.memory_stats().memory_tokens);
+  engine::SessionOptions small = o;
+  small.capacity = S - first;
 
   // generate() after a context: the rest of the prompt, then new tokens, as one session over the whole prompt.
   const std::vector<int64_t> rest(e.tokens.begin() + first, e.tokens.end()), all(e.tokens.begin(), e.tokens.end());
@@ -587,12 +602,13 @@ TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
   g2.open_context(ctx);
   EXPECT_EQ(engine::generate(g2, rest, {.max_new = 4}), want);
 
-  // Refused: a session that holds tokens, one without a memory, other settings (the files' fingerprint or layout).
-  expect_error([&] { b.open_context(ctx); }, {"open_context", "an empty session"});
+  // Refused: a session that holds tokens, one without a memory (whose files are the KV caches'), other settings
+  // (the files' fingerprint or layout).
+  expect_error([&] { g2.open_context(ctx); }, {"open_context", "an empty session"});
   engine::SessionOptions plain = o;
   plain.memory.reset();
-  expect_error([&] { engine::Session(c.model, plain).open_context(ctx); }, {"open_context", "with a memory"});
-  expect_error([&] { engine::Session(c.model, plain).save_context(ctx); }, {"save_context", "with a memory"});
+  expect_error([&] { engine::Session(c.model, plain).open_context(ctx); }, ctx + "/layer0.kv");
+  expect_error([&] { engine::Session(c.model, plain).save_context(ctx); }, {"save_context", "an empty session"});
   expect_error([&] { engine::Session(c.model, o).save_context(ctx); }, {"save_context", "an empty session"});
   EncodingConfig rerope = enc;
   rerope.kind = EncodingKind::Rerope, rerope.window = 3;
@@ -601,6 +617,54 @@ TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
   expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
   other = o, other.memory->storage = DType::BF16;
   expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
+  std::filesystem::remove_all(ctx);
+}
+
+// A session without a memory saved after its prompt (its KV caches, KvCache::save) and continued in another session
+// gives the tokens after it the bits the session that went on gives them - f32, bf16 and q8 caches, RoPE and
+// ReRoPE - and generate() after the context the tokens of one session over the whole prompt. Refused: a one-pass
+// session (no caches), a context saved with another cache storage or method (named by its file).
+TEST_P(HfEngineFixture, ASavedKvCacheContextGoesOnAsTheSessionThatStayed) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const ReropeVariants variants = rerope_variants(enc);
+  const int64_t S = int64_t(e.tokens.size()), first = 7, d = c.spec.config.d_model;
+  const std::string ctx = ::testing::TempDir() + "/rotary_kvctx_" + GetParam() + "_" + std::to_string(::getpid());
+  const std::vector<int64_t> pos = positions_from_zero(S);
+  struct Run {
+    const EncodingConfig* method;
+    DType dtype;
+    KvStorage storage;
+  };
+  for (const Run& r : {Run{&enc, DType::F32, KvStorage::Dtype}, Run{&enc, DType::BF16, KvStorage::Dtype},
+                       Run{&variants.rerope, DType::F32, KvStorage::Q8}}) {
+    SCOPED_TRACE(std::string(encoding_kind_name(r.method->kind)) + " kv " + dtype_name(r.dtype) + " " +
+                 kv_storage_name(r.storage));
+    engine::SessionOptions o;
+    o.capacity = S, o.positions = engine_positions(*r.method), o.kv_dtype = r.dtype, o.kv_storage = r.storage;
+    expect_context_continues(c, e.tokens, o, first, ctx);
+    engine::SessionOptions small = o;
+    small.capacity = S - first;
+
+    const std::vector<int64_t> rest(e.tokens.begin() + first, e.tokens.end());
+    o.capacity = S + 3, small.capacity = S - first + 3;
+    engine::Session g1(c.model, o);
+    g1.forward(e.tokens.data(), pos.data(), first, nullptr);
+    const std::vector<int64_t> want = engine::generate(g1, rest, {.max_new = 3});
+    engine::Session g2(c.model, small);
+    g2.open_context(ctx);
+    EXPECT_EQ(engine::generate(g2, rest, {.max_new = 3}), want);
+
+    engine::SessionOptions other = small;
+    other.kv_storage = r.storage == KvStorage::Q8 ? KvStorage::Dtype : KvStorage::Q8, other.kv_dtype = DType::F32;
+    expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, {ctx + "/layer0.kv", "saved for"});
+    other = small, other.positions = engine_positions(r.method == &enc ? variants.leaky : enc);
+    expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.kv");
+    other = small, other.keep_caches = false;
+    expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, {"open_context", "keep_caches = false"});
+  }
   std::filesystem::remove_all(ctx);
 }
 

@@ -213,14 +213,17 @@ class Session {
   // The position the next token takes when a sequence goes on: 0 when empty, else the last one's + 1.
   int64_t next_position() const;
 
-  // A session with a memory saved to the directory `dir` (created if missing; its layer<i>.memory and
-  // layer<i>.window files replaced: MemoryKvCache::save, each file atomic) and continued in a later run - a book
-  // read once, asked about many times. The files carry a fingerprint of the model (its shape and three embedding
-  // rows) and of what shaped the rows (the positions' rotation and method, the memory's policy, window and
+  // The session saved to the directory `dir` (created if missing; each file atomic) and continued in a later run -
+  // a book read once, asked about many times; a long prompt read once. With a memory its layer<i>.memory and
+  // layer<i>.window files (MemoryKvCache::save); without, each layer's KV cache as layer<i>.kv (KvCache::save, in
+  // the cache's dtype or q8 storage). The files carry a fingerprint of the model (its shape and three embedding
+  // rows) and of what shaped the rows (the positions' rotation and method; the memory's policy, window and
   // storage), so a context of another model or other settings is refused by the files' checks, naming the file.
+  // Not for length-dependent scalings (dynamic NTK, LongRoPE: their caches are rebuilt from un-rotated rows the
+  // files do not hold) or a session that keeps no caches.
   void save_context(const std::string& dir) const;
-  // Continues the session saved in `dir` in this empty session with a memory (the memory read into RAM); the next
-  // token goes at next_position(), and capacity() grows by the context's tokens (the capacity given counts the
+  // Continues the session saved in `dir` in this empty session with the same options (the rows read into RAM); the
+  // next token goes at next_position(), and capacity() grows by the context's tokens (the capacity given counts the
   // tokens after them). rotary::Error naming the file or field when it does not fit.
   void open_context(const std::string& dir);
 

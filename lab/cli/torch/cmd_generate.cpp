@@ -147,11 +147,11 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--max-new", cmd->max_new, "tokens to generate at most (0: read the prompt only, for --save-context)")
       ->transform(integer_in(0, kMaxSequenceLength));
   CLI::Option* save_context = sub->add_option("--save-context", cmd->save_context,
-                  "with --memory: save the session to this directory once the prompt is read (a book read once, "
-                  "asked about in later runs with --context)");
+                  "engine: save the session to this directory once the prompt is read - its KV caches, or with --memory "
+                  "the memory (a book or a long prompt read once, continued in later runs with --context)");
   CLI::Option* context = sub->add_option("--context", cmd->context,
-                  "with --memory: continue the session saved by --save-context in this directory (the same model "
-                  "and memory settings); the prompt goes after its tokens")
+                  "engine: continue the session saved by --save-context in this directory (the same model, "
+                  "positions, --kv-dtype and memory settings); the prompt goes after its tokens")
       ->check(CLI::ExistingDirectory);
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
   sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
