@@ -14,6 +14,7 @@
 
 #include "kv_cache_file.h"
 #include "rotary/error.h"
+#include "rotary/linear.h"
 
 namespace {
 
@@ -32,7 +33,7 @@ void read(const std::vector<uint8_t>& bytes) {
     unsigned sum = 0;
     touch(v.positions, size_t(h.size) * sizeof(int64_t), sum);
     for (const void* rows : v.rows) touch(rows, size_t(h.size * h.row_stride * v.element_bytes), sum);
-    for (const float* s : v.scales) touch(s, size_t(h.size * (h.row_stride / 32)) * sizeof(float), sum);
+    for (const float* s : v.scales) touch(s, size_t(h.size * (h.row_stride / rotary::kQ8Block)) * sizeof(float), sum);
     if (v.rows.size() != size_t(h.arrays * h.kv_heads)) __builtin_trap();
     volatile unsigned keep = sum;
     (void)keep;

@@ -56,7 +56,6 @@ void cos_sin(const RopeFreqs& f, int64_t pos, double scale, double* c, double* s
   rope_cos_sin_f64(f.inv_freq.data(), f.pairs(), pos, scale, c, s);
 }
 
-
 // The layout of a cache of `config` with `pairs` rotary pairs.
 KvCacheLayout layout_of(const KvCacheConfig& config, int pairs) {
   constexpr int P = KvCacheLayout::kPad;

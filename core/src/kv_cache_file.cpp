@@ -9,22 +9,12 @@
 #include "mapped_file.h"
 #include "rotary/error.h"
 #include "rotary/files.h"
+#include "rotary/linear.h"  // kQ8Block (a constant: no kernel is linked)
 #include "validate.h"
 
 namespace rotary::detail {
 
-namespace {
-
-constexpr int64_t kAlign = 64;
-constexpr int64_t kScaleBlock = 32;  // kQ8Block (rotary/linear.h), restated: this file has no kernel dependencies
-
-int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
-  int64_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum)) fail(field, to_text(a) + " + " + to_text(b) + " (past 2^63)", allowed);
-  return sum;
-}
-
-}  // namespace
+constexpr int64_t kAlign = 64;  // every block starts at a multiple of this
 
 std::string kv_cache_file_head(const KvCacheFileHeader& h, const std::vector<double>& inv_freq) {
   std::string b(reinterpret_cast<const char*>(&h), sizeof h);
@@ -49,7 +39,7 @@ KvCacheFileLayout kv_cache_file_layout(const KvCacheFileHeader& h, int64_t eleme
   const int64_t blocks = mul(h.arrays, h.kv_heads, "arrays x kv_heads");
   l.first_scales = checked_add(l.first_rows, mul(blocks, l.rows_block, "row blocks"), where + ": rows end", allowed);
   l.scales_block =
-      h.storage == 1 ? align(mul(mul(h.size, h.row_stride / kScaleBlock, "size x scales"), 4, "scale bytes"),
+      h.storage == 1 ? align(mul(mul(h.size, h.row_stride / kQ8Block, "size x scales"), 4, "scale bytes"),
                              "scale bytes")
                      : 0;
   l.total = checked_add(l.first_scales, mul(blocks, l.scales_block, "scale blocks"), where + ": scales end", allowed);
@@ -77,7 +67,7 @@ KvCacheFileView read_kv_cache_file(const void* data, size_t bytes, const std::st
   if (h.storage < 0 || h.storage > 1 || (h.storage == 1 && h.dtype == 3))
     throw damaged("storage", h.storage, "0 (the dtype) or 1 (q8, with dtype f32, f16 or bf16)");
   if (h.size < 0 || h.size > (int64_t(1) << 34)) throw damaged("size", h.size, "0..2^34 tokens");
-  const int64_t block = h.storage == 1 ? kScaleBlock : 16;
+  const int64_t block = h.storage == 1 ? kQ8Block : 16;
   if (h.row_stride < h.head_dim || h.row_stride > 2 * 4096 + 64 || h.row_stride % block != 0)
     throw damaged("row_stride", h.row_stride,
                   "head_dim..8256 in multiples of " + std::to_string(block) + " (the cache's padded rows)");

@@ -55,11 +55,6 @@ struct FileLayout {
   int64_t positions = 0, head0 = 0, block = 0, total = 0;  // block: bytes of one [size, D] block, aligned
 };
 
-int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
-  int64_t sum = 0;
-  if (__builtin_add_overflow(a, b, &sum)) fail(field, to_text(a) + " + " + to_text(b) + " (past 2^63)", allowed);
-  return sum;
-}
 
 FileLayout file_layout(int64_t header_end, int64_t size, int64_t heads, int64_t D, int64_t element_bytes,
                        const std::string& where) {

@@ -747,6 +747,8 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
   engine::SessionOptions bad = o;
   bad.kv_dtype = DType::F64;
   expect_error([&] { engine::Session(good.model, bad); }, "kv_dtype = f64");
+  bad = o, bad.kv_storage = KvStorage(7);
+  expect_error([&] { engine::Session(good.model, bad); }, {"kv_storage = 7", "dtype, q8"});
   bad = o, bad.kv_storage = KvStorage::Q8, bad.kv_dtype = DType::BF16;
   expect_error([&] { engine::Session(good.model, bad); }, {"kv_dtype = bf16", "f32 with kv_storage q8"});
   bad = o, bad.capacity = 0;

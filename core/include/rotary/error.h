@@ -46,5 +46,11 @@ inline int64_t checked_mul(int64_t a, int64_t b, std::string_view field, std::st
   if (__builtin_mul_overflow(a, b, &product)) fail(field, to_text(a) + " x " + to_text(b) + " (past 2^63)", allowed);
   return product;
 }
+// The same for a sum (the file readers' offsets: offset + length).
+inline int64_t checked_add(int64_t a, int64_t b, std::string_view field, std::string_view allowed) {
+  int64_t sum = 0;
+  if (__builtin_add_overflow(a, b, &sum)) fail(field, to_text(a) + " + " + to_text(b) + " (past 2^63)", allowed);
+  return sum;
+}
 
 }  // namespace rotary
