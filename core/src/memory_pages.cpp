@@ -188,19 +188,8 @@ PageTree MemoryPages::tree(int64_t kv_head) const {
 
 namespace {
 
-float dot(const float* a, const float* b, int64_t n) {
-  float s = 0;
-#pragma omp simd reduction(+ : s)
-  for (int64_t d = 0; d < n; ++d) s += a[d] * b[d];
-  return s;
-}
-
-struct Scored {
-  float score;
-  int64_t row;
-};
-// Score descending, the earlier row first on ties (memory_attention's order).
-bool better(const Scored& a, const Scored& b) { return a.score > b.score || (a.score == b.score && a.row < b.row); }
+using detail::better_row;
+using detail::ScoredRow;
 
 struct Frontier {
   float bound;
@@ -214,7 +203,7 @@ struct Scratch {
   std::vector<float> qq;  // [2D]: q+, q-
   std::vector<float> row;  // [D]: a half-precision key widened
   std::vector<Frontier> frontier;
-  std::vector<Scored> best;
+  std::vector<ScoredRow> best;
 };
 
 // One query of one kv head: fills rows / scores [k], best first.
@@ -224,7 +213,7 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
   s.row.resize(size_t(D));
   for (int64_t d = 0; d < D; ++d) s.qq[size_t(d)] = std::max(q[d], 0.0f), s.qq[size_t(D + d)] = std::min(q[d], 0.0f);
   auto bound = [&](int64_t node) {
-    const float b = dot(s.qq.data(), t.boxes_at + node * 2 * D, 2 * D);
+    const float b = detail::search_dot(s.qq.data(), t.boxes_at + node * 2 * D, 2 * D);
     return std::isnan(b) ? -std::numeric_limits<float>::infinity() : b;  // a NaN key: its page last
   };
   // Certified stop: a row's fp32 score exceeds its exact value by at most gamma_D A and a node's fp32 bound falls
@@ -252,7 +241,7 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
     if (pushed.left >= 0) prefetch_box(pushed.left), prefetch_box(pushed.right);
   };
   for (int64_t root : t.roots) push(root);
-  // s.best is a heap whose front is the worst kept row (better() as the "less").
+  // s.best is a heap whose front is the worst kept row (better_row() as the "less").
   int64_t read = 0;
   while (!s.frontier.empty()) {
     const Frontier top = s.frontier.front();
@@ -271,21 +260,14 @@ void search_one(const HeadTrees& t, const KeyRows& K, int64_t D, int64_t pages_r
     for (int64_t i = node.first; i < node.first + node.count; ++i) K.prefetch(paged ? i : t.rows_at[i]);
     for (int64_t i = node.first; i < node.first + node.count; ++i) {
       const int64_t row = t.rows_at[i];
-      const Scored c{dot(q, K.row(paged ? i : row, s.row.data()), D), row};
-      if (int64_t(s.best.size()) < k) {
-        s.best.push_back(c);
-        std::push_heap(s.best.begin(), s.best.end(), better);
-      } else if (better(c, s.best.front())) {
-        std::pop_heap(s.best.begin(), s.best.end(), better);
-        s.best.back() = c;
-        std::push_heap(s.best.begin(), s.best.end(), better);
-      }
+      const ScoredRow c{detail::search_dot(q, K.row(paged ? i : row, s.row.data()), D), row};
+      detail::keep_best(s.best, k, c);
     }
     read += 1;
     stats.pages_read += 1, stats.rows_scored += node.count;
   }
   stats.queries += 1;
-  std::sort(s.best.begin(), s.best.end(), better);
+  std::sort(s.best.begin(), s.best.end(), better_row);
   for (int i = 0; i < k; ++i) rows[i] = s.best[size_t(i)].row, scores[i] = s.best[size_t(i)].score;
 }
 
@@ -299,30 +281,12 @@ void search_many(const KvMemory& memory, const std::vector<HeadTrees>& heads, in
                  HeadOf head_of, const float* queries, int k, int64_t* rows, float* scores, PageSearchStats* stats,
                  int threads) {
   const int64_t D = memory.head_dim();
-  const int team = std::max(1, threads > 0 ? threads : omp_get_max_threads());
-  std::vector<PageSearchStats> per_thread(static_cast<size_t>(team));
-#pragma omp parallel num_threads(team) if (count > 1)
-  {
-    thread_local Scratch s;  // kept between calls: a decode step's search allocates nothing once warm
-    PageSearchStats& mine = per_thread[size_t(omp_get_thread_num())];
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t i = 0; i < count; ++i) {
-      const int64_t h = head_of(i);
-      const HeadTrees& t = heads[size_t(h)];
-      search_one(t, KeyRows{t.keys_at ? t.keys_at : memory.key_data(h), memory.storage(), D}, D, pages_read,
-                 queries + i * D,
-                 k, rows + i * k, scores + i * k, mine, s);
-    }
-  }
-  if (stats)
-    for (const PageSearchStats& one : per_thread) stats->add(one);
-}
-
-void check_searchable(const KvMemory& memory, int64_t covered, int k) {
-  check(covered == memory.size(), "memory_pages rows grouped", covered,
-        "the memory's size " + std::to_string(memory.size()) + " (sync after appending)");
-  check(covered > 0, "memory_pages.search rows grouped", covered, "> 0 (append and sync before searching)");
-  check(k >= 1 && k <= covered, "memory_pages.search k", k, "1..the rows grouped " + std::to_string(covered));
+  detail::search_in_parallel<Scratch>(count, threads, stats, [&](int64_t i, PageSearchStats& mine, Scratch& s) {
+    const int64_t h = head_of(i);
+    const HeadTrees& t = heads[size_t(h)];
+    search_one(t, KeyRows{t.keys_at ? t.keys_at : memory.key_data(h), memory.storage(), D}, D, pages_read,
+               queries + i * D, k, rows + i * k, scores + i * k, mine, s);
+  });
 }
 
 }  // namespace
@@ -330,14 +294,9 @@ void check_searchable(const KvMemory& memory, int64_t covered, int k) {
 void MemoryPages::search(int64_t kv_head, int64_t n, const float* queries, int k, int64_t* rows, float* scores,
                          PageSearchStats* stats, int threads) const {
   const Impl& m = *impl_;
-  check(kv_head >= 0 && kv_head < m.memory->kv_heads(), "memory_pages.search kv_head", kv_head,
-        "0..kv_heads - 1 = " + std::to_string(m.memory->kv_heads() - 1));
-  check_searchable(*m.memory, m.covered, k);
-  check(n >= 0, "memory_pages.search n", n, ">= 0");
+  detail::check_search_call(*m.memory, "memory_pages", "rows grouped", m.covered, kv_head, n, queries, k, rows,
+                            scores, threads);
   if (n == 0) return;
-  check(queries != nullptr, "memory_pages.search queries", "null", "[n, D] search vectors");
-  check(rows != nullptr && scores != nullptr, "memory_pages.search rows / scores", "null", "[n, k] outputs");
-  detail::check_threads(threads);
   search_many(*m.memory, m.heads, m.config.pages_read, n, [kv_head](int64_t) { return kv_head; }, queries, k, rows,
               scores, stats, threads);
 }
@@ -345,16 +304,13 @@ void MemoryPages::search(int64_t kv_head, int64_t n, const float* queries, int k
 void MemoryPages::candidates(const MemoryAttentionParams& p, int64_t* out, PageSearchStats* stats) const {
   const Impl& m = *impl_;
   validate_memory_attention(*m.memory, p);
-  check_searchable(*m.memory, m.covered, p.top_k);
+  detail::check_searchable(*m.memory, "memory_pages", "rows grouped", m.covered, p.top_k);
   check(out != nullptr || p.tokens == 0, "memory_pages.candidates out", "null", "[tokens, Hq, top_k] rows");
   // Every (token, query head) at once, threads over them all (a decode step: one query per head).
   const int64_t D = m.memory->head_dim(), Hq = p.q.heads, group = Hq / m.memory->kv_heads(), k = p.top_k;
   const int64_t count = p.tokens * Hq;
   std::vector<float> queries(size_t(count * D)), scores(size_t(count * k));
-  for (int64_t t = 0; t < p.tokens; ++t)
-    for (int64_t h = 0; h < Hq; ++h)
-      m.memory->search_query(static_cast<const float*>(p.q.data) + t * p.q.token_stride + h * p.q.head_stride,
-                             p.q_positions[t], p.softmax_scale, queries.data() + (t * Hq + h) * D, p.query_origin);
+  detail::search_vectors(*m.memory, p, queries.data());
   search_many(*m.memory, m.heads, m.config.pages_read, count, [Hq, group](int64_t i) { return (i % Hq) / group; },
               queries.data(), p.top_k, out, scores.data(), stats, p.threads);
 }

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "key_rows.h"
 #include "mapped_file.h"
 #include "rotary/memory_pages.h"
 #include "storage.h"
@@ -14,25 +15,6 @@ namespace detail {
 
 struct PageSegment {
   int64_t begin = 0, end = 0;  // memory rows [begin, end)
-};
-
-// A kv head's stored keys as fp32: f32 rows in place, half-precision ones widened.
-struct KeyRows {
-  const void* base;
-  DType storage;
-  int64_t D;
-  const float* row(int64_t j, float* buf) const { return f32_row(base, storage, j * D, D, buf); }
-  float at(int64_t j, int64_t d) const {
-    float v = 0;
-    return *f32_row(base, storage, j * D + d, 1, &v);
-  }
-  // Asks the cache for row j ahead of its use: a page's rows sit anywhere in the memory (a k-d page gathers alike
-  // keys from the whole text), so scoring them one by one would wait on one cache miss per row in turn.
-  void prefetch(int64_t j) const {
-    const int64_t bytes = D * int64_t(dtype_size(storage));
-    const char* p = static_cast<const char*>(base) + j * bytes;
-    for (int64_t b = 0; b < bytes; b += 64) __builtin_prefetch(p + b);
-  }
 };
 
 // One kv head's trees: a tree per segment, nodes in preorder, the segments' trees one after the other.

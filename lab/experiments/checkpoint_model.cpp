@@ -71,25 +71,31 @@ void CheckpointMemoryOptions::validate() const {
   check(d == DType::F32 || d == DType::BF16 || d == DType::F16, "--memory-dtype", dtype, "f32, bf16, f16");
   check(page_size >= 1 && page_size <= 65536, "--page-size", page_size, "1..65536");
   if (search != "exact") {
-    const size_t prefix = search.rfind("pages", 0) == 0 ? 5 : search.rfind("kdtree", 0) == 0 ? 6 : 0;
-    const bool paged = prefix > 0 && std::all_of(search.begin() + prefix, search.end(),
-                                                 [](char ch) { return ch >= '0' && ch <= '9'; });
+    const size_t prefix = search.rfind("pages", 0) == 0    ? 5
+                          : search.rfind("kdtree", 0) == 0 ? 6
+                          : search.rfind("graph", 0) == 0  ? 5
+                                                           : 0;
+    const bool core = prefix > 0 && std::all_of(search.begin() + prefix, search.end(),
+                                                [](char ch) { return ch >= '0' && ch <= '9'; });
     const bool faiss = search == "faiss-flat" || search == "faiss-hnsw" || search == "faiss-ivf";
-    check(paged || faiss, "--search", search,
-          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query), faiss-flat, "
-          "faiss-hnsw or faiss-ivf");
-    if (paged) lab::memory_index_from_name(search, "--search");  // the page count's digits and range
+    check(core || faiss, "--search", search,
+          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query), graph or "
+          "graph<W> (the query-routed graph, search width W), faiss-flat, faiss-hnsw or faiss-ivf");
+    if (core) lab::memory_index_from_name(search, "--search");  // the digits and their range
   }
 }
 
 namespace {
 
-// A FAISS index of the lab (lab/memory/memory_index.h) as the engine's search over one layer's memory.
+// An index of the lab (lab/memory/memory_index.h: FAISS's, or the query-routed graph) as the engine's search over
+// one layer's memory. The graph learns from every query it is asked - the prompt's chunks first - and links the
+// keys by them at its next build (MemoryIndex::add_queries; the other kinds ignore them).
 class IndexSearch final : public engine::MemorySearch {
  public:
   IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config) : index_(memory, config) {}
   void sync() override { index_.sync(); }
   double candidates(const MemoryAttentionParams& p, int64_t* out) override {
+    index_.add_queries(p);
     const double before = index_.work().vectors;
     index_.candidates(p, out);
     return index_.work().vectors - before;
@@ -105,6 +111,12 @@ int64_t index_bytes(const lab::MemoryIndexConfig& c, int64_t rows, int64_t head_
   int64_t per_row = 4 * head_dim + 8;
   if (c.kind == "hnsw") per_row += 4 * 3 * int64_t(c.hnsw_m) + 16;
   if (c.kind == "ivf") per_row += 8;
+  // graph: no copy of the keys; an 8-byte offset and at most degree + 2 neighbours of 4 bytes a row, the training
+  // queries, and while it is built each training query's Kq = 32 rows (8 bytes) and their links (4 bytes each).
+  if (c.kind == "graph") {
+    const int64_t queries = c.graph_training_queries, kq = MemoryGraphConfig{}.query_neighbors;
+    return rows * (8 + 4 * (int64_t(c.graph_degree) + 2)) + queries * 4 * head_dim + queries * kq * (8 + 4 * (kq - 1));
+  }
   return rows * per_row;
 }
 
@@ -117,8 +129,9 @@ engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_co
   m.window = window > 0 ? window : std::max<int64_t>(1, trained_context / 2);
   m.top_k = top_k;
   m.storage = parse_dtype(dtype);
-  if (is_faiss_search(search)) {
-    const lab::MemoryIndexConfig c = lab::memory_index_from_name(search.substr(6), "--search");
+  if (is_faiss_search(search) || search.rfind("graph", 0) == 0) {
+    const lab::MemoryIndexConfig c =
+        lab::memory_index_from_name(is_faiss_search(search) ? search.substr(6) : search, "--search");
     m.search_factory = [c](const KvMemory& memory) { return std::make_unique<IndexSearch>(memory, c); };
     m.search_bytes = [c](int64_t rows, int64_t head_dim) { return index_bytes(c, rows, head_dim); };
   } else if (search != "exact") {
@@ -132,7 +145,7 @@ engine::MemoryOptions CheckpointMemoryOptions::engine_options(int64_t trained_co
 std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
   const engine::MemoryOptions m = engine_options(trained_context);
   return fmt::format("memory {}, W {}, top-{}, {}, search {}{}", policy, m.window, top_k, dtype, search,
-                     search == "exact" || is_faiss_search(search) ? "" : fmt::format(" (pages of {})", page_size));
+                     is_paged_search(search) ? fmt::format(" (pages of {})", page_size) : "");
 }
 
 int64_t available_memory_bytes() {

@@ -36,6 +36,10 @@ struct CheckpointRunOptions {
 
 // --search faiss-flat, faiss-hnsw, faiss-ivf: the lab's FAISS indexes (lab/memory/memory_index.h) on a checkpoint.
 inline bool is_faiss_search(const std::string& search) { return search.rfind("faiss-", 0) == 0; }
+// --search pages, kdtree, pages<P>, kdtree<P>: the core's page search, whose page size (--page-size) names a run.
+inline bool is_paged_search(const std::string& search) {
+  return search.rfind("pages", 0) == 0 || search.rfind("kdtree", 0) == 0;
+}
 
 // A retrieval memory for a checkpoint's run (seed 001 on a pretrained model; rotary_engine/model.h MemoryOptions):
 // the flags --memory, --memory-window, --top-k, --memory-dtype. Engine only.
@@ -45,7 +49,8 @@ struct CheckpointMemoryOptions {
   int top_k = 32;             // memory rows per (query, head); 0: the window alone
   std::string dtype = "f32";  // the memory's keys and values: f32, bf16, f16
   std::string search = "exact";  // exact (the scan), pages / kdtree (certified), pages<P> / kdtree<P> (P pages),
-                                 // faiss-flat, faiss-hnsw, faiss-ivf (lab/memory/memory_index.h, their defaults)
+                                 // graph / graph<W> (the query-routed graph, search width W), faiss-flat,
+                                 // faiss-hnsw, faiss-ivf (lab/memory/memory_index.h, their defaults)
   int64_t page_size = 32;     // pages, kdtree: rows per page
   bool enabled() const { return !policy.empty(); }
   void validate() const;      // rotary::Error naming --memory, --top-k, --memory-dtype, --search, --page-size

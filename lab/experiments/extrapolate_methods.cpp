@@ -37,9 +37,9 @@ std::string Method::key() const {
   if (context == "memory")
     k += fmt::format("+memory_{}_W{}_k{}{}{}", memory_policy, memory_window, memory_top_k,
                      memory_dtype == "f32" ? "" : "_" + memory_dtype,
-                     memory_search == "exact"        ? ""
-                     : is_faiss_search(memory_search) ? "_" + memory_search
-                                                      : fmt::format("_{}_B{}", memory_search, memory_page_size));
+                     memory_search == "exact"          ? ""
+                     : !is_paged_search(memory_search) ? "_" + memory_search
+                                                       : fmt::format("_{}_B{}", memory_search, memory_page_size));
   if (context == "window") k += fmt::format("+window_W{}", memory_window);
   return k;
 }
@@ -60,9 +60,9 @@ std::string Method::label(bool trained_logn) const {
   if (context == "memory")
     l += fmt::format(" + memory ({}, W {}, top-{}{}{})", memory_policy, memory_window, memory_top_k,
                      memory_dtype == "f32" ? "" : ", " + memory_dtype,
-                     memory_search == "exact"        ? ""
-                     : is_faiss_search(memory_search) ? ", " + memory_search
-                                                      : fmt::format(", {} B {}", memory_search, memory_page_size));
+                     memory_search == "exact"          ? ""
+                     : !is_paged_search(memory_search) ? ", " + memory_search
+                                                       : fmt::format(", {} B {}", memory_search, memory_page_size));
   if (context == "window") l += fmt::format(" + window W {} alone", memory_window);
   return l;
 }

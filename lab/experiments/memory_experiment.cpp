@@ -71,6 +71,10 @@ nlohmann::json cell_settings(const PreparedModel& p, const MemorySpec& spec, con
                    {"eval_seed", spec.eval_seed}};
   j["model_config"].erase("out_dir");
   if (c.kind == "index") j["decoded_through_index"] = true;  // index cells before this measured exact decoding
+  if (c.kind == "index" && c.name.rfind("graph", 0) == 0) {   // its build settings, so a change of default rebuilds
+    const lab::MemoryIndexConfig g = lab::memory_index_from_name(c.name);
+    j["graph"] = {{"width", g.graph_width}, {"degree", g.graph_degree}, {"training_queries", g.graph_training_queries}};
+  }
   // Named only when not f32, so the cells stored before memories had a dtype are reused as they were.
   if (spec.memory_dtype != DType::F32) j["memory_dtype"] = dtype_name(spec.memory_dtype);
   return j;
@@ -113,15 +117,19 @@ class IndexProbe {
   explicit IndexProbe(const std::string& name) : config_(lab::memory_index_from_name(name)) {}
   // compare = false: this prompt decodes through the index alone (no exact scan beside it, which would also take
   // the caches from the next step), so its answer tokens' time is the time decoding through the index takes.
-  void new_prompt(bool compare) { indexes_.clear(), compare_ = compare; }
+  void new_prompt(bool compare) { indexes_.clear(), synced_.clear(), compare_ = compare; }
+  // MemoryDecodeOptions::on_prompt_queries: the prompt's queries, which a graph is routed by (the other kinds
+  // ignore them). Prefill work: not in the step's time.
+  void learn(int layer, const KvMemory& memory, const MemoryAttentionParams& queries) {
+    index_of(layer, memory).add_queries(queries);
+  }
   void operator()(const nn::MemoryStep& s, int64_t* proposed) {
-    if (indexes_.size() <= size_t(s.layer)) indexes_.resize(size_t(s.layer) + 1);
-    std::unique_ptr<lab::MemoryIndex>& index = indexes_[size_t(s.layer)];
+    lab::MemoryIndex& index = index_of(s.layer, *s.memory);
     const auto entered = Clock::now();
     auto t0 = entered;
-    const bool fresh = !index;
-    if (fresh) index = std::make_unique<lab::MemoryIndex>(*s.memory, config_);
-    index->sync();
+    const bool fresh = !synced_[size_t(s.layer)];
+    synced_[size_t(s.layer)] = true;
+    index.sync();
     // What decoding through the index costs is the sync of the rows since the last step and the search below; the
     // build (a prefill's work), the exact scan and the rest of this comparison are set aside from the step time.
     double decoding = fresh ? 0.0 : seconds_since(t0);
@@ -147,7 +155,7 @@ class IndexProbe {
     scratch();
     if (!compare_) {
       const auto searched = Clock::now();
-      index->candidates(p, proposed);
+      index.candidates(p, proposed);
       aside_seconds_ += seconds_since(entered) - decoding - seconds_since(searched);
       return;
     }
@@ -158,11 +166,11 @@ class IndexProbe {
     scratch();
     p.retrieved_scores = index_scores.data();
     t0 = Clock::now();
-    const lab::SearchWork before = index->work();
+    const lab::SearchWork before = index.work();
     const auto searched = Clock::now();
-    index->candidates(p, candidates.data());
+    index.candidates(p, candidates.data());
     decoding += seconds_since(searched);
-    scored_ += (index->work().vectors - before.vectors) / (index->work().scan_vectors - before.scan_vectors);
+    scored_ += (index.work().vectors - before.vectors) / (index.work().scan_vectors - before.scan_vectors);
     p.candidates = candidates.data();
     memory_attention(*s.memory, p);
     index_ms_.push_back(1e3 * seconds_since(t0));
@@ -197,7 +205,15 @@ class IndexProbe {
 
  private:
   lab::MemoryIndexConfig config_;
+  // This prompt's index of a layer, made on first use.
+  lab::MemoryIndex& index_of(int layer, const KvMemory& memory) {
+    if (indexes_.size() <= size_t(layer)) indexes_.resize(size_t(layer) + 1), synced_.resize(size_t(layer) + 1);
+    if (!indexes_[size_t(layer)]) indexes_[size_t(layer)] = std::make_unique<lab::MemoryIndex>(memory, config_);
+    return *indexes_[size_t(layer)];
+  }
+
   std::vector<std::unique_ptr<lab::MemoryIndex>> indexes_;  // per layer, this prompt's
+  std::vector<bool> synced_;                                // per layer: synced at a step (built) already
   double recall_ = 0, memory_tokens_ = 0, build_seconds_ = 0, scored_ = 0, aside_seconds_ = 0;
   bool compare_ = true;
   int64_t steps_ = 0, builds_ = 0;
@@ -251,6 +267,9 @@ class MemoryCellRunner {
       int prompts = 0;
       nn::MemoryDecodeOptions o = memory_options(own, c.top_k);
       o.search = [&probe](const nn::MemoryStep& s, int64_t* candidates) { probe(s, candidates); };
+      o.on_prompt_queries = [&probe](int layer, const KvMemory& memory, const MemoryAttentionParams& queries) {
+        probe.learn(layer, memory, queries);
+      };
       c.reference = own;
       acc = exact_match(p_.model, *task, spec_.index_problems, spec_.eval_seed, spec_.eval_seed,
                         [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {

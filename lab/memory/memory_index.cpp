@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "rotary/error.h"
+#include "rotary/memory_graph.h"
 #include "rotary/memory_pages.h"
 
 namespace rotary::lab {
 
 void MemoryIndexConfig::validate() const {
   check(std::find(std::begin(kMemoryIndexKinds), std::end(kMemoryIndexKinds), kind) != std::end(kMemoryIndexKinds),
-        "memory_index.kind", kind, "flat, hnsw, ivf, pages or kdtree");
+        "memory_index.kind", kind, "flat, hnsw, ivf, pages, kdtree or graph");
   check(hnsw_m >= 4 && hnsw_m <= 256, "memory_index.hnsw_m", hnsw_m, "4..256");
   check(hnsw_ef_construction >= 8 && hnsw_ef_construction <= 4096, "memory_index.hnsw_ef_construction",
         hnsw_ef_construction, "8..4096");
@@ -25,20 +26,32 @@ void MemoryIndexConfig::validate() const {
   check(ivf_nprobe >= 1 && ivf_nprobe <= (1 << 20), "memory_index.ivf_nprobe", ivf_nprobe, "1..2^20");
   check(pages_page_size >= 1 && pages_page_size <= 65536, "memory_index.pages_page_size", pages_page_size, "1..65536");
   check(pages_read >= 0, "memory_index.pages_read", pages_read, ">= 0 (0: certified exact)");
+  check(graph_width >= 1 && graph_width <= (1 << 20), "memory_index.graph_width", graph_width, "1..2^20");
+  check(graph_degree >= 1 && graph_degree <= 1024, "memory_index.graph_degree", graph_degree, "1..1024");
+  check(graph_training_queries >= 1 && graph_training_queries <= (1 << 20), "memory_index.graph_training_queries",
+        graph_training_queries, "1..2^20");
+}
+
+MemoryGraphConfig MemoryIndexConfig::graph_config() const {
+  MemoryGraphConfig c;
+  c.search_width = graph_width, c.degree = graph_degree, c.training_queries = graph_training_queries;
+  return c;
 }
 
 MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_view field) {
   const std::string allowed =
-      "flat, hnsw, ivf, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query, 1..2^30)";
+      "flat, hnsw, ivf, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query, 1..2^30), "
+      "graph or graph<W> (search width W, 1..2^20)";
   MemoryIndexConfig c;
-  for (const std::string kind : {"pages", "kdtree"}) {
+  for (const std::string kind : {"pages", "kdtree", "graph"}) {
     if (name.rfind(kind, 0) != 0 || name.size() == kind.size()) continue;
     const std::string digits = name.substr(kind.size());
     check(digits.size() <= 10 && std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }),
           field, name, allowed);
-    const long long pages = std::stoll(digits);
-    check(pages >= 1 && pages <= (1LL << 30), field, name, allowed);
-    c.kind = kind, c.pages_read = int(pages);
+    const long long effort = std::stoll(digits);
+    check(effort >= 1 && effort <= (kind == "graph" ? (1LL << 20) : (1LL << 30)), field, name, allowed);
+    c.kind = kind;
+    (kind == "graph" ? c.graph_width : c.pages_read) = int(effort);
     return c;
   }
   check(std::find(std::begin(kMemoryIndexKinds), std::end(kMemoryIndexKinds), name) != std::end(kMemoryIndexKinds),
@@ -63,6 +76,11 @@ void add_page_work(const PageSearchStats& stats, int64_t rows, SearchWork& work)
   work.scan_vectors += double(stats.queries) * double(rows);
   work.vectors += 2.0 * double(stats.bounds) + double(stats.rows_scored);
 }
+void add_graph_work(const GraphSearchStats& stats, int64_t rows, SearchWork& work) {
+  work.queries += stats.queries;
+  work.scan_vectors += double(stats.queries) * double(rows);
+  work.vectors += double(stats.rows_scored);
+}
 }  // namespace
 
 struct MemoryIndex::Impl {
@@ -71,6 +89,7 @@ struct MemoryIndex::Impl {
   std::vector<std::unique_ptr<faiss::IndexFlatIP>> quantizers;  // ivf: the coarse quantizer of each index
   std::vector<std::unique_ptr<faiss::Index>> indexes;           // per kv head
   std::unique_ptr<MemoryPages> pages;                           // kind pages: every kv head
+  std::unique_ptr<MemoryGraph> graph;                           // kind graph: every kv head
   int64_t indexed = 0;
   SearchWork work;
 
@@ -109,6 +128,7 @@ MemoryIndex::MemoryIndex(const KvMemory& memory, const MemoryIndexConfig& config
     impl_->pages = std::make_unique<MemoryPages>(
         memory, MemoryPagesConfig{config.pages_page_size, config.pages_read,
                                   config.kind == "pages" ? PageGrouping::Tokens : PageGrouping::Keys});
+  if (config.kind == "graph") impl_->graph = std::make_unique<MemoryGraph>(memory, config.graph_config());
 }
 
 MemoryIndex::~MemoryIndex() = default;
@@ -121,8 +141,8 @@ void MemoryIndex::sync() {
   check(n >= m.indexed, "memory_index.sync memory size", n,
         ">= the rows already indexed (" + std::to_string(m.indexed) + "; the memory was cleared: make a new index)");
   if (n == m.indexed) return;
-  if (m.pages) {
-    m.pages->sync();
+  if (m.pages || m.graph) {
+    m.pages ? m.pages->sync() : m.graph->sync();
     m.indexed = n;
     return;
   }
@@ -147,12 +167,16 @@ MemoryIndex MemoryIndex::open(const std::string& path, const KvMemory& memory, c
   return index;
 }
 
+void MemoryIndex::add_queries(const MemoryAttentionParams& p) {
+  if (impl_->graph) impl_->graph->add_queries(p);
+}
+
 int64_t MemoryIndex::size() const { return impl_->indexed; }
 
 void MemoryIndex::set_search_effort(const SearchEffort& effort) {
   MemoryIndexConfig next = impl_->config;
   next.hnsw_ef_search = effort.hnsw_ef_search, next.ivf_nprobe = effort.ivf_nprobe;
-  next.pages_read = effort.pages_read;
+  next.pages_read = effort.pages_read, next.graph_width = effort.graph_width;
   next.validate();
   impl_->config = next;
   for (const auto& index : impl_->indexes) {  // heads not built yet take the values from config when they are
@@ -161,6 +185,7 @@ void MemoryIndex::set_search_effort(const SearchEffort& effort) {
       ivf->nprobe = std::min<size_t>(size_t(effort.ivf_nprobe), ivf->nlist);
   }
   if (impl_->pages) impl_->pages->set_pages_read(effort.pages_read);
+  if (impl_->graph) impl_->graph->set_search_width(effort.graph_width);
 }
 const MemoryIndexConfig& MemoryIndex::config() const { return impl_->config; }
 const SearchWork& MemoryIndex::work() const { return impl_->work; }
@@ -178,6 +203,12 @@ void MemoryIndex::search(int64_t kv_head, int64_t n, const float* queries, int k
     PageSearchStats stats;
     m.pages->search(kv_head, n, queries, k, rows, scores, &stats);
     add_page_work(stats, m.indexed, work);
+    return;
+  }
+  if (m.graph) {
+    GraphSearchStats stats;
+    m.graph->search(kv_head, n, queries, k, rows, scores, &stats);
+    add_graph_work(stats, m.indexed, work);
     return;
   }
   work.queries += n;
@@ -202,6 +233,12 @@ void MemoryIndex::candidates(const MemoryAttentionParams& p, int64_t* out) const
     PageSearchStats stats;
     m.pages->candidates(p, out, &stats);
     add_page_work(stats, m.indexed, m.work);
+    return;
+  }
+  if (m.graph) {
+    GraphSearchStats stats;
+    m.graph->candidates(p, out, &stats);
+    add_graph_work(stats, m.indexed, m.work);
     return;
   }
   const int D = m.memory->head_dim();

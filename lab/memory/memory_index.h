@@ -9,6 +9,9 @@
 //          searched best upper bound first, the bound computed with the query; recall set by pages_read (0:
 //          certified exact)
 //   kdtree the same search with the pages grouped by a k-d split of the keys' values (alike keys share a page)
+//   graph  the core's query-routed graph (rotary/memory_graph.h, RetrievalAttention): keys linked when the same
+//          training queries - the prefill's, given through add_queries - rank them high, walked best first;
+//          recall set by the search width W
 // Inner product is what the policies make the logit (kv_memory.h), so no normalisation: maximum inner product
 // search, which HNSW and IVF support directly in FAISS.
 #pragma once
@@ -19,10 +22,11 @@
 #include <string_view>
 
 #include "rotary/kv_memory.h"
+#include "rotary/memory_graph.h"
 
 namespace rotary::lab {
 
-inline constexpr std::string_view kMemoryIndexKinds[] = {"flat", "hnsw", "ivf", "pages", "kdtree"};
+inline constexpr std::string_view kMemoryIndexKinds[] = {"flat", "hnsw", "ivf", "pages", "kdtree", "graph"};
 
 struct MemoryIndexConfig {
   std::string kind = "flat";
@@ -33,12 +37,18 @@ struct MemoryIndexConfig {
   int ivf_nprobe = 16;             // lists scanned per query
   int pages_page_size = 32;        // pages, kdtree: rows per page (MemoryPagesConfig::page_size)
   int pages_read = 0;              // pages, kdtree: pages scored per query; 0: certified exact
-  // rotary::Error naming the field ("memory_index.kind = annoy ...; allowed: flat, hnsw, ivf, pages or kdtree").
+  int graph_width = 128;           // graph: rows kept while walking (MemoryGraphConfig::search_width)
+  int graph_degree = 64;           // graph: a row's neighbours from the training queries
+  int graph_training_queries = 16384;  // graph: kept per kv head
+  // rotary::Error naming the field ("memory_index.kind = annoy ...; allowed: flat, hnsw, ivf, pages, kdtree or
+  // graph").
   void validate() const;
+  MemoryGraphConfig graph_config() const;  // the graph's settings (the others at MemoryGraphConfig's defaults)
 };
 
 // An index as runs name it: flat, hnsw, ivf (their defaults), pages or kdtree (certified exact), pages<P> or
-// kdtree<P> (P pages read per query: "pages16"). rotary::Error naming `field` otherwise.
+// kdtree<P> (P pages read per query: "pages16"), graph or graph<W> (search width W: "graph128"). rotary::Error
+// naming `field` otherwise.
 MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_view field = "indexes");
 
 // How hard a built index looks (MemoryIndex::set_search_effort); each kind reads its own field.
@@ -46,6 +56,7 @@ struct SearchEffort {
   int hnsw_ef_search = 128;
   int ivf_nprobe = 16;
   int pages_read = 0;
+  int graph_width = 128;
 };
 
 // The searches' work since the last reset: vectors of length D scored (a FAISS distance, an IVF centroid, a key
@@ -66,8 +77,12 @@ class MemoryIndex {
   MemoryIndex(MemoryIndex&&) noexcept;
   MemoryIndex& operator=(MemoryIndex&&) noexcept;
 
-  // Adds the rows appended to the memory since the last sync (ivf: trains its lists on the first sync's rows).
+  // Adds the rows appended to the memory since the last sync (ivf: trains its lists on the first sync's rows;
+  // graph: rebuilds its graph when the rows not in it reach the rows in it, MemoryGraph::sync).
   void sync();
+  // Kind graph: p's queries (the prefill's, through the memory's policy) join the training sample its next build
+  // links keys by (MemoryGraph::add_queries). The other kinds are built from the keys alone and ignore them.
+  void add_queries(const MemoryAttentionParams& p);
   // Kinds pages and kdtree: writes the page index (MemoryPages::save), or opens one written for `memory` mapped
   // from its file (MemoryPages::open; it cannot grow), so a memory larger than RAM is searched without grouping it
   // again. rotary::Error naming memory_index.kind for the FAISS kinds, and MemoryPages' errors.

@@ -23,7 +23,8 @@ class MemoryCache final : public LayerCache {
  public:
   MemoryCache(const MemoryDecodeOptions& o, int layer, int64_t kv_heads, int64_t head_dim, const PositionContext& pc,
               MemoryDecodeStats& stats)
-      : top_k_(o.top_k), layer_(layer), on_retrieve_(o.on_retrieve), search_(o.search), scale_(pc.softmax_scale),
+      : top_k_(o.top_k), layer_(layer), on_retrieve_(o.on_retrieve), search_(o.search),
+        on_prompt_queries_(o.on_prompt_queries), scale_(pc.softmax_scale),
         stats_(stats) {
     const torch_ops::AttentionPosition ap = fused_attention_position(pc);
     check(!ap.roper, "encoding.kind", "roper", "rope, rerope or leaky_rerope (decoding with a memory)");
@@ -106,26 +107,16 @@ class MemoryCache final : public LayerCache {
                                                    fused_attention_position(pc));
     torch::Tensor out = out_all.narrow(0, w, n).contiguous(), lse = lse_all.narrow(0, w, n).contiguous();
     const int k_eff = retrieve ? int(std::min<int64_t>(top_k_, cache_->memory().size())) : 0;
-    if (k_eff > 0) {
+    if (k_eff > 0 || on_prompt_queries_) {
       const torch::Tensor qc = q[0].to(f32).contiguous(), pos = positions[0].contiguous();
-      std::vector<float> mass(static_cast<size_t>(n * Hq));
       MemoryAttentionParams mp;
       mp.tokens = n;
       mp.q = torch_ops::heads_view(qc);
       mp.q_positions = pos.data_ptr<int64_t>();
-      mp.top_k = k_eff;
       mp.query_origin = cache_->query_origin(pos.data_ptr<int64_t>()[0]);
       mp.softmax_scale = scale_;
-      mp.o = torch_ops::heads_view(out);
-      mp.lse = lse.data_ptr<float>();
-      mp.memory_mass = mass.data();
-      memory_attention(cache_->memory(), mp);
-      for (int64_t t = 0; t < n; ++t) {
-        double sum = 0;
-        for (int64_t h = 0; h < Hq; ++h) sum += mass[size_t(t * Hq + h)];
-        stats_.memory_mass += sum / double(Hq);
-        ++stats_.retrieving_steps;
-      }
+      if (on_prompt_queries_) on_prompt_queries_(layer_, cache_->memory(), mp);
+      if (k_eff > 0) attend_memory(mp, out, lse, k_eff);
     }
     append(k, v, positions);
     stats_.memory_tokens = cache_->memory().size();
@@ -133,6 +124,24 @@ class MemoryCache final : public LayerCache {
   }
 
  private:
+  // The chunk's queries mp (tokens, q, positions, origin, scale) attend to the memory's top-k, merged into out /
+  // lse [n, Hq, D] / [n, Hq].
+  void attend_memory(MemoryAttentionParams mp, torch::Tensor& out, torch::Tensor& lse, int k_eff) {
+    const int64_t n = mp.tokens, Hq = mp.q.heads;
+    std::vector<float> mass(static_cast<size_t>(n * Hq));
+    mp.top_k = k_eff;
+    mp.o = torch_ops::heads_view(out);
+    mp.lse = lse.data_ptr<float>();
+    mp.memory_mass = mass.data();
+    memory_attention(cache_->memory(), mp);
+    for (int64_t t = 0; t < n; ++t) {
+      double sum = 0;
+      for (int64_t h = 0; h < Hq; ++h) sum += mass[size_t(t * Hq + h)];
+      stats_.memory_mass += sum / double(Hq);
+      ++stats_.retrieving_steps;
+    }
+  }
+
   // The reference memory's top-k for the same query, and the logits both policies give the rows `policy` took
   // (Unlimiformer's with its own origins: the query's, and the earliest row it retrieved). q [Hq, D].
   void compare(const torch::Tensor& q, int64_t pos, int k, const std::vector<int64_t>& got) {
@@ -220,6 +229,7 @@ class MemoryCache final : public LayerCache {
   int layer_;
   std::function<void(const MemoryStep&)> on_retrieve_;
   std::function<void(const MemoryStep&, int64_t*)> search_;
+  std::function<void(int, const KvMemory&, const MemoryAttentionParams&)> on_prompt_queries_;
   double scale_;
   MemoryDecodeStats& stats_;
 };

@@ -219,8 +219,9 @@ else
   fail "generate --memory exited $?: $(cat "$W/gen_mem.err")"
 fi
 # The page search, certified, retrieves the scan's rows (the same text), and so does FAISS's flat index; its HNSW
-# graph and IVF lists run and report their work (approximate: their text is not compared).
-for search in kdtree pages faiss-flat faiss-hnsw faiss-ivf; do
+# graph and IVF lists run and report their work (approximate: their text is not compared). The query-routed graph
+# scans a memory below its min_graph_rows (4096) exactly: here, the scan's text.
+for search in kdtree pages faiss-flat faiss-hnsw faiss-ivf graph; do
   "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \
     --memory-window 16 --top-k 3 --search $search --page-size 4 > "$W/gen_$search.txt" 2> "$W/gen_$search.err" \
     || fail "generate --search $search exited $?: $(cat "$W/gen_$search.err")"
@@ -231,15 +232,17 @@ cmp -s "$W/gen_scan.txt" "$W/gen_kdtree.txt" && cmp -s "$W/gen_scan.txt" "$W/gen
   && pass "generate --search kdtree / pages (certified) = the exact scan" || fail "certified search printed other text"
 cmp -s "$W/gen_scan.txt" "$W/gen_faiss-flat.txt" && pass "generate --search faiss-flat = the exact scan" \
   || fail "faiss-flat printed '$(cat "$W/gen_faiss-flat.txt")', the scan '$(cat "$W/gen_scan.txt")'"
-for search in kdtree faiss-flat faiss-ivf; do
+cmp -s "$W/gen_scan.txt" "$W/gen_graph.txt" && pass "generate --search graph (below its min rows) = the exact scan" \
+  || fail "graph printed '$(cat "$W/gen_graph.txt")', the scan '$(cat "$W/gen_scan.txt")'"
+for search in kdtree faiss-flat faiss-ivf graph; do
   grep -q "the search scored" "$W/gen_$search.err" && pass "generate --search $search reports the search's work" \
     || fail "no search work for $search: $(cat "$W/gen_$search.err")"
 done
 [ "$(wc -w < "$W/gen_faiss-hnsw.txt")" -ge 1 ] && pass "generate --search faiss-hnsw generates" \
   || fail "faiss-hnsw printed nothing: $(cat "$W/gen_faiss-hnsw.err")"
 # Through perplexity: with every row wanted, FAISS's flat index and IVF lists (all of them probed at this size)
-# give full attention's loss.
-for search in faiss-flat faiss-ivf; do
+# give full attention's loss, as does the graph (below its min rows: the scan).
+for search in faiss-flat faiss-ivf graph; do
   "$ROTARY" perplexity "$FIX/llama2" --tokens "$W/ids.txt" --train-len 16 --lengths 48 --methods native \
     --memory exact --memory-window 4 --top-k 100000 --search $search --out "$W/mem_$search" --no-progress \
     > /dev/null 2> "$W/mem_$search.err" || fail "perplexity --search $search exited $?: $(tail -c 300 "$W/mem_$search.err")"
@@ -292,6 +295,8 @@ expect_error "generate --search hnsw" 2 "--search = hnsw" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search hnsw
 expect_error "generate --search faiss-annoy" 2 "--search = faiss-annoy" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search faiss-annoy
+expect_error "generate --search graph0" 2 "--search = graph0" -- \
+  "$ROTARY" generate "$FIX/llama3" --prompt x --memory exact --search graph0
 expect_error "generate --memory bogus" 2 "--memory = bogus" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --memory bogus
 expect_error "generate --memory --engine torch" 2 "--engine = torch" -- \

@@ -199,6 +199,39 @@ TEST(MemoryIndex, PagesProposeTheExactTopKWhenCertifiedAndCountTheirWork) {
   EXPECT_DOUBLE_EQ(flat.work().share_of_scan(), 1.0);
 }
 
+// The graph learns from the queries given (add_queries; the other kinds ignore them): with a search width of every
+// row it scores each row once and proposes the exact top-k (share of a scan 1); a narrow one scores fewer.
+TEST(MemoryIndex, TheGraphLearnsFromQueriesAndAWideBeamIsExact) {
+  Memory m(32, 5000);
+  const int K = 16;
+  std::vector<float> o, lse;
+  std::vector<int64_t> pos;
+  MemoryAttentionParams p = m.params(8, K, o, lse, pos);
+  const std::vector<int64_t> exact = exact_rows(m, p);
+  std::vector<int64_t> got(exact.size());
+  MemoryIndexConfig c;
+  c.kind = "graph";
+  c.graph_width = 5000;
+  MemoryIndex index(m.memory, c);
+  index.add_queries(p);
+  index.sync();
+  index.candidates(p, got.data());
+  EXPECT_EQ(recall(exact, got, K), 1.0);
+  // Every row once, and the 16 training queries of each kv head ranked for routing.
+  EXPECT_DOUBLE_EQ(index.work().share_of_scan(), (5000.0 + 16) / 5000);
+  index.reset_work();
+  index.set_search_effort({128, 16, 0, 16});
+  EXPECT_EQ(index.config().graph_width, 16);
+  index.candidates(p, got.data());
+  EXPECT_LT(index.work().share_of_scan(), 0.5);
+  EXPECT_GT(index.work().share_of_scan(), 0.0);
+  MemoryIndex flat(m.memory, {});
+  flat.add_queries(p);  // ignored: built from the keys alone
+  flat.sync();
+  flat.candidates(p, got.data());
+  EXPECT_EQ(recall(exact, got, K), 1.0);
+}
+
 // A page index saved and opened again (mapped) proposes the same rows; the FAISS kinds cannot be saved or opened,
 // and the refusal names memory_index.kind.
 TEST(MemoryIndex, PageIndexesSaveAndOpenAndFaissKindsAreRefused) {
@@ -289,7 +322,15 @@ TEST(MemoryIndex, BadSettingsNameTheField) {
   c.kind = "kdtree";
   c.pages_read = -1;
   rejects(c, "memory_index.pages_read");
-  for (const char* bad : {"pages0", "kdtreex", "pages99999999999", "annoy"}) {
+  c = {};
+  c.kind = "graph";
+  c.graph_width = 0;
+  rejects(c, "memory_index.graph_width = 0");
+  c = {};
+  c.kind = "graph";
+  c.graph_degree = 2000;
+  rejects(c, "memory_index.graph_degree = 2000");
+  for (const char* bad : {"pages0", "kdtreex", "pages99999999999", "annoy", "graph0", "graphx", "graph2000000"}) {
     try {
       memory_index_from_name(bad);
       ADD_FAILURE() << "accepted " << bad;
@@ -299,6 +340,8 @@ TEST(MemoryIndex, BadSettingsNameTheField) {
   }
   EXPECT_EQ(memory_index_from_name("kdtree16").pages_read, 16);
   EXPECT_EQ(memory_index_from_name("pages").kind, "pages");
+  EXPECT_EQ(memory_index_from_name("graph").graph_width, 128);
+  EXPECT_EQ(memory_index_from_name("graph256").graph_width, 256);
   MemoryIndex index(m.memory, {});
   std::vector<float> qv(16);
   std::vector<int64_t> rows(4);

@@ -434,5 +434,45 @@ TEST(generate_with_memory, SearchHookProposesTheRowsAttended) {
   EXPECT_EQ(none, generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o));
 }
 
+// on_prompt_queries sees each prompt chunk's queries, per layer, in order from position 0, with the layer's memory
+// before the chunk joins it; watching changes nothing. The 5 tokens before the prompt's last go as chunks of 2, 2
+// and 1, and a chunk of one token goes the single-token way, unseen: positions 0..3 are shown.
+TEST(generate_with_memory, OnPromptQueriesShowsEachChunksQueries) {
+  Transformer m = make(small_config("rope"), true);
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 1;  // the window moves a row to the memory once it holds 2: the second chunk sees a memory
+  o.top_k = 4;
+  o.prefill_chunk = 2;
+  const std::vector<int64_t> plain = generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o);
+  const int layers = int(m->config().n_layers);
+  std::vector<int64_t> next(static_cast<size_t>(layers), 0), memory_rows(static_cast<size_t>(layers), 0);
+  o.on_prompt_queries = [&](int layer, const KvMemory& memory, const MemoryAttentionParams& p) {
+    ASSERT_GE(layer, 0);
+    ASSERT_LT(layer, layers);
+    ASSERT_GE(p.tokens, 1);
+    ASSERT_LE(p.tokens, 2);
+    ASSERT_EQ(p.q.heads, m->config().n_heads);
+    ASSERT_EQ(memory.kv_heads(), m->config().kv_heads());
+    ASSERT_GE(memory.size(), memory_rows[size_t(layer)]);  // the memory only grows
+    memory_rows[size_t(layer)] = memory.size();
+    for (int64_t t = 0; t < p.tokens; ++t) ASSERT_EQ(p.q_positions[t], next[size_t(layer)]++);
+    const float* q = static_cast<const float*>(p.q.data);
+    double norm = 0;
+    for (int64_t t = 0; t < p.tokens; ++t)
+      for (int64_t h = 0; h < p.q.heads; ++h)
+        for (int64_t d = 0; d < m->config().head_dim(); ++d) {
+          const float x = q[t * p.q.token_stride + h * p.q.head_stride + d];
+          ASSERT_TRUE(std::isfinite(x));
+          norm += double(x) * double(x);
+        }
+    EXPECT_GT(norm, 0.0);
+  };
+  EXPECT_EQ(generate_with_memory(*m, kPrompt, kNew, 0.0, -1, 0, o), plain);
+  ASSERT_EQ(kPrompt.size(), 6u);
+  for (int l = 0; l < layers; ++l) EXPECT_EQ(next[size_t(l)], 4) << "layer " << l;
+  EXPECT_GT(memory_rows[0], 0);
+}
+
 }  // namespace
 }  // namespace rotary::nn

@@ -45,7 +45,9 @@ inline std::vector<CLI::Option*> add_checkpoint_memory_flags(CLI::App& app, expe
           app.add_option("--search", o.search,
                  "--memory: how the top-k is found: exact (scan every row; default), pages / kdtree (rotary/"
                  "memory_pages.h: pages of consecutive tokens / of alike keys, certified exact), pages<P> / "
-                 "kdtree<P> (the best P pages only), faiss-flat / faiss-hnsw / faiss-ivf (FAISS's exact scan, "
+                 "kdtree<P> (the best P pages only), graph / graph<W> (rotary/memory_graph.h: keys linked by the "
+                 "queries that rank them, learnt from the prompt's; search width W, default 128), faiss-flat / "
+                 "faiss-hnsw / faiss-ivf (FAISS's exact scan, "
                  "HNSW graph, IVF lists: lab/memory/memory_index.h's defaults)"),
           app.add_option("--page-size", o.page_size, "--search pages / kdtree: rows per page (default 32)")
               ->transform(integer_in(1, 65536))};

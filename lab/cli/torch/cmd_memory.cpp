@@ -94,7 +94,9 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                             "indexes whose recall, work and speed are measured on the model's own memory, "
                             "comma-separated: FAISS flat, hnsw, ivf; the core's page search over pages of "
                             "consecutive tokens (pages) or of alike keys (kdtree), certified exact, or reading P "
-                            "pages of 32 rows per query (pages16, kdtree16); or off (default flat,ivf,kdtree)"));
+                            "pages of 32 rows per query (pages16, kdtree16); the query-routed graph learnt from "
+                            "the prompt's queries, search width 128 or W (graph, graph256); or off (default "
+                            "flat,ivf,kdtree)"));
   take_last(sub->add_option("--index-problems", cmd->index_problems,
                             "prompts per length searched through each index (default 3)"))
       ->transform(integer_in(1, 100000));

@@ -52,6 +52,12 @@ struct MemoryDecodeOptions {
   // rows or -1 (none); they are scored exactly, and a head with none attends to the window alone. Its time counts
   // in answer_seconds. Prefill chunks that retrieve (retrieve_in_prompt) still scan exactly.
   std::function<void(const MemoryStep&, int64_t* candidates)> search;
+  // Set: called per layer with each prompt chunk's queries (chunks of 2 or more tokens: prefill_chunk > 1; a chunk
+  // of one token goes the single-token way and is not shown; p.tokens, p.q [tokens, Hq, D] fp32
+  // un-rotated, p.q_positions, p.softmax_scale, p.query_origin; no outputs) and the layer's memory before the chunk
+  // joins it: what a query-routed index (lab/memory's graph) learns from. Valid during the call only.
+  std::function<void(int layer, const rotary::KvMemory& memory, const MemoryAttentionParams& queries)>
+      on_prompt_queries;
 };
 struct MemoryDecodeStats {
   int64_t retrieving_steps = 0;   // (token, layer) steps that searched the memory
