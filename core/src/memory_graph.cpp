@@ -185,13 +185,15 @@ void training_top(const KeyRows& K, int64_t n, const float* T, int64_t m, int64_
   if (failed) std::rethrow_exception(failed);
 }
 
-// One head's graph over rows [0, n) from its training queries' top lists (above).
-void build_head(HeadGraph& g, const KeyRows& K, int64_t n, const MemoryGraphConfig& c) {
+// One head's graph over rows [0, n) from its training queries' top lists (above), into g's graph fields (g's own
+// sample is not read: `samples` is the head's).
+void build_head(const std::vector<float>& samples, HeadGraph& g, const KeyRows& K, int64_t n,
+                const MemoryGraphConfig& c) {
   const int64_t D = K.D;
   // The training set: the sample given, or (none given) a strided sample of the head's own keys.
   std::vector<float> own;
-  const float* T = g.samples.data();
-  int64_t m = int64_t(g.samples.size()) / D;
+  const float* T = samples.data();
+  int64_t m = int64_t(samples.size()) / D;
   if (m == 0) {
     m = std::min(c.training_queries, n);
     own.resize(size_t(m * D));
@@ -279,9 +281,12 @@ void build_head(HeadGraph& g, const KeyRows& K, int64_t n, const MemoryGraphConf
 void MemoryGraph::Impl::build(int64_t n) {
   const int64_t D = memory->head_dim();
   check(n <= int64_t(UINT32_MAX), "memory_graph rows", n, "at most 2^32 - 1 (neighbours are 32-bit row numbers)");
-  std::vector<HeadGraph> next = heads;  // built apart: a failure (out of memory) leaves the last graph searchable
+  // Built apart from the graphs searched now (a failure, out of memory, leaves them searchable), without a copy
+  // of them: only the new graphs' fields are filled, then moved in.
+  std::vector<HeadGraph> next(heads.size());
   for (int64_t h = 0; h < memory->kv_heads(); ++h)
-    build_head(next[size_t(h)], KeyRows{memory->key_data(h), memory->storage(), D}, n, config);
+    build_head(heads[size_t(h)].samples, next[size_t(h)], KeyRows{memory->key_data(h), memory->storage(), D}, n,
+               config);
   for (size_t h = 0; h < heads.size(); ++h) {
     heads[h].rows = next[h].rows;
     heads[h].offsets = std::move(next[h].offsets);

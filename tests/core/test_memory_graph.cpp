@@ -180,8 +180,8 @@ TEST(MemoryGraph, ABeamAsWideAsTheMemoryIsTheExactScan) {
 // The fast walk and the float64 one visit the same rows in the same order when fp32 scores are exact, with a
 // tail beside the graph, in f32 and bf16 storage.
 TEST(MemoryGraph, TheWalkIsItsFloat64Oracles) {
-  for (DType storage : {DType::F32, DType::BF16}) {
-    GraphFixture f(8, 2, /*small_integers*/ true, MemoryPolicy::Rerope, storage);
+  for (const auto& [storage, D] : {std::pair{DType::F32, 8}, std::pair{DType::BF16, 8}, std::pair{DType::F32, 6}}) {
+    GraphFixture f(D, 2, /*small_integers*/ true, MemoryPolicy::Rerope, storage);
     f.append(2000, 3);
     MemoryGraph graph(f.memory, small_config());
     const std::vector<float> train = f.queries(300, 4);
@@ -200,7 +200,7 @@ TEST(MemoryGraph, TheWalkIsItsFloat64Oracles) {
       std::vector<double> want_scores(rows.size());
       graph.search(h, 50, q.data(), k, rows.data(), scores.data());
       memory_graph_search_reference(f.memory, graph, h, 50, q.data(), k, want.data(), want_scores.data());
-      EXPECT_EQ(rows, want) << dtype_name(storage) << " head " << h;
+      EXPECT_EQ(rows, want) << dtype_name(storage) << " D " << D << " head " << h;
       for (size_t i = 0; i < rows.size(); ++i) ASSERT_EQ(double(scores[i]), want_scores[i]) << i;
     }
   }
@@ -360,6 +360,8 @@ TEST(MemoryGraph, BadSettingsAndCallsNameTheField) {
   expect_error([&] { MemoryGraph(f.memory, with([](auto& c) { c.search_width = 0; })); }, {"memory_graph.search_width = 0"});
   expect_error([&] { MemoryGraph(f.memory, with([](auto& c) { c.entry_points = 5000; })); }, {"memory_graph.entry_points = 5000", "1..4096"});
   expect_error([&] { MemoryGraph(f.memory, with([](auto& c) { c.min_graph_rows = 0; })); }, {"memory_graph.min_graph_rows = 0"});
+  expect_error([&] { MemoryGraph(f.memory, with([](auto& c) { c.routing_queries = -1; })); }, {"memory_graph.routing_queries = -1", "0..65536"});
+  expect_error([&] { MemoryGraph(f.memory, with([](auto& c) { c.routes = 0; })); }, {"memory_graph.routes = 0", "1..256"});
   MemoryGraph graph(f.memory, small_config());
   std::vector<float> q(16, 0.5f);
   int64_t row = 0;
