@@ -54,11 +54,57 @@ void check_memory_window(const MemorySpec& s, const nn::EncodingConfig& trained,
                       "the window), or 0 for the default", trained.window, who));
 }
 
-// The key's first digit sits after the needle's "the pass key is:" (the task's format, lab/tasks/passkey.cpp).
+// The tasks a memory run can test: one needle whose distance from the prompt's end grows with the prompt.
+bool is_memory_task(const std::string& task) { return task == "passkey" || task == "kv_retrieval"; }
+
+// kv_retrieval's eval prompt (lab/tasks/kv_retrieval.cpp): an object of `pairs` pairs, pairs * (key_len + 11)
+// characters, then " key=" - so a prompt of T characters holds (T - key_len - 2) / (key_len + 11) pairs.
+int64_t kv_pairs_for(int64_t test_len, int key_len) { return (test_len - key_len - 2) / (key_len + 11); }
+
+// The eval task of a cell: the model's task with prompts of test_len characters (passkey: its filler; kv_retrieval:
+// as many pairs as fill them, which must stay within the task's limits: checked by check_test_lengths).
+std::unique_ptr<lab::Task> eval_task(const TrainConfig& model_run, int test_len) {
+  lab::TaskOptions options = model_run.task_options;
+  if (model_run.task == "kv_retrieval") {
+    options.kv_pairs = int(kv_pairs_for(test_len, options.kv_key_len));
+    options.kv_min_pairs = 0;  // a training option; eval objects have kv_pairs
+  } else {
+    options.passkey_eval_len = test_len;
+  }
+  return lab::make_task(model_run.task, options);
+}
+
+// Every test length must make a prompt of the model's task: for kv_retrieval at least one pair, at most 8192 and
+// no more than its keys' 26^key_len distinct keys.
+void check_test_lengths(const TrainConfig& model_run, const std::vector<int>& lengths, int L) {
+  if (model_run.task != "kv_retrieval") return;
+  const int key_len = model_run.task_options.kv_key_len;
+  int64_t keys = 1;
+  for (int i = 0; i < key_len; ++i) keys *= 26;
+  for (int T : lengths) {
+    const int64_t pairs = kv_pairs_for(T, key_len);
+    if (pairs < 1 || pairs > std::min<int64_t>(8192, keys))
+      fail("lengths", std::to_string(T / L),
+           fmt::format("multiples of L = {} whose prompts hold 1..{} key-value pairs of {}-letter keys (L x {} = {} "
+                       "characters hold {})", L, std::min<int64_t>(8192, keys), key_len, T / L, T, pairs));
+  }
+}
+
+// Tokens from the needle to the end of the prompt: passkey's first digit after the needle's "the pass key is:"
+// (lab/tasks/passkey.cpp); kv_retrieval's value of the asked key in the object.
 double key_distance(const std::string& prompt) {
-  const std::string cue = "the pass key is:";
-  const size_t at = prompt.find(cue);
-  return at == std::string::npos ? std::nan("") : double(prompt.size() - (at + cue.size()));
+  size_t at = std::string::npos, after = 0;
+  if (!prompt.empty() && prompt.back() == '=') {  // kv_retrieval: '... "key": "value"...} key='
+    const size_t space = prompt.rfind(' ');
+    if (space != std::string::npos) {
+      const std::string key = "\"" + prompt.substr(space + 1, prompt.size() - space - 2) + "\": \"";
+      at = prompt.find(key), after = key.size();
+    }
+  } else {
+    const std::string cue = "the pass key is:";
+    at = prompt.find(cue), after = cue.size();
+  }
+  return at == std::string::npos ? std::nan("") : double(prompt.size() - (at + after));
 }
 
 // What makes a cell's result what it is: a stored cell is reused only when all of it matches.
@@ -253,9 +299,7 @@ class MemoryCellRunner {
     if (progress_ && found != CellLookup::Missing)
       std::fprintf(stderr, "%s: stored cell %s, computed again\n", label.c_str(), cell_lookup_name(found));
     const auto t0 = Clock::now();
-    lab::TaskOptions options = p_.config.task_options;
-    options.passkey_eval_len = c.test_len;
-    const std::unique_ptr<lab::Task> task = lab::make_task("passkey", options);
+    const std::unique_ptr<lab::Task> task = eval_task(p_.config, c.test_len);
     nn::MemoryDecodeStats sum;
     double mass = 0, ms = 0, overlap = 0, error = 0;
     int retrieving = 0, compared = 0;
@@ -379,7 +423,9 @@ std::string row_label(const MemoryCell& c) {
 }
 
 // report.md, results.csv and the two plots.
-void write_report(const MemorySpec& spec, int L, int64_t window, const std::vector<int>& lengths, MemoryResult& r) {
+void write_report(const MemorySpec& spec, const std::string& task, int L, int64_t window, const std::vector<int>& lengths,
+                  MemoryResult& r) {
+  const bool kv = task == "kv_retrieval";
   std::vector<std::string> rows;  // row labels in the cells' order
   for (const MemoryCell& c : r.cells)  // the index cells have a table of their own
     if (c.kind != "index" && std::find(rows.begin(), rows.end(), row_label(c)) == rows.end()) rows.push_back(row_label(c));
@@ -390,7 +436,8 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
   };
 
   std::ostringstream md;
-  md << "# rotary memory: pass-key retrieval far beyond the training length (seed 001)\n\n";
+  md << "# rotary memory: " << (kv ? "key-value" : "pass-key")
+     << " retrieval far beyond the training length (seed 001)\n\n";
   md << "Command: `" << spec.command_line << "`\n\n";
   md << "Model: " << r.model.description << " (" << r.model.checkpoint << ")";
   if (std::isfinite(r.model.heldout_loss)) md << fmt::format(", held-out loss {:.4f} at L", r.model.heldout_loss);
@@ -470,7 +517,7 @@ void write_report(const MemorySpec& spec, int L, int64_t window, const std::vect
 
   // Plots: one data block per row.
   lab::DataBlocks accuracy, latency, search;
-  lab::Figure acc_fig{"accuracy_vs_length.png", fmt::format("pass key: exact match against prompt length (L = {})", L),
+  lab::Figure acc_fig{"accuracy_vs_length.png", fmt::format("{}: exact match against prompt length (L = {})", kv ? "key-value" : "pass key", L),
                       "prompt tokens", "exact match %",
                       {"set logscale x 2", "set yrange [0:105]", "set key outside right"}, {}};
   lab::Figure lat_fig{"latency_vs_memory.png", "memory decoding: time per answer token", "memory tokens per layer",
@@ -542,7 +589,7 @@ MemorySpec default_memory_spec() {
 }
 
 void validate(const MemorySpec& spec) {
-  check(spec.run.task == "passkey", "task", spec.run.task, "passkey (rotary memory's task)");
+  check(is_memory_task(spec.run.task), "task", spec.run.task, "passkey or kv_retrieval (rotary memory's tasks)");
   const int L = spec.run.seq_len;
   check(!spec.multiples.empty(), "lengths", "(none)", "a list of multiples of L such as 1,8,64,512");
   for (int m : spec.multiples) check(m >= 1 && m <= 4096, "lengths", m, "multiples of L in [1, 4096]");
@@ -564,6 +611,11 @@ void validate(const MemorySpec& spec) {
   lab::check_unique(spec.top_k, "top_k");
   check(spec.full_max_multiple >= 0 && spec.full_max_multiple <= 4096, "full_max", spec.full_max_multiple,
         "a multiple of L in [0, 4096] (0: no baselines)");
+  if (spec.checkpoint.empty()) {  // a loaded model's task is checked when it is loaded
+    std::vector<int> lengths;
+    for (int m : spec.multiples) lengths.push_back(L * m);
+    check_test_lengths(spec.run, lengths, L);
+  }
   check(spec.window >= 0 && spec.window <= L, "--memory-window", spec.window,
         fmt::format("0 (= L/2) or in [1, L = {}]", L));
   if (spec.checkpoint.empty()) check_memory_window(spec, spec.run.model.encoding, "the model to train");
@@ -599,13 +651,13 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
 
   PreparedModel p;
   RunOutcome stopped;
-  if (!prepare_model(spec.run, spec.checkpoint, "passkey", progress, p, stopped)) {
+  if (!prepare_model(spec.run, spec.checkpoint, spec.run.task, progress, p, stopped)) {
     result.run =
         RunOutcome::interrupted_by(stopped.signal, stopped.message + "; rerun the same memory command to continue");
     return result;
   }
-  const std::string who = "passkey model (" + p.info.checkpoint + ")";
-  check(p.config.task == "passkey", who + " task", p.config.task, "passkey");
+  const std::string who = p.config.task + " model (" + p.info.checkpoint + ")";
+  check(is_memory_task(p.config.task), who + " task", p.config.task, "passkey or kv_retrieval");
   const nn::EncodingConfig& trained = p.config.model.encoding;
   check(trained.kind == nn::EncodingKind::Rope || trained.kind == nn::EncodingKind::Rerope ||
             trained.kind == nn::EncodingKind::LeakyRerope,
@@ -623,6 +675,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   std::vector<int> lengths;
   for (int m : spec.multiples) lengths.push_back(L * m);
   std::sort(lengths.begin(), lengths.end());
+  check_test_lengths(p.config, lengths, L);
 
   std::vector<MemoryCell> plan;
   auto add = [&plan](const std::string& kind, const std::string& name, int top_k, int T) {
@@ -643,7 +696,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
 
   result.model = p.info;
   result.seconds = seconds_since(t0);
-  write_report(spec, L, window, lengths, result);
+  write_report(spec, p.config.task, L, window, lengths, result);
   return result;
 }
 

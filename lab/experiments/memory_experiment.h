@@ -30,8 +30,9 @@
 namespace rotary::experiments {
 
 struct MemorySpec {
-  train::TrainConfig run;           // the passkey model's run (task passkey; encoding rope, rerope or leaky_rerope;
-                                    // seq_len = L; default ReRoPE with w = L/2)
+  train::TrainConfig run;           // the model's run (task passkey, or kv_retrieval: prompts of as many pairs as
+                                    // fill each length; encoding rope, rerope or leaky_rerope; seq_len = L; default
+                                    // a passkey ReRoPE model with w = L/2)
   std::string checkpoint;           // non-empty: load this model (file or run directory) instead of training
   std::vector<int> multiples{1, 8, 64, 512};   // test lengths L x m
   std::vector<std::string> policies{"exact", "rerope", "none", "unlimiformer"};
@@ -73,7 +74,8 @@ struct MemoryCell {
   int test_len = 0;          // prompt tokens
   double accuracy = 0;       // exact match
   int problems = 0;
-  double key_distance = 0;   // mean tokens from the key's first digit to the end of the prompt
+  double key_distance = 0;   // mean tokens from the needle (the pass key's first digit; the asked key's value) to
+                             // the end of the prompt
   double memory_mass = 0;    // memory: mean share of the softmax mass on retrieved keys (retrieving steps, heads)
   double memory_tokens = 0;  // memory: mean tokens per layer's memory at the end
   double ms_per_answer_token = 0;  // memory: wall time per token fed from the prompt's last one on

@@ -2,8 +2,10 @@
 //   '{"kfu": "qpz", "abd": "mmr"} abd=mmr#'.
 // kv_pairs distinct keys of kv_key_len letters (3 in the seed) with 3-letter values (repeats allowed) in a JSON
 // object, then kv_queries queries (1 in the seed), each a space, a key (uniform over the pairs, so the answer can sit
-// anywhere back in the object; queries may repeat a key), '=', its value, '#'. Every problem has
-// kv_pairs * (kv_key_len + 11) + kv_queries * (kv_key_len + 6) characters. An eval problem is the seed's form:
+// anywhere back in the object), '=', its value, '#'. Queries ask distinct keys (at most one per pair): a repeated
+// key could be answered by copying its earlier answer, a shortcut a small model learns instead of the lookup into
+// the object (docs/tasks.md). Every problem has kv_pairs * (kv_key_len + 11) + min(kv_queries, kv_pairs) *
+// (kv_key_len + 6) characters. An eval problem is the seed's form:
 // one query, its prompt ending at '='. kv_min_pairs > 0: each training object has a uniform number of pairs in
 // [kv_min_pairs, kv_pairs] (a curriculum by mixing: the lookup forms on the small objects, docs/memory.md).
 //
@@ -46,13 +48,13 @@ class KvRetrievalTask final : public CharTask {
   TrainSequence train_sequence(std::mt19937_64& rng, int seq_len) const override {
     check_seq_len(seq_len);
     const int64_t per_pair = key_len_ + 11, per_query = key_len_ + 6;
-    const int64_t problem_len = per_pair * int64_t(pairs_) + per_query * queries_;
+    const int64_t problem_len = per_pair * int64_t(pairs_) + per_query * std::min(queries_, pairs_);
     const int64_t row = int64_t(seq_len) + 1;
     if (problem_len > row)
       fail("kv_pairs", std::to_string(pairs_),
            fmt_at_most(row, per_pair, per_query) + " for seq_len = " + std::to_string(seq_len) +
-               " (a row must hold one whole problem of kv_pairs * " + std::to_string(per_pair) + " + kv_queries * " +
-               std::to_string(per_query) + " characters)");
+               " (a row must hold one whole problem of kv_pairs * " + std::to_string(per_pair) +
+               " + min(kv_queries, kv_pairs) * " + std::to_string(per_query) + " characters)");
     // The lead is at most row - problem_len characters, so one whole problem always follows it.
     return pack_problems(rng, char_vocab(), seq_len, row - problem_len, false, [this](std::mt19937_64& r) {
       std::vector<std::string> keys, values;
@@ -61,8 +63,13 @@ class KvRetrievalTask final : public CharTask {
       const int pairs =
           min_pairs_ == pairs_ ? pairs_ : min_pairs_ + int(uniform_below(r, uint64_t(pairs_ - min_pairs_ + 1)));
       t.append(object(r, keys, values, pairs), loss_on_all_);
-      for (int i = 0; i < queries_; ++i) {
-        const size_t q = i == 0 ? query(r, keys.size()) : uniform_below(r, keys.size());
+      // Distinct keys in a random order (a partial Fisher-Yates; one query draws as the seed's form did).
+      std::vector<size_t> order(keys.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      const size_t asked = std::min(size_t(queries_), keys.size());
+      for (size_t i = 0; i < asked; ++i) {
+        std::swap(order[i], order[i + (i == 0 ? query(r, keys.size()) : uniform_below(r, keys.size() - i))]);
+        const size_t q = order[i];
         t.append(" " + keys[q] + "=", loss_on_all_);
         t.append(values[q] + "#", true);
       }

@@ -33,7 +33,7 @@ const settings::Table<TaskOptions>& task_option_settings() {
     t.push_back(field<O>("kv_key_len", "--kv-key-len", "kv_retrieval: letters per key",
                          [](auto& o) -> auto& { return o.kv_key_len; }, integers(1, 4)));
     t.back().written = [](const O& o) { return o.kv_key_len != 3; };
-    t.push_back(field<O>("kv_queries", "--kv-queries", "kv_retrieval: queries after each object in training rows",
+    t.push_back(field<O>("kv_queries", "--kv-queries", "kv_retrieval: queries after each object in training rows (distinct keys, at most one per pair)",
                          [](auto& o) -> auto& { return o.kv_queries; }, integers(1, 64)));
     t.back().written = [](const O& o) { return o.kv_queries != 1; };
     t.push_back(field<O>("kv_min_pairs", "--kv-min-pairs",

@@ -68,7 +68,7 @@ struct TaskOptions {
                                         // [kv_min_pairs, kv_pairs] (easy objects among hard ones: the lookup forms on
                                         // the easy ones); eval problems keep kv_pairs; 0: always kv_pairs
   int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
-  int kv_queries = 1;                   // kv_retrieval: queries after each object in training rows, in [1, 64]
+  int kv_queries = 1;                   // kv_retrieval: queries (distinct keys, at most kv_pairs) after each object in training rows, in [1, 64]
   std::string kv_loss = "answers";      // kv_retrieval: loss on the answers only, or on every character ("all")
   int passkey_digits = 5;               // passkey: distinct digits of the key, in [1, 10]
   int passkey_eval_len = 256;           // passkey: characters of an eval prompt, in [needle + question, 2^24]

@@ -2,8 +2,8 @@
 # `rotary memory` end to end on a tiny passkey model (ReRoPE, L = 128, 6 steps) tested at 128 and 256 through
 # every memory policy at two top-k, with the trained and a RoPE-method baseline, and the flat, IVF and page
 # indexes' recall and work on its memory: the accuracy table, the memory and index tables, results.csv and the
-# PNGs; a rerun reuses the model and every cell; a killed run's cell file that is cut short is recomputed; bad
-# input exits 2 naming the field, before any training.
+# PNGs; a rerun reuses the model and every cell; a killed run's cell file that is cut short is recomputed; a
+# kv_retrieval model the same way; bad input exits 2 naming the field, before any training.
 #
 # usage: bash test_memory.sh <rotary binary> <source dir>
 set -u
@@ -69,6 +69,26 @@ cmp -s <(grep "% |$" "$W/out") <(grep "% |$" "$W/out2") || fail "rerun accuracy 
   --memory-window 32 --out "$W/rope" > "$W/rout" 2> "$W/rerr" &&
   grep -q "^| full context, yarn | [0-9.]*% | [0-9.]*% |$" "$W/rout" && echo "ok: RoPE model with baselines" ||
   fail "rope model: $(tail -5 "$W/rerr")"
+
+# The key-value task (seed 001's own): prompts of as many pairs as fill each length (L = 128: 8 pairs, 2L: 17), the
+# report titled for it, the key distance measured from the asked key's value; a length whose prompt would need
+# more pairs than the keys allow is refused before training, naming --lengths.
+if "$ROTARY" memory "${BASE[@]}" --task kv_retrieval --window 64 --policies rerope --top-k 4 --indexes kdtree \
+     --out "$W/kv" > "$W/kout" 2> "$W/kerr"; then
+  grep -q "^# rotary memory: key-value retrieval far beyond the training length" "$W/kout" &&
+    grep -q "^| memory rerope (top-4) | [0-9.]*% | [0-9.]*% |$" "$W/kout" &&
+    grep -q "^| kdtree index (top-4) | 256 |" "$W/kout" || fail "kv_retrieval memory: $(cat "$W/kout")"
+  # results.csv: key_distance (column 7) within each prompt (8 pairs: < 128; 17 pairs: < 256) and > the query.
+  awk -F, 'NR > 1 && $1 == "memory" { n++; if ($7 + 0 < 4 || $7 + 0 > $4 + 0) bad++ } END { exit bad > 0 || n != 2 }' \
+    "$W/kv/results.csv" && echo "ok: kv_retrieval memory" || fail "kv_retrieval key distance: $(cat "$W/kv/results.csv")"
+else
+  fail "kv_retrieval memory exited $?: $(tail -3 "$W/kerr")"
+fi
+"$ROTARY" memory "${BASE[@]}" --task kv_retrieval --kv-key-len 1 --window 64 --lengths 1,64 --out "$W/kvbad" \
+  > /dev/null 2> "$W/kverr"
+code=$?
+[ $code = 2 ] && grep -q "lengths = 64 is invalid; allowed: multiples of L = 128 whose prompts hold 1..26 key-value pairs" "$W/kverr" &&
+  [ ! -d "$W/kvbad/model" ] && echo "ok: kv_retrieval length past its keys refused" || fail "kv lengths gave $code: $(cat "$W/kverr")"
 
 # Bad input: exit 2 and a message naming the field, nothing trained.
 expect_error() {  # <what grep must find> <extra flags...>
