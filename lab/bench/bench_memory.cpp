@@ -14,6 +14,9 @@
 //                  tokens) reading P pages of --page-size rows per query; pages0 is its certified exact mode (one
 //                  grouping for every P)
 //   kdtree<P>      MemoryIndex kdtree: the same search over pages grouped by a k-d split of the keys
+//   graph_w<W>     MemoryIndex graph (the core's query-routed graph, rotary/memory_graph.h) walked keeping the
+//                  best W rows (one graph for every W), learnt from --graph-training-queries queries per kv head
+//                  drawn like the timed ones (the prefill's queries of a model; not the timed queries themselves)
 // A step's time is the whole call: candidates() (search vectors through the policy, the index search) plus
 // memory_attention (exact scores of the candidates, softmax, merge). Recall@k: the share of the exact top-k rows
 // (the exact method's retrieved rows of every query head) that a method retrieved. Speed claims are ratios against
@@ -95,6 +98,8 @@ struct BenchMemoryArgs {
   std::string nprobe = "16";
   int ivf_lists = 0;
   std::string pages_read = "0,16,64";
+  std::string graph_widths = "64,128,256";
+  int graph_training_queries = 16384;
   std::string memory_dtype = "f32";
   int page_size = 32;
   uint64_t seed = 1;
@@ -175,8 +180,8 @@ class VectorSource {
 
 struct Method {
   std::string name;                        // exact, flat, hnsw_ef128, ivf_nprobe16, pages16, kdtree0
-  std::string kind;                        // exact | flat | hnsw | ivf | pages | kdtree
-  int ef_search = 0, nprobe = 0, pages_read = -1;
+  std::string kind;                        // exact | flat | hnsw | ivf | pages | kdtree | graph
+  int ef_search = 0, nprobe = 0, pages_read = -1, graph_width = 0;
   double scored = 0;                       // vectors scored over the timed steps, as a share of the exact scan's
   std::shared_ptr<lab::MemoryIndex> index;  // null: the core's exact scan; one per kind, shared
   double build_s = 0;
@@ -194,7 +199,7 @@ double percentile(std::vector<double> v, double q) {
 struct Row {
   std::string keys, method, kind;
   int64_t tokens = 0;
-  int ef_search = 0, nprobe = 0, pages_read = -1;
+  int ef_search = 0, nprobe = 0, pages_read = -1, graph_width = 0;
   double build_s = 0, median_ms = 0, p90_ms = 0, min_ms = 0, speedup_vs_exact = 0, recall = 0, scored = 1;
   int64_t index_bytes = 0;
   double major_faults_per_step = 0;
@@ -266,9 +271,11 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
 
   std::vector<Method> methods(1);
   methods[0].name = methods[0].kind = "exact";  // first: each round's truth for the others' recall
-  auto add = [&](std::string name, const char* kind, int ef_search, int nprobe, int pages_read = -1) {
+  auto add = [&](std::string name, const char* kind, int ef_search, int nprobe, int pages_read = -1,
+                 int graph_width = 0) {
     Method& m = methods.emplace_back();
     m.name = std::move(name), m.kind = kind, m.ef_search = ef_search, m.nprobe = nprobe, m.pages_read = pages_read;
+    m.graph_width = graph_width;
   };
   for (const std::string& kind : parse_name_list(a.indexes, "--indexes")) {
     if (kind == "flat") add("flat", "flat", 0, 0);
@@ -281,8 +288,27 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     if (kind == "pages" || kind == "kdtree")
       for (int64_t pages : parse_integer_list(a.pages_read, "--pages-read", 0, 1 << 30))
         add(kind + std::to_string(pages), kind == "pages" ? "pages" : "kdtree", 0, 0, int(pages));
+    if (kind == "graph")
+      for (int64_t width : parse_integer_list(a.graph_widths, "--graph-widths", 1, 1 << 20))
+        add("graph_w" + std::to_string(width), "graph", 0, 0, -1, int(width));
   }
-  // One index per kind, shared by its methods: set_search_effort switches ef_search / nprobe between steps.
+  // The graph's training queries: as a model's prefill gives them, queries of the step's distribution at the step's
+  // position (through the memory's policy, as MemoryIndex::add_queries takes them), enough for the sample of every
+  // kv head, from their own seed: never the timed queries.
+  auto learn_queries = [&](lab::MemoryIndex& index) {
+    const int64_t group = Hq / Hkv, tokens = (a.graph_training_queries + group - 1) / group;
+    std::mt19937_64 rng(a.seed * 104729 + uint64_t(n));
+    std::vector<float> tq(size_t(tokens * Hq * D));
+    for (int64_t r = 0; r < tokens * Hq; ++r) source.draw(rng, tq.data() + r * D);
+    const std::vector<int64_t> positions(size_t(tokens), n);
+    MemoryAttentionParams tp;
+    tp.tokens = tokens;
+    tp.q = {tq.data(), Hq, Hq * D, D};
+    tp.q_positions = positions.data();
+    index.add_queries(tp);
+  };
+  // One index per kind, shared by its methods: set_search_effort switches ef_search / nprobe / the graph's width
+  // between steps.
   using clock = std::chrono::steady_clock;
   for (size_t i = 1; i < methods.size(); ++i) {
     Method& m = methods[i];
@@ -298,6 +324,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     ic.hnsw_ef_construction = a.ef_construction;
     ic.ivf_lists = a.ivf_lists;
     ic.pages_page_size = a.page_size;
+    ic.graph_training_queries = a.graph_training_queries;
     std::fprintf(stderr, "bench memory: %s keys, %lld tokens: building %s ...", keys.c_str(), (long long)n,
                  m.kind.c_str());
     std::fflush(stderr);
@@ -314,6 +341,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     }
     if (!m.index) {
       m.index = std::make_shared<lab::MemoryIndex>(memory, ic);
+      if (m.kind == "graph") learn_queries(*m.index);
       m.index->sync();
       if (paged) {
         m.index->save(index_path);
@@ -345,7 +373,8 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
       const lab::SearchEffort defaults;
       m.index->set_search_effort({m.ef_search > 0 ? m.ef_search : defaults.hnsw_ef_search,
                                   m.nprobe > 0 ? m.nprobe : defaults.ivf_nprobe,
-                                  m.pages_read >= 0 ? m.pages_read : defaults.pages_read});
+                                  m.pages_read >= 0 ? m.pages_read : defaults.pages_read,
+                                  m.graph_width > 0 ? m.graph_width : defaults.graph_width});
       m.index->reset_work();
       m.index->candidates(p, candidates.data());
       m.scored += m.index->work().share_of_scan();
@@ -395,7 +424,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     r.min_ms = *std::min_element(m.seconds.begin(), m.seconds.end()) * 1e3;
     r.speedup_vs_exact = exact_median * 1e3 / r.median_ms;
     r.recall = double(m.found) / double(m.wanted);
-    r.scored = m.scored / double(a.queries), r.pages_read = m.pages_read;
+    r.scored = m.scored / double(a.queries), r.pages_read = m.pages_read, r.graph_width = m.graph_width;
     r.major_faults_per_step = double(m.major_faults) / double(a.queries);
     rows.push_back(r);
     // Progress on stderr as each size finishes, so a long run's numbers survive an interruption.
@@ -488,8 +517,9 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   for (const std::string& kind : parse_name_list(a.indexes, "--indexes"))
     check(std::find(std::begin(lab::kMemoryIndexKinds), std::end(lab::kMemoryIndexKinds), kind) !=
               std::end(lab::kMemoryIndexKinds),
-          "--indexes", kind, "flat, hnsw, ivf, pages or kdtree (comma-separated)");
+          "--indexes", kind, "flat, hnsw, ivf, pages, kdtree or graph (comma-separated)");
   parse_integer_list(a.ef_search, "--ef-search", 1, 65536);
+  parse_integer_list(a.graph_widths, "--graph-widths", 1, 1 << 20);
   parse_integer_list(a.nprobe, "--nprobe", 1, 65536);
   parse_integer_list(a.pages_read, "--pages-read", 0, 1 << 30);
   check(a.head_dim >= 2 && a.head_dim <= kMaxHeadDim && a.head_dim % 2 == 0, "--head-dim", a.head_dim,
@@ -569,6 +599,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
     if (r.ef_search) e["ef_search"] = r.ef_search;
     if (r.nprobe) e["nprobe"] = r.nprobe;
     if (r.pages_read >= 0) e["pages_read"] = r.pages_read;
+    if (r.graph_width) e["graph_width"] = r.graph_width;
     j["rows"].push_back(e);
   }
   for (const GoalVerdict& g : goals)
@@ -655,9 +686,9 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
       ->transform(finite_in(0.0, 10.0));
   cmd->add_option("--policy", args->policy, "memory policy: exact (RoPE base 10000, keys stored rotated) or none "
                                             "(default exact)");
-  cmd->add_option("--indexes", args->indexes, "indexes to time beside the exact scan: FAISS flat, hnsw, ivf, and "
-                                              "the core's page search pages (consecutive tokens) and kdtree (pages "
-                                              "of alike keys) (default flat,hnsw,ivf)");
+  cmd->add_option("--indexes", args->indexes, "indexes to time beside the exact scan: FAISS flat, hnsw, ivf, the "
+                                              "core's page search pages (consecutive tokens) and kdtree (pages "
+                                              "of alike keys), and its query-routed graph (default flat,hnsw,ivf)");
   cmd->add_option("--ef-search", args->ef_search, "HNSW ef_search values, comma-separated, each in [1, 65536]; one "
                                                   "graph serves every value (default 128)");
   cmd->add_option("--hnsw-m", args->hnsw_m, "HNSW graph degree M (default 32)")->transform(integer_in(4, 256));
@@ -670,6 +701,12 @@ const CommandRegistrar kRegisterBenchMemory([](CLI::App& root) {
   cmd->add_option("--pages-read", args->pages_read, "pages read per query by pages and kdtree, comma-separated, "
                                                     "each >= 0 (0: certified exact); one set of bounds serves every "
                                                     "value (default 0,16,64)");
+  cmd->add_option("--graph-widths", args->graph_widths,
+                  "rows the graph keeps while walking, comma-separated, each in [1, 2^20]; one graph serves every "
+                  "value (default 64,128,256)");
+  cmd->add_option("--graph-training-queries", args->graph_training_queries,
+                  "queries per kv head the graph is built from, drawn like the timed ones (default 16384)")
+      ->transform(integer_in(1, 1 << 20));
   cmd->add_option("--memory-dtype", args->memory_dtype, "the memory's keys and values: f32, bf16 or f16 (default f32)");
   cmd->add_option("--page-size", args->page_size, "rows per page of pages and kdtree (default 32)")
       ->transform(integer_in(1, 65536));

@@ -125,6 +125,17 @@ if "$ROTARY" bench memory --sizes 256,1k --head-dim 16 --top-k 8 --queries 5 --t
 else
   fail "bench memory exited $?"
 fi
+# bench memory --indexes graph: learnt from its own training queries (drawn like the timed ones, 8k rows: past the
+# 4,096 a graph is built at); a walk as wide as the memory finds the exact top-k, a narrow one scores a share.
+if "$ROTARY" bench memory --sizes 8k --head-dim 16 --top-k 8 --queries 5 --threads 1 --indexes graph \
+     --graph-widths 16,16384 --graph-training-queries 2048 --keys clustered --clusters 8 --json > "$W/graph.json"; then
+  check "bench memory: the graph at two widths, the wide walk exact, the narrow one a share of the scan" "$W/graph.json" \
+    "{r['method'] for r in j['rows']} == {'exact', 'graph_w16', 'graph_w16384'} and all(r['recall'] == 1 and r['graph_width'] == 16384 for r in j['rows'] if r['method'] == 'graph_w16384') and all(0 < r['scored_share_of_scan'] < 0.5 and 0 <= r['recall'] <= 1 and r['graph_width'] == 16 and r['build_s'] > 0 for r in j['rows'] if r['method'] == 'graph_w16')"
+else
+  fail "bench memory --indexes graph exited $?"
+fi
+expect_error "bench memory --graph-widths 0" 2 "--graph-widths" -- "$ROTARY" bench memory --indexes graph --graph-widths 0 --sizes 64
+
 # bench memory --mapped: the memory and the page indexes saved in the directory and used from their files; a second
 # run opens them (same results, nothing rebuilt), a damaged index is rebuilt (named on stderr), not used.
 M=(bench memory --sizes 1k --head-dim 16 --top-k 8 --queries 3 --threads 1 --indexes pages,kdtree --pages-read 0
