@@ -9,7 +9,9 @@
 #include <string>
 #include <vector>
 
+#include "mapped_file.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
 #include "rotary/kv_memory.h"
 #include "storage.h"
 #include "validate.h"
@@ -117,6 +119,43 @@ inline void check_search_call(const KvMemory& memory, const std::string& index, 
   check(queries != nullptr, index + ".search queries", "null", "[n, D] search vectors");
   check(rows != nullptr && scores != nullptr, index + ".search rows / scores", "null", "[n, k] outputs");
   check_threads(threads);
+}
+
+// FNV-1a of the memory's positions and of up to 64 of each head's key rows spread over it: what a search index's
+// file (the page index's, the graph's) records of the memory it was built over, a cheap test at open that it is
+// opened over the same rows (not a proof: the keys are not read in full).
+inline uint64_t memory_check(const KvMemory& m) {
+  const int64_t n = m.size(), D = m.head_dim();
+  const int64_t row_bytes = D * int64_t(dtype_size(m.storage()));
+  uint64_t h = fnv1a64(m.positions(), size_t(n) * sizeof(int64_t));
+  const int64_t samples = std::min<int64_t>(n, 64);
+  for (int64_t kv = 0; kv < m.kv_heads(); ++kv)
+    for (int64_t i = 0; i < samples; ++i) {
+      const int64_t row = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
+      h = fnv1a64(static_cast<const char*>(m.key_data(kv)) + row * row_bytes, size_t(row_bytes), h);
+    }
+  return h;
+}
+
+// The checks an index file (the page index's, the graph's) makes of the memory it is opened over, from its header:
+// kv heads, head dim, storage and size in range ("a damaged header"), then equal to the memory's ("written for
+// kv_heads = 2, this memory has 4"), then its fingerprint (memory_check: "written for another memory").
+inline void check_index_file_memory(const ReaderErrors& e, int64_t kv_heads, int64_t head_dim, int64_t storage,
+                                    int64_t size, uint64_t fingerprint, const KvMemory& memory) {
+  if (kv_heads < 1 || kv_heads > 4096) throw e.damaged("kv_heads", kv_heads, "1..4096");
+  if (head_dim < 2 || head_dim > 4096) throw e.damaged("head_dim", head_dim, "2..4096");
+  if (storage != int64_t(DType::F32) && storage != int64_t(DType::F16) && storage != int64_t(DType::BF16))
+    throw e.damaged("storage", storage, "0 (f32), 1 (f16) or 2 (bf16)");
+  if (size < 0 || size > (int64_t(1) << 40)) throw e.damaged("size", size, "0..2^40 rows");
+  auto differs = [&](const std::string& field, const std::string& file, const std::string& has) {
+    return e.bad("written for " + field + " = " + file + ", this memory has " + has);
+  };
+  if (kv_heads != memory.kv_heads()) throw differs("kv_heads", std::to_string(kv_heads), std::to_string(memory.kv_heads()));
+  if (head_dim != memory.head_dim()) throw differs("head_dim", std::to_string(head_dim), std::to_string(memory.head_dim()));
+  if (storage != int64_t(memory.storage())) throw differs("storage", dtype_name(DType(storage)), dtype_name(memory.storage()));
+  if (size != memory.size()) throw differs("size", std::to_string(size) + " rows", std::to_string(memory.size()));
+  if (fingerprint != memory_check(memory))
+    throw e.bad("written for another memory: the positions or keys of this one differ (memory_check)");
 }
 
 }  // namespace rotary::detail

@@ -60,6 +60,23 @@ class FileSink {
   uint64_t written_ = 0;
 };
 
+// A FileSink that hashes (FNV-1a) what passes through it on the way to `out`, its offsets `out`'s: a checksum of a
+// block written as it is written.
+class HashingSink final : public FileSink {
+ public:
+  explicit HashingSink(FileSink& out) : out_(out) { written_ = out.written(); }
+  void write(const void* data, size_t n) override {
+    hash_ = fnv1a64(data, n, hash_);
+    out_.write(data, n);
+    written_ += n;
+  }
+  uint64_t hash() const { return hash_; }
+
+ private:
+  FileSink& out_;
+  uint64_t hash_ = kFnv1a64Offset;
+};
+
 // Writes `path` atomically: `fill` writes the content to "<path>.tmp.<pid>", which is fsync'ed and renamed over
 // `path`, then the directory is synced. A failure removes the temporary file and throws rotary::Error
 // "rotary: <who>: cannot create <tmp>: <reason>" / "writing <tmp>" / "fsync <tmp>" / "cannot rename <tmp> to

@@ -1,7 +1,7 @@
 // core/src/memory_graph.cpp: the query-routed graph over a KvMemory (rotary/memory_graph.h) - training query
 // samples, the build (each training query's exact top keys, projected into edges), the fp32 beam search with the
-// tail scanned, and memory_attention's candidates through it. Its float64 oracle, written apart:
-// memory_graph_reference.cpp.
+// tail scanned, and memory_attention's candidates through it. Its file: memory_graph_file.cpp. Its float64
+// oracle, written apart: memory_graph_reference.cpp.
 #include <omp.h>
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "key_rows.h"
+#include "memory_graph_impl.h"
 #include "rotary/error.h"
 #include "rotary/memory_graph.h"
 #include "validate.h"
@@ -20,6 +21,7 @@
 namespace rotary {
 
 using detail::better_row;
+using detail::HeadGraph;
 using detail::keep_best;
 using detail::KeyRows;
 using detail::ScoredRow;
@@ -49,19 +51,6 @@ void GraphSearchStats::add(const GraphSearchStats& o) { queries += o.queries, ro
 
 namespace {
 
-// One kv head: its training query sample and its graph over rows [0, rows).
-struct HeadGraph {
-  std::vector<float> samples;  // [kept, D]
-  int64_t seen = 0;            // training queries given so far
-  int64_t rows = 0;
-  std::vector<int64_t> offsets{0}, entries;
-  std::vector<uint32_t> edges;  // 4 bytes a neighbour: the graph is several times the memory's own keys otherwise
-  // Routing: a sample of the training queries, each scaled to unit length, and each one's top rows.
-  int64_t route_width = 0;            // rows per routing query (Kq)
-  std::vector<float> route_queries;   // [routing, D]
-  std::vector<int64_t> route_rows;    // [routing, route_width]
-};
-
 uint64_t splitmix64(uint64_t x) {
   x += 0x9e3779b97f4a7c15ull;
   x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -70,16 +59,6 @@ uint64_t splitmix64(uint64_t x) {
 }
 
 }  // namespace
-
-struct MemoryGraph::Impl {
-  const KvMemory* memory = nullptr;
-  MemoryGraphConfig config;
-  int64_t covered = 0, graph_rows = 0, builds = 0;
-  std::vector<HeadGraph> heads;
-
-  void keep_query(int64_t h, const float* q);
-  void build(int64_t n);
-};
 
 void MemoryGraph::Impl::keep_query(int64_t h, const float* q) {
   HeadGraph& g = heads[size_t(h)];

@@ -29,9 +29,10 @@ namespace rotary {
 //             what the file is for not doing). A damaged key can only change which rows a search proposes:
 //             memory_attention scores the proposed rows from the memory's own keys.
 // Nodes are not stored: their shape (preorder, per segment) follows from each segment's size and the page size, so
-// the reader lays them out again and a file cannot describe a tree whose nodes point outside it. memory_check is
-// FNV-1a of the memory's positions and of up to 64 of each head's key rows spread over it: a cheap test that the
-// index is opened over the rows it was built from (not a proof: the keys are not read in full at open).
+// the reader lays them out again and a file cannot describe a tree whose nodes point outside it. memory_check:
+// key_rows.h's fingerprint of the memory the index was built over.
+using detail::memory_check;
+
 namespace {
 
 constexpr char kPagesMagic[8] = {'R', 'T', 'K', 'V', 'P', 'G', 'S', '1'};
@@ -42,19 +43,6 @@ struct PagesHeader {
   int64_t kv_heads = 0, head_dim = 0, storage = 0, size = 0, page_size = 0, grouping = 0, segments = 0;
   uint64_t memory_check = 0;
 };
-
-uint64_t memory_check(const KvMemory& m) {
-  const int64_t n = m.size(), D = m.head_dim();
-  const int64_t row_bytes = D * int64_t(dtype_size(m.storage()));
-  uint64_t h = fnv1a64(m.positions(), size_t(n) * sizeof(int64_t));
-  const int64_t samples = std::min<int64_t>(n, 64);
-  for (int64_t kv = 0; kv < m.kv_heads(); ++kv)
-    for (int64_t i = 0; i < samples; ++i) {
-      const int64_t row = samples == 1 ? 0 : i * (n - 1) / (samples - 1);
-      h = fnv1a64(static_cast<const char*>(m.key_data(kv)) + row * row_bytes, size_t(row_bytes), h);
-    }
-  return h;
-}
 
 int64_t align_up(int64_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
 
@@ -83,22 +71,6 @@ PagesLayout pages_layout(const PagesHeader& h, int64_t nodes, const std::string&
   return l;
 }
 
-// A FileSink that hashes what passes through it on the way to `out`, its offsets `out`'s.
-class HashingSink final : public detail::FileSink {
- public:
-  explicit HashingSink(detail::FileSink& out) : out_(out) { written_ = out.written(); }
-  void write(const void* data, size_t n) override {
-    hash_ = fnv1a64(data, n, hash_);
-    out_.write(data, n);
-    written_ += n;
-  }
-  uint64_t hash() const { return hash_; }
-
- private:
-  detail::FileSink& out_;
-  uint64_t hash_ = kFnv1a64Offset;
-};
-
 // Nodes and roots of every segment, as lay_out_tree makes them without grouping.
 void lay_out_nodes(detail::HeadTrees& t, const std::vector<detail::PageSegment>& segments,
                    const MemoryPagesConfig& c, int64_t D) {
@@ -126,7 +98,7 @@ void MemoryPages::save(const std::string& path) const {
     const uint64_t header_hash = fnv1a64(&h, sizeof h);
     out.write(&header_hash, sizeof header_hash);
     out.pad_to(uint64_t(lay.body));
-    HashingSink body(out);
+    detail::HashingSink body(out);
     for (const detail::PageSegment& s : m.segments) body.write(&s.begin, 8), body.write(&s.end, 8);
     for (int64_t k = 0; k < h.kv_heads; ++k) {
       const detail::HeadTrees& t = m.heads[size_t(k)];
@@ -187,36 +159,22 @@ MemoryPages MemoryPages::open_bytes(const void* data, size_t bytes, const KvMemo
   uint64_t header_hash = 0;
   std::memcpy(&header_hash, base + 8 + sizeof h, 8);
   if (header_hash != fnv1a64(&h, sizeof h)) throw bad("a damaged header (checksum)");
-  if (h.kv_heads < 1 || h.kv_heads > 4096) throw damaged("kv_heads", h.kv_heads, "1..4096");
-  if (h.head_dim < 2 || h.head_dim > 4096) throw damaged("head_dim", h.head_dim, "2..4096");
-  if (h.storage != int64_t(DType::F32) && h.storage != int64_t(DType::F16) && h.storage != int64_t(DType::BF16))
-    throw damaged("storage", h.storage, "0 (f32), 1 (f16) or 2 (bf16)");
-  if (h.size < 0 || h.size > (int64_t(1) << 40)) throw damaged("size", h.size, "0..2^40 rows");
+  detail::check_index_file_memory(errors, h.kv_heads, h.head_dim, h.storage, h.size, h.memory_check, memory);
   if (h.page_size < 1 || h.page_size > 65536) throw damaged("page_size", h.page_size, "1..65536");
   if (h.grouping != int64_t(PageGrouping::Tokens) && h.grouping != int64_t(PageGrouping::Keys))
     throw damaged("grouping", h.grouping, "0 (tokens) or 1 (keys)");
   if (h.segments < (h.size > 0 ? 1 : 0) || h.segments > std::min<int64_t>(kMaxSegments, h.size))
     throw damaged("segments", h.segments,
                   h.size > 0 ? "1..min(64, size = " + std::to_string(h.size) + ")" : std::string("0 (no rows)"));
-  // The memory and the run's settings against the file, before any block is looked at.
+  // The run's settings against the file, before any block is looked at.
   auto differs = [&](const std::string& field, const std::string& file, const std::string& want) {
     return bad("written for " + field + " = " + file + ", " + want);
   };
-  if (h.kv_heads != memory.kv_heads())
-    throw differs("kv_heads", std::to_string(h.kv_heads), "this memory has " + std::to_string(memory.kv_heads()));
-  if (h.head_dim != memory.head_dim())
-    throw differs("head_dim", std::to_string(h.head_dim), "this memory has " + std::to_string(memory.head_dim()));
-  if (h.storage != int64_t(memory.storage()))
-    throw differs("storage", dtype_name(DType(h.storage)), std::string("this memory has ") + dtype_name(memory.storage()));
-  if (h.size != memory.size())
-    throw differs("size", std::to_string(h.size) + " rows", "this memory has " + std::to_string(memory.size()));
   if (h.page_size != config.page_size)
     throw differs("page_size", std::to_string(h.page_size), "this run asks " + std::to_string(config.page_size));
   if (h.grouping != int64_t(config.grouping))
     throw differs("grouping", page_grouping_name(PageGrouping(h.grouping)),
                   std::string("this run asks ") + page_grouping_name(config.grouping));
-  if (h.memory_check != memory_check(memory))
-    throw bad("written for another memory: the positions or keys of this one differ (memory_check)");
   // The segments, then the nodes they imply, then the layout against the bytes there are.
   const int64_t body_at = align_up(int64_t(fixed));
   if (uint64_t(bytes) < uint64_t(body_at + 16 * h.segments))

@@ -155,15 +155,20 @@ void MemoryIndex::sync() {
 }
 
 void MemoryIndex::save(const std::string& path) const {
-  check(impl_->pages != nullptr, "memory_index.kind", impl_->config.kind, "pages or kdtree (a page index) to save");
-  impl_->pages->save(path);
+  check(impl_->pages != nullptr || impl_->graph != nullptr, "memory_index.kind", impl_->config.kind,
+        "pages, kdtree (a page index) or graph to save");
+  if (impl_->pages) impl_->pages->save(path);
+  if (impl_->graph) impl_->graph->save(path);
 }
 
 MemoryIndex MemoryIndex::open(const std::string& path, const KvMemory& memory, const MemoryIndexConfig& config) {
   MemoryIndex index(memory, config);  // validates the config
-  check(index.impl_->pages != nullptr, "memory_index.kind", config.kind, "pages or kdtree (a page index) to open");
-  index.impl_->pages = std::make_unique<MemoryPages>(MemoryPages::open(path, memory, index.impl_->pages->config()));
-  index.impl_->indexed = memory.size();
+  Impl& m = *index.impl_;
+  check(m.pages != nullptr || m.graph != nullptr, "memory_index.kind", config.kind,
+        "pages, kdtree (a page index) or graph to open");
+  if (m.pages) m.pages = std::make_unique<MemoryPages>(MemoryPages::open(path, memory, m.pages->config()));
+  if (m.graph) m.graph = std::make_unique<MemoryGraph>(MemoryGraph::open(path, memory, m.graph->config()));
+  m.indexed = memory.size();
   return index;
 }
 

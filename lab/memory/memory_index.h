@@ -85,7 +85,9 @@ class MemoryIndex {
   void add_queries(const MemoryAttentionParams& p);
   // Kinds pages and kdtree: writes the page index (MemoryPages::save), or opens one written for `memory` mapped
   // from its file (MemoryPages::open; it cannot grow), so a memory larger than RAM is searched without grouping it
-  // again. rotary::Error naming memory_index.kind for the FAISS kinds, and MemoryPages' errors.
+  // again. Kind graph: writes the graph and its training sample (MemoryGraph::save), or reads one written for
+  // `memory` (MemoryGraph::open: it grows and rebuilds as the saved one would). rotary::Error naming
+  // memory_index.kind for the FAISS kinds, and MemoryPages' / MemoryGraph's errors.
   void save(const std::string& path) const;
   static MemoryIndex open(const std::string& path, const KvMemory& memory, const MemoryIndexConfig& config);
   int64_t size() const;  // rows indexed

@@ -5,13 +5,21 @@
 // text's order, every row reachable from the entry points).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <iterator>
 #include <limits>
 #include <queue>
 #include <random>
 #include <vector>
 
+#include "../../fuzz/memory_graph_seeds.h"
 #include "expect_error.h"
 #include "rotary/kv_memory.h"
 #include "rotary/memory_graph.h"
@@ -343,6 +351,162 @@ TEST(MemoryGraph, TheSampleOfTrainingQueriesIsCappedAndRepeatable) {
   first_only->sync();
   const GraphView g1 = first_only->graph(0);
   EXPECT_FALSE(g1.offsets[g1.rows] == ga.offsets[ga.rows] && std::equal(ga.edges, ga.edges + ga.offsets[ga.rows], g1.edges));
+}
+
+// The graph file: a saved graph opens over its memory as it was - the same graph, sample and counters, so the same
+// searches bitwise, and after more rows and queries the same rebuild as the graph never saved; a graph not synced
+// is not saved; foreign, damaged, truncated or padded files and other build settings are refused by name.
+uint64_t fnv1a(const uint8_t* p, size_t n) {
+  uint64_t h = 0xcbf29ce484222325ULL;
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ULL;
+  return h;
+}
+
+TEST(MemoryGraph, ASavedGraphOpensAsItWasAndDamagedOrForeignFilesAreRefused) {
+  GraphFixture f(16, 2);
+  f.append(3000, 1);
+  const MemoryGraphConfig c = small_config();
+  MemoryGraph graph(f.memory, c);
+  const std::vector<float> train = f.queries(500, 7, 1.0f);  // head 0: 500 given, 400 kept; head 1: none
+  graph.add_queries(0, 500, train.data());
+  graph.sync();
+  f.append(200, 2);  // a tail, not in the graph
+  graph.sync();
+  ASSERT_EQ(graph.builds(), 1);
+  const std::string path = ::testing::TempDir() + "/rotary_graph_test.graph";
+  graph.save(path);
+  MemoryGraph opened = MemoryGraph::open(path, f.memory, c);
+  EXPECT_EQ(opened.size(), 3200);
+  EXPECT_EQ(opened.graph_rows(), 3000);
+  EXPECT_EQ(opened.builds(), 1);
+  EXPECT_EQ(opened.training_queries(0), 400);
+  EXPECT_EQ(opened.training_queries(1), 0);
+  auto same_graph = [](const MemoryGraph& a, const MemoryGraph& b, int64_t h, int64_t D) {
+    const GraphView x = a.graph(h), y = b.graph(h);
+    ASSERT_EQ(x.rows, y.rows);
+    ASSERT_TRUE(std::equal(x.offsets, x.offsets + x.rows + 1, y.offsets));
+    ASSERT_TRUE(std::equal(x.edges, x.edges + x.offsets[x.rows], y.edges));
+    ASSERT_EQ(x.entry_count, y.entry_count);
+    ASSERT_TRUE(std::equal(x.entries, x.entries + x.entry_count, y.entries));
+    ASSERT_EQ(x.route_count, y.route_count);
+    ASSERT_EQ(x.route_width, y.route_width);
+    ASSERT_TRUE(std::equal(x.route_queries, x.route_queries + x.route_count * D, y.route_queries));
+    ASSERT_TRUE(std::equal(x.route_rows, x.route_rows + x.route_count * x.route_width, y.route_rows));
+  };
+  auto same_search = [&](const MemoryGraph& a, const MemoryGraph& b) {
+    const std::vector<float> q = f.queries(20, 9, 1.0f);
+    for (int64_t h = 0; h < 2; ++h) {
+      std::vector<int64_t> ra(20 * 8), rb(ra.size());
+      std::vector<float> sa(ra.size()), sb(ra.size());
+      GraphSearchStats wa, wb;
+      a.search(h, 20, q.data(), 8, ra.data(), sa.data(), &wa);
+      b.search(h, 20, q.data(), 8, rb.data(), sb.data(), &wb);
+      EXPECT_EQ(ra, rb) << "head " << h;
+      EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << "head " << h;
+      EXPECT_EQ(wa.rows_scored, wb.rows_scored) << "head " << h;
+    }
+  };
+  for (int64_t h = 0; h < 2; ++h) same_graph(graph, opened, h, 16);
+  same_search(graph, opened);
+  // Both grow alike: the reservoir goes on from the saved count, the rebuild links the same rows.
+  const std::vector<float> more = f.queries(300, 11, 1.0f);
+  for (MemoryGraph* g : {&graph, &opened}) g->add_queries(0, 300, more.data()), g->add_queries(1, 50, more.data());
+  f.append(3000, 3);
+  graph.sync(), opened.sync();
+  ASSERT_EQ(opened.builds(), 2);
+  for (int64_t h = 0; h < 2; ++h) same_graph(graph, opened, h, 16);
+  same_search(graph, opened);
+
+  using test::expect_error;
+  MemoryGraph unsynced(f.memory, c);
+  expect_error([&] { unsynced.save(path + ".x"); }, {"memory_graph.save rows taken in = 0", "sync"});
+  // Written before the growth above, so over the first 3,200 rows: this memory (6,200 rows) is another.
+  expect_error([&] { MemoryGraph::open(path, f.memory, c); }, {"written for size = 3200 rows", "this memory has 6200"});
+  GraphFixture same(16, 2), other(16, 2);
+  same.append(3000, 1), same.append(200, 2);
+  other.append(3000, 5), other.append(200, 2);  // the same shape, other keys
+  EXPECT_EQ(MemoryGraph::open(path, same.memory, c).graph_rows(), 3000);
+  expect_error([&] { MemoryGraph::open(path, other.memory, c); }, {"written for another memory", "memory_check"});
+  MemoryGraphConfig wider = c;
+  wider.degree = 9;
+  expect_error([&] { MemoryGraph::open(path, same.memory, wider); }, {"written for degree = 8", "this run asks 9"});
+  MemoryGraphConfig searched = c;  // the search's own settings are the run's
+  searched.search_width = 64, searched.routes = 2;
+  EXPECT_EQ(MemoryGraph::open(path, same.memory, searched).config().search_width, 64);
+  expect_error([&] { MemoryGraph::open(path + ".missing", same.memory, c); }, {"memory_graph.open path"});
+
+  std::vector<uint8_t> file;
+  {
+    std::ifstream in(path, std::ios::binary);
+    file.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const size_t header = 8, fields = 104, body = header + fields + 8;  // the header's hash at 112, body at 120
+  auto open_bytes = [&](const std::vector<uint8_t>& b) { MemoryGraph::open_bytes(b.data(), b.size(), same.memory, c); };
+  auto rehash = [&](std::vector<uint8_t> b) {  // both checksums made right, to reach the checks past them
+    const uint64_t hh = fnv1a(b.data() + header, fields);
+    std::memcpy(b.data() + header + fields, &hh, 8);
+    const uint64_t bh = fnv1a(b.data() + body, b.size() - 8 - body);
+    std::memcpy(b.data() + b.size() - 8, &bh, 8);
+    return b;
+  };
+  ASSERT_NO_THROW(open_bytes(rehash(file)));
+  expect_error([&] { open_bytes({'h', 'e', 'l', 'l', 'o'}); }, {"memory_graph.open", "not a rotary graph file"});
+  std::vector<uint8_t> b = file;
+  b[header + 3 * 8] ^= 1;  // size
+  expect_error([&] { open_bytes(b); }, {"a damaged header (checksum)"});
+  b = file;
+  b[body + 56 + 5] ^= 0x40;  // a byte of kv head 0's first sample
+  expect_error([&] { open_bytes(b); }, {"a damaged body (checksum)"});
+  // Past the checksums: kv head 0's first edge outside the graph's 3,000 rows.
+  const size_t edges0 = body + 56 + 400 * 16 * 4 + 3001 * 8;
+  b = file;
+  const uint32_t outside = 3000;
+  std::memcpy(b.data() + edges0, &outside, 4);
+  expect_error([&] { open_bytes(rehash(b)); }, {"kv head 0 edges[0] = 3000 is invalid", "0..2999"});
+  int64_t bad_offset = 5000;  // row 0's neighbours past the degree
+  b = file;
+  std::memcpy(b.data() + body + 56 + 400 * 16 * 4 + 8, &bad_offset, 8);
+  expect_error([&] { open_bytes(rehash(b)); }, {"kv head 0 offsets[1] = 5000 is invalid"});
+  b = file;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  std::memcpy(b.data() + body + 56, &nan, 4);
+  expect_error([&] { open_bytes(rehash(b)); }, {"kv head 0 samples[0] is not finite"});
+  b = file;
+  int64_t kept = 399;
+  std::memcpy(b.data() + body + 8, &kept, 8);
+  expect_error([&] { open_bytes(rehash(b)); }, {"kv head 0 kept = 399 is invalid", "400..400"});
+  b = file;
+  b.erase(b.end() - 8 - 64, b.end() - 8);  // cut inside the last block (the hash kept at the end)
+  expect_error([&] { open_bytes(rehash(b)); }, {"truncated inside kv head 1 route rows"});
+  b = file;
+  b.insert(b.end() - 8, 16, uint8_t(0));
+  expect_error([&] { open_bytes(rehash(b)); }, {"16 bytes after the last kv head's graph (trailing bytes)"});
+  std::remove(path.c_str());
+}
+
+// The fuzz target's seeds (fuzz/corpus/memory_graph/) are what save() writes for fuzz/memory_graph_seeds.h's
+// graphs, and open over its memory; ROTARY_WRITE_FUZZ_SEEDS=1 rewrites them after a change of the format.
+TEST(MemoryGraph, FuzzSeedsAreWhatSaveWrites) {
+  const bool rewrite = std::getenv("ROTARY_WRITE_FUZZ_SEEDS") != nullptr;
+  const KvMemory memory = fuzz::pages_seed_memory();
+  auto bytes = [](const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  for (const fuzz::MemoryGraphSeed& seed : fuzz::memory_graph_seeds()) {
+    SCOPED_TRACE(seed.file);
+    const std::string tmp = ::testing::TempDir() + "/rotary_seed_" + std::to_string(::getpid()) + ".graph";
+    fuzz::write_graph_seed(seed, tmp);
+    const std::string saved = bytes(tmp);
+    std::remove(tmp.c_str());
+    const std::string checked_in = std::string(ROTARY_SOURCE_DIR) + "/fuzz/corpus/memory_graph/" + seed.file;
+    if (rewrite) std::ofstream(checked_in, std::ios::binary) << saved;
+    EXPECT_EQ(bytes(checked_in), saved) << checked_in << " is not what save() writes";
+    const MemoryGraph opened = MemoryGraph::open(checked_in, memory, seed.config);
+    EXPECT_EQ(opened.size(), 40);
+    EXPECT_EQ(opened.graph_rows(), seed.config.min_graph_rows <= 24 ? 24 : 0);
+    EXPECT_EQ(opened.training_queries(0), 16);
+  }
 }
 
 TEST(MemoryGraph, BadSettingsAndCallsNameTheField) {

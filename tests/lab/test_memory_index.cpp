@@ -201,7 +201,7 @@ TEST(MemoryIndex, PagesProposeTheExactTopKWhenCertifiedAndCountTheirWork) {
 
 // The graph learns from the queries given (add_queries; the other kinds ignore them): with a search width of every
 // row it scores each row once and proposes the exact top-k (share of a scan 1); a narrow one scores fewer.
-TEST(MemoryIndex, TheGraphLearnsFromQueriesAndAWideBeamIsExact) {
+TEST(MemoryIndex, TheGraphLearnsFromQueriesAWideBeamIsExactAndItSavesAndOpens) {
   Memory m(32, 5000);
   const int K = 16;
   std::vector<float> o, lse;
@@ -225,6 +225,19 @@ TEST(MemoryIndex, TheGraphLearnsFromQueriesAndAWideBeamIsExact) {
   index.candidates(p, got.data());
   EXPECT_LT(index.work().share_of_scan(), 0.5);
   EXPECT_GT(index.work().share_of_scan(), 0.0);
+  // Saved and opened (MemoryGraph's file): the same candidates at the same width, and the same work.
+  const std::string path = ::testing::TempDir() + "/rotary_index_" + std::to_string(::getpid()) + ".graph";
+  index.save(path);
+  c.graph_width = 16;
+  MemoryIndex opened = MemoryIndex::open(path, m.memory, c);
+  std::remove(path.c_str());
+  EXPECT_EQ(opened.size(), 5000);
+  std::vector<int64_t> again(got.size());
+  index.reset_work();
+  index.candidates(p, got.data());
+  opened.candidates(p, again.data());
+  EXPECT_EQ(got, again);
+  EXPECT_DOUBLE_EQ(opened.work().share_of_scan(), index.work().share_of_scan());
   MemoryIndex flat(m.memory, {});
   flat.add_queries(p);  // ignored: built from the keys alone
   flat.sync();
@@ -232,8 +245,8 @@ TEST(MemoryIndex, TheGraphLearnsFromQueriesAndAWideBeamIsExact) {
   EXPECT_EQ(recall(exact, got, K), 1.0);
 }
 
-// A page index saved and opened again (mapped) proposes the same rows; the FAISS kinds cannot be saved or opened,
-// and the refusal names memory_index.kind.
+// A page index saved and opened again (mapped) proposes the same rows (the graph's file: the test above); the
+// FAISS kinds cannot be saved or opened, and the refusal names memory_index.kind.
 TEST(MemoryIndex, PageIndexesSaveAndOpenAndFaissKindsAreRefused) {
   Memory m(16, 600);
   const int K = 8;

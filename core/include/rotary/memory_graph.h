@@ -25,8 +25,10 @@
 // row first. A float64 oracle of the walk over the same graph, written apart: memory_graph_search_reference.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "rotary/kv_memory.h"
 
@@ -104,6 +106,20 @@ class MemoryGraph {
   // memory_attention's candidates for p's queries through the memory's policy, each in its kv head's graph.
   // out: [tokens, Hq, top_k].
   void candidates(const MemoryAttentionParams& p, int64_t* out, GraphSearchStats* stats = nullptr) const;
+
+  // The graph file: save writes the graphs and the training samples (synced: rotary::Error naming memory_graph.save
+  // rows taken in otherwise) atomically; open reads one written for `memory` into a graph that searches, grows and
+  // rebuilds as the saved one would - a later run over a saved memory (KvMemory::save / open) does not build it
+  // again. Refused, naming the file and the field: not a graph file, a damaged header or body (a field out of
+  // range, either checksum, an offset, edge, entry or route row outside the rows the graph covers, a count other
+  // than the header implies, a non-finite sample), truncated or trailing bytes, another memory (kv heads, head dim,
+  // storage, size, the positions / sampled keys: "written for another memory"), other build settings ("written for
+  // degree = 32, this run asks 64"; search_width and routes are the run's own). open_bytes: the same reader over
+  // bytes in memory (what open runs on the file's mapping; fuzzed); the graph copies what it keeps.
+  void save(const std::string& path) const;
+  static MemoryGraph open(const std::string& path, const KvMemory& memory, const MemoryGraphConfig& config);
+  static MemoryGraph open_bytes(const void* data, size_t bytes, const KvMemory& memory,
+                                const MemoryGraphConfig& config, const std::string& source = "graph bytes");
 
  private:
   struct Impl;
