@@ -63,7 +63,7 @@ void use(rotary::MemoryGraph& graph, const rotary::KvMemory& seed_memory) {
 
 void try_open(const std::vector<uint8_t>& bytes) {
   // A memory of its own per input: a graph that loads is grown by rows and rebuilt over them.
-  rotary::KvMemory memory = rotary::fuzz::pages_seed_memory();
+  rotary::KvMemory memory = rotary::fuzz::graph_seed_memory();
   rotary::MemoryGraphConfig c = rotary::fuzz::graph_seed_config(16);
   c.degree = field(bytes, 6, c.degree, 1, 1024);
   c.query_neighbors = field(bytes, 7, c.query_neighbors, 2, 1024);
@@ -76,7 +76,7 @@ void try_open(const std::vector<uint8_t>& bytes) {
     rotary::MemoryGraph graph =
         rotary::MemoryGraph::open_bytes(copy.data(), copy.size(), memory, c, "fuzz input");
     use(graph, memory);
-    rotary::fuzz::append_pages_seed_rows(memory, rotary::fuzz::kPagesSeedRows, 2 * rotary::fuzz::kPagesSeedRows);
+    rotary::fuzz::append_graph_seed_rows(memory, rotary::fuzz::kGraphSeedRows, 2 * rotary::fuzz::kGraphSeedRows);
     graph.sync();
     use(graph, memory);
   } catch (const rotary::Error&) {

@@ -1,7 +1,9 @@
 // The graphs whose files seed the memory_graph fuzz target (fuzz/corpus/memory_graph/), shared by the target and
 // tests/core/test_memory_graph.cpp (which checks that the checked-in seeds are what MemoryGraph::save writes for
-// these, and rewrites them with ROTARY_WRITE_FUZZ_SEEDS=1). The memory is the page index seeds' (40 rows of 2 kv
-// heads of 4, memory_pages_seeds.h), built by the target itself: a graph only opens over the rows it was saved for.
+// these, and rewrites them with ROTARY_WRITE_FUZZ_SEEDS=1). The memory (40 rows of 2 kv heads of 4) is built by the
+// target itself: a graph only opens over the rows it was saved for. Its keys and the training queries are
+// multiples of 1/8, so every score is exact in fp32 whatever the build (FMA or not, AVX2 or the baseline path) and
+// the graph - which follows the scores' order, near ties included - is the same bytes in every build.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,34 @@
 #include "rotary/memory_graph.h"
 
 namespace rotary::fuzz {
+
+inline constexpr int64_t kGraphSeedRows = 40;      // appended as 24 then 16 (a graph, then a tail)
+inline constexpr int64_t kGraphSeedFirstRows = 24;
+
+// 2 kv heads of 4, no rotation, f32: row t of head h holds key k_d = 0.25 (t % 9) - 0.5 h + d / 8 + (t / 9) / 8
+// (keys that repeat in part, as a trained model's do), value -k, position 3t.
+inline void append_graph_seed_rows(KvMemory& m, int64_t from, int64_t to) {
+  const int64_t H = 2, D = 4, n = to - from;
+  std::vector<float> k(size_t(n * H * D)), v(k.size());
+  std::vector<int64_t> pos(static_cast<size_t>(n));
+  for (int64_t t = from; t < to; ++t) {
+    pos[size_t(t - from)] = 3 * t;
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t d = 0; d < D; ++d) {
+        const size_t i = size_t(((t - from) * H + h) * D + d);
+        k[i] = 0.25f * float(t % 9) - 0.5f * float(h) + float(d) / 8 + float(t / 9) / 8;
+        v[i] = -k[i];
+      }
+  }
+  m.append(n, {k.data(), H, H * D, D}, {v.data(), H, H * D, D}, pos.data());
+}
+
+// The whole memory, as a graph of a seed is opened over.
+inline KvMemory graph_seed_memory() {
+  KvMemory m(pages_seed_memory_config());
+  append_graph_seed_rows(m, 0, kGraphSeedRows);
+  return m;
+}
 
 // Small enough that the seeds are a few KB: a row keeps 4 neighbours, 16 training queries per head.
 inline MemoryGraphConfig graph_seed_config(int64_t min_graph_rows) {
@@ -35,13 +65,13 @@ inline std::vector<MemoryGraphSeed> memory_graph_seeds() {
 // first 24 rows (a graph when min_graph_rows allows), then over all 40 (a tail of 16).
 inline void write_graph_seed(const MemoryGraphSeed& s, const std::string& path) {
   KvMemory m(pages_seed_memory_config());
-  append_pages_seed_rows(m, 0, kPagesSeedFirstRows);
+  append_graph_seed_rows(m, 0, kGraphSeedFirstRows);
   MemoryGraph graph(m, s.config);
   std::vector<float> q(20 * 4);
   for (size_t i = 0; i < q.size(); ++i) q[i] = 0.125f * float(int(i % 13) - 6);
   graph.add_queries(0, 20, q.data());
   graph.sync();
-  append_pages_seed_rows(m, kPagesSeedFirstRows, kPagesSeedRows);
+  append_graph_seed_rows(m, kGraphSeedFirstRows, kGraphSeedRows);
   graph.sync();
   graph.save(path);
 }

@@ -488,7 +488,7 @@ TEST(MemoryGraph, ASavedGraphOpensAsItWasAndDamagedOrForeignFilesAreRefused) {
 // graphs, and open over its memory; ROTARY_WRITE_FUZZ_SEEDS=1 rewrites them after a change of the format.
 TEST(MemoryGraph, FuzzSeedsAreWhatSaveWrites) {
   const bool rewrite = std::getenv("ROTARY_WRITE_FUZZ_SEEDS") != nullptr;
-  const KvMemory memory = fuzz::pages_seed_memory();
+  const KvMemory memory = fuzz::graph_seed_memory();
   auto bytes = [](const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
