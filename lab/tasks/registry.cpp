@@ -27,8 +27,8 @@ const settings::Table<TaskOptions>& task_option_settings() {
     t.push_back(field<O>("search_eval_len", "--search-eval-len",
                          "substring_search: context before an eval problem's '>' (>= search_substring)",
                          [](auto& o) -> auto& { return o.search_eval_len; }, integers(2, 1 << 20)));
-    t.push_back(field<O>("kv_pairs", "--kv-pairs", "kv_retrieval: pairs per object",
-                         [](auto& o) -> auto& { return o.kv_pairs; }, integers(1, 8192)));
+    t.push_back(field<O>("kv_pairs", "--kv-pairs", "kv_retrieval: pairs per object (at most 26^kv_key_len)",
+                         [](auto& o) -> auto& { return o.kv_pairs; }, integers(1, 456976)));
     // Added later: written only when not the seed's value, so earlier runs' stored configs keep their form.
     t.push_back(field<O>("kv_key_len", "--kv-key-len", "kv_retrieval: letters per key",
                          [](auto& o) -> auto& { return o.kv_key_len; }, integers(1, 4)));

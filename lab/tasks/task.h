@@ -63,7 +63,7 @@ struct TaskOptions {
   int min_string = 4, max_string = 16;  // substring_index: string length range, 1 <= min <= max <= 1000
   int search_substring = 6;             // substring_search: copied substring length, in [2, 64]
   int search_eval_len = 256;            // substring_search: characters of context before an eval problem's '>'
-  int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 8192] (<= 26^kv_key_len)
+  int kv_pairs = 8;                     // kv_retrieval: pairs per object, in [1, 26^4] (<= 26^kv_key_len)
   int kv_min_pairs = 0;                 // kv_retrieval: > 0: each training object has a uniform number of pairs in
                                         // [kv_min_pairs, kv_pairs] (easy objects among hard ones: the lookup forms on
                                         // the easy ones); eval problems keep kv_pairs; 0: always kv_pairs
