@@ -19,23 +19,8 @@ namespace rotary::fuzz {
 inline constexpr int64_t kGraphSeedRows = 40;      // appended as 24 then 16 (a graph, then a tail)
 inline constexpr int64_t kGraphSeedFirstRows = 24;
 
-// 2 kv heads of 4, no rotation, f32: row t of head h holds key k_d = 0.25 (t % 9) - 0.5 h + d / 8 + (t / 9) / 8
-// (keys that repeat in part, as a trained model's do), value -k, position 3t.
-inline void append_graph_seed_rows(KvMemory& m, int64_t from, int64_t to) {
-  const int64_t H = 2, D = 4, n = to - from;
-  std::vector<float> k(size_t(n * H * D)), v(k.size());
-  std::vector<int64_t> pos(static_cast<size_t>(n));
-  for (int64_t t = from; t < to; ++t) {
-    pos[size_t(t - from)] = 3 * t;
-    for (int64_t h = 0; h < H; ++h)
-      for (int64_t d = 0; d < D; ++d) {
-        const size_t i = size_t(((t - from) * H + h) * D + d);
-        k[i] = 0.25f * float(t % 9) - 0.5f * float(h) + float(d) / 8 + float(t / 9) / 8;
-        v[i] = -k[i];
-      }
-  }
-  m.append(n, {k.data(), H, H * D, D}, {v.data(), H, H * D, D}, pos.data());
-}
+// The page seeds' rows with keys drifting by 1/8 every 9 rows: every key a multiple of 1/8.
+inline void append_graph_seed_rows(KvMemory& m, int64_t from, int64_t to) { append_pages_seed_rows(m, from, to, 0.125f); }
 
 // The whole memory, as a graph of a seed is opened over.
 inline KvMemory graph_seed_memory() {

@@ -16,9 +16,10 @@ namespace rotary::fuzz {
 inline constexpr int64_t kPagesSeedRows = 40;     // the memory's rows, appended as 24 then 16 (two segments)
 inline constexpr int64_t kPagesSeedFirstRows = 24;
 
-// 2 kv heads of 4, no rotation, f32: row t of head h holds key k_d = 0.25 (t % 9) - 0.5 h + d / 8 + 0.1 (t / 9)
-// (keys that repeat in part, as a trained model's do), value -k, position 3t.
-inline void append_pages_seed_rows(KvMemory& m, int64_t from, int64_t to) {
+// 2 kv heads of 4, no rotation, f32: row t of head h holds key k_d = 0.25 (t % 9) - 0.5 h + d / 8 + drift (t / 9)
+// (keys that repeat in part, as a trained model's do), value -k, position 3t. (The graph seeds take drift 1/8, so
+// that every key is a multiple of 1/8: memory_graph_seeds.h.)
+inline void append_pages_seed_rows(KvMemory& m, int64_t from, int64_t to, float drift = 0.1f) {
   const int64_t H = 2, D = 4, n = to - from;
   std::vector<float> k(size_t(n * H * D)), v(k.size());
   std::vector<int64_t> pos(static_cast<size_t>(n));
@@ -27,7 +28,7 @@ inline void append_pages_seed_rows(KvMemory& m, int64_t from, int64_t to) {
     for (int64_t h = 0; h < H; ++h)
       for (int64_t d = 0; d < D; ++d) {
         const size_t i = size_t(((t - from) * H + h) * D + d);
-        k[i] = 0.25f * float(t % 9) - 0.5f * float(h) + float(d) / 8 + 0.1f * float(t / 9);
+        k[i] = 0.25f * float(t % 9) - 0.5f * float(h) + float(d) / 8 + drift * float(t / 9);
         v[i] = -k[i];
       }
   }
