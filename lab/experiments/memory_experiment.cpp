@@ -656,8 +656,22 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
         RunOutcome::interrupted_by(stopped.signal, stopped.message + "; rerun the same memory command to continue");
     return result;
   }
+  p.info.role = p.config.task;  // a --checkpoint's own task, not --task's default
   const std::string who = p.config.task + " model (" + p.info.checkpoint + ")";
   check(is_memory_task(p.config.task), who + " task", p.config.task, "passkey or kv_retrieval");
+  // A model trained on plain torch ops (fused = false) computes the same function on the fused kernels (tests/nn/
+  // test_model.cpp), and the memory decodes through the core's: such a model is rebuilt on them, as the report says.
+  if (!p.config.model.fused && p.config.model.attention == nn::AttentionKind::Softmax) {
+    p.config.model.fused = true;
+    nn::Transformer fused(p.config.model);
+    torch::NoGradGuard no_grad;
+    auto params = fused->named_parameters(), buffers = fused->named_buffers();
+    for (const auto& t : p.model->named_parameters()) params[t.key()].copy_(t.value());
+    for (const auto& t : p.model->named_buffers()) buffers[t.key()].copy_(t.value());
+    fused->eval();
+    p.model = fused;
+    p.info.description += "; trained on plain torch ops, run here on the fused kernels (the same function)";
+  }
   const nn::EncodingConfig& trained = p.config.model.encoding;
   check(trained.kind == nn::EncodingKind::Rope || trained.kind == nn::EncodingKind::Rerope ||
             trained.kind == nn::EncodingKind::LeakyRerope,

@@ -39,7 +39,7 @@ const settings::Table<TaskOptions>& task_option_settings() {
     t.push_back(field<O>("kv_min_pairs", "--kv-min-pairs",
                          "kv_retrieval: > 0: training objects have a uniform number of pairs in [kv_min_pairs, "
                          "kv_pairs] (a curriculum by mixing; eval keeps kv_pairs); 0: always kv_pairs",
-                         [](auto& o) -> auto& { return o.kv_min_pairs; }, integers(0, 8192)));
+                         [](auto& o) -> auto& { return o.kv_min_pairs; }, integers(0, 456976)));
     t.back().written = [](const O& o) { return o.kv_min_pairs != 0; };
     t.push_back(field<O>("kv_loss", "--kv-loss",
                          "kv_retrieval: which characters of a training row are in the loss: answers (the values after "

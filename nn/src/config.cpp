@@ -136,6 +136,15 @@ std::string_view attention_kind_name(AttentionKind kind) {
 }
 std::ostream& operator<<(std::ostream& os, AttentionKind kind) { return os << attention_kind_name(kind); }
 
+std::string_view init_kind_name(InitKind kind) {
+  switch (kind) {
+    case InitKind::Gpt2: return "gpt2";
+    case InitKind::FanIn: return "fan_in";
+  }
+  return "?";
+}
+std::ostream& operator<<(std::ostream& os, InitKind kind) { return os << init_kind_name(kind); }
+
 bool is_rotary(EncodingKind kind) {
   return kind == EncodingKind::Rope || kind == EncodingKind::Roper || kind == EncodingKind::Rerope ||
          kind == EncodingKind::LeakyRerope;
@@ -367,6 +376,9 @@ const settings::Table<ModelConfig>& model_settings() {
                          reals(0, 1, false, true)));
     t.push_back(field<M>("tie_embeddings", "--tie-embeddings", "share the input embedding and the LM head",
                          [](auto& c) -> auto& { return c.tie_embeddings; }, boolean()));
+    t.push_back(if_not_default(enum_choice<M>(
+        "init", "--init", "the parameters' start: gpt2 (N(0, 0.02)) or fan_in (torch's: +-1/sqrt(inputs), embeddings N(0, 1))",
+        [](auto& c) -> auto& { return c.init; }, kInitKinds, init_kind_name)));
     t.push_back(field<M>("max_seq_len", "--max-seq-len", "learned positions: table size",
                          [](auto& c) -> auto& { return c.max_seq_len; }, integers(1, kMaxSequenceLength)));
     t.push_back(enum_choice<M>("attention", "--attention",

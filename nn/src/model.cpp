@@ -2,6 +2,7 @@
 #include "rotary_nn/model.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <cmath>
 
 #include "rotary/error.h"
 #include "rotary_nn/attention.h"
@@ -90,12 +91,23 @@ TransformerImpl::TransformerImpl(const ModelConfig& config) : config_(config) {
   if (config_.pre_norm) ln_final_ = register_module("ln_final", Norm(config_.normalization, d, config_.norm_eps));
   if (!config_.tie_embeddings) lm_head_ = register_module("lm_head", tnn::Linear(tnn::LinearOptions(d, config_.vocab_size).bias(false)));
   drop_ = register_module("drop", tnn::Dropout(config_.dropout));
-  // GPT-2 initialisation: N(0, 0.02) matrices and embeddings (torch's N(0, 1) embedding would give huge tied
-  // logits), zero biases, norms at identity.
+  // gpt2: N(0, 0.02) matrices and embeddings (N(0, 1) embeddings would give huge tied logits). fan_in: a matrix
+  // uniform in +-1/sqrt(its inputs), embeddings (token, learned position) N(0, 1), written out here rather than
+  // left to libtorch's constructors. Either way zero biases, norms at identity.
   torch::NoGradGuard no_grad;
   for (auto& p : named_parameters()) {
-    if (p.value().dim() >= 2) p.value().normal_(0.0, 0.02);
-    else if (p.key().ends_with("bias")) p.value().zero_();
+    torch::Tensor w = p.value();
+    if (w.dim() >= 2) {
+      const bool embedding = p.key() == "tok_emb.weight" || p.key() == "pos_emb.weight";
+      if (config_.init == InitKind::Gpt2) w.normal_(0.0, 0.02);
+      else if (embedding) w.normal_(0.0, 1.0);
+      else {
+        const double bound = 1.0 / std::sqrt(double(w.size(1)));
+        w.uniform_(-bound, bound);
+      }
+    } else if (p.key().ends_with("bias")) {
+      w.zero_();
+    }
   }
 }
 

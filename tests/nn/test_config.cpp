@@ -31,6 +31,7 @@ TEST(config, JsonRoundTripKeepsEveryField) {
   c.pre_norm = false;
   c.dropout = 0.125;
   c.tie_embeddings = false;
+  c.init = InitKind::FanIn;
   c.max_seq_len = 77;
   c.fused = false;
   c.encoding.kind = EncodingKind::LeakyRerope;
@@ -59,6 +60,9 @@ TEST(config, JsonRoundTripKeepsEveryField) {
   EXPECT_EQ(back.encoding.rope.attention_factor, std::optional<double>(1.25));
   EXPECT_EQ(back.encoding.leaky_k, 4.5);
   EXPECT_EQ(back.dropout, 0.125);
+  EXPECT_EQ(back.init, InitKind::FanIn);
+  EXPECT_EQ(j.at("init"), "fan_in");
+  EXPECT_FALSE(nlohmann::json(valid()).contains("init"));  // gpt2, the default, is not written: stored configs keep their form
   EXPECT_FALSE(back.fused);
 }
 

@@ -309,8 +309,8 @@ TEST(Settings, PathsAndFlagsAreUniqueAndEveryFlagIsOnTheCommandLine) {
   // (--head-dim, --normalization, --norm-eps, --mlp, --qkv-bias, --out-bias, --mlp-bias, --parallel-residual),
   // + 2 of the performer (--performer-features, --performer-redraw), + 1 of the text task (--text-tokenizer),
   // + 4 of kv_retrieval (--kv-key-len, --kv-queries, --kv-loss, --kv-min-pairs), + 2 of passkey (--passkey-digits,
-  // --passkey-eval-len).
-  EXPECT_EQ(flag_names.size(), 68u);
+  // --passkey-eval-len), + 1 of the model's start (--init).
+  EXPECT_EQ(flag_names.size(), 69u);
 }
 
 TEST(Settings, TheJsonFormIsTheOneEarlierVersionsStored) {

@@ -32,6 +32,13 @@ inline constexpr AttentionKind kAttentionKinds[] = {AttentionKind::Softmax, Atte
                                                     AttentionKind::Performer};
 std::string_view attention_kind_name(AttentionKind kind);  // "softmax", "linear", "performer"
 std::ostream& operator<<(std::ostream& os, AttentionKind kind);
+// How the parameters start (docs/model.md): GPT-2's N(0, 0.02) for every matrix and embedding, or fan_in -
+// torch's own defaults - a matrix uniform in +-1/sqrt(its inputs), an embedding N(0, 1). A small model on the
+// key-value task forms its lookup heads only from fan_in's larger attention scores (docs/tasks.md).
+enum class InitKind : uint8_t { Gpt2, FanIn };
+inline constexpr InitKind kInitKinds[] = {InitKind::Gpt2, InitKind::FanIn};
+std::string_view init_kind_name(InitKind kind);  // "gpt2", "fan_in"
+std::ostream& operator<<(std::ostream& os, InitKind kind);
 // The block's normalisation and MLP, the engine's enums (it runs the same blocks): GPT-2's LayerNorm + GELU by
 // default; Llama, Mistral and Qwen use RMSNorm + SwiGLU (docs/checkpoints.md); GPT-NeoX LayerNorm + GELU with a
 // parallel residual.
@@ -93,6 +100,7 @@ struct ModelConfig {
                                    // sliding-window attention, so longer sequences are refused, not run differently
   double dropout = 0.0;
   bool tie_embeddings = true;
+  InitKind init = InitKind::Gpt2;  // gpt2 | fan_in (see InitKind)
   int max_seq_len = 1024;  // learned absolute positions only
   AttentionKind attention = AttentionKind::Softmax;  // softmax | linear (RoFormer eq. 19) | performer (FAVOR+)
   int performer_features = 0;         // performer: random features m per layer (0 = round(head_dim ln head_dim))
