@@ -663,13 +663,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   // test_model.cpp), and the memory decodes through the core's: such a model is rebuilt on them, as the report says.
   if (!p.config.model.fused && p.config.model.attention == nn::AttentionKind::Softmax) {
     p.config.model.fused = true;
-    nn::Transformer fused(p.config.model);
-    torch::NoGradGuard no_grad;
-    auto params = fused->named_parameters(), buffers = fused->named_buffers();
-    for (const auto& t : p.model->named_parameters()) params[t.key()].copy_(t.value());
-    for (const auto& t : p.model->named_buffers()) buffers[t.key()].copy_(t.value());
-    fused->eval();
-    p.model = fused;
+    p.model = nn::on_attention_path(p.model, true);
     p.info.description += "; trained on plain torch ops, run here on the fused kernels (the same function)";
   }
   const nn::EncodingConfig& trained = p.config.model.encoding;

@@ -175,6 +175,19 @@ torch::Tensor TransformerImpl::hidden_states(const torch::Tensor& tokens, const 
   return final_norm(x);
 }
 
+Transformer on_attention_path(const Transformer& model, bool fused) {
+  ModelConfig c = model->config();
+  c.fused = fused;
+  Transformer out(c);
+  out->to(model->parameters().front().scalar_type());
+  torch::NoGradGuard no_grad;
+  auto params = out->named_parameters(), buffers = out->named_buffers();
+  for (const auto& t : model->named_parameters()) params[t.key()].copy_(t.value());
+  for (const auto& t : model->named_buffers()) buffers[t.key()].copy_(t.value());
+  out->train(model->is_training());
+  return out;
+}
+
 void TransformerImpl::redraw_performer_features(uint64_t seed) {
   for (size_t i = 0; i < blocks_.size(); ++i) {
     // splitmix64 of (seed, layer): distinct, well-mixed generator seeds per layer.

@@ -93,6 +93,7 @@ TEST(config, JsonErrorsNameTheField) {
   expect_error(parse(R"({"vocab_size": 9, "normalization": "batchnorm"})"),
                {"normalization = batchnorm", "layernorm, rmsnorm"});
   expect_error(parse(R"({"vocab_size": 9, "mlp": "relu"})"), {"mlp = relu", "gelu, gelu_tanh, swiglu"});
+  expect_error(parse(R"({"vocab_size": 9, "init": "xavier"})"), {"init = xavier", "gpt2, fan_in"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"scaling": "stretchy"}}})"), {"stretchy"});
   expect_error(parse(R"({"vocab_size": 9, "encoding": {"rope": {"yarn": {"beta": 1}}}})"),
                {"encoding.rope.yarn.beta"});

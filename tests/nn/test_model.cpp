@@ -173,7 +173,6 @@ void for_every_case(void (*check)(const ModelConfig&)) {
   }
 }
 
-
 // The two starts, parameter by parameter: gpt2 draws N(0, 0.02) everywhere; fan_in bounds a matrix by
 // 1/sqrt(its inputs) (wq: d_model, fc_out: 4 d_model) and draws embeddings N(0, 1); both zero the biases and start
 // the norms at identity. Sample moments of >= 1,600 draws: std within 15% (a 1e-6 failure chance at these sizes).
@@ -206,6 +205,23 @@ TEST(model, InitKindsDrawWhatTheyName) {
     EXPECT_EQ(max_abs(params["block0.ln_attn.bias"]), 0.0);
   }
 }
+
+// A plain model moved to the fused kernels keeps its weights, dtype and mode, and computes the same logits.
+TEST(model, OnAttentionPathKeepsTheWeights) {
+  ModelConfig c = small_config("rope");
+  Transformer plain = make(c, false, torch::kDouble);
+  plain->eval();
+  Transformer fused = on_attention_path(plain, true);
+  EXPECT_TRUE(fused->config().fused);
+  EXPECT_FALSE(fused->is_training());
+  auto want = plain->named_parameters();
+  for (const auto& p : fused->named_parameters()) EXPECT_TRUE(torch::equal(p.value(), want[p.key()])) << p.key();
+  const torch::Tensor tokens = tokens_for(c);
+  const torch::Tensor a = plain->forward(tokens), b = fused->forward(tokens);
+  EXPECT_EQ(b.scalar_type(), torch::kDouble);
+  EXPECT_LE(max_diff(a, b), 1e-10 * max_abs(a));  // float64 rounding, as FusedEqualsPlainFloat64
+}
+
 // The cases above are 16 tokens: one tile of the fused kernels (64 keys). Here 150 tokens (three key tiles, a
 // partial last one), with fan_in's larger scores: the key-value runs that train on the plain path and not on the
 // fused one (docs/tasks.md) made this worth checking at their sizes.

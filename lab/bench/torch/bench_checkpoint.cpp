@@ -242,14 +242,7 @@ void run(const BenchCheckpointArgs& a) {
     fused.model = nn::Transformer(cfg);
     shape = "random weights";
   }
-  nn::ModelConfig plain_cfg = cfg;
-  plain_cfg.fused = false;
-  plain.model = nn::Transformer(plain_cfg);
-  {
-    torch::NoGradGuard no_grad;
-    auto dst = plain.model->named_parameters();
-    for (const auto& p : fused.model->named_parameters()) dst[p.key()].copy_(p.value());
-  }
+  plain.model = nn::on_attention_path(fused.model, false);
   for (Method* m : {&fused, &plain}) m->model->eval();
 
   int64_t params = 0, read_per_token = 0;

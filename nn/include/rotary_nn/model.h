@@ -108,4 +108,9 @@ class TransformerImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Transformer);
 
+// The same weights (parameters and buffers, dtype and training mode) on the other attention path: the fused kernels
+// and plain torch ops compute the same function (tests/nn/test_model.cpp), so a model trained on one runs on the
+// other. Builds the model anew, which draws its start from torch's generator before the copy.
+Transformer on_attention_path(const Transformer& model, bool fused);
+
 }  // namespace rotary::nn
