@@ -61,9 +61,15 @@ bool prepare_model(const TrainConfig& run, const std::string& checkpoint, const 
   out.info.train_len = out.config.seq_len;
   out.info.trained_logn = out.config.model.encoding.logn_train_len > 0;
   const nn::ModelConfig& m = out.config.model;
+  // The encoding by kind (and ReRoPE's window): "rerope w = 64, rope(d=16, ...)"; the rope parameters alone would
+  // describe a ReRoPE model as a RoPE one.
+  const nn::EncodingConfig& e = m.resolved_encoding();
+  std::string encoding(nn::encoding_kind_name(e.kind));
+  if (e.window > 0) encoding += fmt::format(" w = {}", e.window);
+  if (e.kind == nn::EncodingKind::LeakyRerope) encoding += fmt::format(" k = {}", e.leaky_k);
   out.info.description = fmt::format(
-      "task {}, d_model {} x {} layers x {} heads, {}, trained {} steps x batch {} at length {}{}", out.config.task,
-      m.d_model, m.n_layers, m.n_heads, m.resolved_encoding().rope.describe(), out.info.step, out.config.batch_size,
+      "task {}, d_model {} x {} layers x {} heads, {}, {}, trained {} steps x batch {} at length {}{}", out.config.task,
+      m.d_model, m.n_layers, m.n_heads, encoding, e.rope.describe(), out.info.step, out.config.batch_size,
       out.config.seq_len, out.info.trained_logn ? " with log-n" : "");
   return true;
 }

@@ -31,10 +31,11 @@ constexpr int kValueLen = 3;
 
 class KvRetrievalTask final : public CharTask {
  public:
-  KvRetrievalTask(int pairs, int min_pairs, int key_len, int queries, bool loss_on_all)
+  KvRetrievalTask(int pairs, int min_pairs, int key_len, int queries, bool loss_on_all, double near_keys)
       : CharTask(std::string(kLetters) + "{}\": ,=#"),
         pairs_(pairs), min_pairs_(min_pairs > 0 ? min_pairs : pairs), key_len_(key_len), queries_(queries),
-        loss_on_all_(loss_on_all) {
+        loss_on_all_(loss_on_all), near_keys_(near_keys) {
+    check(near_keys >= 0 && near_keys <= 1, "kv_near_keys", near_keys, "in [0, 1]");
     check(min_pairs >= 0 && min_pairs <= pairs, "kv_min_pairs", min_pairs,
           "in [0, kv_pairs = " + std::to_string(pairs) + "] (0: every object has kv_pairs)");
     key_space_ = 1;
@@ -52,7 +53,7 @@ class KvRetrievalTask final : public CharTask {
     const int64_t row = int64_t(seq_len) + 1;
     if (problem_len > row)
       fail("kv_pairs", std::to_string(pairs_),
-           fmt_at_most(row, per_pair, per_query) + " for seq_len = " + std::to_string(seq_len) +
+           fmt_at_most(row, per_pair, per_query, queries_) + " for seq_len = " + std::to_string(seq_len) +
                " (a row must hold one whole problem of kv_pairs * " + std::to_string(per_pair) +
                " + min(kv_queries, kv_pairs) * " + std::to_string(per_query) + " characters)");
     // The lead is at most row - problem_len characters, so one whole problem always follows it.
@@ -62,7 +63,7 @@ class KvRetrievalTask final : public CharTask {
       // (no draw at one size: the seed's rows stay as they were)
       const int pairs =
           min_pairs_ == pairs_ ? pairs_ : min_pairs_ + int(uniform_below(r, uint64_t(pairs_ - min_pairs_ + 1)));
-      t.append(object(r, keys, values, pairs), loss_on_all_);
+      t.append(object(r, keys, values, pairs, near_keys_), loss_on_all_);
       // Distinct keys in a random order (a partial Fisher-Yates; one query draws as the seed's form did).
       std::vector<size_t> order(keys.size());
       for (size_t i = 0; i < order.size(); ++i) order[i] = i;
@@ -80,28 +81,48 @@ class KvRetrievalTask final : public CharTask {
  protected:
   EvalProblem eval_problem(std::mt19937_64& rng) const override {
     std::vector<std::string> keys, values;
-    const std::string obj = object(rng, keys, values, pairs_);
+    const std::string obj = object(rng, keys, values, pairs_, 0);
     const size_t q = query(rng, keys.size());
     return {obj + " " + keys[q] + "=", values[q], values[q]};
   }
 
  private:
-  static std::string fmt_at_most(int64_t row, int64_t per_pair, int64_t per_query) {
+  // The bound with this task's kv_queries (fewer pairs than queries ask one query per pair, so a smaller object
+  // may still fit: the check above is the exact one).
+  static std::string fmt_at_most(int64_t row, int64_t per_pair, int64_t per_query, int queries) {
     return "at most (seq_len + 1 - kv_queries * " + std::to_string(per_query) + ") / " + std::to_string(per_pair) +
-           " = " + std::to_string(std::max<int64_t>(0, row - per_query) / per_pair) + " (with one query)";
+           " = " + std::to_string(std::max<int64_t>(0, row - per_query * queries) / per_pair) +
+           " with kv_queries = " + std::to_string(queries);
   }
   static size_t query(std::mt19937_64& rng, size_t pairs) { return uniform_below(rng, pairs); }
 
-  // The JSON object of `pairs` distinct keys and their values (the draws of the seed's form, in its order).
+  // The JSON object of `pairs` distinct keys and their values (the draws of the seed's form, in its order). With
+  // near > 0 each key after the first is, with that chance, an earlier key with one letter changed (no draw at 0,
+  // so the seed's rows stay as they were); when every such neighbour is taken the key is drawn at random.
   std::string object(std::mt19937_64& rng, std::vector<std::string>& keys, std::vector<std::string>& values,
-                     int pairs) const {
+                     int pairs, double near) const {
     keys.clear(), values.clear();
     keys.reserve(size_t(pairs));
     std::vector<bool> taken(key_space_, false);
+    std::vector<uint64_t> codes;
+    std::vector<uint64_t> place(size_t(key_len_), 1);  // place[i] = 26^i: letter i's digit
+    for (size_t i = 1; i < place.size(); ++i) place[i] = place[i - 1] * 26;
     while (keys.size() < size_t(pairs)) {  // distinct keys (rejection: fine while pairs is not near the space)
-      uint64_t code = uniform_below(rng, key_space_);
+      uint64_t code = 0;
+      bool drawn = false;
+      if (near > 0 && !codes.empty() && std::uniform_real_distribution<double>(0, 1)(rng) < near) {
+        const uint64_t base = codes[uniform_below(rng, codes.size())];
+        for (int tries = 0; tries < 4 * key_len_ && !drawn; ++tries) {
+          const uint64_t at = place[uniform_below(rng, uint64_t(key_len_))];
+          const uint64_t digit = (base / at) % 26, other = (digit + 1 + uniform_below(rng, 25)) % 26;
+          code = base - digit * at + other * at;
+          drawn = !taken[code];
+        }
+      }
+      if (!drawn) code = uniform_below(rng, key_space_);
       if (taken[code]) continue;
       taken[code] = true;
+      codes.push_back(code);
       std::string key(size_t(key_len_), 'a');
       for (char& c : key) {
         c = kLetters[code % 26];
@@ -120,6 +141,7 @@ class KvRetrievalTask final : public CharTask {
 
   int pairs_, min_pairs_, key_len_, queries_;
   bool loss_on_all_;
+  double near_keys_;
   uint64_t key_space_ = 0;
 };
 
@@ -127,7 +149,8 @@ class KvRetrievalTask final : public CharTask {
 
 std::unique_ptr<Task> make_kv_retrieval_task(const TaskOptions& o) {
   check(o.kv_loss == "answers" || o.kv_loss == "all", "kv_loss", o.kv_loss, "answers or all");
-  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_min_pairs, o.kv_key_len, o.kv_queries, o.kv_loss == "all");
+  return std::make_unique<KvRetrievalTask>(o.kv_pairs, o.kv_min_pairs, o.kv_key_len, o.kv_queries, o.kv_loss == "all",
+                                           o.kv_near_keys);
 }
 
 }  // namespace rotary::lab

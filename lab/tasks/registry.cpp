@@ -47,6 +47,11 @@ const settings::Table<TaskOptions>& task_option_settings() {
                          [](auto& o) -> auto& { return o.kv_loss; },
                          names([] { return std::vector<std::string>{"answers", "all"}; })));
     t.back().written = [](const O& o) { return o.kv_loss != "answers"; };
+    t.push_back(field<O>("kv_near_keys", "--kv-near-keys",
+                         "kv_retrieval: chance that a training object's key is an earlier key with one letter changed "
+                         "(hard negatives; eval keeps random keys)",
+                         [](auto& o) -> auto& { return o.kv_near_keys; }, reals(0, 1)));
+    t.back().written = [](const O& o) { return o.kv_near_keys != 0; };
     t.push_back(field<O>("passkey_digits", "--passkey-digits", "passkey: distinct digits of the hidden key",
                          [](auto& o) -> auto& { return o.passkey_digits; }, integers(1, 10)));
     t.back().written = [](const O& o) { return o.passkey_digits != 5; };

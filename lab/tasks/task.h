@@ -70,6 +70,9 @@ struct TaskOptions {
   int kv_key_len = 3;                   // kv_retrieval: letters per key, in [1, 4] (3 in the seed)
   int kv_queries = 1;                   // kv_retrieval: queries (distinct keys, at most kv_pairs) after each object in training rows, in [1, 64]
   std::string kv_loss = "answers";      // kv_retrieval: loss on the answers only, or on every character ("all")
+  double kv_near_keys = 0;               // kv_retrieval: chance that a training object's key (after its first) is an
+                                        // earlier key with one letter changed (hard negatives: a lookup that matches
+                                        // one letter of two picks the wrong pair); eval keeps the seed's draws; in [0, 1]
   int passkey_digits = 5;               // passkey: distinct digits of the key, in [1, 10]
   int passkey_eval_len = 256;           // passkey: characters of an eval prompt, in [needle + question, 2^24]
   std::string text_tokenizer = "bpe";   // text: bpe (sentencepiece BPE of text_vocab pieces) | char (one token per

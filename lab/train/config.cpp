@@ -137,6 +137,12 @@ const settings::Table<TrainConfig>& train_settings() {
     t.push_back(field<C>("threads", "--threads", "torch threads per process",
                          [](auto& c) -> auto& { return c.threads; },
                          integers(0, lab::kMaxThreads, "0 = cores / processes")));
+    // Written only when set, so the configs stored before it keep their form.
+    Setting<C> init_from = field<C>("init_from", "--init-from",
+                                    "start from this run's parameters (a run directory or checkpoint file)",
+                                    [](auto& c) -> auto& { return c.init_from; }, text(false, "empty = the model's own start"));
+    init_from.written = [](const C& c) { return !c.init_from.empty(); };
+    t.push_back(std::move(init_from));
     return t;
   }();
   return table;

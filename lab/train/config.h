@@ -38,6 +38,10 @@ struct TrainConfig {
   int64_t checkpoint_interval = 0; // 0 = at every evaluation
   std::string out_dir = "runs/train";
   int threads = 0;                 // torch intra-op threads; 0 = cores / processes
+  // A curriculum: a fresh run's parameters start as those of another run (a run directory or checkpoint file) -
+  // e.g. a model that learned the lookup on one-letter keys, trained on two-letter ones. Every parameter must
+  // match by name and shape; the optimizer, schedule and data start afresh. Empty: the model's own start.
+  std::string init_from;
 
   // rotary::Error naming the first bad field: each inside its declared range (train_settings), then the rules
   // between fields (the model's through ModelConfig::validate).

@@ -109,6 +109,32 @@ struct Evaluation {
   std::optional<double> loss, accuracy;
 };
 
+// The curriculum start (TrainConfig::init_from): every parameter of `model` copied from the run at `where`, which
+// must have the same parameters by name and shape (its encoding, attention path and task may differ).
+void start_from_run(nn::Transformer& model, const std::string& where) {
+  TrainedModel source;
+  try {
+    source = load_trained_model(where);
+  } catch (const Error& e) {
+    throw Error(std::string("rotary: init_from = ") + where + ": " + e.what());
+  }
+  auto from = source.model->named_parameters();
+  auto to = model->named_parameters();
+  const std::string same = "a run whose model has this model's parameters, by name and shape";
+  for (const auto& p : to) {
+    const torch::Tensor* s = from.find(p.key());
+    check(s != nullptr, "init_from", where + " (its model has no " + p.key() + ")", same);
+    check(s->sizes() == p.value().sizes(), "init_from",
+          fmt::format("{} (its {} is {}, this model's {})", where, p.key(), fmt::join(s->sizes(), "x"),
+                      fmt::join(p.value().sizes(), "x")),
+          same);
+  }
+  check(from.size() == to.size(), "init_from",
+        fmt::format("{} (its model has {} parameters, this one {})", where, from.size(), to.size()), same);
+  torch::NoGradGuard no_grad;
+  for (auto& p : to) p.value().copy_(from[p.key()]);
+}
+
 Evaluation evaluate(nn::Transformer& model, const lab::Task& task, const TrainConfig& c) {
   Evaluation e;
   if (c.eval_batches > 0)
@@ -193,6 +219,8 @@ TrainResult train(TrainConfig config, const TrainOptions& options) {
     meta = load_checkpoint(ckpt, *model, optimizer.get(), /*restore_torch_rng=*/true);
     data_rng = rng_from_text(meta.data_rng);
     step = meta.step;
+  } else if (!config.init_from.empty()) {
+    start_from_run(model, config.init_from);
   }
   // Every rank starts from rank 0's parameters (they agree already through the seed; this guards against a rank
   // that did not).

@@ -74,11 +74,12 @@ cmp -s <(grep "% |$" "$W/out") <(grep "% |$" "$W/out2") || fail "rerun accuracy 
 # report titled for it, the key distance measured from the asked key's value; a length whose prompt would need
 # more pairs than the keys allow is refused before training, naming --lengths. The model is trained as the kv
 # runs that learn (docs/tasks.md: fan_in start, untied head, plain torch ops) and decoded on the fused kernels,
-# which the report says.
+# which the report says (and the model's encoding by kind, ReRoPE's window included).
 if "$ROTARY" memory "${BASE[@]}" --task kv_retrieval --window 64 --policies rerope --top-k 4 --indexes kdtree \
      --init fan_in --tie-embeddings false --fused false --out "$W/kv" > "$W/kout" 2> "$W/kerr"; then
   grep -q "^# rotary memory: key-value retrieval far beyond the training length" "$W/kout" &&
     grep -q "trained on plain torch ops, run here on the fused kernels (the same function)" "$W/kout" &&
+    grep -q "x 2 heads, rerope w = 64, rope(" "$W/kout" &&
     grep -q '"init": "fan_in"' "$W/kv/model/config.json" &&
     grep -q "^| memory rerope (top-4) | [0-9.]*% | [0-9.]*% |$" "$W/kout" &&
     grep -q "^| kdtree index (top-4) | 256 |" "$W/kout" || fail "kv_retrieval memory: $(cat "$W/kout")"

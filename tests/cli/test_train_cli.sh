@@ -68,6 +68,16 @@ fi
 expect_error "generate: a character outside the vocabulary" 2 "rotary:" -- "$ROTARY" generate "$W/run" --prompt "Hello"
 expect_error "eval: no checkpoint" 2 "no checkpoint" -- "$ROTARY" eval "$W/nothing"
 
+# --- a curriculum stage: --init-from another run (the run's config keeps the path); another shape is refused -----
+if "$ROTARY" train "${TINY[@]}" --steps 2 --seed 9 --init-from "$W/run" --out "$W/stage2" > /dev/null 2> "$W/stage2.err"; then
+  grep -q "\"init_from\": \"$W/run\"" "$W/stage2/config.json" && pass "train --init-from starts a run from another" ||
+    fail "--init-from not in config.json: $(grep init "$W/stage2/config.json")"
+else
+  fail "train --init-from exited $?: $(tail -3 "$W/stage2.err")"
+fi
+expect_error "train --init-from a model of another shape" 2 "init_from" -- \
+  "$ROTARY" train "${TINY[@]}" --steps 2 --d-model 32 --init-from "$W/run" --out "$W/stage_wide"
+
 # --- 3. bad settings -------------------------------------------------------------------------------------------
 expect_error "unknown encoding lists the kinds" 2 "roper" -- "$ROTARY" train "${TINY[@]}" --encoding ropex --out "$W/x"
 expect_error "unknown task lists the tasks" 2 "substring_index" -- "$ROTARY" train "${TINY[@]}" --task multiply --out "$W/x"

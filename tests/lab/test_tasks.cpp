@@ -410,6 +410,24 @@ TEST(tasks, KvRetrievalWithShortKeysAndSeveralQueries) {
   too_many.kv_key_len = 1;
   too_many.kv_pairs = 27;
   EXPECT_THROW(make_task("kv_retrieval", too_many), Error);
+  // An object that does not fit a row: the bound named is the one for this kv_queries (2 queries of 8 characters
+  // leave (129 - 16) / 13 = 8 pairs of two-letter keys at seq_len 128).
+  TaskOptions two_queries;
+  two_queries.kv_key_len = 2;
+  two_queries.kv_pairs = 9;
+  two_queries.kv_queries = 2;
+  std::mt19937_64 r(1);
+  try {
+    make_task("kv_retrieval", two_queries)->train_sequence(r, 128);
+    ADD_FAILURE() << "9 pairs fit seq_len 128";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_pairs = 9 is invalid; allowed: at most (seq_len + 1 - kv_queries * 8) / 13 = "
+                                         "8 with kv_queries = 2 for seq_len = 128"),
+              std::string::npos)
+        << e.what();
+  }
+  two_queries.kv_pairs = 8;
+  EXPECT_NO_THROW(make_task("kv_retrieval", two_queries)->train_sequence(r, 128));
 }
 
 // kv_min_pairs (a curriculum by mixing): training objects have every size in [kv_min_pairs, kv_pairs] and no
@@ -446,6 +464,79 @@ TEST(tasks, KvRetrievalMixesObjectSizesForTraining) {
     ADD_FAILURE() << "kv_min_pairs = 7 > kv_pairs accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("kv_min_pairs = 7"), std::string::npos) << e.what();
+  }
+}
+
+// kv_near_keys (hard negatives): at chance 1 every key of a training object after its first differs from an
+// earlier key of that object in exactly one letter (at chance 0, about 2 in 26 would by accident); the keys stay
+// distinct; eval problems keep random keys; 0 leaves the rows as they were; a chance outside [0, 1] is refused.
+TEST(tasks, KvRetrievalNearKeysDifferInOneLetter) {
+  auto keys_of = [](const std::string& obj) {
+    std::vector<std::string> keys;
+    for (size_t q = obj.find('"'); q != std::string::npos; q = obj.find('"', q + 1)) {
+      const size_t end = obj.find('"', q + 1);
+      if (obj.compare(end + 1, 1, ":") == 0) keys.push_back(obj.substr(q + 1, end - q - 1));
+      q = end;
+    }
+    return keys;
+  };
+  auto near_share = [&](const std::vector<std::string>& objects) {
+    int near = 0, later = 0;
+    for (const std::string& obj : objects) {
+      const std::vector<std::string> keys = keys_of(obj);
+      EXPECT_EQ(std::set<std::string>(keys.begin(), keys.end()).size(), keys.size()) << obj;
+      for (size_t i = 1; i < keys.size(); ++i, ++later)
+        for (size_t j = 0; j < i; ++j) {
+          int differ = 0;
+          for (size_t c = 0; c < keys[i].size(); ++c) differ += keys[i][c] != keys[j][c];
+          if (differ == 1) {
+            ++near;
+            break;
+          }
+        }
+    }
+    return later ? double(near) / later : 0.0;
+  };
+  auto objects_of = [](const std::string& text) {
+    std::vector<std::string> out;
+    for (size_t open = text.find('{'); open != std::string::npos; open = text.find('{', open + 1)) {
+      const size_t close = text.find('}', open);
+      if (close == std::string::npos) break;
+      out.push_back(text.substr(open, close + 1 - open));
+    }
+    return out;
+  };
+  TaskOptions options;
+  options.kv_pairs = 8;
+  options.kv_key_len = 2;
+  options.kv_near_keys = 1;
+  const auto task = make_task("kv_retrieval", options);
+  TaskOptions random_keys = options;
+  random_keys.kv_near_keys = 0;
+  const auto plain = make_task("kv_retrieval", random_keys);
+  std::vector<std::string> near_objects, plain_objects, eval_objects;
+  std::mt19937_64 a(2), b(2);
+  for (int row = 0; row < 30; ++row) {
+    for (const std::string& o : objects_of(decode_row(*task, task->train_sequence(a, 400)))) near_objects.push_back(o);
+    for (const std::string& o : objects_of(decode_row(*plain, plain->train_sequence(b, 400)))) plain_objects.push_back(o);
+  }
+  for (const EvalProblem& p : task->eval_problems(60, 1)) eval_objects.push_back(p.prompt.substr(0, p.prompt.find('}') + 1));
+  ASSERT_GE(near_objects.size(), 30u);
+  EXPECT_EQ(near_share(near_objects), 1.0);
+  EXPECT_LT(near_share(plain_objects), 0.6);
+  EXPECT_LT(near_share(eval_objects), 0.6);
+  // At 0 no draw is added: the rows are the ones the task made before the option.
+  TaskOptions unset;
+  unset.kv_pairs = 8;
+  unset.kv_key_len = 2;
+  std::mt19937_64 c(7), d(7);
+  EXPECT_EQ(plain->train_sequence(c, 300).tokens, make_task("kv_retrieval", unset)->train_sequence(d, 300).tokens);
+  options.kv_near_keys = 1.5;
+  try {
+    make_task("kv_retrieval", options);
+    ADD_FAILURE() << "kv_near_keys = 1.5 accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("kv_near_keys = 1.5"), std::string::npos) << e.what();
   }
 }
 

@@ -310,7 +310,7 @@ TEST(Settings, PathsAndFlagsAreUniqueAndEveryFlagIsOnTheCommandLine) {
   // + 2 of the performer (--performer-features, --performer-redraw), + 1 of the text task (--text-tokenizer),
   // + 4 of kv_retrieval (--kv-key-len, --kv-queries, --kv-loss, --kv-min-pairs), + 2 of passkey (--passkey-digits,
   // --passkey-eval-len), + 1 of the model's start (--init).
-  EXPECT_EQ(flag_names.size(), 69u);
+  EXPECT_EQ(flag_names.size(), 71u);
 }
 
 TEST(Settings, TheJsonFormIsTheOneEarlierVersionsStored) {

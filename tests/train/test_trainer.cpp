@@ -145,6 +145,50 @@ TEST_F(Trainer, ResumingWithDifferentSettingsNamesTheField) {
   EXPECT_THROW(train(tiny(lab::join_path(root, "empty")), nothing), Error);
 }
 
+// A curriculum start: a run with init_from begins at the other run's parameters. At lr 1e-30 one AdamW step moves
+// no float32 parameter, so the new run's checkpoint holds exactly the first run's parameters (its own start
+// differs: another seed). A model of another shape, or a path with no run, is refused naming init_from.
+TEST_F(Trainer, InitFromStartsAtTheOtherRunsParameters) {
+  const std::string a = lab::join_path(root, "a"), b = lab::join_path(root, "b");
+  ASSERT_EQ(train(tiny(a), quiet()).status, TrainStatus::Finished);
+  TrainConfig from_a = tiny(b);
+  from_a.seed = 6;
+  from_a.steps = 1;
+  from_a.optim.lr = 1e-30;
+  from_a.init_from = a;
+  ASSERT_EQ(train(from_a, quiet()).status, TrainStatus::Finished);
+  TrainedModel ma = load_trained_model(a), mb = load_trained_model(b);
+  auto pa = ma.model->named_parameters(), pb = mb.model->named_parameters();
+  ASSERT_EQ(pa.size(), pb.size());
+  for (const auto& p : pa) EXPECT_TRUE(torch::equal(p.value(), pb[p.key()])) << p.key();
+  EXPECT_EQ(mb.config.init_from, a);  // stored with the run
+
+  TrainConfig fresh = from_a;
+  fresh.out_dir = lab::join_path(root, "c");
+  fresh.init_from.clear();
+  ASSERT_EQ(train(fresh, quiet()).status, TrainStatus::Finished);
+  TrainedModel mc = load_trained_model(fresh.out_dir);
+  EXPECT_FALSE(torch::equal(mc.model->named_parameters()[pa.begin()->key()], pa.begin()->value()));
+
+  auto refused = [&](TrainConfig c, const std::string& says) {
+    try {
+      train(c, quiet());
+      ADD_FAILURE() << "no error for " << says;
+    } catch (const Error& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("init_from"), std::string::npos) << what;
+      EXPECT_NE(what.find(says), std::string::npos) << what;
+    }
+  };
+  TrainConfig wider = tiny(lab::join_path(root, "d"));
+  wider.model.d_model = 32;
+  wider.init_from = a;
+  refused(wider, "is 21x16, this model's 21x32");  // the first parameter's shape, both sides named
+  TrainConfig nowhere = tiny(lab::join_path(root, "e"));
+  nowhere.init_from = lab::join_path(root, "no_such_run");
+  refused(nowhere, "no_such_run");
+}
+
 // lr = 1e30 makes the first update enormous; the next loss is not finite. The run stops before applying that
 // update, says so, and keeps the checkpoint of the last finite step.
 TEST_F(Trainer, NonFiniteLossStopsTheRunAndKeepsTheLastCheckpoint) {
