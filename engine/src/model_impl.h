@@ -40,6 +40,7 @@ struct Model::Impl {
 
 // out = norm(x) for n rows of d: RMSNorm x / sqrt(mean x^2 + eps) * weight, or LayerNorm (x - mean) / sqrt(var +
 // eps) * weight + bias; the means in double.
-void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out);
+void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out,
+                int threads);
 
 }  // namespace rotary::engine

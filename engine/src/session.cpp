@@ -11,13 +11,17 @@
 #include <string>
 
 #include "model_impl.h"
+#include "rotary/activations.h"
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary_engine/model.h"
 
 namespace rotary::engine {
 
-void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out) {
+void apply_norm(NormKind kind, const NormWeights& w, double eps, const float* x, int64_t n, int64_t d, float* out,
+                int threads) {
+  // Token by token, each on its own: the threads change no bit (a prompt's chunk; decode's one token stays serial).
+#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static) if (threads > 1 && n >= 8)
   for (int64_t t = 0; t < n; ++t) {
     const float* xr = x + t * d;
     float* o = out + t * d;
@@ -439,7 +443,7 @@ struct Session::Impl {
         float* xs = x.data() + t0 * d;
         float* ks = k.data() + t0 * hkv;
         float* vs = v.data() + t0 * hkv;
-        apply_norm(a.norm, l.attn_norm, a.norm_eps, xs, c, d, h.data());
+        apply_norm(a.norm, l.attn_norm, a.norm_eps, xs, c, d, h.data(), threads);
         if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
           project(l.qkv, h.data(), c, d, qkv.data(), 3 * hq, false);
           for (int64_t t = 0; t < c; ++t)
@@ -465,20 +469,20 @@ struct Session::Impl {
         } else {
           attend_with_cache(li, t0, c, positions, prompt);
         }
-        if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data());
+        if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data(), threads);
         project(l.o, att.data(), c, hq, xs, d, true);
-        if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data());
+        if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data(), threads);
         const LinearParams up_gate[] = {product(l.up, h2.data(), c, d, ff_up.data(), ff, false),
                                         product(l.gate, h2.data(), c, d, ff_gate.data(), ff, false)};
         linear_forward_group(up_gate, a.mlp == MlpKind::SwiGlu ? 2 : 1);
         if (a.mlp == MlpKind::SwiGlu) {
-          for (int64_t i = 0; i < c * ff; ++i) {
-            const float g = ff_gate[size_t(i)];
-            ff_up[size_t(i)] *= g / (1.0f + std::exp(-g));
-          }
-        } else {
+          swiglu_forward(ff_gate.data(), ff_up.data(), c * ff, threads);
+        } else {  // each element on its own: the threads change no bit
           const bool tanh_form = a.mlp == MlpKind::GeluTanh;
-          for (int64_t i = 0; i < c * ff; ++i) ff_up[size_t(i)] = gelu(ff_up[size_t(i)], tanh_form);
+          const int64_t count = c * ff;
+          float* up = ff_up.data();
+#pragma omp parallel for num_threads(threads) schedule(static) if (count >= 16384)
+          for (int64_t i = 0; i < count; ++i) up[i] = gelu(up[i], tanh_form);
         }
         project(l.down, ff_up.data(), c, ff, xs, d, true);
       }
@@ -486,7 +490,7 @@ struct Session::Impl {
     if (history) hist_pos.insert(hist_pos.end(), positions, positions + n);
     if (!o.keep_caches) passed = n;
     last_position = positions[n - 1];
-    if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden);
+    if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden, threads);
   }
 };
 

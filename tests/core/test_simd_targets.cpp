@@ -8,6 +8,7 @@
 
 #include <hwy/targets.h>
 
+#include "rotary/activations.h"
 #include "rotary/error.h"
 #include "rotary/rope.h"
 #include "simd_targets.h"
@@ -75,6 +76,7 @@ TEST(simd_targets, EveryKernelRunsEveryListedTarget) {
     EXPECT_EQ(detail::attention_forward_simd_target(), want);
     EXPECT_EQ(detail::attention_backward_simd_target(), want);
     EXPECT_EQ(detail::linear_simd_target(), want);
+    EXPECT_EQ(detail::activations_simd_target(), want);
   }
   detail::force_simd_target(0);
 }
