@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "common/process.h"
+#include "expect_error.h"
 #include "rotary/error.h"
 #include "tasks/bpe_vocab.h"
 #include "tasks/kjv_corpus.h"
@@ -417,15 +418,9 @@ TEST(tasks, KvRetrievalWithShortKeysAndSeveralQueries) {
   two_queries.kv_pairs = 9;
   two_queries.kv_queries = 2;
   std::mt19937_64 r(1);
-  try {
-    make_task("kv_retrieval", two_queries)->train_sequence(r, 128);
-    ADD_FAILURE() << "9 pairs fit seq_len 128";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kv_pairs = 9 is invalid; allowed: at most (seq_len + 1 - kv_queries * 8) / 13 = "
-                                         "8 with kv_queries = 2 for seq_len = 128"),
-              std::string::npos)
-        << e.what();
-  }
+  test::expect_error([&] { make_task("kv_retrieval", two_queries)->train_sequence(r, 128); },
+                     "kv_pairs = 9 is invalid; allowed: at most (seq_len + 1 - kv_queries * 8) / 13 = 8 with "
+                     "kv_queries = 2 for seq_len = 128");
   two_queries.kv_pairs = 8;
   EXPECT_NO_THROW(make_task("kv_retrieval", two_queries)->train_sequence(r, 128));
 }
@@ -532,12 +527,7 @@ TEST(tasks, KvRetrievalNearKeysDifferInOneLetter) {
   std::mt19937_64 c(7), d(7);
   EXPECT_EQ(plain->train_sequence(c, 300).tokens, make_task("kv_retrieval", unset)->train_sequence(d, 300).tokens);
   options.kv_near_keys = 1.5;
-  try {
-    make_task("kv_retrieval", options);
-    ADD_FAILURE() << "kv_near_keys = 1.5 accepted";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("kv_near_keys = 1.5"), std::string::npos) << e.what();
-  }
+  test::expect_error([&] { make_task("kv_retrieval", options); }, "kv_near_keys = 1.5");
 }
 
 // passkey: parsed back with a regex written from the anchors' form. A row is one problem of seq_len + 1
