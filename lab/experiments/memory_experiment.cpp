@@ -5,8 +5,10 @@
 #include <chrono>
 #include <cmath>
 #include <fmt/format.h>
+#include <functional>
 #include <limits>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "common/statistics.h"
@@ -54,8 +56,19 @@ void check_memory_window(const MemorySpec& s, const nn::EncodingConfig& trained,
                       "the window), or 0 for the default", trained.window, who));
 }
 
-// The tasks a memory run can test: one needle whose distance from the prompt's end grows with the prompt.
-bool is_memory_task(const std::string& task) { return task == "passkey" || task == "kv_retrieval"; }
+// The tasks a memory run can test: one needle whose distance from the prompt's end grows with the prompt (passkey,
+// kv_retrieval), or text, where the measure is the next-token accuracy and loss after a long prompt and the searches
+// run on a language model's keys.
+bool is_memory_task(const std::string& task) {
+  return task == "passkey" || task == "kv_retrieval" || task == "text";
+}
+constexpr const char* kMemoryTasks = "passkey, kv_retrieval or text";
+
+// text: a problem is a window of the training split's ids at a seeded start (the held-out split's 54k tokens are
+// fewer than the longest memories hold; the measure is the memory and the search on the model's own keys, not the
+// model's generalization): T prompt tokens, then kTextScored tokens predicted teacher-forced, each through the
+// memory - the first from the prompt's last token, as a generated answer's first token is.
+constexpr int kTextScored = 32;
 
 // kv_retrieval's eval prompt (lab/tasks/kv_retrieval.cpp): an object of `pairs` pairs, pairs * (key_len + 11)
 // characters, then " key=" - so a prompt of T characters holds (T - key_len - 2) / (key_len + 11) pairs.
@@ -65,6 +78,7 @@ int64_t kv_pairs_for(int64_t test_len, int key_len) { return (test_len - key_len
 // as many pairs as fill them, which must stay within the task's limits: checked by check_test_lengths).
 std::unique_ptr<lab::Task> eval_task(const TrainConfig& model_run, int test_len) {
   lab::TaskOptions options = model_run.task_options;
+  if (model_run.task == "text") return lab::make_task("text", options);
   if (model_run.task == "kv_retrieval") {
     options.kv_pairs = int(kv_pairs_for(test_len, options.kv_key_len));
     options.kv_min_pairs = 0;  // a training option; eval objects have kv_pairs
@@ -77,6 +91,19 @@ std::unique_ptr<lab::Task> eval_task(const TrainConfig& model_run, int test_len)
 // Every test length must make a prompt of the model's task: for kv_retrieval at least one pair and no more than its
 // keys' 26^key_len distinct keys (17,576 of 3 letters: 246,069 characters).
 void check_test_lengths(const TrainConfig& model_run, const std::vector<int>& lengths, int L) {
+  if (model_run.task == "text" && !lengths.empty()) {  // the longest prompt and its scored tokens in the split
+    const int T = *std::max_element(lengths.begin(), lengths.end());
+    std::mt19937_64 rng(0);
+    try {
+      eval_task(model_run, T)->train_sequence(rng, T + kTextScored - 1);
+    } catch (const Error& e) {
+      std::string why = e.what();  // the task's own check, naming the split's tokens
+      if (why.rfind("rotary: ", 0) == 0) why.erase(0, 8);
+      fail("lengths", std::to_string(T / L),
+           fmt::format("multiples of L = {} whose prompts and {} scored tokens fit the text's training split ({})",
+                       L, kTextScored, why));
+    }
+  }
   if (model_run.task != "kv_retrieval") return;
   const int key_len = model_run.task_options.kv_key_len;
   int64_t keys = 1;
@@ -116,7 +143,8 @@ nlohmann::json cell_settings(const PreparedModel& p, const MemorySpec& spec, con
                    {"problems", c.kind == "index" ? spec.index_problems : spec.problems},
                    {"eval_seed", spec.eval_seed}};
   j["model_config"].erase("out_dir");
-  if (c.kind == "index") j["decoded_through_index"] = true;  // index cells before this measured exact decoding
+  if (c.kind == "index") j["decoded_through_index"] = true;
+  if (p.config.task == "text") j["text_scored"] = kTextScored;  // index cells before this measured exact decoding
   if (c.kind == "index" && c.name.rfind("graph", 0) == 0) {   // its build settings, so a change of default rebuilds
     const lab::MemoryIndexConfig g = lab::memory_index_from_name(c.name);
     j["graph"] = {{"width", g.graph_width}, {"degree", g.graph_degree}, {"training_queries", g.graph_training_queries}};
@@ -131,7 +159,8 @@ nlohmann::json cell_result_json(const MemoryCell& c) {
           {"memory_mass", c.memory_mass}, {"memory_tokens", c.memory_tokens}, {"ms_per_answer_token", c.ms_per_answer_token},
           {"seconds", c.seconds},         {"reference", c.reference},         {"reference_overlap", c.reference_overlap},
           {"logit_error", c.logit_error}, {"recall", c.recall},               {"build_seconds", c.build_seconds},
-          {"exact_step_ms", c.exact_step_ms}, {"index_step_ms", c.index_step_ms}, {"scored", c.scored}};
+          {"exact_step_ms", c.exact_step_ms}, {"index_step_ms", c.index_step_ms}, {"scored", c.scored},
+          {"loss", c.loss}};
 }
 
 void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
@@ -151,8 +180,32 @@ void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
   c.exact_step_ms = number("exact_step_ms");
   c.index_step_ms = number("index_step_ms");
   c.scored = j.contains("scored") ? number("scored") : std::nan("");  // cells stored before it was measured
+  c.loss = j.contains("loss") ? number("loss") : std::nan("");        // and before text cells
 }
 
+
+// text's problems (kTextScored above) scored: logits_of(tokens, prefill_len) gives the logits [tokens, V] of the
+// prompt and the scored tokens but the last, whose rows from prefill_len = T - 1 on predict the scored tokens.
+struct TextScore {
+  int64_t correct = 0, tokens = 0;
+  double nll = 0;  // summed over the scored tokens, nats
+};
+using LogitsFn = std::function<torch::Tensor(const std::vector<int64_t>& tokens, int64_t prefill_len)>;
+TextScore score_text(const lab::Task& task, int T, int problems, uint64_t seed, const LogitsFn& logits_of) {
+  TextScore s;
+  for (int i = 0; i < problems; ++i) {
+    std::mt19937_64 rng(seed + uint64_t(i));
+    const lab::TrainSequence row = task.train_sequence(rng, T + kTextScored - 1);  // T + kTextScored ids
+    const std::vector<int64_t> fed(row.tokens.begin(), row.tokens.end() - 1);      // the last is only predicted
+    const torch::Tensor target =
+        torch::tensor(std::vector<int64_t>(row.tokens.begin() + T, row.tokens.end()), torch::kLong);
+    const torch::Tensor logits = logits_of(fed, T - 1).narrow(0, T - 1, kTextScored).to(torch::kDouble);
+    s.nll -= torch::log_softmax(logits, 1).gather(1, target.view({-1, 1})).sum().item<double>();
+    s.correct += logits.argmax(1).eq(target).sum().item<int64_t>();
+    s.tokens += kTextScored;
+  }
+  return s;
+}
 
 // MemoryDecodeOptions::search for an index cell: at each retrieving step of each layer the query is searched
 // through a FAISS index over the layer's memory (built at the prompt's first retrieving step, synced after), and
@@ -300,37 +353,63 @@ class MemoryCellRunner {
       std::fprintf(stderr, "%s: stored cell %s, computed again\n", label.c_str(), cell_lookup_name(found));
     const auto t0 = Clock::now();
     const std::unique_ptr<lab::Task> task = eval_task(p_.config, c.test_len);
+    const bool text = p_.config.task == "text";
     nn::MemoryDecodeStats sum;
     double mass = 0, ms = 0, overlap = 0, error = 0;
-    int retrieving = 0, compared = 0;
-    Accuracy acc;
+    int retrieving = 0, compared = 0, decoded = 0;
+    Accuracy acc;     // passkey, kv_retrieval: exact match of the generated answers
+    TextScore score;  // text: the scored tokens after each prompt
+    const int problems = c.kind == "index" ? spec_.index_problems : spec_.problems;
     const std::string own = own_policy(p_.config.model.encoding.kind);
+    // Each prompt through `o`'s memory - the answer generated, or text's tokens after the prompt teacher-forced -
+    // between before() and after(its stats).
+    auto through_memory = [&](const nn::MemoryDecodeOptions& o, const std::function<void()>& before,
+                              const std::function<void(const nn::MemoryDecodeStats&)>& after) {
+      if (text) {
+        score = score_text(*task, c.test_len, problems, spec_.eval_seed,
+                           [&](const std::vector<int64_t>& tokens, int64_t prefill) {
+          before();
+          nn::MemoryDecodeStats s;
+          torch::Tensor logits = nn::decode_logits_with_memory(*p_.model, tokens, o, &s, prefill);
+          after(s);
+          return logits;
+        });
+      } else {
+        acc = exact_match(p_.model, *task, problems, spec_.eval_seed, spec_.eval_seed,
+                          [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
+                            before();
+                            nn::MemoryDecodeStats s;
+                            std::vector<int64_t> out =
+                                nn::generate_with_memory(*p_.model, prompt, max_new, 0.0, stop_id, seed, o, &s);
+                            after(s);
+                            return out;
+                          });
+      }
+    };
     if (c.kind == "index") {
       p_.model->set_override({});
       IndexProbe probe(c.name);
-      int prompts = 0;
       nn::MemoryDecodeOptions o = memory_options(own, c.top_k);
       o.search = [&probe](const nn::MemoryStep& s, int64_t* candidates) { probe(s, candidates); };
       o.on_prompt_queries = [&probe](int layer, const KvMemory& memory, const MemoryAttentionParams& queries) {
         probe.learn(layer, memory, queries);
       };
       c.reference = own;
-      acc = exact_match(p_.model, *task, spec_.index_problems, spec_.eval_seed, spec_.eval_seed,
-                        [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
-                          // The last prompt (of two or more) decodes through the index alone and is timed; the
-                          // others are compared with the exact scan at every step.
-                          const bool timed = spec_.index_problems >= 2 && prompts == spec_.index_problems - 1;
-                          ++prompts;
-                          probe.new_prompt(!timed);
-                          nn::MemoryDecodeStats s;
-                          const double aside = probe.aside_seconds();  // every retrieving step is an answer step
-                          std::vector<int64_t> out =
-                              nn::generate_with_memory(*p_.model, prompt, max_new, 0.0, stop_id, seed, o, &s);
-                          if (timed)
-                            ms = 1e3 * (s.answer_seconds - (probe.aside_seconds() - aside)) /
-                                 double(std::max<int64_t>(1, s.answer_tokens));
-                          return out;
-                        });
+      // The last prompt (of two or more) decodes through the index alone and is timed; the others are compared
+      // with the exact scan at every step. Every retrieving step is an answer step: the probe's work is set aside.
+      bool timed = false;
+      double aside = 0;
+      auto start_prompt = [&] {
+        timed = spec_.index_problems >= 2 && decoded == spec_.index_problems - 1;
+        probe.new_prompt(!timed);
+        aside = probe.aside_seconds();
+      };
+      through_memory(o, start_prompt, [&](const nn::MemoryDecodeStats& s) {
+        if (timed)
+          ms = 1e3 * (s.answer_seconds - (probe.aside_seconds() - aside)) /
+               double(std::max<int64_t>(1, s.answer_tokens));
+        ++decoded;
+      });
       probe.finish(c);
       c.ms_per_answer_token = spec_.index_problems >= 2 ? ms : std::nan("");
       c.memory_mass = c.reference_overlap = c.logit_error = std::nan("");
@@ -338,20 +417,16 @@ class MemoryCellRunner {
       p_.model->set_override({});
       nn::MemoryDecodeOptions o = memory_options(c.name, c.top_k);
       if (c.name != own) o.reference_policy = parse_memory_policy(c.reference = own);
-      acc = exact_match(p_.model, *task, spec_.problems, spec_.eval_seed, spec_.eval_seed,
-                        [&](const std::vector<int64_t>& prompt, int max_new, int64_t stop_id, uint64_t seed) {
-                          nn::MemoryDecodeStats s;
-                          std::vector<int64_t> out =
-                              nn::generate_with_memory(*p_.model, prompt, max_new, 0.0, stop_id, seed, o, &s);
-                          if (s.retrieving_steps > 0) mass += s.memory_mass, ++retrieving;
-                          if (s.compared_steps > 0) overlap += s.reference_overlap, error += s.logit_error, ++compared;
-                          sum.memory_tokens += s.memory_tokens;
-                          ms += 1e3 * s.answer_seconds / double(std::max<int64_t>(1, s.answer_tokens));
-                          return out;
-                        });
+      through_memory(o, [] {}, [&](const nn::MemoryDecodeStats& s) {
+        if (s.retrieving_steps > 0) mass += s.memory_mass, ++retrieving;
+        if (s.compared_steps > 0) overlap += s.reference_overlap, error += s.logit_error, ++compared;
+        sum.memory_tokens += s.memory_tokens;
+        ms += 1e3 * s.answer_seconds / double(std::max<int64_t>(1, s.answer_tokens));
+        ++decoded;
+      });
       c.memory_mass = retrieving ? mass / retrieving : std::nan("");
-      c.memory_tokens = acc.total ? double(sum.memory_tokens) / acc.total : 0;
-      c.ms_per_answer_token = acc.total ? ms / acc.total : std::nan("");
+      c.memory_tokens = decoded ? double(sum.memory_tokens) / decoded : 0;
+      c.ms_per_answer_token = decoded ? ms / decoded : std::nan("");
       c.reference_overlap = compared ? overlap / compared : std::nan("");
       c.logit_error = compared ? error / compared : std::nan("");
     } else {
@@ -362,20 +437,40 @@ class MemoryCellRunner {
       p_.model->set_override(c.name == "trained" ? nn::EncodingOverride{}
                                                  : method_override(m, p_.model->config().resolved_encoding(),
                                                                    p_.info.train_len, c.test_len));
-      acc = exact_match(p_.model, *task, spec_.problems, spec_.eval_seed, 0.0, spec_.eval_seed);
+      if (text) {
+        torch::NoGradGuard no_grad;
+        p_.model->eval();
+        score = score_text(*task, c.test_len, problems, spec_.eval_seed,
+                           [&](const std::vector<int64_t>& tokens, int64_t) {
+          return p_.model->forward(torch::tensor(tokens, torch::kLong).view({1, -1}))[0];
+        });
+      } else {
+        acc = exact_match(p_.model, *task, problems, spec_.eval_seed, 0.0, spec_.eval_seed);
+      }
       p_.model->set_override({});
       c.memory_mass = c.memory_tokens = c.ms_per_answer_token = c.reference_overlap = c.logit_error = std::nan("");
     }
     if (c.kind != "index") c.recall = c.build_seconds = c.exact_step_ms = c.index_step_ms = c.scored = std::nan("");
-    c.accuracy = acc.value();
-    c.problems = acc.total;
-    double distance = 0;
-    for (const ProblemResult& r : acc.results) distance += key_distance(r.prompt);
-    c.key_distance = acc.total ? distance / acc.total : std::nan("");
+    if (text) {
+      c.accuracy = score.tokens ? double(score.correct) / double(score.tokens) : 0.0;
+      c.loss = score.tokens ? score.nll / double(score.tokens) : std::nan("");
+      c.problems = problems;
+      c.key_distance = std::nan("");  // no needle
+    } else {
+      c.accuracy = acc.value();
+      c.problems = acc.total;
+      c.loss = std::nan("");
+      double distance = 0;
+      for (const ProblemResult& r : acc.results) distance += key_distance(r.prompt);
+      c.key_distance = acc.total ? distance / acc.total : std::nan("");
+    }
     c.seconds = seconds_since(t0);
     cells_.store(path, settings, cell_result_json(c));
     if (progress_) {
-      std::string what = fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.problems);
+      const std::string score = text ? fmt::format("next-token accuracy {:.1f}%, loss {:.4f}, over {} prompts",
+                                                   100 * c.accuracy, c.loss, c.problems)
+                                     : fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.problems);
+      std::string what = score;
       if (c.kind == "memory")
         what += fmt::format(", memory mass {:.3f}, {:.0f} memory tokens, {:.2f} ms per answer token", c.memory_mass,
                             c.memory_tokens, c.ms_per_answer_token);
@@ -383,10 +478,10 @@ class MemoryCellRunner {
         what += fmt::format(", {:.3f} of {}'s top-k, |logit error| {:.3f}", c.reference_overlap, c.reference,
                             c.logit_error);
       if (c.kind == "index")
-        what = fmt::format("exact match {:.1f}% of {} through the index, recall@{} {:.3f} of {}'s exact top-k, "
+        what = fmt::format("{} through the index, recall@{} {:.3f} of {}'s exact top-k, "
                            "{:.4f} of the keys scored, build {:.2f} s per layer, {:.3f} ms per step against {:.3f} "
                            "exact ({:.0f} memory tokens), {:.2f} ms per answer token through it",
-                           100 * c.accuracy, c.problems, c.top_k, c.recall, c.reference, c.scored, c.build_seconds,
+                           score, c.top_k, c.recall, c.reference, c.scored, c.build_seconds,
                            c.index_step_ms, c.exact_step_ms, c.memory_tokens, c.ms_per_answer_token);
       std::fprintf(stderr, "%s: %s (%.1f s)\n", label.c_str(), what.c_str(), c.seconds);
     }
@@ -425,7 +520,8 @@ std::string row_label(const MemoryCell& c) {
 // report.md, results.csv and the two plots.
 void write_report(const MemorySpec& spec, const std::string& task, int L, int64_t window, const std::vector<int>& lengths,
                   MemoryResult& r) {
-  const bool kv = task == "kv_retrieval";
+  const bool kv = task == "kv_retrieval", text = task == "text";
+  const std::string measure = text ? "next-token accuracy" : "exact match";
   std::vector<std::string> rows;  // row labels in the cells' order
   for (const MemoryCell& c : r.cells)  // the index cells have a table of their own
     if (c.kind != "index" && std::find(rows.begin(), rows.end(), row_label(c)) == rows.end()) rows.push_back(row_label(c));
@@ -436,8 +532,9 @@ void write_report(const MemorySpec& spec, const std::string& task, int L, int64_
   };
 
   std::ostringstream md;
-  md << "# rotary memory: " << (kv ? "key-value" : "pass-key")
-     << " retrieval far beyond the training length (seed 001)\n\n";
+  md << "# rotary memory: "
+     << (text ? "a text model read far beyond its training length" : kv ? "key-value retrieval far beyond the training length" : "pass-key retrieval far beyond the training length")
+     << " (seed 001)\n\n";
   md << "Command: `" << spec.command_line << "`\n\n";
   md << "Model: " << r.model.description << " (" << r.model.checkpoint << ")";
   if (std::isfinite(r.model.heldout_loss)) md << fmt::format(", held-out loss {:.4f} at L", r.model.heldout_loss);
@@ -446,20 +543,35 @@ void write_report(const MemorySpec& spec, const std::string& task, int L, int64_
                     "the prompt's last token and the answer's. {} prompts per cell; memory: {} bytes per token "
                     "(every layer's keys and values {}, its position int64).\n\n",
                     L, window, spec.problems, r.memory_bytes_per_token, dtype_name(spec.memory_dtype));
-  md << "## Exact match against prompt length\n\n| method |";
-  for (int T : lengths) md << " " << T << " (" << T / L << "L) |";
-  md << "\n|---|";
-  for (size_t i = 0; i < lengths.size(); ++i) md << "---:|";
-  md << "\n";
-  for (const std::string& row : rows) {
-    md << "| " << row << " |";
-    for (int T : lengths) {
-      const MemoryCell* c = find(row, T);
-      md << " " << (c ? fmt::format("{:.1f}%", 100 * c->accuracy) : std::string("-")) << " |";
+  if (text)
+    md << fmt::format("Text: each prompt is a window of T tokens of the model's training text at a seeded start (the "
+                      "held-out split is shorter than the longest memories; this measures the memory and the searches "
+                      "on a language model's keys), followed by {} tokens predicted teacher-forced, each through the "
+                      "memory (the first from the prompt's last token): next-token accuracy and loss (nats) on those "
+                      "tokens.\n\n", kTextScored);
+  // A table of rows (methods) by prompt length, one cell's value each.
+  auto length_table = [&](const std::string& title, const std::function<std::string(const MemoryCell&)>& value) {
+    md << "## " << title << "\n\n| method |";
+    for (int T : lengths) md << " " << T << " (" << T / L << "L) |";
+    md << "\n|---|";
+    for (size_t i = 0; i < lengths.size(); ++i) md << "---:|";
+    md << "\n";
+    for (const std::string& row : rows) {
+      md << "| " << row << " |";
+      for (int T : lengths) {
+        const MemoryCell* c = find(row, T);
+        md << " " << (c ? value(*c) : std::string("-")) << " |";
+      }
+      md << "\n";
     }
+  };
+  length_table(std::string(text ? "Next-token accuracy" : "Exact match") + " against prompt length",
+               [](const MemoryCell& c) { return fmt::format("{:.1f}%", 100 * c.accuracy); });
+  md << "\n(-: not run; the full-context baselines run up to " << L * spec.full_max_multiple << " tokens.)\n\n";
+  if (text) {
+    length_table("Loss (nats per token) on the scored tokens", [](const MemoryCell& c) { return num(c.loss, "{:.4f}"); });
     md << "\n";
   }
-  md << "\n(-: not run; the full-context baselines run up to " << L * spec.full_max_multiple << " tokens.)\n\n";
   md << "## Memory: softmax mass on retrieved keys, memory size, latency, distance from the model's own policy\n\n"
         "Overlap: the share of the top-k rows under the model's own policy (`exact` for a RoPE model, `rerope` for a "
         "ReRoPE one) that the policy retrieved; logit error: the mean |scaled logit - the own policy's| over the rows "
@@ -480,7 +592,7 @@ void write_report(const MemorySpec& spec, const std::string& task, int L, int64_
     md << "\n## Approximate search on the model's own keys\n\n"
        << fmt::format("The model's own policy; the first {} prompts of each length decoded through an index "
                       "over each layer's memory (lab/memory: FAISS at its defaults, or the core's page search): every "
-                      "answer step attends to the index's candidates. Exact match that way, recall of the exact top-k "
+                      "answer step attends to the index's candidates. {} that way, recall of the exact top-k "
                       "rows, the vectors the search scored as a share of an exact scan's (a page bound counts two), "
                       "the index's build time per layer, and one layer's memory attention for one token through the "
                       "index's candidates against the exact scan (medians, {}); last, the whole model's time per answer token "
@@ -489,36 +601,41 @@ void write_report(const MemorySpec& spec, const std::string& task, int L, int64_
                       "exact-scan steps above). Recall counts a proposed row when its exact score reaches the exact "
                       "k-th best: keys repeat (a first layer's keys are functions of the character), and among "
                       "equal scores which rows a search keeps is arbitrary.\n\n",
-                      spec.index_problems,
+                      spec.index_problems, text ? "Next-token accuracy (and loss)" : "Exact match",
                       spec.threads == 0 ? std::string("all cores") : fmt::format("{} threads", spec.threads))
-       << "| index | length | memory tokens per layer | exact match | recall@k | keys scored | build s per layer "
+       << "| index | length | memory tokens per layer | " << measure << " | recall@k | keys scored | build s per layer "
           "| exact ms / step | index ms / step | x exact | ms per answer token |\n"
           "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n";
     for (const MemoryCell& c : r.cells)
       if (c.kind == "index")
         md << "| " << row_label(c) << " | " << c.test_len << " | " << num(c.memory_tokens, "{:.0f}") << " | "
-           << fmt::format("{:.1f}% of {}", 100 * c.accuracy, c.problems) << " | " << num(c.recall) << " | " << num(c.scored, "{:.4f}") << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
+           << (text ? fmt::format("{:.1f}%, loss {:.4f}", 100 * c.accuracy, c.loss)
+                    : fmt::format("{:.1f}% of {}", 100 * c.accuracy, c.problems))
+           << " | " << num(c.recall) << " | " << num(c.scored, "{:.4f}") << " | " << num(c.build_seconds, "{:.2f}") << " | " << num(c.exact_step_ms) << " | "
            << num(c.index_step_ms) << " | " << num(c.exact_step_ms / c.index_step_ms, "{:.2f}") << " | "
            << num(c.ms_per_answer_token, "{:.2f}") << " |\n";
   }
-  md << "\n![exact match against length](accuracy_vs_length.png)\n\n"
+  md << "\n![" << measure << " against length](accuracy_vs_length.png)\n\n"
         "![latency per answer token against memory size](latency_vs_memory.png)\n";
   if (!index_rows.empty()) md << "\n![one step's memory search against memory size](search_vs_memory.png)\n";
 
   std::ostringstream csv;
   csv << "kind,name,top_k,test_len,accuracy,problems,key_distance,memory_mass,memory_tokens,ms_per_answer_token,"
-         "reference,reference_overlap,logit_error,recall,scored,build_seconds,exact_step_ms,index_step_ms,seconds\n";
+         "reference,reference_overlap,logit_error,recall,scored,build_seconds,exact_step_ms,index_step_ms,seconds,loss\n";
   for (const MemoryCell& c : r.cells)
     csv << c.kind << "," << c.name << "," << c.top_k << "," << c.test_len << "," << c.accuracy << "," << c.problems
         << "," << num(c.key_distance, "{}") << "," << num(c.memory_mass, "{}") << "," << num(c.memory_tokens, "{}")
         << "," << num(c.ms_per_answer_token, "{}") << "," << c.reference << "," << num(c.reference_overlap, "{}")
         << "," << num(c.logit_error, "{}") << "," << num(c.recall, "{}") << "," << num(c.scored, "{}") << "," << num(c.build_seconds, "{}") << ","
-        << num(c.exact_step_ms, "{}") << "," << num(c.index_step_ms, "{}") << "," << c.seconds << "\n";
+        << num(c.exact_step_ms, "{}") << "," << num(c.index_step_ms, "{}") << "," << c.seconds << ","
+        << num(c.loss, "{}") << "\n";
 
   // Plots: one data block per row.
   lab::DataBlocks accuracy, latency, search;
-  lab::Figure acc_fig{"accuracy_vs_length.png", fmt::format("{}: exact match against prompt length (L = {})", kv ? "key-value" : "pass key", L),
-                      "prompt tokens", "exact match %",
+  lab::Figure acc_fig{"accuracy_vs_length.png",
+                      fmt::format("{}: {} against prompt length (L = {})", text ? "text" : kv ? "key-value" : "pass key",
+                                  measure, L),
+                      "prompt tokens", measure + " %",
                       {"set logscale x 2", "set yrange [0:105]", "set key outside right"}, {}};
   lab::Figure lat_fig{"latency_vs_memory.png", "memory decoding: time per answer token", "memory tokens per layer",
                       "ms per token", {"set logscale xy"}, {}};
@@ -589,7 +706,7 @@ MemorySpec default_memory_spec() {
 }
 
 void validate(const MemorySpec& spec) {
-  check(is_memory_task(spec.run.task), "task", spec.run.task, "passkey or kv_retrieval (rotary memory's tasks)");
+  check(is_memory_task(spec.run.task), "task", spec.run.task, std::string(kMemoryTasks) + " (rotary memory's tasks)");
   const int L = spec.run.seq_len;
   check(!spec.multiples.empty(), "lengths", "(none)", "a list of multiples of L such as 1,8,64,512");
   for (int m : spec.multiples) check(m >= 1 && m <= 4096, "lengths", m, "multiples of L in [1, 4096]");
@@ -658,7 +775,7 @@ MemoryResult run_memory(const MemorySpec& spec_in, bool progress) {
   }
   p.info.role = p.config.task;  // a --checkpoint's own task, not --task's default
   const std::string who = p.config.task + " model (" + p.info.checkpoint + ")";
-  check(is_memory_task(p.config.task), who + " task", p.config.task, "passkey or kv_retrieval");
+  check(is_memory_task(p.config.task), who + " task", p.config.task, kMemoryTasks);
   // A model trained on plain torch ops (fused = false) computes the same function on the fused kernels (tests/nn/
   // test_model.cpp), and the memory decodes through the core's: such a model is rebuilt on them, as the report says.
   if (!p.config.model.fused && p.config.model.attention == nn::AttentionKind::Softmax) {

@@ -15,6 +15,11 @@
 // memory: each answer step attends to the index's candidates; exact match that way, the candidates' recall of the
 // exact top-k, the keys the search scored, and the speed of one step against the exact scan.
 //
+// A text model (task text, KJV BPE: --checkpoint of a `rotary train --task text` run) is scored instead on
+// windows of its training text: T prompt tokens, then 32 tokens predicted teacher-forced, each through the memory
+// (nn::decode_logits_with_memory's tokens after the prompt) - next-token accuracy and loss per cell, and the
+// searches measured on a language model's keys (issue 23).
+//
 // Layout of <out>: model/ (the trainer's run directory, resumable), cells/ (one JSON per (kind, name, top-k,
 // length): a rerun skips cells whose settings match), results.csv, report.md, accuracy_vs_length.png,
 // latency_vs_memory.png, search_vs_memory.png.
@@ -30,9 +35,9 @@
 namespace rotary::experiments {
 
 struct MemorySpec {
-  train::TrainConfig run;           // the model's run (task passkey, or kv_retrieval: prompts of as many pairs as
-                                    // fill each length; encoding rope, rerope or leaky_rerope; seq_len = L; default
-                                    // a passkey ReRoPE model with w = L/2)
+  train::TrainConfig run;           // the model's run (task passkey; kv_retrieval: prompts of as many pairs as
+                                    // fill each length; text: windows of its training text; encoding rope, rerope
+                                    // or leaky_rerope; seq_len = L; default a passkey ReRoPE model with w = L/2)
   std::string checkpoint;           // non-empty: load this model (file or run directory) instead of training
   std::vector<int> multiples{1, 8, 64, 512};   // test lengths L x m
   std::vector<std::string> policies{"exact", "rerope", "none", "unlimiformer"};
@@ -72,7 +77,7 @@ struct MemoryCell {
   std::string name;          // the policy (memory), the baseline method (full) or the FAISS index kind (index)
   int top_k = 0;             // memory and index
   int test_len = 0;          // prompt tokens
-  double accuracy = 0;       // exact match
+  double accuracy = 0;       // exact match (text: next-token accuracy on the tokens scored after the prompt)
   int problems = 0;
   double key_distance = 0;   // mean tokens from the needle (the pass key's first digit; the asked key's value) to
                              // the end of the prompt
@@ -91,6 +96,7 @@ struct MemoryCell {
   double exact_step_ms = 0;      // one layer's memory attention for one token, exact scan (median)
   double index_step_ms = 0;      // the same through the index's candidates (median)
   double scored = 0;             // vectors the search scored, as a share of an exact scan's (mean over steps)
+  double loss = 0;               // text: mean next-token loss (nats) on the scored tokens; NaN for the other tasks
   double seconds = 0;        // to score the cell (0 when reused)
   bool reused = false;
 };

@@ -305,8 +305,12 @@ std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vec
 }
 
 torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vector<int64_t>& tokens,
-                                        const MemoryDecodeOptions& memory, MemoryDecodeStats* stats) {
+                                        const MemoryDecodeOptions& memory, MemoryDecodeStats* stats,
+                                        int64_t prefill_len) {
   check(!tokens.empty(), "tokens.size()", 0, ">= 1 token");
+  const int64_t S = int64_t(tokens.size());
+  check(prefill_len >= -1 && prefill_len <= S, "prefill_len", prefill_len,
+        "-1 (every token) or in [0, tokens.size() = " + std::to_string(S) + "]");
   check_memory_decoding(model.config(), model.active_encoding(), memory);
   torch::NoGradGuard no_grad;
   EvalGuard eval(model);
@@ -314,14 +318,23 @@ torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vecto
   MemoryDecodeStats sums;
   Decoder dec = memory_decoder(model, memory, sums);
   std::vector<torch::Tensor> parts;
-  const int64_t S = int64_t(tokens.size()), chunk = std::max<int64_t>(1, memory.prefill_chunk);
+  const int64_t prefill = prefill_len < 0 ? S : prefill_len, chunk = std::max<int64_t>(1, memory.prefill_chunk);
   const torch::Tensor all = torch::tensor(tokens, i64).view({1, S});
-  for (int64_t t = 0; t < S; t += chunk) {
-    const int64_t n = std::min(chunk, S - t);
+  for (int64_t t = 0; t < prefill; t += chunk) {
+    const int64_t n = std::min(chunk, prefill - t);
     parts.push_back(dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}), memory.retrieve_in_prompt));
   }
+  const auto answer_start = std::chrono::steady_clock::now();
+  const double aside_before = sums.reference_seconds + sums.probe_seconds;
+  for (int64_t t = prefill; t < S; ++t)
+    parts.push_back(dec.run(all.narrow(1, t, 1), torch::full({1, 1}, t, i64), /*retrieve=*/true));
   if (stats) {
     *stats = sums;
+    if (prefill < S) {
+      stats->answer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - answer_start).count() -
+                              (sums.reference_seconds + sums.probe_seconds - aside_before);
+      stats->answer_tokens = S - prefill;
+    }
     average_over_steps(*stats);
   }
   return torch::cat(parts, 1)[0];

@@ -3,7 +3,7 @@
 # every memory policy at two top-k, with the trained and a RoPE-method baseline, and the flat, IVF and page
 # indexes' recall and work on its memory: the accuracy table, the memory and index tables, results.csv and the
 # PNGs; a rerun reuses the model and every cell; a killed run's cell file that is cut short is recomputed; a
-# kv_retrieval model the same way; bad input exits 2 naming the field, before any training.
+# kv_retrieval model and a text model the same way; bad input exits 2 naming the field, before any training.
 #
 # usage: bash test_memory.sh <rotary binary> <source dir>
 set -u
@@ -94,6 +94,34 @@ fi
 code=$?
 [ $code = 2 ] && grep -q "lengths = 64 is invalid; allowed: multiples of L = 128 whose prompts hold 1..26 key-value pairs" "$W/kverr" &&
   [ ! -d "$W/kvbad/model" ] && echo "ok: kv_retrieval length past its keys refused" || fail "kv lengths gave $code: $(cat "$W/kverr")"
+
+# A text model (KJV BPE): each prompt a window of the training text, then 32 tokens scored teacher-forced through the
+# memory - next-token accuracy and loss per cell. FAISS flat and the certified page search propose the exact scan's
+# top-k, so decoding through them gives the exact memory cell's loss (results.csv column 20); every loss finite.
+if command -v bible > /dev/null; then
+  if "$ROTARY" memory "${BASE[@]}" --task text --text-vocab 300 --cache-dir "$W/cache" --eval-problems 0 \
+       --encoding rope --policies exact --top-k 4 --indexes flat,kdtree --index-problems 2 --out "$W/text" > "$W/tout" 2> "$W/terr"; then
+    grep -q "^# rotary memory: a text model read far beyond its training length" "$W/tout" &&
+      grep -q "^## Next-token accuracy against prompt length" "$W/tout" &&
+      grep -q "^| memory exact (top-4) | [0-9.]*% | [0-9.]*% |$" "$W/tout" &&
+      grep -q "^| full context, trained | [0-9.]* | [0-9.]* |$" "$W/tout" || fail "text memory: $(cat "$W/tout")"
+    awk -F, 'NR > 1 { n++; if ($20 !~ /^[0-9.]+$/ || $20 <= 0) bad++
+                      if ($1 == "memory") exact[$4] = $20; else if ($1 == "index") idx[$2 "," $4] = $20 }
+             END { for (k in idx) { split(k, a, ","); d = idx[k] - exact[a[2]]; if (d < -1e-4 || d > 1e-4) bad++; m++ }
+                   exit bad > 0 || n != 8 || m != 4 }' "$W/text/results.csv" &&
+      echo "ok: text memory, the exact searches give the scan's loss" || fail "text results: $(cat "$W/text/results.csv")"
+  else
+    fail "text memory exited $?: $(tail -3 "$W/terr")"
+  fi
+  # A length whose prompt does not fit the training split: refused before training, naming --lengths.
+  "$ROTARY" memory "${BASE[@]}" --task text --text-vocab 300 --cache-dir "$W/cache" --eval-problems 0 \
+    --encoding rope --seq-len 1024 --lengths 1,4096 --out "$W/textbad" > /dev/null 2> "$W/tberr"
+  code=$?
+  [ $code = 2 ] && grep -q "lengths = 4096 is invalid; allowed: multiples of L = 1024 whose prompts and 32 scored tokens fit" "$W/tberr" &&
+    [ ! -d "$W/textbad/model" ] && echo "ok: text length past the split refused" || fail "text lengths gave $code: $(cat "$W/tberr")"
+else
+  echo "SKIP: the KJV text needs bible-kjv (Debian); text memory not run"
+fi
 
 # Bad input: exit 2 and a message naming the field, nothing trained.
 expect_error() {  # <what grep must find> <extra flags...>

@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "rotary_nn/memory_decoding.h"
+#include "expect_error.h"
 #include "model_cases.h"
 #include "rotary/error.h"
 #include "rotary/kv_memory.h"
@@ -258,6 +259,56 @@ TEST(generate_with_memory, AllOfMemoryEqualsTheFullForward) {
   o.window = 6;
   o.policy = MemoryPolicy::Rerope;
   EXPECT_EQ(decode_logits_with_memory(*m, seq, o).size(0), int64_t(seq.size()));
+}
+
+// decode_logits_with_memory's prefill_len: the tokens after it go one at a time, each retrieving - through the
+// caller's `search` when set (called once per layer and token, as generate's answer steps are) - and their time is
+// the stats' answer time. With every row retrieved the logits are still the full forward's; a search proposing no
+// row leaves those tokens the window alone (the chunks before them unchanged); bad lengths are refused by name.
+TEST(generate_with_memory, TokensPastThePrefillGoOneAtATimeThroughTheSearch) {
+  std::vector<int64_t> seq = kPrompt;
+  for (int i = 0; i < 30; ++i) seq.push_back((seq[size_t(i)] * 7 + 3) % 23);
+  const int64_t S = int64_t(seq.size()), prefill = S - 7;
+  Transformer m = make(small_config("rope"), true);
+  const torch::Tensor full = m->forward(torch::tensor(seq, torch::kLong).view({1, -1}))[0].detach();
+  m->to(torch::kFloat);
+  MemoryDecodeOptions o;
+  o.window = 6;
+  o.top_k = 1000;
+  o.prefill_chunk = 5;
+  const torch::Tensor got = decode_logits_with_memory(*m, seq, o, nullptr, prefill).to(torch::kDouble);
+  ASSERT_EQ(got.size(0), S);
+  EXPECT_LE((got - full).abs().max().item<double>(), 1e-4);
+  // The prompt's chunks seeing the window alone (rotary memory's way): only the tokens after it retrieve.
+  o.retrieve_in_prompt = false;
+  MemoryDecodeStats stats;
+  const torch::Tensor late = decode_logits_with_memory(*m, seq, o, &stats, prefill).to(torch::kDouble);
+  EXPECT_EQ(stats.answer_tokens, S - prefill);
+  EXPECT_GT(stats.answer_seconds, 0.0);
+  EXPECT_EQ(stats.retrieving_steps, (S - prefill) * int64_t(m->config().n_layers));
+  // A search that proposes nothing: the window alone at those tokens, asked once per layer and token.
+  int64_t asked = 0;
+  MemoryDecodeOptions none = o;
+  none.search = [&asked](const MemoryStep& s, int64_t* candidates) {
+    ++asked;
+    std::fill(candidates, candidates + s.q_heads * s.top_k, int64_t(-1));
+  };
+  MemoryDecodeOptions window_only = o;
+  window_only.top_k = 0;
+  const torch::Tensor blind = decode_logits_with_memory(*m, seq, none, nullptr, prefill).to(torch::kDouble);
+  const torch::Tensor window = decode_logits_with_memory(*m, seq, window_only, nullptr, prefill).to(torch::kDouble);
+  EXPECT_EQ(asked, (S - prefill) * int64_t(m->config().n_layers));
+  EXPECT_LE((blind - window).abs().max().item<double>(), 1e-6);
+  EXPECT_GT((blind.narrow(0, prefill, S - prefill) - late.narrow(0, prefill, S - prefill)).abs().max().item<double>(),
+            1e-3);
+  EXPECT_LE((blind.narrow(0, 0, prefill) - late.narrow(0, 0, prefill)).abs().max().item<double>(), 1e-6);
+  // prefill_len = S is the default (every token in chunks): nothing answers.
+  MemoryDecodeStats all_chunks;
+  decode_logits_with_memory(*m, seq, o, &all_chunks, S);
+  EXPECT_EQ(all_chunks.answer_tokens, 0);
+  EXPECT_EQ(all_chunks.retrieving_steps, 0);
+  for (int64_t bad : {int64_t(-2), S + 1})
+    test::expect_error_naming([&] { decode_logits_with_memory(*m, seq, o, nullptr, bad); }, "prefill_len");
 }
 
 // The `unlimiformer` policy through the model (its semantics are the core's, tests/core/test_kv_memory.cpp): while

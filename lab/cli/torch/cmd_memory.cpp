@@ -69,12 +69,13 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<MemoryCommand>();
   CLI::App* sub = root.add_subcommand(
       "memory",
-      "seed 001's experiment: a passkey (or kv_retrieval) model trained at L answers prompts of 8L, 64L, 512L "
-      "through a retrieval memory (policies exact, rerope, none, unlimiformer; top-k), beside full-context baselines "
-      "(default ~16 min)");
+      "seed 001's experiment: a passkey (or kv_retrieval, or text) model trained at L answers prompts of 8L, 64L, "
+      "512L through a retrieval memory (policies exact, rerope, none, unlimiformer; top-k), beside full-context "
+      "baselines (default ~16 min)");
   cmd->app = sub;
   auto take_last = [](CLI::Option* o) { return o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast); };
-  take_last(sub->add_option("--checkpoint", cmd->checkpoint, "use this passkey or kv_retrieval model (RoPE, ReRoPE) instead of training one"));
+  take_last(sub->add_option("--checkpoint", cmd->checkpoint,
+                            "use this passkey, kv_retrieval or text model (RoPE, ReRoPE) instead of training one"));
   take_last(sub->add_option("--lengths", cmd->lengths, "prompt lengths as multiples of L (default 1,8,64,512)"));
   take_last(sub->add_option("--policies", cmd->policies,
                             "memory policies, comma-separated: exact, rerope, none, unlimiformer, or off (default all)"));
@@ -106,8 +107,9 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->footer(
       "The training flags set the model (--steps, --seq-len = L, --d-model, ...; default --task passkey "
       "--encoding rerope --window 128 at L = 256; --task kv_retrieval tests objects of as many pairs as fill each "
-      "length); --threads the torch threads. Output in --out (default runs/memory): report.md with the tables and PNGs, "
-      "results.csv, cells/; a rerun reuses the trained model and every scored cell. See docs/memory.md.");
+      "length; a text model is scored on 32 tokens after windows of its training text); --threads the torch "
+      "threads. Output in --out (default runs/memory): report.md with the tables and PNGs, results.csv, cells/; a "
+      "rerun reuses the trained model and every scored cell. See docs/memory.md.");
   sub->callback([cmd] { cmd->run(); });
 });
 

@@ -65,8 +65,10 @@ struct MemoryDecodeStats {
   int64_t memory_tokens = 0;      // tokens in each layer's memory at the end
   double answer_seconds = 0;      // generate_with_memory: wall time from the prompt's last token to the end (the
                                   // steps that retrieve: latency per generated token = this / tokens it fed),
-                                  // without the reference memory's work
-  int64_t answer_tokens = 0;      // tokens fed in that time (the prompt's last one and the generated ones)
+                                  // without the reference memory's work; decode_logits_with_memory: the time of
+                                  // the tokens after prefill_len
+  int64_t answer_tokens = 0;      // tokens fed in that time (the prompt's last one and the generated ones; the
+                                  // tokens after prefill_len)
   // With reference_policy, over the compared (token, layer) steps and their query heads:
   int64_t compared_steps = 0;
   double reference_overlap = 0;   // mean share of the reference's top-k that `policy` retrieved: rows whose reference
@@ -82,9 +84,13 @@ struct MemoryDecodeStats {
 std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vector<int64_t>& prompt, int max_new,
                                           double temperature, int64_t stop_id, uint64_t seed,
                                           const MemoryDecodeOptions& memory, MemoryDecodeStats* stats = nullptr);
-// Teacher-forced logits [S, V] through the same caches, in chunks of prefill_chunk; tokens retrieve when
-// retrieve_in_prompt (with top_k past the memory's size they equal model.forward(tokens)[0] up to rounding: tested).
+// Teacher-forced logits [S, V] through the same caches (with top_k past the memory's size they equal
+// model.forward(tokens)[0] up to rounding: tested). The first prefill_len tokens (-1: all of them) go in chunks of
+// prefill_chunk and retrieve when retrieve_in_prompt; the tokens after them go one at a time and always retrieve, as
+// generate_with_memory's answer does (so `search` and `on_retrieve` see them, and stats' answer_seconds and
+// answer_tokens count them): a text scored through the memory after a long prompt (rotary memory's text cells).
 torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vector<int64_t>& tokens,
-                                        const MemoryDecodeOptions& memory, MemoryDecodeStats* stats = nullptr);
+                                        const MemoryDecodeOptions& memory, MemoryDecodeStats* stats = nullptr,
+                                        int64_t prefill_len = -1);
 
 }  // namespace rotary::nn
