@@ -552,6 +552,14 @@ void Session::save_context(const std::string& dir) const {
       s.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
     else
       s.caches[size_t(i)].save(layer_file(dir, i, "kv"), fingerprint);
+  // What the searches built (MemorySearch::save); an earlier save's file goes first, so that a context saved again
+  // with another search never keeps a search file of other rows.
+  for (int64_t i = 0; i < int64_t(s.searches.size()); ++i) {
+    const std::string path = layer_file(dir, i, "search");
+    std::filesystem::remove(path, ec);
+    check(!ec, "save_context " + path, ec.message(), "a file that can be replaced");
+    s.searches[size_t(i)]->save(path);
+  }
 }
 
 void Session::open_context(const std::string& dir) {
@@ -589,6 +597,7 @@ void Session::open_context(const std::string& dir) {
   check(n <= kMaxAbsPosition - s.o.capacity, "open_context " + dir, std::to_string(n) + " tokens",
         "<= 2^53 - the session's capacity");
   s.new_caches(std::move(caches));
+  for (int64_t i = 0; i < int64_t(s.searches.size()); ++i) s.searches[size_t(i)]->open(layer_file(dir, i, "search"));
   s.o.capacity += n;  // the capacity given counts the tokens after the context (a memory allocates none ahead)
   const MemoryKvCache& c0 = s.memory_caches.front();
   s.last_position = c0.window_positions()[c0.window_size() - 1];

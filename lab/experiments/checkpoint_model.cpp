@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -89,10 +90,12 @@ namespace {
 
 // An index of the lab (lab/memory/memory_index.h: FAISS's, or the query-routed graph) as the engine's search over
 // one layer's memory. The graph learns from every query it is asked - the prompt's chunks first - and links the
-// keys by them at its next build (MemoryIndex::add_queries; the other kinds ignore them).
+// keys by them at its next build (MemoryIndex::add_queries; the other kinds ignore them). A saved context keeps the
+// graph and its training sample (the FAISS kinds are rebuilt: they cost little beside the memory's reading).
 class IndexSearch final : public engine::MemorySearch {
  public:
-  IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config) : index_(memory, config) {}
+  IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config)
+      : memory_(memory), config_(config), index_(memory, config) {}
   void sync() override { index_.sync(); }
   double candidates(const MemoryAttentionParams& p, int64_t* out) override {
     index_.add_queries(p);
@@ -100,8 +103,21 @@ class IndexSearch final : public engine::MemorySearch {
     index_.candidates(p, out);
     return index_.work().vectors - before;
   }
+  bool save(const std::string& path) override {
+    if (config_.kind != "graph") return false;
+    index_.sync();
+    index_.save(path);
+    return true;
+  }
+  bool open(const std::string& path) override {
+    if (config_.kind != "graph" || !std::filesystem::exists(path)) return false;
+    index_ = lab::MemoryIndex::open(path, memory_, config_);
+    return true;
+  }
 
  private:
+  const KvMemory& memory_;
+  lab::MemoryIndexConfig config_;
   lab::MemoryIndex index_;
 };
 

@@ -272,6 +272,28 @@ if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/whole.txt" --max-new 6 -
 else
   fail "generate --save-context / --context exited $?: $(cat "$W/ctx.err")"
 fi
+# The query-routed graph (--search graph) saved with the context (layer<i>.search) and read back by the next run
+# instead of built again: 4,800 tokens leave more than the graph's 4,096 rows in the memory, so it is built in the
+# first run; the continued run prints what one run prints; a damaged search file is refused, naming it.
+/usr/bin/python3 -c "import random; random.seed(2); print(' '.join(str(random.randrange(64)) for _ in range(4832)))" \
+  > "$W/gids.txt"
+tr ' ' '\n' < "$W/gids.txt" | head -4800 | tr '\n' ' ' > "$W/gpart1.txt"
+tr ' ' '\n' < "$W/gids.txt" | sed -n 4801,4832p | tr '\n' ' ' > "$W/gpart2.txt"
+GMEM=(--memory exact --memory-window 16 --top-k 3 --no-progress --search graph)
+if "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/gids.txt" --max-new 6 --only-new "${GMEM[@]}" > "$W/g_whole.txt" &&
+   "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/gpart1.txt" --max-new 0 --save-context "$W/gctx" "${GMEM[@]}" \
+     > /dev/null &&
+   "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/gpart2.txt" --max-new 6 --only-new --context "$W/gctx" \
+     "${GMEM[@]}" > "$W/g_rest.txt" 2> "$W/gctx.err"; then
+  [ -s "$W/g_whole.txt" ] && cmp -s "$W/g_whole.txt" "$W/g_rest.txt" && [ -s "$W/gctx/layer0.search" ] &&
+    [ -s "$W/gctx/layer1.search" ] && pass "generate --search graph: the graph saved with the context, read back" ||
+    fail "graph context: '$(cat "$W/g_rest.txt")' against '$(cat "$W/g_whole.txt")'; $(ls "$W/gctx")"
+  head -c 1000 "$W/gctx/layer0.search" > "$W/g_cut" && mv "$W/g_cut" "$W/gctx/layer0.search"
+  expect_error "generate --context, a damaged search file" 2 "$W/gctx/layer0.search" -- \
+    "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/gpart2.txt" --max-new 2 --context "$W/gctx" "${GMEM[@]}"
+else
+  fail "generate --search graph --save-context / --context exited $?: $(cat "$W/gctx.err")"
+fi
 expect_error "generate --context, other memory settings" 2 "$W/ctx/layer0.memory" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/ctx" --memory exact \
   --memory-window 8 --top-k 3

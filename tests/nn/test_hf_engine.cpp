@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 
 #include "expect_error.h"
@@ -617,6 +618,85 @@ TEST_P(HfEngineFixture, ASavedContextGoesOnAsTheSessionThatStayed) {
   expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
   other = o, other.memory->storage = DType::BF16;
   expect_error([&] { engine::Session(c.model, other).open_context(ctx); }, ctx + "/layer0.memory");
+  std::filesystem::remove_all(ctx);
+}
+
+// A search that keeps what it built (MemorySearch::save / open): save_context hands each layer's search the path
+// layer<i>.search once the caches are written, and a search that keeps nothing leaves no file (an earlier save's
+// is removed, so no stale search of other rows survives); open_context hands the same paths to the new session's
+// searches before their first sync. Here each search keeps the memory's size at the save, checked when read back.
+TEST_P(HfEngineFixture, ASearchKeepsWhatItBuiltInASavedContext) {
+  const fs::path dir = kFixtures / GetParam();
+  const HfEngineCheckpoint c = load_hf_engine(dir.string());
+  const Expected e = read_expected(dir);
+  const EncodingConfig enc = c.spec.config.resolved_encoding();
+  const int64_t S = int64_t(e.tokens.size()), first = 9, layers = c.spec.config.n_layers;
+  const std::string ctx = ::testing::TempDir() + "/rotary_sctx_" + GetParam() + "_" + std::to_string(::getpid());
+  struct Calls {
+    std::vector<std::string> saved, opened;
+    int64_t read_back = 0;  // opens that found their file, the memory's size as saved
+  };
+  struct Keeping final : engine::MemorySearch {
+    const KvMemory& memory;
+    bool keep;
+    Calls* calls;
+    bool synced = false;
+    Keeping(const KvMemory& m, bool k, Calls* cs) : memory(m), keep(k), calls(cs) {}
+    void sync() override { synced = true; }
+    double candidates(const MemoryAttentionParams& p, int64_t* out) override {
+      std::fill(out, out + p.tokens * p.q.heads * p.top_k, int64_t(-1));
+      return 0.0;
+    }
+    bool save(const std::string& path) override {
+      if (!keep) return false;
+      calls->saved.push_back(path);
+      std::ofstream(path) << memory.size();
+      return true;
+    }
+    bool open(const std::string& path) override {
+      calls->opened.push_back(path);
+      EXPECT_FALSE(synced) << "opened after a sync";
+      std::ifstream in(path);
+      int64_t rows = -1;
+      if (!(in >> rows)) return false;
+      EXPECT_EQ(rows, memory.size()) << path;
+      ++calls->read_back;
+      return true;
+    }
+  };
+  auto options = [&](bool keep, Calls* calls) {
+    engine::SessionOptions o;
+    o.capacity = S, o.positions = engine_positions(enc);
+    o.memory = engine::MemoryOptions{.window = 4, .top_k = 3, .chunk = 3};
+    o.memory->search_factory = [keep, calls](const KvMemory& m) { return std::make_unique<Keeping>(m, keep, calls); };
+    return o;
+  };
+  std::vector<std::string> files;
+  for (int64_t i = 0; i < layers; ++i) files.push_back(ctx + "/layer" + std::to_string(i) + ".search");
+  const std::vector<int64_t> pos = positions_from_zero(S);
+  Calls saving, opening;
+  {
+    engine::Session a(c.model, options(true, &saving));
+    a.forward(e.tokens.data(), pos.data(), first, nullptr);
+    a.save_context(ctx);
+  }
+  EXPECT_EQ(saving.saved, files);
+  engine::Session b(c.model, options(true, &opening));
+  b.open_context(ctx);
+  EXPECT_EQ(opening.opened, files);
+  EXPECT_EQ(opening.read_back, layers);
+  b.forward(e.tokens.data() + first, pos.data() + first, S - first, nullptr);  // goes on after what it read
+  // Saved again by a search that keeps nothing: no search file is left; opened, its searches find none.
+  Calls plain, after;
+  {
+    engine::Session a(c.model, options(false, &plain));
+    a.forward(e.tokens.data(), pos.data(), first, nullptr);
+    a.save_context(ctx);
+  }
+  for (const std::string& f : files) EXPECT_FALSE(std::filesystem::exists(f)) << f;
+  engine::Session(c.model, options(true, &after)).open_context(ctx);
+  EXPECT_EQ(after.opened, files);
+  EXPECT_EQ(after.read_back, 0);
   std::filesystem::remove_all(ctx);
 }
 

@@ -136,6 +136,20 @@ class MemorySearch {
   // out: [p.tokens, Hq, p.top_k] rows, -1 past what it found. Returns the vectors of length D it scored (its work:
   // MemoryStats::scored_share; NaN where it does not count them).
   virtual double candidates(const MemoryAttentionParams& p, int64_t* out) = 0;
+  // A saved context (Session::save_context) keeps what a search built, so that a later run over the same memory
+  // does not build it again (the lab's query-routed graph: seconds per layer at 100k rows). save: take in the
+  // memory's rows and write to `path`; false when the search keeps nothing (no file). open: called on a search
+  // fresh from the factory over an opened context's memory, before its first sync; reads what save wrote at `path`
+  // (rotary::Error naming the file when it is damaged or was written for another memory or other build settings)
+  // and returns false when there is nothing there for it (then it builds as usual). Defaults: nothing kept.
+  virtual bool save(const std::string& path) {
+    (void)path;
+    return false;
+  }
+  virtual bool open(const std::string& path) {
+    (void)path;
+    return false;
+  }
 };
 using MemorySearchFactory = std::function<std::unique_ptr<MemorySearch>(const KvMemory& memory)>;
 
@@ -215,7 +229,9 @@ class Session {
 
   // The session saved to the directory `dir` (created if missing; each file atomic) and continued in a later run -
   // a book read once, asked about many times; a long prompt read once. With a memory its layer<i>.memory and
-  // layer<i>.window files (MemoryKvCache::save); without, each layer's KV cache as layer<i>.kv (KvCache::save, in
+  // layer<i>.window files (MemoryKvCache::save), and layer<i>.search where the search keeps what it built
+  // (MemorySearch::save; open_context hands it to the new session's search, which reads it if it is its own);
+  // without, each layer's KV cache as layer<i>.kv (KvCache::save, in
   // the cache's dtype or q8 storage). The files carry a fingerprint of the model (its shape and three embedding
   // rows) and of what shaped the rows (the positions' rotation and method; the memory's policy, window and
   // storage), so a context of another model or other settings is refused by the files' checks, naming the file.
