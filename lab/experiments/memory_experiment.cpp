@@ -184,8 +184,9 @@ void cell_result_from_json(const nlohmann::json& j, MemoryCell& c) {
 }
 
 
-// text's problems (kTextScored above) scored: logits_of(tokens, prefill_len) gives the logits [tokens, V] of the
-// prompt and the scored tokens but the last, whose rows from prefill_len = T - 1 on predict the scored tokens.
+// text's problems (kTextScored above) scored: logits_of(tokens, prefill_len) is given the prompt and the scored
+// tokens but the last, and returns the logits [kTextScored, V] of the tokens from prefill_len = T - 1 on, which
+// predict the scored tokens.
 struct TextScore {
   int64_t correct = 0, tokens = 0;
   double nll = 0;  // summed over the scored tokens, nats
@@ -199,7 +200,8 @@ TextScore score_text(const lab::Task& task, int T, int problems, uint64_t seed, 
     const std::vector<int64_t> fed(row.tokens.begin(), row.tokens.end() - 1);      // the last is only predicted
     const torch::Tensor target =
         torch::tensor(std::vector<int64_t>(row.tokens.begin() + T, row.tokens.end()), torch::kLong);
-    const torch::Tensor logits = logits_of(fed, T - 1).narrow(0, T - 1, kTextScored).to(torch::kDouble);
+    const torch::Tensor logits = logits_of(fed, T - 1).to(torch::kDouble);
+    check(logits.size(0) == kTextScored, "text logits rows", logits.size(0), std::to_string(kTextScored));
     s.nll -= torch::log_softmax(logits, 1).gather(1, target.view({-1, 1})).sum().item<double>();
     s.correct += logits.argmax(1).eq(target).sum().item<int64_t>();
     s.tokens += kTextScored;
@@ -441,8 +443,9 @@ class MemoryCellRunner {
         torch::NoGradGuard no_grad;
         p_.model->eval();
         score = score_text(*task, c.test_len, problems, spec_.eval_seed,
-                           [&](const std::vector<int64_t>& tokens, int64_t) {
-          return p_.model->forward(torch::tensor(tokens, torch::kLong).view({1, -1}))[0];
+                           [&](const std::vector<int64_t>& tokens, int64_t prefill) {
+          const torch::Tensor all = p_.model->forward(torch::tensor(tokens, torch::kLong).view({1, -1}))[0];
+          return all.narrow(0, prefill, kTextScored);
         });
       } else {
         acc = exact_match(p_.model, *task, problems, spec_.eval_seed, 0.0, spec_.eval_seed);

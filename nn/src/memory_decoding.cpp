@@ -322,7 +322,9 @@ torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vecto
   const torch::Tensor all = torch::tensor(tokens, i64).view({1, S});
   for (int64_t t = 0; t < prefill; t += chunk) {
     const int64_t n = std::min(chunk, prefill - t);
-    parts.push_back(dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}), memory.retrieve_in_prompt));
+    torch::Tensor logits =
+        dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}), memory.retrieve_in_prompt);
+    if (prefill_len < 0) parts.push_back(std::move(logits));
   }
   const auto answer_start = std::chrono::steady_clock::now();
   const double aside_before = sums.reference_seconds + sums.probe_seconds;
@@ -337,6 +339,7 @@ torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vecto
     }
     average_over_steps(*stats);
   }
+  if (parts.empty()) return torch::empty({0, model.config().vocab_size});  // prefill_len = S: nothing after it
   return torch::cat(parts, 1)[0];
 }
 

@@ -277,8 +277,8 @@ TEST(generate_with_memory, TokensPastThePrefillGoOneAtATimeThroughTheSearch) {
   o.top_k = 1000;
   o.prefill_chunk = 5;
   const torch::Tensor got = decode_logits_with_memory(*m, seq, o, nullptr, prefill).to(torch::kDouble);
-  ASSERT_EQ(got.size(0), S);
-  EXPECT_LE((got - full).abs().max().item<double>(), 1e-4);
+  ASSERT_EQ(got.size(0), S - prefill);  // the prompt's logits are not kept
+  EXPECT_LE((got - full.narrow(0, prefill, S - prefill)).abs().max().item<double>(), 1e-4);
   // The prompt's chunks seeing the window alone (rotary memory's way): only the tokens after it retrieve.
   o.retrieve_in_prompt = false;
   MemoryDecodeStats stats;
@@ -299,14 +299,15 @@ TEST(generate_with_memory, TokensPastThePrefillGoOneAtATimeThroughTheSearch) {
   const torch::Tensor window = decode_logits_with_memory(*m, seq, window_only, nullptr, prefill).to(torch::kDouble);
   EXPECT_EQ(asked, (S - prefill) * int64_t(m->config().n_layers));
   EXPECT_LE((blind - window).abs().max().item<double>(), 1e-6);
-  EXPECT_GT((blind.narrow(0, prefill, S - prefill) - late.narrow(0, prefill, S - prefill)).abs().max().item<double>(),
-            1e-3);
-  EXPECT_LE((blind.narrow(0, 0, prefill) - late.narrow(0, 0, prefill)).abs().max().item<double>(), 1e-6);
-  // prefill_len = S is the default (every token in chunks): nothing answers.
+  EXPECT_GT((blind - late).abs().max().item<double>(), 1e-3);
+  // prefill_len = S: every token in chunks, no logits kept, nothing answers; 0: every token one at a time.
   MemoryDecodeStats all_chunks;
-  decode_logits_with_memory(*m, seq, o, &all_chunks, S);
+  EXPECT_EQ(decode_logits_with_memory(*m, seq, o, &all_chunks, S).size(0), 0);
   EXPECT_EQ(all_chunks.answer_tokens, 0);
   EXPECT_EQ(all_chunks.retrieving_steps, 0);
+  o.retrieve_in_prompt = true;
+  EXPECT_LE((decode_logits_with_memory(*m, seq, o, nullptr, 0).to(torch::kDouble) - full).abs().max().item<double>(),
+            1e-4);
   for (int64_t bad : {int64_t(-2), S + 1})
     test::expect_error_naming([&] { decode_logits_with_memory(*m, seq, o, nullptr, bad); }, "prefill_len");
 }

@@ -84,11 +84,13 @@ struct MemoryDecodeStats {
 std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vector<int64_t>& prompt, int max_new,
                                           double temperature, int64_t stop_id, uint64_t seed,
                                           const MemoryDecodeOptions& memory, MemoryDecodeStats* stats = nullptr);
-// Teacher-forced logits [S, V] through the same caches (with top_k past the memory's size they equal
-// model.forward(tokens)[0] up to rounding: tested). The first prefill_len tokens (-1: all of them) go in chunks of
-// prefill_chunk and retrieve when retrieve_in_prompt; the tokens after them go one at a time and always retrieve, as
+// Teacher-forced logits through the same caches (with top_k past the memory's size they equal
+// model.forward(tokens)[0] up to rounding: tested). prefill_len -1: every token in chunks of prefill_chunk,
+// retrieving when retrieve_in_prompt; logits [S, V]. prefill_len >= 0: the first prefill_len tokens so (their
+// logits not kept: a book-length prompt's would not fit in memory), then the rest one at a time, each retrieving as
 // generate_with_memory's answer does (so `search` and `on_retrieve` see them, and stats' answer_seconds and
-// answer_tokens count them): a text scored through the memory after a long prompt (rotary memory's text cells).
+// answer_tokens count them); logits [S - prefill_len, V] of those tokens: a text scored through the memory after a
+// long prompt (rotary memory's text cells).
 torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vector<int64_t>& tokens,
                                         const MemoryDecodeOptions& memory, MemoryDecodeStats* stats = nullptr,
                                         int64_t prefill_len = -1);
