@@ -192,7 +192,9 @@ TEST(model, InitKindsDrawWhatTheyName) {
       const torch::Tensor w = params[name];
       const double bound = 1.0 / std::sqrt(double(w.size(1)));
       expect_std(w, fan_in ? bound / std::sqrt(3.0) : 0.02, name);
-      if (fan_in) EXPECT_LE(max_abs(w), bound) << name;
+      if (fan_in) {
+        EXPECT_LE(max_abs(w), bound) << name;
+      }
     }
     const torch::Tensor out = params["block0.fc_out.weight"];  // 4 d_model inputs: half the bound of wq's
     expect_std(out, fan_in ? 1.0 / std::sqrt(3.0 * 256) : 0.02, "fc_out");
