@@ -94,8 +94,7 @@ namespace {
 // graph and its training sample (the FAISS kinds are rebuilt: they cost little beside the memory's reading).
 class IndexSearch final : public engine::MemorySearch {
  public:
-  IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config)
-      : memory_(memory), config_(config), index_(memory, config) {}
+  IndexSearch(const KvMemory& memory, const lab::MemoryIndexConfig& config) : memory_(memory), index_(memory, config) {}
   void sync() override { index_.sync(); }
   double candidates(const MemoryAttentionParams& p, int64_t* out) override {
     index_.add_queries(p);
@@ -103,21 +102,18 @@ class IndexSearch final : public engine::MemorySearch {
     index_.candidates(p, out);
     return index_.work().vectors - before;
   }
-  bool save(const std::string& path) override {
-    if (config_.kind != "graph") return false;
+  void save(const std::string& path) override {
+    if (index_.config().kind != "graph") return;
     index_.sync();
     index_.save(path);
-    return true;
   }
-  bool open(const std::string& path) override {
-    if (config_.kind != "graph" || !std::filesystem::exists(path)) return false;
-    index_ = lab::MemoryIndex::open(path, memory_, config_);
-    return true;
+  void open(const std::string& path) override {
+    if (index_.config().kind == "graph" && std::filesystem::exists(path))
+      index_ = lab::MemoryIndex::open(path, memory_, index_.config());
   }
 
  private:
   const KvMemory& memory_;
-  lab::MemoryIndexConfig config_;
   lab::MemoryIndex index_;
 };
 

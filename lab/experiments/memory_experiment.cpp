@@ -470,10 +470,10 @@ class MemoryCellRunner {
     c.seconds = seconds_since(t0);
     cells_.store(path, settings, cell_result_json(c));
     if (progress_) {
-      const std::string score = text ? fmt::format("next-token accuracy {:.1f}%, loss {:.4f}, over {} prompts",
-                                                   100 * c.accuracy, c.loss, c.problems)
-                                     : fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.problems);
-      std::string what = score;
+      const std::string measured = text ? fmt::format("next-token accuracy {:.1f}%, loss {:.4f}, over {} prompts",
+                                                      100 * c.accuracy, c.loss, c.problems)
+                                        : fmt::format("exact match {:.1f}% of {}", 100 * c.accuracy, c.problems);
+      std::string what = measured;
       if (c.kind == "memory")
         what += fmt::format(", memory mass {:.3f}, {:.0f} memory tokens, {:.2f} ms per answer token", c.memory_mass,
                             c.memory_tokens, c.ms_per_answer_token);
@@ -484,7 +484,7 @@ class MemoryCellRunner {
         what = fmt::format("{} through the index, recall@{} {:.3f} of {}'s exact top-k, "
                            "{:.4f} of the keys scored, build {:.2f} s per layer, {:.3f} ms per step against {:.3f} "
                            "exact ({:.0f} memory tokens), {:.2f} ms per answer token through it",
-                           score, c.top_k, c.recall, c.reference, c.scored, c.build_seconds,
+                           measured, c.top_k, c.recall, c.reference, c.scored, c.build_seconds,
                            c.index_step_ms, c.exact_step_ms, c.memory_tokens, c.ms_per_answer_token);
       std::fprintf(stderr, "%s: %s (%.1f s)\n", label.c_str(), what.c_str(), c.seconds);
     }

@@ -243,6 +243,23 @@ void average_over_steps(MemoryDecodeStats& s) {
   }
 }
 
+// The wall time of a run's answer steps from its construction on, without the reference memory's and the probe's
+// work in them (MemoryDecodeStats::answer_seconds).
+class AnswerClock {
+ public:
+  explicit AnswerClock(const MemoryDecodeStats& sums)
+      : sums_(sums), start_(std::chrono::steady_clock::now()), aside_(aside(sums)) {}
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count() - (aside(sums_) - aside_);
+  }
+
+ private:
+  static double aside(const MemoryDecodeStats& s) { return s.reference_seconds + s.probe_seconds; }
+  const MemoryDecodeStats& sums_;
+  std::chrono::steady_clock::time_point start_;
+  double aside_;
+};
+
 // The memory decoder's checks, before anything runs.
 void check_memory_decoding(const ModelConfig& c, const EncodingConfig& active, const MemoryDecodeOptions& o) {
   check(c.attention == AttentionKind::Softmax && c.fused, "attention",
@@ -289,15 +306,13 @@ std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vec
     const int64_t n = std::min(chunk, S - 1 - t);
     dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}), memory.retrieve_in_prompt);
   }
-  const auto answer_start = std::chrono::steady_clock::now();
-  const double aside_before = sums.reference_seconds + sums.probe_seconds;
+  const AnswerClock clock(sums);
   const torch::Tensor logits = dec.run(all.narrow(1, S - 1, 1), torch::full({1, 1}, S - 1, i64), /*retrieve=*/true);
   const int64_t vocab = model.config().vocab_size;
   Sampled out = sample_tokens(dec, logits, S, {max_new, temperature, stop_id, seed, vocab});
   if (stats) {
     *stats = sums;
-    stats->answer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - answer_start).count() -
-                            (sums.reference_seconds + sums.probe_seconds - aside_before);
+    stats->answer_seconds = clock.seconds();
     stats->answer_tokens = 1 + out.fed;
     average_over_steps(*stats);
   }
@@ -326,15 +341,13 @@ torch::Tensor decode_logits_with_memory(TransformerImpl& model, const std::vecto
         dec.run(all.narrow(1, t, n), torch::arange(t, t + n, i64).view({1, n}), memory.retrieve_in_prompt);
     if (prefill_len < 0) parts.push_back(std::move(logits));
   }
-  const auto answer_start = std::chrono::steady_clock::now();
-  const double aside_before = sums.reference_seconds + sums.probe_seconds;
+  const AnswerClock clock(sums);
   for (int64_t t = prefill; t < S; ++t)
     parts.push_back(dec.run(all.narrow(1, t, 1), torch::full({1, 1}, t, i64), /*retrieve=*/true));
   if (stats) {
     *stats = sums;
     if (prefill < S) {
-      stats->answer_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - answer_start).count() -
-                              (sums.reference_seconds + sums.probe_seconds - aside_before);
+      stats->answer_seconds = clock.seconds();
       stats->answer_tokens = S - prefill;
     }
     average_over_steps(*stats);

@@ -138,18 +138,12 @@ class MemorySearch {
   virtual double candidates(const MemoryAttentionParams& p, int64_t* out) = 0;
   // A saved context (Session::save_context) keeps what a search built, so that a later run over the same memory
   // does not build it again (the lab's query-routed graph: seconds per layer at 100k rows). save: take in the
-  // memory's rows and write to `path`; false when the search keeps nothing (no file). open: called on a search
+  // memory's rows and write to `path`, or write nothing when the search keeps nothing. open: called on a search
   // fresh from the factory over an opened context's memory, before its first sync; reads what save wrote at `path`
-  // (rotary::Error naming the file when it is damaged or was written for another memory or other build settings)
-  // and returns false when there is nothing there for it (then it builds as usual). Defaults: nothing kept.
-  virtual bool save(const std::string& path) {
-    (void)path;
-    return false;
-  }
-  virtual bool open(const std::string& path) {
-    (void)path;
-    return false;
-  }
+  // (rotary::Error naming the file when it is damaged or was written for another memory or other build settings),
+  // and when there is nothing there for it, leaves the search to build as usual. Defaults: nothing kept.
+  virtual void save(const std::string& path) { (void)path; }
+  virtual void open(const std::string& path) { (void)path; }
 };
 using MemorySearchFactory = std::function<std::unique_ptr<MemorySearch>(const KvMemory& memory)>;
 
