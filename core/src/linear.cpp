@@ -249,8 +249,8 @@ void weight_row(const WeightMatrix& w, int64_t r, float* out) {
   check(r >= 0 && r < w.rows, "row", r, "in [0, w.rows = " + std::to_string(w.rows) + ")");
   if (w.format == WeightFormat::Q8) {
     const int8_t* q = static_cast<const int8_t*>(w.data) + r * w.row_stride;
-    const float* s = w.scales + r * w.scale_stride;
-    for (int64_t c = 0; c < w.cols; ++c) out[c] = float(q[c]) * s[c / kQ8Block];
+    const uint16_t* s = w.scales + r * w.scale_stride;
+    for (int64_t c = 0; c < w.cols; ++c) out[c] = float(q[c]) * f16_to_float(s[c / kQ8Block]);
     return;
   }
   const DType t = w.format == WeightFormat::F32 ? DType::F32 : w.format == WeightFormat::F16 ? DType::F16 : DType::BF16;
@@ -258,7 +258,7 @@ void weight_row(const WeightMatrix& w, int64_t r, float* out) {
 }
 
 void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int64_t src_row_stride, int8_t* quants,
-                 float* scales, int threads) {
+                 uint16_t* scales, int threads) {
   detail::check_dtype(src_dtype, "src_dtype");
   check(rows >= 1, "rows", rows, ">= 1");
   check(cols >= 1, "cols", cols, ">= 1");
@@ -270,31 +270,40 @@ void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, i
   detail::check_threads(threads);
   const int64_t blocks = q8_blocks(cols);
   const int nt = threads > 0 ? threads : omp_get_max_threads();
-  // Checked before anything is written: q8 holds no NaN or infinity, and one would poison its block's scale.
-  int64_t bad = -1;  // the first non-finite weight, as r * cols + c
+  // Checked before anything is written: q8 holds no NaN or infinity (one would poison its block's scale), and no
+  // weight whose block's scale would overflow f16.
+  int64_t bad = -1;  // the first weight refused, as r * cols + c
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<double> row(static_cast<size_t>(cols));
     detail::load_row(src, src_dtype, r * src_row_stride, cols, row.data());
     for (int64_t c = 0; c < cols; ++c)
-      if (!std::isfinite(row[size_t(c)])) {
+      if (!(std::fabs(row[size_t(c)]) <= kQ8MaxWeight)) {
 #pragma omp critical(rotary_quantize_q8)
         if (bad < 0 || r * cols + c < bad) bad = r * cols + c;
         break;
       }
   }
-  if (bad >= 0)
-    fail("weight[" + std::to_string(bad / cols) + "][" + std::to_string(bad % cols) + "]",
-         to_text(load_as_double(src, src_dtype, (bad / cols) * src_row_stride + bad % cols)),
-         "a finite value (q8 cannot hold NaN or infinity)");
+  if (bad >= 0) {
+    const double v = load_as_double(src, src_dtype, (bad / cols) * src_row_stride + bad % cols);
+    fail("weight[" + std::to_string(bad / cols) + "][" + std::to_string(bad % cols) + "]", to_text(v),
+         std::isfinite(v) ? "|w| <= 127 x 65504 = " + to_text(kQ8MaxWeight) + " (q8's block scales are f16)"
+                          : std::string("a finite value (q8 cannot hold NaN or infinity)"));
+  }
 #pragma omp parallel for schedule(static) num_threads(nt)
   for (int64_t r = 0; r < rows; ++r) {
     std::vector<float> row(static_cast<size_t>(cols));
     detail::load_row(src, src_dtype, r * src_row_stride, cols, row.data());
-    for (int64_t b = 0; b < blocks; ++b) {  // one rounding per weight: within scale / 2
-      const int64_t c0 = b * kQ8Block;
-      scales[r * blocks + b] = q8_quantize_block(row.data() + c0, std::min(cols - c0, int64_t(kQ8Block)),
-                                                 quants + r * cols + c0);
+    for (int64_t b = 0; b < blocks; ++b) {  // one rounding per weight, against the stored scale
+      const int64_t c0 = b * kQ8Block, n = std::min(cols - c0, int64_t(kQ8Block));
+      float amax = 0;
+      for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(row[size_t(c0 + i)]));
+      const uint16_t h = float_to_f16(amax / 127.0f);
+      const float s = f16_to_float(h);
+      scales[r * blocks + b] = h;
+      for (int64_t i = 0; i < n; ++i)
+        quants[r * cols + c0 + i] =
+            s > 0 ? int8_t(std::clamp(linear_detail::round_away(row[size_t(c0 + i)] / s), -127, 127)) : int8_t(0);
     }
   }
 }

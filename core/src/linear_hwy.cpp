@@ -67,11 +67,22 @@ HWY_INLINE float WeightAt(const T* p, int64_t c) {
   else return f16_to_float(reinterpret_cast<const uint16_t*>(p)[c]);
 }
 
+// A q8 block's scale (f16 bits) as float, exactly: one F16C instruction at x86 targets from AVX2 up (Highway
+// enables F16C there), dtype.h's conversion elsewhere.
+HWY_INLINE float ScaleAt(const uint16_t* HWY_RESTRICT s, int64_t i) {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2 && !defined(HWY_DISABLE_F16C)
+  return _cvtsh_ss(s[i]);
+#else
+  return f16_to_float(s[i]);
+#endif
+}
+
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
-// x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block scales; a block's widened quants are multiplied
-// by its scale before the multiply-add (one rounding more per product than a float weight, within the tolerance).
+// x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block
+// scales (f16 bits); a block's widened quants are multiplied by its scale before the multiply-add (one rounding more
+// per product than a float weight, within the tolerance).
 template <int NT, int NR, class T, class X>
-HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTRICT scales, int64_t ss,
+HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
                      const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR]) {
   constexpr bool kQ8 = std::is_same_v<T, int8_t>;
   const DF df;
@@ -86,7 +97,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     if (kQ8Block % L == 0) {
       for (; k + kQ8Block <= K; k += kQ8Block) {
         hn::Vec<DF> scale[NR];
-        for (int r = 0; r < NR; ++r) scale[r] = hn::Set(df, scales[r * ss + k / kQ8Block]);
+        for (int r = 0; r < NR; ++r) scale[r] = hn::Set(df, ScaleAt(scales + r * ss, k / kQ8Block));
         for (int64_t j = k; j < k + kQ8Block; j += L) {
           hn::Vec<DF> wv[NR];
           for (int r = 0; r < NR; ++r) wv[r] = hn::Mul(LoadWeights(df, w + r * ws + j), scale[r]);
@@ -116,7 +127,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
     for (int r = 0; r < NR; ++r)
       for (int64_t i = 0; i < n; ++i) {
         wpad[r][i] = WeightAt(w + r * ws, k + i);
-        if constexpr (kQ8) wpad[r][i] *= scales[r * ss + (k + i) / kQ8Block];
+        if constexpr (kQ8) wpad[r][i] *= ScaleAt(scales + r * ss, (k + i) / kQ8Block);
       }
     hn::Vec<DF> wv[NR];
     for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wpad[r]);
@@ -136,7 +147,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTR
 // shorter than kQ8Block (a row's last, or every block where the lanes do not divide kQ8Block) is summed as integers
 // apart and added at the end. x: `NT` tokens of xq from token t0.
 template <int NT, int NR>
-HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const float* HWY_RESTRICT scales, int64_t ss,
+HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
                        const Q8Activations& xq, int64_t t0, int64_t K, float sums[NT * NR]) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df)), xs = xq.stride;
@@ -162,7 +173,8 @@ HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const float* HW
     }
     for (int t = 0; t < NT; ++t)
       for (int r = 0; r < NR; ++r)
-        acc[t][r] = hn::MulAdd(block[t][r], hn::Set(df, scales[r * ss + b] * xsc[t * xq.blocks + b]), acc[t][r]);
+        acc[t][r] =
+            hn::MulAdd(block[t][r], hn::Set(df, ScaleAt(scales + r * ss, b) * xsc[t * xq.blocks + b]), acc[t][r]);
   }
   for (int64_t b = whole; b < xq.blocks; ++b) {
     const int64_t k = b * kQ8Block, n = std::min<int64_t>(kQ8Block, K - k);
@@ -170,7 +182,7 @@ HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const float* HW
       for (int r = 0; r < NR; ++r) {
         int32_t sum = 0;
         for (int64_t i = 0; i < n; ++i) sum += int32_t(w[r * ws + k + i]) * int32_t(x[t * xs + k + i]);
-        apart[t][r] += float(sum) * (scales[r * ss + b] * xsc[t * xq.blocks + b]);
+        apart[t][r] += float(sum) * (ScaleAt(scales + r * ss, b) * xsc[t * xq.blocks + b]);
       }
   }
   for (int t = 0; t < NT; ++t)
@@ -180,7 +192,7 @@ HWY_INLINE void TileQ8(const int8_t* HWY_RESTRICT w, int64_t ws, const float* HW
 template <int NT, int NR, class T>
 HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   const T* w = static_cast<const T*>(j.w) + r0 * j.row_stride;
-  const float* sc = j.scales ? j.scales + r0 * j.scale_stride : nullptr;
+  const uint16_t* sc = j.scales ? j.scales + r0 * j.scale_stride : nullptr;
   float sums[NT * NR];
   if constexpr (std::is_same_v<T, int8_t>) {
     if (j.activations == ActivationFormat::Q8) {

@@ -44,7 +44,7 @@ struct Job {
   WeightFormat format = WeightFormat::F32;
   const void* w = nullptr;
   int64_t rows = 0, cols = 0, row_stride = 0;
-  const float* scales = nullptr;
+  const uint16_t* scales = nullptr;  // q8: f16 bits
   int64_t scale_stride = 0;
   const float* bias = nullptr;
   int64_t tokens = 0;

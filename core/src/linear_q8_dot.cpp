@@ -16,6 +16,7 @@
 // number of blocks) is zero, and a missing second block's scale is 0. Tiles as in linear_hwy.cpp: kRows weight rows
 // x kTokens tokens of accumulators, and the tokens left (decode's one) row by row (kRows at a time past
 // kLongRowBytes); every (token, row) sum has its own accumulator, so the tile shape changes no bit.
+#include <algorithm>
 #include <cstdint>
 
 #include "linear_kernel.h"
@@ -39,7 +40,7 @@ namespace rotary::linear_detail {
 
 namespace {
 
-#define ROTARY_Q8_DOT_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define ROTARY_Q8_DOT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
 
 constexpr int kRows = 4, kTokens = 4;  // 16 accumulators + 4 weight vectors + 4 scale pairs of 32 registers
 
@@ -53,17 +54,18 @@ ROTARY_Q8_DOT_TARGET inline float SumOfLanes(__m512 v) {
   return _mm_cvtss_f32(q);
 }
 
-// Blocks b and b + 1's two scales as one vector: lanes 0-7 the first, 8-15 the second (0 past the row's blocks).
-ROTARY_Q8_DOT_TARGET inline __m512 ScalePair(const float* s, int64_t b, int64_t blocks) {
-  const __m512 first = _mm512_set1_ps(s[b]);
-  return b + 1 < blocks ? _mm512_mask_broadcastss_ps(first, 0xFF00, _mm_load_ss(s + b + 1))
+// Blocks b and b + 1's two scales (f16 bits, converted exactly) as one vector: lanes 0-7 the first, 8-15 the second
+// (0 past the row's blocks).
+ROTARY_Q8_DOT_TARGET inline __m512 ScalePair(const uint16_t* s, int64_t b, int64_t blocks) {
+  const __m512 first = _mm512_set1_ps(_cvtsh_ss(s[b]));
+  return b + 1 < blocks ? _mm512_mask_broadcastss_ps(first, 0xFF00, _mm_set_ss(_cvtsh_ss(s[b + 1])))
                         : _mm512_maskz_mov_ps(0x00FF, first);
 }
 
 // acc[t][r] += blocks b and b + 1's sums of row r and token t, each times its two scales; wu holds the rows' 64
 // quants of the two blocks plus 128, as unsigned bytes (128 past the row's end, where x's quants are zero).
 template <int NT, int NR>
-ROTARY_Q8_DOT_TARGET inline void Q8Pair(const __m512i* wu, const float* scales, int64_t ss, int64_t blocks,
+ROTARY_Q8_DOT_TARGET inline void Q8Pair(const __m512i* wu, const uint16_t* scales, int64_t ss, int64_t blocks,
                                         const Q8Activations& xq, int64_t t0, int64_t b, __m512 (&acc)[NT][NR]) {
   __m512 sw[NR];
   for (int r = 0; r < NR; ++r) sw[r] = ScalePair(scales + r * ss, b, blocks);
@@ -83,7 +85,7 @@ ROTARY_Q8_DOT_TARGET inline void Q8Pair(const __m512i* wu, const float* scales, 
 // sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows at w + r * ws with their scales at
 // scales + r * ss; K columns, two blocks at a time.
 template <int NT, int NR>
-ROTARY_Q8_DOT_TARGET inline void Q8Tile(const int8_t* w, int64_t ws, const float* scales, int64_t ss,
+ROTARY_Q8_DOT_TARGET inline void Q8Tile(const int8_t* w, int64_t ws, const uint16_t* scales, int64_t ss,
                                         const Q8Activations& xq, int64_t t0, int64_t K, float* sums) {
   __m512 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
@@ -106,9 +108,60 @@ ROTARY_Q8_DOT_TARGET inline void Q8Tile(const int8_t* w, int64_t ws, const float
     for (int r = 0; r < NR; ++r) sums[t * NR + r] = SumOfLanes(acc[t][r]);
 }
 
+// The same sums for one token (decode), NR rows: a pair's scale vector costs one permutation instead of two scalar
+// conversions, two broadcasts and a product. Per group of 16 blocks (8 pairs), each row's 16 f16 scales are widened
+// in one instruction and multiplied by x's 16 block scales (the same single rounding of weight scale x activation
+// scale as Q8Pair's product, so the same bits); pair p's lanes are then blocks 2p (lanes 0-7) and 2p + 1 (8-15) of
+// that vector. Scales past the row's blocks load as 0, as ScalePair's missing second block.
+template <int NR>
+ROTARY_Q8_DOT_TARGET inline void Q8Row(const int8_t* w, int64_t ws, const uint16_t* scales, int64_t ss,
+                                       const Q8Activations& xq, int64_t t, int64_t K, float* sums) {
+  __m512 acc[NR];
+  for (int r = 0; r < NR; ++r) acc[r] = _mm512_setzero_ps();
+  const int64_t blocks = xq.blocks, pairs = (blocks + 1) / 2;
+  const __m512i bias = _mm512_set1_epi8(char(0x80));
+  const __m512i two = _mm512_set1_epi32(2);
+  const __m512i first_pair = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const int8_t* xrow = xq.quants + t * xq.stride;
+  const int32_t* crow = xq.corrections + t * xq.stride / 4;
+  const float* xscale = xq.scales + t * blocks;
+  for (int64_t g = 0; g < blocks; g += 16) {
+    const int64_t n = std::min<int64_t>(16, blocks - g);
+    const __mmask16 m = _cvtu32_mask16((1u << n) - 1);
+    const __m512 sx = _mm512_maskz_loadu_ps(m, xscale + g);
+    __m512 scale[NR];
+    for (int r = 0; r < NR; ++r)
+      scale[r] = _mm512_mul_ps(_mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, scales + r * ss + g)), sx);
+    __m512i idx = first_pair;
+    for (int64_t p = g / 2; p < std::min(pairs, (g + 16) / 2); ++p, idx = _mm512_add_epi32(idx, two)) {
+      const int64_t c = p * 2 * kQ8Block;  // the pair's first column
+      const __m512i xv = _mm512_loadu_si512(xrow + c);
+      const __m512i correction = _mm512_loadu_si512(crow + c / 4);
+      __m512i wu[NR];
+      if (c + 2 * kQ8Block <= K) {
+        for (int r = 0; r < NR; ++r) wu[r] = _mm512_xor_si512(_mm512_loadu_si512(w + r * ws + c), bias);
+      } else {  // the row's last columns (x's quants are zero past them)
+        const __mmask64 mk = _cvtu64_mask64((uint64_t(1) << (K - c)) - 1);
+        for (int r = 0; r < NR; ++r) wu[r] = _mm512_xor_si512(_mm512_maskz_loadu_epi8(mk, w + r * ws + c), bias);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m512 sum = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(correction, wu[r], xv));
+        acc[r] = _mm512_fmadd_ps(sum, _mm512_permutexvar_ps(idx, scale[r]), acc[r]);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) sums[r] = SumOfLanes(acc[r]);
+}
+
 template <int NT, int NR>
 ROTARY_Q8_DOT_TARGET inline void Q8TileAt(const Job& j, int64_t t0, int64_t r0) {
   float sums[NT * NR];
+  if constexpr (NT == 1) {
+    Q8Row<NR>(static_cast<const int8_t*>(j.w) + r0 * j.row_stride, j.row_stride, j.scales + r0 * j.scale_stride,
+              j.scale_stride, j.xq, t0, j.cols, sums);
+    store_tile(j, t0, r0, NT, NR, sums);
+    return;
+  }
   Q8Tile<NT, NR>(static_cast<const int8_t*>(j.w) + r0 * j.row_stride, j.row_stride, j.scales + r0 * j.scale_stride,
                  j.scale_stride, j.xq, t0, j.cols, sums);
   store_tile(j, t0, r0, NT, NR, sums);

@@ -1,5 +1,5 @@
 // core/src/linear_reference.cpp: the float64 oracle of linear_forward (rotary/linear.h). Every weight is read as a
-// double (q8: quant times scale, exact in double), every product and sum is taken in double, and the result is
+// double (q8: quant times its f16 scale, exact in double), every product and sum is taken in double, and the result is
 // rounded once to float (bf16 / q8 activations: each x rounded to bf16 or quantized first). It shares no code with the kernels (no
 // tiles, no chunks, no threads), only the validation of the one contract.
 #include <algorithm>
@@ -22,7 +22,8 @@ double weight(const WeightMatrix& w, int64_t r, int64_t c) {
     case WeightFormat::F16: return load_as_double(w.data, DType::F16, i);
     case WeightFormat::BF16: return load_as_double(w.data, DType::BF16, i);
     case WeightFormat::Q8:
-      return double(static_cast<const int8_t*>(w.data)[i]) * double(w.scales[r * w.scale_stride + c / kQ8Block]);
+      return double(static_cast<const int8_t*>(w.data)[i]) *
+             load_as_double(w.scales, DType::F16, r * w.scale_stride + c / kQ8Block);
   }
   return 0;
 }

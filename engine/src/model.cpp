@@ -124,8 +124,8 @@ class Loader {
     std::vector<uint8_t>& bytes = m_.owned.emplace_back(size_t(rows * cols * weight_element_size(f)));
     m_.owned_bytes += int64_t(bytes.size());
     if (f == WeightFormat::Q8) {
-      std::vector<float>& scales = m_.owned_floats.emplace_back(size_t(rows * q8_blocks(cols)));
-      m_.owned_bytes += int64_t(scales.size()) * 4;
+      std::vector<uint16_t>& scales = m_.owned_halves.emplace_back(size_t(rows * q8_blocks(cols)));
+      m_.owned_bytes += int64_t(scales.size()) * 2;
       quantize_q8(t.data, t.dtype, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()), scales.data(), threads_);
       w.scales = scales.data(), w.scale_stride = q8_blocks(cols);
     } else {
@@ -201,7 +201,7 @@ void Model::logits(const float* hidden, int64_t n, float* out, int threads) cons
 int64_t Model::weight_bytes_per_token() const {
   auto bytes = [](const WeightMatrix& w) {
     if (!w.data) return int64_t(0);
-    return w.rows * w.cols * weight_element_size(w.format) + (w.scales ? w.rows * q8_blocks(w.cols) * 4 : 0);
+    return w.rows * w.cols * weight_element_size(w.format) + (w.scales ? w.rows * q8_blocks(w.cols) * 2 : 0);
   };
   int64_t total = bytes(impl_->head.w);
   for (const Layer& l : impl_->layers)

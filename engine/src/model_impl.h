@@ -29,7 +29,8 @@ struct Model::Impl {
   Architecture arch;
   std::shared_ptr<const void> keep_alive;  // the stored bytes (mapped files)
   std::deque<std::vector<uint8_t>> owned;  // converted matrices
-  std::deque<std::vector<float>> owned_floats;  // norms, biases, q8 scales
+  std::deque<std::vector<float>> owned_floats;     // norms, biases
+  std::deque<std::vector<uint16_t>> owned_halves;  // q8 weights' block scales (f16 bits)
   int64_t owned_bytes = 0;
   WeightMatrix embed;
   std::vector<Layer> layers;

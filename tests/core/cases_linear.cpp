@@ -42,9 +42,9 @@ struct LinearProblem {
       fill_uniform(source, c.seed);
       // int8 quants in a 2-byte buffer (the harness's buffers are typed by DType; guards and snapshots are bytes).
       w = std::make_unique<WatchedBuffer>("w", DType::F16, (c.rows * rs + 1) / 2);
-      scales = std::make_unique<WatchedBuffer>("scales", DType::F32, c.rows * q8_blocks(c.cols));
+      scales = std::make_unique<WatchedBuffer>("scales", DType::F16, c.rows * q8_blocks(c.cols));  // f16 bits
       std::vector<int8_t> q(size_t(c.rows * c.cols));
-      quantize_q8(source.data(), DType::F32, c.rows, c.cols, c.cols, q.data(), static_cast<float*>(scales->data()));
+      quantize_q8(source.data(), DType::F32, c.rows, c.cols, c.cols, q.data(), static_cast<uint16_t*>(scales->data()));
       auto* quants = static_cast<int8_t*>(w->data());
       for (int64_t r = 0; r < c.rows; ++r)
         for (int64_t k = 0; k < rs; ++k) quants[r * rs + k] = k < c.cols ? q[size_t(r * c.cols + k)] : int8_t(99);
@@ -71,7 +71,7 @@ struct LinearProblem {
     LinearParams p;
     p.w.format = c.format, p.w.data = w->data(), p.w.rows = c.rows, p.w.cols = c.cols;
     p.w.row_stride = c.cols + c.row_pad;
-    if (scales) p.w.scales = static_cast<const float*>(scales->data()), p.w.scale_stride = q8_blocks(c.cols);
+    if (scales) p.w.scales = static_cast<const uint16_t*>(scales->data()), p.w.scale_stride = q8_blocks(c.cols);
     p.bias = c.bias ? static_cast<const float*>(bias->data()) : nullptr;
     p.tokens = c.tokens;
     p.x = static_cast<const float*>(x->data()), p.x_stride = c.cols + c.x_pad;

@@ -30,32 +30,61 @@ std::vector<float> uniform(int64_t n, uint64_t seed, double lo = -1, double hi =
   return v;
 }
 
-TEST(quantize_q8, EveryWeightWithinHalfAScaleAndTheBlockMaximumExact) {
-  const int64_t rows = 5, cols = 75;  // two whole blocks and one of 11
+// The stored scale is max |w| / 127 rounded to f16, and the quants are made against it: every weight within half of
+// it (rows 0-4, normal scales), the block's largest |w| at +-127; a block of small weights (row 5) has a subnormal
+// scale, still within half of it or 127 x 2^-25 at the clamp; a block of tinier ones (row 6) a zero scale and zero
+// quants, within 127 x 2^-25 of them.
+TEST(quantize_q8, EveryWeightWithinHalfItsF16ScaleAndTheBlockMaximumAt127) {
+  const int64_t rows = 7, cols = 75;  // two whole blocks and one of 11
   std::vector<float> w = uniform(rows * cols, 3, -2, 2);
   w[7] = 0;                                     // zero stays zero
   for (int64_t c = 64; c < 75; ++c) w[size_t(2 * cols + c)] = 0;  // an all-zero block: scale 0, quants 0
+  for (int64_t c = 0; c < cols; ++c) w[size_t(5 * cols + c)] *= 1e-3f, w[size_t(6 * cols + c)] *= 1e-9f;
   std::vector<int8_t> q(size_t(rows * cols));
-  std::vector<float> s(size_t(rows * q8_blocks(cols)));
+  std::vector<uint16_t> s(size_t(rows * q8_blocks(cols)));
   quantize_q8(w.data(), DType::F32, rows, cols, cols, q.data(), s.data());
   ASSERT_EQ(q8_blocks(cols), 3);
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t b = 0; b < 3; ++b) {
-      const float scale = s[size_t(r * 3 + b)];
+      const float scale = f16_to_float(s[size_t(r * 3 + b)]);
       float amax = 0;
       for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) amax = std::max(amax, std::fabs(w[size_t(r * cols + c)]));
-      EXPECT_EQ(scale, amax / 127.0f) << "row " << r << " block " << b;
+      EXPECT_EQ(s[size_t(r * 3 + b)], float_to_f16(amax / 127.0f)) << "row " << r << " block " << b;
+      if (r < 5 && amax > 0) EXPECT_GE(scale, 0x1p-14f) << "row " << r << " block " << b << ": a normal half";
+      if (r == 5) EXPECT_LT(scale, 0x1p-14f) << "block " << b << ": a subnormal half";
+      if (r == 6) EXPECT_EQ(scale, 0.0f) << "block " << b;
       for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) {
         const double wq = double(q[size_t(r * cols + c)]) * scale, wv = w[size_t(r * cols + c)];
-        // Half a step, plus the one rounding of w / scale (|w / scale| <= 127, u = 2^-24).
-        EXPECT_LE(std::fabs(wq - wv), scale * (0.5 + 127 * 0x1p-24)) << "row " << r << " col " << c;
-        if (std::fabs(wv) == amax && amax > 0) {
+        // Half a step, plus the one rounding of w / scale (|w / scale| <= ~127, u = 2^-24); 127 x 2^-25 where the
+        // scale is subnormal or zero.
+        const double bound = std::max(scale * (0.5 + 128 * 0x1p-24), r < 5 ? 0.0 : 127 * 0x1p-25);
+        EXPECT_LE(std::fabs(wq - wv), bound) << "row " << r << " col " << c;
+        if (std::fabs(wv) == amax && amax > 0 && r < 5) {
           EXPECT_EQ(std::abs(q[size_t(r * cols + c)]), 127);
         }
+        if (r == 6) EXPECT_EQ(q[size_t(r * cols + c)], 0);
       }
     }
   EXPECT_EQ(q[7], 0);
-  EXPECT_EQ(s[size_t(2 * 3 + 2)], 0.0f);
+  EXPECT_EQ(s[size_t(2 * 3 + 2)], 0);
+}
+
+// f16 holds scales up to 65504: a weight past 127 x 65504 is refused by position before anything is written, and
+// one at the bound is kept at +-127 x 65504.
+TEST(quantize_q8, RefusesAWeightWhoseBlockScaleOverflowsF16) {
+  std::vector<float> w = uniform(2 * 40, 6);
+  w[size_t(40 + 3)] = float(kQ8MaxWeight);
+  std::vector<int8_t> q(w.size(), 42);
+  std::vector<uint16_t> s(4, 42);
+  quantize_q8(w.data(), DType::F32, 2, 40, 40, q.data(), s.data());
+  EXPECT_EQ(q[size_t(40 + 3)], 127);
+  EXPECT_EQ(double(q[size_t(40 + 3)]) * f16_to_float(s[2]), kQ8MaxWeight);
+  w[size_t(40 + 5)] = -2 * float(kQ8MaxWeight);
+  std::fill(q.begin(), q.end(), 42), std::fill(s.begin(), s.end(), 42);
+  expect_error([&] { quantize_q8(w.data(), DType::F32, 2, 40, 40, q.data(), s.data()); },
+               {"weight[1][5] = -16638016", "127 x 65504", "f16"});
+  for (int8_t v : q) EXPECT_EQ(v, 42);
+  for (uint16_t v : s) EXPECT_EQ(v, 42);
 }
 
 TEST(quantize_q8, ReadsEveryStorageDtypeAndStride) {
@@ -65,7 +94,7 @@ TEST(quantize_q8, ReadsEveryStorageDtypeAndStride) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t c = 0; c < cols; ++c) f32.set(r * cols + c, bf.get(r * stride + c));
   std::vector<int8_t> qa(size_t(rows * cols)), qb(qa.size());
-  std::vector<float> sa(size_t(rows * 2)), sb(sa.size());
+  std::vector<uint16_t> sa(size_t(rows * 2)), sb(sa.size());
   quantize_q8(bf.data(), DType::BF16, rows, cols, stride, qa.data(), sa.data());
   quantize_q8(f32.data(), DType::F32, rows, cols, cols, qb.data(), sb.data());
   EXPECT_EQ(qa, qb);
@@ -77,10 +106,10 @@ TEST(quantize_q8, RefusesNonFiniteWeightsByPositionBeforeWriting) {
   w[size_t(2 * 40 + 33)] = std::numeric_limits<float>::quiet_NaN();
   w[size_t(3 * 40 + 1)] = std::numeric_limits<float>::infinity();
   std::vector<int8_t> q(w.size(), 42);
-  std::vector<float> s(8, 42.0f);
+  std::vector<uint16_t> s(8, 42);
   expect_error([&] { quantize_q8(w.data(), DType::F32, 4, 40, 40, q.data(), s.data()); }, {"weight[2][33] = nan", "finite"});
   for (int8_t v : q) EXPECT_EQ(v, 42);
-  for (float v : s) EXPECT_EQ(v, 42.0f);
+  for (uint16_t v : s) EXPECT_EQ(v, 42);
   expect_error_naming([&] { quantize_q8(w.data(), DType::F32, 0, 40, 40, q.data(), s.data()); }, "rows");
   expect_error_naming([&] { quantize_q8(w.data(), DType::F32, 4, 40, 39, q.data(), s.data()); }, "src_row_stride");
 }
@@ -88,7 +117,7 @@ TEST(quantize_q8, RefusesNonFiniteWeightsByPositionBeforeWriting) {
 // A weight matrix of every format over the same values, with its own storage.
 struct Weights {
   std::vector<uint8_t> data;
-  std::vector<float> scales;
+  std::vector<uint16_t> scales;
   WeightMatrix m;
   Weights(WeightFormat f, int64_t rows, int64_t cols, uint64_t seed) {
     const std::vector<float> w = uniform(rows * cols, seed);
@@ -330,15 +359,20 @@ TEST(linear_forward_group, Q8ActivationsSharedAmongProductsKeepTheirBits) {
   }
 }
 
-// q8_quantize_block: the weights' rule on activations, with non-finite values kept non-finite through the scale.
-TEST(q8_quantize_block, SameRuleAsTheWeightsAndNonFiniteValuesPoisonTheBlock) {
-  const std::vector<float> v = uniform(45, 7);
-  std::vector<int8_t> q(45), qw(45);
-  std::vector<float> sw(2);
-  quantize_q8(v.data(), DType::F32, 1, 45, 45, qw.data(), sw.data());
-  EXPECT_EQ(q8_quantize_block(v.data(), 32, q.data()), sw[0]);
-  EXPECT_EQ(q8_quantize_block(v.data() + 32, 13, q.data() + 32), sw[1]);
-  EXPECT_EQ(q, qw);
+// q8_quantize_block (q8 activations, the q8 KV cache): scale = max |v| / 127 kept in float, quant = round(v / scale)
+// ties away from zero, written out here again; non-finite values kept non-finite through the scale.
+TEST(q8_quantize_block, ScaleIsTheBlockMaximumOver127AndNonFiniteValuesPoisonTheBlock) {
+  std::vector<float> v = uniform(45, 7);
+  v[3] = 0.5f * v[0];  // whatever the values, each quant is its own rounding
+  std::vector<int8_t> q(45);
+  for (int64_t at : {0, 32}) {
+    const int64_t n = at == 0 ? 32 : 13;
+    float amax = 0;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(v[size_t(at + i)]));
+    const float scale = q8_quantize_block(v.data() + at, n, q.data() + at);
+    EXPECT_EQ(scale, amax / 127.0f);
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(q[size_t(at + i)], int8_t(std::round(v[size_t(at + i)] / scale))) << at + i;
+  }
   const float zeros[3] = {0, -0.0f, 0};
   EXPECT_EQ(q8_quantize_block(zeros, 3, q.data()), 0.0f);
   EXPECT_EQ(q[0] | q[1] | q[2], 0);

@@ -327,8 +327,8 @@ TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRou
   for (DType kv : {DType::BF16, DType::F16})
     expect_close_to_float32(engine_logits(c, enc, e.tokens, 4, kv), want, V, storage_roundoff(weight_format_of(kv)),
                             std::string("kv cache ") + dtype_name(kv));
-  // A q8 cache (KvStorage::Q8): the tokens after the 4-token prompt read keys and values quantized as q8 weights
-  // are (u = 2^-7, as above), with ReRoPE too (its near keys turned after widening).
+  // A q8 cache (KvStorage::Q8): the tokens after the 4-token prompt read keys and values quantized in q8
+  // blocks (u = 2^-7, as above), with ReRoPE too (its near keys turned after widening).
   const ReropeVariants variants = rerope_variants(enc);
   for (const EncodingConfig* method : {&enc, &variants.rerope, &variants.leaky}) {
     const std::string what = "kv cache q8, " + std::string(encoding_kind_name(method->kind));

@@ -21,7 +21,7 @@
 // Keys and values are stored with their features permuted to the half-split order, each half padded (see
 // KvCacheLayout); the permutation changes no dot product and makes every rotation contiguous SIMD.
 // Storage KvStorage::Q8 keeps each stored row (after its rotation, as above) as int8 in blocks of kQ8Block with one
-// float scale per block, by the q8 weights' own rule (linear.h: q8_quantize_block): 1.125 bytes a feature instead
+// float scale per block, by the q8 activations' rule (linear.h: q8_quantize_block): 1.125 bytes a feature instead
 // of 2 (bf16) or 4 (f32) - llama.cpp's q8_0 cache idea - for models whose cache outgrows the machine.
 #pragma once
 

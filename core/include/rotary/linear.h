@@ -1,6 +1,6 @@
 // rotary/linear.h: the linear layers of a checkpoint, y = x W^T (+ bias) (+ y), with W used in place in its stored
-// format - f32, f16, bf16, or q8 (int8 in blocks of 32 along a row with one float scale per block, llama.cpp's Q8_0
-// idea) - and float32 activations and accumulation. One call serves decode (tokens = 1: a matrix-vector product that
+// format - f32, f16, bf16, or q8 (int8 in blocks of 32 along a row with one f16 scale per block: llama.cpp's Q8_0,
+// 34 bytes per 32 weights) - and float32 activations and accumulation. One call serves decode (tokens = 1: a matrix-vector product that
 // streams every weight once, so its speed is the memory bus's) and prefill (tokens > 1: register tiles of 4 weight
 // rows x 4 tokens reuse each loaded weight four times). Highway SIMD with runtime dispatch, OpenMP over weight rows.
 //
@@ -18,8 +18,9 @@
 // dispatched target is AVX-512; elsewhere the same products are taken in float32 lanes.
 //
 // With q8 weights the activations may be quantized to q8 as well (ActivationFormat::Q8, as llama.cpp's Q8_0
-// products do): each token's x in blocks of kQ8Block by the weights' own rule (q8_quantize_block), so a block's
-// products are products of integers, summed exactly, and scaled once by the two blocks' scales. Where the CPU has
+// products do): each token's x in blocks of kQ8Block by q8_quantize_block (the weights' rule, its scale kept in
+// float), so a block's products are products of integers, summed exactly, and scaled once by the two blocks'
+// scales. Where the CPU has
 // AVX512-VNNI and the dispatched target is AVX-512 the integer products run on its int8 dot-product instruction
 // (vpdpbusd: 32 byte products into 8 int32 lanes, no widening of the weights); elsewhere in float32 lanes, where a
 // block's integer sums are exact as well.
@@ -41,7 +42,7 @@ inline constexpr int kQ8Block = 32;  // q8: weights per scale (one block along a
 const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8"
 // Parses "f32", "f16", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
 WeightFormat parse_weight_format(std::string_view name, std::string_view field = "weight format");
-// Bytes per weight element (q8: 1; its scales are counted by q8_scale_count).
+// Bytes per weight element (q8: 1; its scales, 2 bytes per q8_blocks, come on top).
 inline constexpr int64_t weight_element_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::Q8 ? 1 : 2; }
 // q8: scales per row of `cols` weights, ceil(cols / kQ8Block).
 inline constexpr int64_t q8_blocks(int64_t cols) { return (cols + kQ8Block - 1) / kQ8Block; }
@@ -49,15 +50,16 @@ inline constexpr int64_t q8_blocks(int64_t cols) { return (cols + kQ8Block - 1) 
 WeightFormat weight_format_of(DType t);
 
 // A [rows, cols] weight matrix, row-major with a row stride, in place in its storage (a checkpoint's mapped file,
-// or q8 buffers). Q8: `data` holds int8 quants (row r at r * row_stride), `scales` one float per block of
-// kQ8Block along each row (row r's at r * scale_stride); weight (r, c) = quants[r][c] * scales[r][c / kQ8Block].
+// or q8 buffers). Q8: `data` holds int8 quants (row r at r * row_stride), `scales` one IEEE half (f16 bits, as
+// Q8_0 stores its scale: a decode step reads 2 bytes of scale per 32 weights, not 4) per block of kQ8Block along each
+// row (row r's at r * scale_stride); weight (r, c) = quants[r][c] * f16_to_float(scales[r][c / kQ8Block]).
 struct WeightMatrix {
   WeightFormat format = WeightFormat::F32;
   const void* data = nullptr;
   int64_t rows = 0, cols = 0;
   int64_t row_stride = 0;  // elements between rows, >= cols
-  const float* scales = nullptr;  // q8 only
-  int64_t scale_stride = 0;       // q8 only: floats between rows' scales, >= q8_blocks(cols)
+  const uint16_t* scales = nullptr;  // q8 only: f16 bits
+  int64_t scale_stride = 0;          // q8 only: scales between rows' scales, >= q8_blocks(cols)
 };
 
 // The precision of the activations x in the products. F32: as given. BF16: each element rounded to bfloat16
@@ -68,8 +70,8 @@ const char* activation_format_name(ActivationFormat f);  // "f32", "bf16", "q8"
 // Parses "f32", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
 ActivationFormat parse_activation_format(std::string_view name, std::string_view field = "activation format");
 
-// The q8 rule for one block of n (1..kQ8Block) floats, shared by quantize_q8 (weights) and ActivationFormat::Q8:
-// scale = max |v| / 127 (in float), quant = round(v / scale) (float division, ties away from zero) clamped to
+// The q8 rule for one block of n (1..kQ8Block) floats, ActivationFormat::Q8's (and the q8 KV cache's, whose scales
+// stay float: they are made per token, not read per token by every product): scale = max |v| / 127 (in float), quant = round(v / scale) (float division, ties away from zero) clamped to
 // +-127, every quant 0 when the scale is 0. Non-finite values (activations only: quantize_q8 refuses them before):
 // a NaN makes the scale NaN, so every product of the block turns NaN; an infinity makes it infinite, with quant
 // +-127 at the infinity and 0 elsewhere, so the block's sum turns infinite or NaN as float products would. Returns
@@ -111,11 +113,19 @@ bool linear_uses_bf16_dot();
 bool linear_uses_q8_dot();
 
 // Quantizes a [rows, cols] matrix stored as `src_dtype` (any DType; row r at src + r * src_row_stride elements)
-// into q8: per block of kQ8Block weights along a row, scale = max |w| / 127 and quant = round(w / scale) (ties away
-// from zero), so every weight is within scale / 2 of its quantized value. quants: [rows, cols] row stride cols;
-// scales: [rows, q8_blocks(cols)]. A non-finite weight is refused (rotary::Error naming its row and column): q8
-// cannot hold it. OpenMP over rows.
+// into q8: per block of kQ8Block weights along a row (w as float), the scale s = float_to_f16(max |w| / 127) and
+// quant = round(w / s) (float division, ties away from zero) clamped to +-127, every quant 0 where s is 0. The
+// quants are made against the stored (rounded) scale, so every weight is within max(s / 2, 127 x 2^-25) of quant x s:
+// s / 2 where s is a normal half (largest |w| >= 127 x 2^-14, about 0.0078), since a rounded-down s clamps the
+// largest |w| only 2^-11 of it away; in smaller blocks s is subnormal and its rounding is 2^-25 absolute, at most
+// 127 x 2^-25 (3.8e-6) at the clamp. (llama.cpp's Q8_0 stores an f16 scale too, but makes its quants against the
+// unrounded one.) quants: [rows, cols] row stride cols; scales: [rows, q8_blocks(cols)], f16 bits. Refused
+// (rotary::Error naming the weight's row and column), before anything is written: a non-finite weight (q8 cannot hold
+// it), and |w| > 127 x 65504 (its block's scale would overflow f16). OpenMP over rows.
 void quantize_q8(const void* src, DType src_dtype, int64_t rows, int64_t cols, int64_t src_row_stride, int8_t* quants,
-                 float* scales, int threads = 0);
+                 uint16_t* scales, int threads = 0);
+
+// The q8 weights' scale bound: a block whose largest |w| exceeds this has no f16 scale (127 x f16's largest finite).
+inline constexpr double kQ8MaxWeight = 127.0 * 65504.0;
 
 }  // namespace rotary
