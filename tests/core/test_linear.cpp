@@ -50,9 +50,15 @@ TEST(quantize_q8, EveryWeightWithinHalfItsF16ScaleAndTheBlockMaximumAt127) {
       float amax = 0;
       for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) amax = std::max(amax, std::fabs(w[size_t(r * cols + c)]));
       EXPECT_EQ(s[size_t(r * 3 + b)], float_to_f16(amax / 127.0f)) << "row " << r << " block " << b;
-      if (r < 5 && amax > 0) EXPECT_GE(scale, 0x1p-14f) << "row " << r << " block " << b << ": a normal half";
-      if (r == 5) EXPECT_LT(scale, 0x1p-14f) << "block " << b << ": a subnormal half";
-      if (r == 6) EXPECT_EQ(scale, 0.0f) << "block " << b;
+      if (r < 5 && amax > 0) {
+        EXPECT_GE(scale, 0x1p-14f) << "row " << r << " block " << b << ": a normal half";
+      }
+      if (r == 5) {
+        EXPECT_LT(scale, 0x1p-14f) << "block " << b << ": a subnormal half";
+      }
+      if (r == 6) {
+        EXPECT_EQ(scale, 0.0f) << "block " << b;
+      }
       for (int64_t c = b * 32; c < std::min<int64_t>(cols, b * 32 + 32); ++c) {
         const double wq = double(q[size_t(r * cols + c)]) * scale, wv = w[size_t(r * cols + c)];
         // Half a step, plus the one rounding of w / scale (|w / scale| <= ~127, u = 2^-24); 127 x 2^-25 where the
@@ -62,7 +68,9 @@ TEST(quantize_q8, EveryWeightWithinHalfItsF16ScaleAndTheBlockMaximumAt127) {
         if (std::fabs(wv) == amax && amax > 0 && r < 5) {
           EXPECT_EQ(std::abs(q[size_t(r * cols + c)]), 127);
         }
-        if (r == 6) EXPECT_EQ(q[size_t(r * cols + c)], 0);
+        if (r == 6) {
+          EXPECT_EQ(q[size_t(r * cols + c)], 0);
+        }
       }
     }
   EXPECT_EQ(q[7], 0);
