@@ -18,8 +18,8 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
                  "engine: the torch-free engine, weights used in place (default); torch: the nn model with float32 "
                  "copies of the weights (the reference path)"),
           app.add_option("--weights", o.weights,
-                 "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with a "
-                 "scale; default: as stored)"),
+                 "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with an "
+                 "f16 scale, llama.cpp's Q8_0: 1.0625 bytes a weight; default: as stored)"),
           app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16, or q8 (int8 blocks of 32 with a float scale: 1.125 bytes a "
                  "feature; default f32)"),
           app.add_option("--activations", o.activations,
