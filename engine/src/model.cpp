@@ -201,7 +201,7 @@ void Model::logits(const float* hidden, int64_t n, float* out, int threads) cons
 int64_t Model::weight_bytes_per_token() const {
   auto bytes = [](const WeightMatrix& w) {
     if (!w.data) return int64_t(0);
-    return w.rows * w.cols * weight_element_size(w.format) + (w.scales ? w.rows * q8_blocks(w.cols) * 2 : 0);
+    return weight_matrix_bytes(w.format, w.rows, w.cols);
   };
   int64_t total = bytes(impl_->head.w);
   for (const Layer& l : impl_->layers)

@@ -69,7 +69,7 @@ struct WeightSet {
   std::vector<std::vector<uint16_t>> scales;  // q8: f16 bits
   WeightSet(WeightFormat f, Shape s, int64_t bytes, uint64_t seed) : format(f), shape(s) {
     const int64_t n = s.rows * s.cols;
-    const int64_t per = n * weight_element_size(f) + (f == WeightFormat::Q8 ? s.rows * q8_blocks(s.cols) * 2 : 0);
+    const int64_t per = weight_matrix_bytes(f, s.rows, s.cols);
     const int64_t copies = std::max<int64_t>(1, bytes / per);
     std::mt19937_64 rng(seed);
     std::uniform_real_distribution<float> uni(-1, 1);
@@ -88,7 +88,7 @@ struct WeightSet {
     }
   }
   int64_t bytes_per_copy() const {
-    return int64_t(data.front().size()) + (scales.empty() ? 0 : int64_t(scales.front().size()) * 2);
+    return weight_matrix_bytes(format, shape.rows, shape.cols);
   }
   WeightMatrix matrix(size_t copy) const {
     WeightMatrix m;

@@ -42,10 +42,14 @@ inline constexpr int kQ8Block = 32;  // q8: weights per scale (one block along a
 const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8"
 // Parses "f32", "f16", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
 WeightFormat parse_weight_format(std::string_view name, std::string_view field = "weight format");
-// Bytes per weight element (q8: 1; its scales, 2 bytes per q8_blocks, come on top).
+// Bytes per weight element (q8: 1; its scales come on top: weight_matrix_bytes).
 inline constexpr int64_t weight_element_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::Q8 ? 1 : 2; }
 // q8: scales per row of `cols` weights, ceil(cols / kQ8Block).
 inline constexpr int64_t q8_blocks(int64_t cols) { return (cols + kQ8Block - 1) / kQ8Block; }
+// Bytes of a [rows, cols] matrix stored in format f: its elements, and q8's f16 block scales (2 bytes each).
+inline constexpr int64_t weight_matrix_bytes(WeightFormat f, int64_t rows, int64_t cols) {
+  return rows * cols * weight_element_size(f) + (f == WeightFormat::Q8 ? rows * q8_blocks(cols) * 2 : 0);
+}
 // The storage format of a tensor dtype (F64 has none: the engine converts it at load).
 WeightFormat weight_format_of(DType t);
 
