@@ -1,4 +1,4 @@
-// The sampling loop of rotary_engine/generate.h.
+// The generation and the one sampling loop of rotary_engine/generate.h.
 #include "rotary_engine/generate.h"
 
 #include <algorithm>
@@ -9,48 +9,42 @@
 #include "rotary/error.h"
 
 namespace rotary::engine {
+namespace {
 
-std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
-  const Architecture& a = session.model().arch();
-  check(!prompt.empty(), "prompt tokens", 0, ">= 1");
+// The settings the sampling loop itself reads (check_sampling adds the prompt's).
+void check_sampling_settings(const GenerateOptions& o, int64_t vocab_size) {
   check(o.max_new >= 0, "max_new", o.max_new, ">= 0");
-  check(std::isfinite(o.temperature) && o.temperature >= 0, "temperature", o.temperature, "a finite value >= 0 (0: greedy)");
-  check(o.sample_vocab >= 0 && o.sample_vocab <= a.vocab_size, "sample_vocab", o.sample_vocab,
-        "in [0, vocab_size = " + std::to_string(a.vocab_size) + "] (0: every id)");
-  const int64_t S = int64_t(prompt.size()), held = session.size();
-  check(held + S + std::max<int64_t>(o.max_new - 1, 0) <= session.capacity(),
-        "tokens held + prompt tokens + max_new - 1", held + S + std::max<int64_t>(o.max_new - 1, 0),
-        "<= the session's capacity = " + std::to_string(session.capacity()));
+  check(std::isfinite(o.temperature) && o.temperature >= 0, "temperature", o.temperature,
+        "a finite value >= 0 (0: greedy)");
+  check(o.sample_vocab >= 0 && o.sample_vocab <= vocab_size, "sample_vocab", o.sample_vocab,
+        "in [0, vocab_size = " + std::to_string(vocab_size) + "] (0: every id)");
+}
+
+}  // namespace
+
+void check_sampling(int64_t prompt_tokens, const GenerateOptions& o, int64_t vocab_size) {
+  check(prompt_tokens >= 1, "prompt tokens", prompt_tokens, ">= 1");
+  check_sampling_settings(o, vocab_size);
+}
+
+std::vector<int64_t> sample_tokens(const GenerateOptions& o, int64_t vocab_size, const float* logits,
+                                   int64_t position, const FeedToken& feed) {
+  check_sampling_settings(o, vocab_size);
   std::vector<int64_t> out;
-  const int64_t V = o.sample_vocab > 0 ? o.sample_vocab : a.vocab_size;
-  std::vector<int64_t> positions(static_cast<size_t>(S));
-  const int64_t first = session.next_position();  // after the tokens the session holds (a saved context's)
-  for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = first + i;
-  // With a memory the prompt goes in a chunk per forward() call: activations for one chunk, however long it is.
-  const std::optional<MemoryOptions>& memory = session.options().memory;
-  const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk_tokens()) : S;
-  std::vector<float> hidden(size_t(std::min(S, piece) * a.d_model)), logits(size_t(a.vocab_size));
+  if (o.max_new == 0) return out;
+  const int64_t V = o.sample_vocab > 0 ? o.sample_vocab : vocab_size;
   std::vector<double> p(static_cast<size_t>(V));
   std::mt19937_64 rng(o.seed);
-  int64_t n = 0;
-  for (int64_t t0 = 0; t0 < S; t0 += n) {
-    n = std::min(piece, S - t0);
-    session.forward(prompt.data() + t0, positions.data() + t0, n, hidden.data());
-    if (o.on_prompt) o.on_prompt(t0 + n, S);
-  }
-  if (o.max_new == 0) return out;  // the prompt read (into the caches), nothing generated
-  const float* last = hidden.data() + (n - 1) * a.d_model;
-  for (int64_t pos = first + S;; ++pos) {
-    session.logits(last, 1, logits.data());
+  for (int64_t pos = position;; ++pos) {
     for (int64_t i = 0; i < V; ++i)
-      if (!std::isfinite(logits[size_t(i)]))
-        fail("logits[" + std::to_string(i) + "] at position " + std::to_string(pos - 1), std::to_string(logits[size_t(i)]),
-             "finite values (are the checkpoint's weights finite?)");
-    int64_t next = std::max_element(logits.begin(), logits.begin() + V) - logits.begin();
+      if (!std::isfinite(logits[i]))
+        fail("logits[" + std::to_string(i) + "] at position " + std::to_string(pos - 1), to_text(logits[i]),
+             "finite values (are the model's weights finite? do its position settings overflow float?)");
+    int64_t next = std::max_element(logits, logits + V) - logits;
     if (o.temperature > 0) {
-      const double top = logits[size_t(next)];
+      const double top = logits[next];
       double sum = 0;
-      for (int64_t i = 0; i < V; ++i) sum += p[size_t(i)] = std::exp((double(logits[size_t(i)]) - top) / o.temperature);
+      for (int64_t i = 0; i < V; ++i) sum += p[size_t(i)] = std::exp((double(logits[i]) - top) / o.temperature);
       double u = std::uniform_real_distribution<double>(0, sum)(rng);
       for (next = 0; next < V - 1 && u >= p[size_t(next)]; ++next) u -= p[size_t(next)];
     }
@@ -58,10 +52,38 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
     out.push_back(next);
     if (o.on_token) o.on_token(next);
     if (int64_t(out.size()) == o.max_new) break;
-    session.forward(&next, &pos, 1, hidden.data());
-    last = hidden.data();
+    logits = feed(next, pos);
   }
   return out;
+}
+
+std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prompt, const GenerateOptions& o) {
+  const Architecture& a = session.model().arch();
+  check_sampling(int64_t(prompt.size()), o, a.vocab_size);
+  const int64_t S = int64_t(prompt.size()), held = session.size();
+  check(held + S + std::max<int64_t>(o.max_new - 1, 0) <= session.capacity(),
+        "tokens held + prompt tokens + max_new - 1", held + S + std::max<int64_t>(o.max_new - 1, 0),
+        "<= the session's capacity = " + std::to_string(session.capacity()));
+  std::vector<int64_t> positions(static_cast<size_t>(S));
+  const int64_t first = session.next_position();  // after the tokens the session holds (a saved context's)
+  for (int64_t i = 0; i < S; ++i) positions[size_t(i)] = first + i;
+  // With a memory the prompt goes in a chunk per forward() call: activations for one chunk, however long it is.
+  const std::optional<MemoryOptions>& memory = session.options().memory;
+  const int64_t piece = memory ? std::max<int64_t>(1, memory->chunk_tokens()) : S;
+  std::vector<float> hidden(size_t(std::min(S, piece) * a.d_model)), logits(size_t(a.vocab_size));
+  int64_t n = 0;
+  for (int64_t t0 = 0; t0 < S; t0 += n) {
+    n = std::min(piece, S - t0);
+    session.forward(prompt.data() + t0, positions.data() + t0, n, hidden.data());
+    if (o.on_prompt) o.on_prompt(t0 + n, S);
+  }
+  if (o.max_new == 0) return {};  // the prompt read (into the caches), nothing generated
+  session.logits(hidden.data() + (n - 1) * a.d_model, 1, logits.data());
+  return sample_tokens(o, a.vocab_size, logits.data(), first + S, [&](int64_t token, int64_t pos) {
+    session.forward(&token, &pos, 1, hidden.data());
+    session.logits(hidden.data(), 1, logits.data());
+    return static_cast<const float*>(logits.data());
+  });
 }
 
 }  // namespace rotary::engine

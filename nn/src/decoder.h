@@ -1,6 +1,6 @@
 // nn/src/decoder.h (internal to the nn layer): the token-by-token decoder of the model's generate() and of the
-// memory decoding (memory_decoding.cpp) - per-layer caches, one run() per prompt chunk or token, and the one
-// sampling loop both use.
+// memory decoding (memory_decoding.cpp) - per-layer caches, one run() per prompt chunk or token, and the sampling
+// loop both use (the engine's: engine::sample_tokens).
 #pragma once
 
 #include <torch/torch.h>
@@ -9,6 +9,7 @@
 #include <memory>
 #include <vector>
 
+#include "rotary_engine/generate.h"
 #include "rotary_nn/attention.h"
 #include "rotary_nn/model.h"
 
@@ -65,23 +66,20 @@ struct Decoder {
   void rebuild();  // fresh caches for `pc`, refilled from the kept history (empty at the start)
 };
 
-// The checks every sampling entry point makes before it runs (rotary::Error naming the argument).
-void check_sampling(size_t prompt_size, int max_new, double temperature);
+// The sampling settings of a generate: engine::GenerateOptions (rotary_engine/generate.h), whose sampler and checks
+// (engine::check_sampling) the nn model's generation shares with the engine's.
+engine::GenerateOptions sampling_options(int64_t max_new, double temperature, int64_t stop_id, uint64_t seed,
+                                         int64_t sample_vocab);
 
-struct SamplingArgs {
-  int max_new = 0;
-  double temperature = 0;  // 0: greedy
-  int64_t stop_id = -1;    // stops when sampled (not included)
-  uint64_t seed = 0;
-  int64_t vocab = 0;       // ids in [0, vocab) only
-};
 struct Sampled {
   std::vector<int64_t> tokens;  // generated, stop_id excluded
   int64_t fed = 0;              // tokens fed back through the decoder after `logits`
 };
-// The one sampling loop: samples from the last position of `logits` ([1, n, V], the decoder's output for the tokens
-// up to `position` - 1), feeds each sampled token back at position, position + 1, ..., until max_new tokens or
-// stop_id. Non-finite logits are a rotary::Error naming the position.
-Sampled sample_tokens(Decoder& dec, torch::Tensor logits, int64_t position, const SamplingArgs& args);
+// The one sampling loop, engine::sample_tokens over this decoder: samples from the last position of `logits`
+// ([1, n, V], the decoder's output for the tokens up to `position` - 1; read as float32 on the CPU, as the engine's
+// logits are), feeds each sampled token back at position, position + 1, ..., until max_new tokens or stop_id.
+// Non-finite logits are a rotary::Error naming the id and the position.
+Sampled sample_tokens(Decoder& dec, const torch::Tensor& logits, int64_t position,
+                      const engine::GenerateOptions& options);
 
 }  // namespace rotary::nn

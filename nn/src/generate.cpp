@@ -1,5 +1,5 @@
-// generate(): the decoder (decoder.h) and its sampling loop - prefill the prompt with the full attention, then one
-// token at a time against per-layer caches.
+// generate(): the decoder (decoder.h) and its sampling loop (the engine's: engine::sample_tokens) - prefill the
+// prompt with the full attention, then one token at a time against per-layer caches.
 //
 // Which cache a layer gets:
 //   fused softmax, every kind but alibi and t5 -> the core decoder (torch.classes.rotary.KvCache): rope/roper keep
@@ -15,8 +15,6 @@
 //   with a memory -> memory_decoding.cpp's caches (Decoder::custom_caches): the core's MemoryKvCache.
 // Dynamic NTK / longrope frequencies change with the length: when they do, the caches are rebuilt from the
 // un-rotated keys and values (kept for that case only), so a cached step equals a full forward at that length.
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -100,17 +98,10 @@ class LinearStateCache final : public LayerCache {
   torch::Tensor state_, z_;
 };
 
-// The id sampled from one position's logits [V] (the first `vocab` of them): argmax at temperature 0, else a draw
-// from softmax(logits / temperature). Non-finite logits (NaN or Inf weights, an attention factor past float range)
-// would give argmax a NaN's index or make torch::multinomial throw; they are refused by name instead.
-int64_t sample_next(const torch::Tensor& logits, int64_t vocab, double temperature, at::Generator& gen,
-                    int64_t position) {
-  const torch::Tensor last = logits.narrow(0, 0, vocab).to(torch::kDouble);
-  if (!torch::isfinite(last).all().item<bool>())
-    fail("logits at position " + std::to_string(position), "non-finite (NaN or Inf)",
-         "finite logits (the model's weights or its position settings overflow)");
-  if (temperature == 0) return last.argmax().item<int64_t>();
-  return torch::multinomial(torch::softmax(last / temperature, -1), 1, false, gen).item<int64_t>();
+// The last position of `logits` [1, n, V] as the float32 CPU row the engine's sampler reads (a float64, half or
+// GPU model's logits converted as the engine's are: float32).
+torch::Tensor last_logits_row(const torch::Tensor& logits) {
+  return logits[0][-1].to(torch::kCPU, torch::kFloat).contiguous();
 }
 
 }  // namespace
@@ -173,34 +164,32 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, const torch::Tensor& pos
   return model.head(x);
 }
 
-void check_sampling(size_t prompt_size, int max_new, double temperature) {
-  check(prompt_size >= 1, "prompt.size()", prompt_size, ">= 1 token");
-  check(max_new >= 0, "max_new", max_new, ">= 0");
-  check(std::isfinite(temperature) && temperature >= 0, "temperature", temperature, "a finite value >= 0 (0: greedy)");
+engine::GenerateOptions sampling_options(int64_t max_new, double temperature, int64_t stop_id, uint64_t seed,
+                                         int64_t sample_vocab) {
+  engine::GenerateOptions o;
+  o.max_new = max_new, o.temperature = temperature, o.stop_id = stop_id, o.seed = seed, o.sample_vocab = sample_vocab;
+  return o;
 }
 
-Sampled sample_tokens(Decoder& dec, torch::Tensor logits, int64_t position, const SamplingArgs& args) {
+Sampled sample_tokens(Decoder& dec, const torch::Tensor& logits, int64_t position,
+                      const engine::GenerateOptions& options) {
   Sampled out;
-  if (args.max_new == 0) return out;
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(logits.device());
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(args.seed);
-  for (int64_t p = position;; ++p) {
-    const int64_t next = sample_next(logits[0][-1], args.vocab, args.temperature, gen, p - 1);
-    if (next == args.stop_id) break;
-    out.tokens.push_back(next);
-    if (int64_t(out.tokens.size()) == args.max_new) break;
-    logits = dec.run(torch::full({1, 1}, next, i64), torch::full({1, 1}, p, i64));
-    ++out.fed;
-  }
+  torch::Tensor row = last_logits_row(logits);  // kept alive while the sampler reads it
+  out.tokens = engine::sample_tokens(options, dec.config().vocab_size, row.data_ptr<float>(), position,
+                                     [&](int64_t token, int64_t p) {
+                                       row = last_logits_row(dec.run(torch::full({1, 1}, token, i64),
+                                                                     torch::full({1, 1}, p, i64)));
+                                       ++out.fed;
+                                       return static_cast<const float*>(row.data_ptr<float>());
+                                     });
   return out;
 }
 
 std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& prompt, int max_new, double temperature,
                                                int64_t stop_id, uint64_t seed, int64_t sample_vocab) {
-  check(sample_vocab >= 0 && sample_vocab <= config_.vocab_size, "sample_vocab", sample_vocab,
-        "in [0, vocab_size = " + std::to_string(config_.vocab_size) + "] (0: the whole vocabulary)");
-  const int64_t vocab = sample_vocab > 0 ? sample_vocab : int64_t(config_.vocab_size);
-  check_sampling(prompt.size(), max_new, temperature);
+  const engine::GenerateOptions options = sampling_options(max_new, temperature, stop_id, seed, sample_vocab);
+  engine::check_sampling(int64_t(prompt.size()), options, config_.vocab_size);
   const int64_t S = int64_t(prompt.size());
   if (config_.encoding.kind == EncodingKind::Learned)
     check(S + max_new - 1 <= config_.max_seq_len, "prompt.size() + max_new", S + max_new,
@@ -213,7 +202,7 @@ std::vector<int64_t> TransformerImpl::generate(const std::vector<int64_t>& promp
   const auto i64 = torch::TensorOptions().dtype(torch::kLong).device(tok_emb_->weight.device());
   Decoder dec(*this, S + max_new);
   const torch::Tensor logits = dec.run(torch::tensor(prompt, i64).view({1, S}), torch::arange(S, i64).view({1, S}));
-  return sample_tokens(dec, logits, S, {max_new, temperature, stop_id, seed, vocab}).tokens;
+  return sample_tokens(dec, logits, S, options).tokens;
 }
 
 torch::Tensor TransformerImpl::decode_logits(const std::vector<int64_t>& tokens, int64_t prefill_len) {

@@ -290,7 +290,8 @@ Decoder memory_decoder(TransformerImpl& model, const MemoryDecodeOptions& memory
 std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vector<int64_t>& prompt, int max_new,
                                           double temperature, int64_t stop_id, uint64_t seed,
                                           const MemoryDecodeOptions& memory, MemoryDecodeStats* stats) {
-  check_sampling(prompt.size(), max_new, temperature);
+  const engine::GenerateOptions sampling = sampling_options(max_new, temperature, stop_id, seed, 0);
+  engine::check_sampling(int64_t(prompt.size()), sampling, model.config().vocab_size);
   check_memory_decoding(model.config(), model.active_encoding(), memory);
   if (max_new == 0) return {};
   torch::NoGradGuard no_grad;
@@ -308,8 +309,7 @@ std::vector<int64_t> generate_with_memory(TransformerImpl& model, const std::vec
   }
   const AnswerClock clock(sums);
   const torch::Tensor logits = dec.run(all.narrow(1, S - 1, 1), torch::full({1, 1}, S - 1, i64), /*retrieve=*/true);
-  const int64_t vocab = model.config().vocab_size;
-  Sampled out = sample_tokens(dec, logits, S, {max_new, temperature, stop_id, seed, vocab});
+  Sampled out = sample_tokens(dec, logits, S, sampling);
   if (stats) {
     *stats = sums;
     stats->answer_seconds = clock.seconds();

@@ -12,3 +12,6 @@ from ._load import library_path as _library_path
 _torch.ops.load_library(_library_path())
 
 from .ops import attention, linear_attention, rope, rope_inverse  # noqa: E402,F401
+
+# The package's public functions (docs/python.md lists their signatures; tests/python/test_signatures.py checks it).
+__all__ = ["attention", "linear_attention", "rope", "rope_inverse"]

@@ -96,8 +96,11 @@ void KvCacheHolder::clear() { cache_->clear(); }
 
 }  // namespace rotary::torch_ops
 
+// Every argument named, as the ops' schemas name theirs (Python callers may pass them by keyword; docs/python.md
+// lists the schemas).
 TORCH_LIBRARY_FRAGMENT(rotary, m) {
   using rotary::torch_ops::KvCacheHolder;
+  using torch::arg;
   m.class_<KvCacheHolder>("KvCache")
       .def(torch::init([](int64_t capacity, int64_t kv_heads, int64_t head_dim, std::string dtype, std::string mode,
                           c10::optional<at::Tensor> inv_freq, double attention_factor, std::string layout, bool roper,
@@ -106,13 +109,18 @@ TORCH_LIBRARY_FRAGMENT(rotary, m) {
             capacity, kv_heads, head_dim, dtype, mode,
             inv_freq ? std::optional<at::Tensor>(*inv_freq) : std::optional<at::Tensor>(), attention_factor, layout,
             roper, window, leaky_k, logn_train_len);
-      }))
-      .def("append", &KvCacheHolder::append)
-      .def("decode",
-           [](const c10::intrusive_ptr<KvCacheHolder>& self, const at::Tensor& q, c10::optional<int64_t> q_position,
-              double softmax_scale) {
-             return self->decode(q, q_position ? std::optional<int64_t>(*q_position) : std::nullopt, softmax_scale);
-           })
+      }),
+           "", {arg("capacity"), arg("kv_heads"), arg("head_dim"), arg("dtype"), arg("mode"), arg("inv_freq"),
+                arg("attention_factor"), arg("layout"), arg("roper"), arg("window"), arg("leaky_k"),
+                arg("logn_train_len")})
+      .def("append", &KvCacheHolder::append, "", {arg("k"), arg("v"), arg("positions")})
+      .def(
+          "decode",
+          [](const c10::intrusive_ptr<KvCacheHolder>& self, const at::Tensor& q, c10::optional<int64_t> q_position,
+             double softmax_scale) {
+            return self->decode(q, q_position ? std::optional<int64_t>(*q_position) : std::nullopt, softmax_scale);
+          },
+          "", {arg("q"), arg("q_position"), arg("softmax_scale")})
       .def("size", &KvCacheHolder::size)
       .def("capacity", &KvCacheHolder::capacity)
       .def("clear", &KvCacheHolder::clear);

@@ -97,15 +97,23 @@ class MemoryKvCacheHolder : public torch::CustomClassHolder {
 }  // namespace
 }  // namespace rotary::torch_ops
 
+// Every argument is named (Python callers may pass them by keyword; docs/python.md lists the schemas) and every
+// argument added after the first release has a default, so a caller written before it still runs: memory_storage
+// came last and defaults to "f32", the storage before it existed.
 TORCH_LIBRARY_FRAGMENT(rotary, m) {
   using rotary::torch_ops::MemoryKvCacheHolder;
+  using torch::arg;
   m.class_<MemoryKvCacheHolder>("MemoryKvCache")
       .def(torch::init<int64_t, int64_t, int64_t, std::string, std::string, at::Tensor, double, std::string, int64_t,
-                       int64_t, std::string>())
-      .def("append", &MemoryKvCacheHolder::append)
-      .def("decode", &MemoryKvCacheHolder::decode)
+                       int64_t, std::string>(),
+           "", {arg("window"), arg("kv_heads"), arg("head_dim"), arg("policy"), arg("mode"), arg("inv_freq"),
+                arg("attention_factor") = 1.0, arg("layout") = "half_split", arg("rerope_window") = 0,
+                arg("logn_train_len") = 0, arg("memory_storage") = "f32"})
+      .def("append", &MemoryKvCacheHolder::append, "", {arg("k"), arg("v"), arg("positions")})
+      .def("decode", &MemoryKvCacheHolder::decode, "",
+           {arg("q"), arg("q_position"), arg("top_k"), arg("softmax_scale") = 0.0})
       .def("size", &MemoryKvCacheHolder::size)
       .def("window_size", &MemoryKvCacheHolder::window_size)
       .def("memory_size", &MemoryKvCacheHolder::memory_size)
-      .def("save_memory", &MemoryKvCacheHolder::save_memory);
+      .def("save_memory", &MemoryKvCacheHolder::save_memory, "", {arg("path"), arg("fingerprint")});
 }
