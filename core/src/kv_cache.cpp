@@ -295,7 +295,7 @@ void KvCache::save(const std::string& path, uint64_t fingerprint) const {
       detail::kv_cache_file_layout(h, elt, int64_t(head.size()), "kv_cache.save: " + path);
   const std::vector<const AlignedBytes*> arrays = m.arrays();
   const int64_t H = m.config.kv_heads, cap = m.config.capacity;
-  detail::write_file_atomic(path, "kv_cache.save", [&](detail::FileSink& out) {
+  write_file_atomic(path, "kv_cache.save", [&](FileSink& out) {
     out.write(head.data(), head.size());
     out.pad_to(uint64_t(lay.positions));
     out.write(m.positions.data(), size_t(m.size) * sizeof(int64_t));

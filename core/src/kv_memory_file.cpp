@@ -93,7 +93,7 @@ void KvMemory::save(const std::string& path, uint64_t fingerprint) const {
   const int64_t element_bytes = int64_t(dtype_size(c.storage));
   const FileLayout lay =
       file_layout(int64_t(head.size()), h.size, h.kv_heads, h.head_dim, element_bytes, "kv_memory.save: " + path);
-  detail::write_file_atomic(path, "kv_memory.save", [&](detail::FileSink& out) {
+  write_file_atomic(path, "kv_memory.save", [&](FileSink& out) {
     out.write(head.data(), head.size());
     out.pad_to(uint64_t(lay.positions));
     out.write(positions(), size_t(h.size) * sizeof(int64_t));

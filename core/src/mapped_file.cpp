@@ -6,7 +6,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
@@ -60,61 +59,6 @@ MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
     size_ = std::exchange(other.size_, 0);
   }
   return *this;
-}
-
-void FileSink::pad_to(uint64_t offset) {
-  static const char zeros[256] = {};
-  while (written_ < offset) write(zeros, size_t(std::min<uint64_t>(offset - written_, sizeof zeros)));
-}
-
-namespace {
-
-class FdSink final : public FileSink {
- public:
-  FdSink(int fd, const std::string& tmp, std::string_view who) : fd_(fd), tmp_(tmp), who_(who) {}
-  void write(const void* data, size_t n) override {
-    const auto* p = static_cast<const char*>(data);
-    written_ += n;
-    while (n > 0) {
-      const ssize_t w = ::write(fd_, p, n);
-      if (w < 0 && errno == EINTR) continue;
-      if (w <= 0) throw Error("rotary: " + std::string(who_) + ": writing " + tmp_ + ": " + std::strerror(errno));
-      p += w, n -= size_t(w);
-    }
-  }
-
- private:
-  int fd_;
-  const std::string& tmp_;
-  std::string_view who_;
-};
-
-}  // namespace
-
-void write_file_atomic(const std::string& path, std::string_view who, const std::function<void(FileSink&)>& fill) {
-  const std::string w(who);
-  // In the target's directory, so that rename() stays on one file system and is atomic.
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) throw Error("rotary: " + w + ": cannot create " + tmp + ": " + std::strerror(errno));
-  try {
-    FdSink sink(fd, tmp, who);
-    fill(sink);
-    if (::fsync(fd) != 0) throw Error("rotary: " + w + ": fsync " + tmp + ": " + std::strerror(errno));
-  } catch (...) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int e = errno;
-    ::unlink(tmp.c_str());
-    throw Error("rotary: " + w + ": cannot rename " + tmp + " to " + path + ": " + std::strerror(e));
-  }
-  // The rename is durable only once the directory entry is on disk: without this a crash right after the write
-  // returns can leave the old file (or none) in place.
-  sync_directory_of(path, who);
 }
 
 }  // namespace rotary::detail

@@ -1,16 +1,14 @@
-// core/src/mapped_file.h (internal): the file plumbing of the core's two binary formats - safetensors (read) and
-// the retrieval memory's file (read and written, kv_memory_file.cpp):
-//   MappedFile         a regular file mapped read-only (files.h's open_regular_file, fstat, mmap), unmapped with it
-//   write_file_atomic  a temporary file beside the target, written, fsync'ed, renamed over it, then files.h's
-//                      sync_directory_of: the target is either complete or absent, and survives a crash once written
-// (Their checksum is rotary/files.h's fnv1a64.) lab/common/files.h keeps an atomic writer of its own
-// (write_file_atomic, with a non-durable mode and a per-thread counter in the temporary name): the lab is a higher
-// layer and core/src is not its interface.
+// core/src/mapped_file.h (internal): the file plumbing of the core's binary formats - safetensors (read), the
+// retrieval memory's, page index's, graph's and KV cache's files (read here; written through rotary/files.h's
+// write_file_atomic, the one atomic writer):
+//   MappedFile    a regular file mapped read-only (files.h's open_regular_file, fstat, mmap), unmapped with it
+//   HashingSink   a files.h FileSink that checksums what passes through it
+//   ReaderErrors  the errors of a binary file's reader
+// (Their checksum is rotary/files.h's fnv1a64.)
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <string>
 #include <string_view>
 
@@ -47,19 +45,6 @@ class MappedFile {
   size_t size_ = 0;
 };
 
-// What write_file_atomic hands its `fill`: writes the bytes given in order to the temporary file.
-class FileSink {
- public:
-  virtual void write(const void* data, size_t n) = 0;
-  // Zero bytes up to `offset` bytes written in all (nothing if there already).
-  void pad_to(uint64_t offset);
-  uint64_t written() const { return written_; }
-
- protected:
-  ~FileSink() = default;
-  uint64_t written_ = 0;
-};
-
 // A FileSink that hashes (FNV-1a) what passes through it on the way to `out`, its offsets `out`'s: a checksum of a
 // block written as it is written.
 class HashingSink final : public FileSink {
@@ -76,12 +61,6 @@ class HashingSink final : public FileSink {
   FileSink& out_;
   uint64_t hash_ = kFnv1a64Offset;
 };
-
-// Writes `path` atomically: `fill` writes the content to "<path>.tmp.<pid>", which is fsync'ed and renamed over
-// `path`, then the directory is synced. A failure removes the temporary file and throws rotary::Error
-// "rotary: <who>: cannot create <tmp>: <reason>" / "writing <tmp>" / "fsync <tmp>" / "cannot rename <tmp> to
-// <path>" (or sync_directory_of's); whatever `fill` throws passes through after the same clean-up.
-void write_file_atomic(const std::string& path, std::string_view who, const std::function<void(FileSink&)>& fill);
 
 // The errors of a binary file's reader (the memory file, the page index file), all "rotary: <who>: <source>: ...":
 // bad(what); damaged(field, value, allowed) for a header field outside what the writer can write, named with its

@@ -65,7 +65,7 @@ void MemoryGraph::save(const std::string& path) const {
   h.entry_points = c.entry_points, h.min_graph_rows = c.min_graph_rows, h.routing_queries = c.routing_queries;
   h.memory_check = memory_check(*m.memory);
   const int64_t D = h.head_dim;
-  detail::write_file_atomic(path, "memory_graph.save", [&](detail::FileSink& out) {
+  write_file_atomic(path, "memory_graph.save", [&](FileSink& out) {
     out.write(kGraphMagic, 8);
     out.write(&h, sizeof h);
     const uint64_t header_hash = fnv1a64(&h, sizeof h);

@@ -92,7 +92,7 @@ void MemoryPages::save(const std::string& path) const {
   h.segments = int64_t(m.segments.size()), h.memory_check = memory_check(*m.memory);
   const int64_t nodes = m.heads.empty() ? 0 : int64_t(m.heads[0].nodes.size());
   const PagesLayout lay = pages_layout(h, nodes, "memory_pages.save: " + path);
-  detail::write_file_atomic(path, "memory_pages.save", [&](detail::FileSink& out) {
+  write_file_atomic(path, "memory_pages.save", [&](FileSink& out) {
     out.write(kPagesMagic, 8);
     out.write(&h, sizeof h);
     const uint64_t header_hash = fnv1a64(&h, sizeof h);

@@ -3,21 +3,15 @@
 #include "rotary/settings.h"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 #include <map>
 #include <set>
 
 #include "rotary/json_guard.h"
+#include "rotary/parse_number.h"
 
 namespace rotary::settings {
 namespace {
-
-std::string real_text(double v) {
-  if (v == std::numeric_limits<double>::max()) return "max";
-  if (v == -std::numeric_limits<double>::max()) return "-max";
-  return to_text(v);
-}
 
 std::string with_note(std::string text, const std::string& note) {
   return note.empty() ? text : text + " (" + note + ")";
@@ -51,9 +45,9 @@ std::string Allowed::text() const {
       const bool no_lo = lo == -std::numeric_limits<double>::max() && !lo_open;
       const bool no_hi = hi == std::numeric_limits<double>::max() && !hi_open;
       if (no_lo && no_hi) return with_note("a finite number", note);
-      if (no_hi) return with_note(std::string("a number ") + (lo_open ? "> " : ">= ") + real_text(lo), note);
-      return with_note(std::string("a number in ") + (lo_open ? "(" : "[") + real_text(lo) + ", " + real_text(hi) +
-                           (hi_open ? ")" : "]"),
+      if (no_hi) return with_note(std::string("a number ") + (lo_open ? "> " : ">= ") + real_bound_text(lo), note);
+      return with_note(std::string("a number in ") + (lo_open ? "(" : "[") + real_bound_text(lo) + ", " +
+                           real_bound_text(hi) + (hi_open ? ")" : "]"),
                        note);
     }
     case Kind::Text: return with_note(non_empty ? "a non-empty string" : "a string", note);
@@ -134,10 +128,8 @@ json checked_value(const Allowed& a, const json& v, const std::string& field) {
     case Kind::Unsigned:
       // TOML's integers are int64: a larger seed is written as a decimal string (toml_value) and read back here.
       if (v.is_string()) {
-        const std::string& t = v.get_ref<const std::string&>();
-        uint64_t u = 0;
-        const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), u, 10);
-        return !t.empty() && ec == std::errc() && end == t.data() + t.size() && u <= a.uint_hi ? json(u) : refuse();
+        const std::optional<uint64_t> u = read_unsigned(v.get_ref<const std::string&>(), a.uint_hi);
+        return u ? json(*u) : refuse();
       }
       if (v.is_number_unsigned()) return v.get<uint64_t>() <= a.uint_hi ? v : refuse();
       if (v.is_number_integer())

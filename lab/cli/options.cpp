@@ -1,9 +1,6 @@
 // lab/cli/options.cpp: see options.h.
 #include "cli/options.h"
 
-#include <charconv>
-#include <cmath>
-#include <cstdlib>
 #include <set>
 #include <sstream>
 
@@ -14,43 +11,14 @@ namespace {
 
 std::string range_text(int64_t lo, int64_t hi) { return "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]"; }
 
-std::string real_text(double v) {
-  if (v == std::numeric_limits<double>::max()) return "max";
-  if (v == -std::numeric_limits<double>::max()) return "-max";
-  return to_text(v);
-}
-
-// from_chars reads decimal only, refuses '+' and spaces, and reports a value that does not fit instead of wrapping.
-template <class T>
-bool read_decimal(std::string_view text, T& out) {
-  if (text.empty()) return false;
-  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), out, 10);
-  return ec == std::errc() && end == text.data() + text.size();
-}
-
 }  // namespace
-
-int64_t parse_integer(std::string_view text, std::string_view field, int64_t lo, int64_t hi) {
-  int64_t v = 0;
-  if (!read_decimal(text, v) || v < lo || v > hi)
-    fail(field, std::string(text), "a decimal integer in " + range_text(lo, hi));
-  return v;
-}
-
-uint64_t parse_unsigned(std::string_view text, std::string_view field, uint64_t hi) {
-  uint64_t v = 0;
-  if (!read_decimal(text, v) || v > hi)
-    fail(field, std::string(text), "a decimal integer in [0, " + std::to_string(hi) + "]");
-  return v;
-}
 
 CLI::Validator integer_in(int64_t lo, int64_t hi) {
   return CLI::Validator(
       [lo, hi](std::string& s) -> std::string {
-        int64_t v = 0;
-        if (!read_decimal(s, v) || v < lo || v > hi)
-          return "value " + s + " is not a decimal integer in " + range_text(lo, hi);
-        s = std::to_string(v);
+        const std::optional<int64_t> v = read_integer(s, lo, hi);
+        if (!v) return "value " + escaped_text(s) + " is not a decimal integer in " + range_text(lo, hi);
+        s = std::to_string(*v);
         return {};
       },
       "in " + range_text(lo, hi));
@@ -59,27 +27,19 @@ CLI::Validator integer_in(int64_t lo, int64_t hi) {
 CLI::Validator unsigned_up_to(uint64_t hi) {
   return CLI::Validator(
       [hi](std::string& s) -> std::string {
-        uint64_t v = 0;
-        if (!read_decimal(s, v) || v > hi)
-          return "value " + s + " is not a decimal integer in [0, " + std::to_string(hi) + "]";
-        s = std::to_string(v);
+        const std::optional<uint64_t> v = read_unsigned(s, hi);
+        if (!v) return "value " + escaped_text(s) + " is not a decimal integer in [0, " + std::to_string(hi) + "]";
+        s = std::to_string(*v);
         return {};
       },
       "in [0, " + std::to_string(hi) + "]");
 }
 
 CLI::Validator finite_in(double lo, double hi) {
-  const std::string range = "[" + real_text(lo) + ", " + real_text(hi) + "]";
+  const std::string range = "[" + real_bound_text(lo) + ", " + real_bound_text(hi) + "]";
   return CLI::Validator(
       [lo, hi, range](std::string& s) -> std::string {
-        double v = 0;
-        const char* begin = s.c_str();
-        char* end = nullptr;
-        errno = 0;
-        v = std::strtod(begin, &end);
-        // strtod also reads "nan", "inf" and hex floats, and 1e999 as inf with ERANGE: only finite values pass.
-        if (s.empty() || end != begin + s.size() || !std::isfinite(v) || errno == ERANGE || v < lo || v > hi)
-          return "value " + s + " is not a finite number in " + range;
+        if (!read_real(s, lo, hi)) return "value " + escaped_text(s) + " is not a finite number in " + range;
         return {};
       },
       "finite in " + range);

@@ -2,8 +2,9 @@
 //
 // CLI11 2.1's own conversion reads "-1" into an unsigned as 2^64-1, clamps 99999999999999999999 to INT64_MAX,
 // reads "010" as octal 8 and takes "nan" and "1e999" (inf) as numbers. Every numeric option therefore carries one of
-// these validators: an integer is decimal and inside its range (never wrapped or clamped), a real number is finite
-// and inside its range, and the range is printed by --help. tests/cli/test_hostile_input.sh checks that every
+// these validators, which read by rotary/parse_number.h's one rule for numbers in text: an integer is decimal and
+// inside its range (never wrapped or clamped), a real number is decimal, finite and inside its range (no '+', no
+// spaces, no hex), and the range is printed by --help. tests/cli/test_hostile_input.sh checks that every
 // numeric option of every command has one.
 #pragma once
 
@@ -16,13 +17,15 @@
 #include <vector>
 
 #include "common/limits.h"
+#include "rotary/parse_number.h"
 #include "rotary/settings.h"
 
 namespace rotary::cli {
 
 // A decimal integer (optional '-', digits) that fits [lo, hi]; rotary::Error naming `field`, the text and the range.
-int64_t parse_integer(std::string_view text, std::string_view field, int64_t lo, int64_t hi);
-uint64_t parse_unsigned(std::string_view text, std::string_view field, uint64_t hi);
+// The one rule of rotary/parse_number.h, which the validators below follow too.
+using rotary::parse_integer;
+using rotary::parse_unsigned;
 
 // Validators for add_option(...)->transform(...): they rewrite the accepted text to plain decimal, so CLI11's own
 // conversion then reads exactly the value checked. (Not ->check(): CLI11 runs a check on a copy, and would then

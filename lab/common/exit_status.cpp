@@ -35,6 +35,7 @@ int report_exception(std::exception_ptr error, std::FILE* out) {
   try {
     std::rethrow_exception(error);
   } catch (const Error& e) {
+    // Whole: rotary::Error escapes a NUL (a user's text quoted in the message), which would end what() there.
     std::fprintf(out, "error: %s\n", e.what());
     return kExitBadInput;
   } catch (const std::bad_alloc&) {

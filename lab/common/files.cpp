@@ -1,20 +1,14 @@
-// lab/common/files.cpp: atomic writes (see files.h).
+// lab/common/files.cpp: see files.h.
 #include "common/files.h"
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
-#include <atomic>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
-
-#include <fmt/format.h>
 
 #include "rotary/error.h"
 #include "rotary/files.h"
@@ -87,68 +81,15 @@ int remove_stale_temp_files(const std::string& dir) {
   int removed = 0;
   for (fs::recursive_directory_iterator it(dir, fs::directory_options::skip_permission_denied, ec), end;
        !ec && it != end; it.increment(ec)) {
-    if (!it->is_regular_file(ec)) continue;
-    const std::string name = it->path().filename().string();
-    const size_t at = name.rfind(".tmp.");
-    if (at == std::string::npos || at == 0) continue;
-    // "<pid>" or "<pid>.<n>" (write_file_atomic's own counter)
-    std::string pid_text = name.substr(at + 5);
-    if (const size_t dot = pid_text.find('.'); dot != std::string::npos) {
-      const std::string n = pid_text.substr(dot + 1);
-      if (n.empty() || n.find_first_not_of("0123456789") != std::string::npos) continue;
-      pid_text.resize(dot);
-    }
-    if (pid_text.empty() || pid_text.size() > 9 || pid_text.find_first_not_of("0123456789") != std::string::npos)
-      continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(pid_text));
-    // kill(pid, 0) probes without signalling: ESRCH means no such process. EPERM means it runs (as someone else).
-    if (pid > 0 && ::kill(pid, 0) != 0 && errno == ESRCH) {
-      std::error_code rm_ec;
-      if (fs::remove(it->path(), rm_ec)) ++removed;
-    }
+    if (!it->is_regular_file(ec) || !is_stale_temp_file(it->path().filename().string())) continue;
+    std::error_code rm_ec;
+    if (fs::remove(it->path(), rm_ec)) ++removed;
   }
   return removed;
 }
 
 void write_file_atomic(const std::filesystem::path& target, std::string_view bytes, Durability durability) {
-  // The temp file lives in the target's directory so that rename() is atomic (same file system); the pid keeps
-  // concurrent writers (data-parallel ranks, two compares) apart, the counter two threads of one process.
-  static std::atomic<unsigned> counter{0};
-  const std::string path = target.string();
-  const std::string tmp = fmt::format("{}.tmp.{}.{}", path, ::getpid(), counter++);
-  const bool durable = durability == Durability::Durable;
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) fail_io("create", tmp);
-  size_t done = 0;
-  while (done < bytes.size()) {
-    ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0) {
-      if (errno == EINTR) continue;  // Ctrl-C arrives as a flag, the write goes on
-      ::close(fd);
-      ::unlink(tmp.c_str());
-      fail_io("write", tmp);
-    }
-    done += static_cast<size_t>(n);
-  }
-  if (durable && ::fsync(fd) != 0) {
-    ::close(fd);
-    ::unlink(tmp.c_str());
-    fail_io("fsync", tmp);
-  }
-  ::close(fd);
-  if (::rename(tmp.c_str(), path.c_str()) != 0) {
-    ::unlink(tmp.c_str());
-    fail_io("rename onto", path);
-  }
-  if (!durable) return;
-  // The rename itself is durable only once the directory entry is on disk.
-  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-  const std::string dir = parent.empty() ? std::string(".") : parent.string();
-  int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  rotary::write_file_atomic(target.string(), "write", bytes, durability);
 }
 
 }  // namespace rotary::lab

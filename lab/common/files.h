@@ -1,8 +1,9 @@
 // lab/common/files.h: small file helpers of the lab (torch-free).
 //
-// Checkpoints, summaries and reports are written atomically: the bytes go to a temporary file in the same
-// directory, which is fsync'ed and renamed over the target, then the directory is fsync'ed. A crash or a Ctrl-C
-// at any point leaves either the old file or the new one, never a torn one.
+// Checkpoints, summaries and reports are written atomically, by core's one atomic writer (rotary/files.h
+// write_file_atomic): the bytes go to a temporary file in the same directory, which is fsync'ed and renamed over
+// the target, then the directory is fsync'ed. A crash or a Ctrl-C at any point leaves either the old file or the
+// new one, never a torn one.
 #pragma once
 
 #include <cstdint>
@@ -10,15 +11,14 @@
 #include <string>
 #include <string_view>
 
+#include "rotary/files.h"
+
 namespace rotary::lab {
 
-// How long a written file must survive: Durable files (checkpoints, metrics, reports) are fsync'ed with their
-// directory entry before the call returns; Cache files (the text task's corpus, tokenizer and ids, which are
-// rebuilt when missing, and temporary inputs of other programs) skip the fsyncs but are still replaced atomically.
-enum class Durability { Durable, Cache };
+using rotary::Durability;  // Durable: checkpoints, metrics, reports; Cache: the text task's rebuildable files
 
-// Writes `bytes` to `path` atomically: a temporary "<path>.tmp.<pid>.<n>" in the same directory, renamed over it
-// (plus fsyncs when Durable). Throws rotary::Error naming the path.
+// rotary::write_file_atomic of `bytes` ("<path>.tmp.<pid>" renamed over `path`); rotary::Error "rotary: write:
+// ..." naming the temporary file or the path.
 void write_file_atomic(const std::filesystem::path& path, std::string_view bytes,
                        Durability durability = Durability::Durable);
 // The whole file; throws rotary::Error naming the path if it cannot be read.
@@ -27,8 +27,9 @@ std::string read_file(const std::filesystem::path& path);
 uint64_t fnv1a64(std::string_view bytes);
 bool file_exists(const std::string& path);
 // Removes the temporary files ("<name>.tmp.<pid>[.<n>]") that write_file_atomic left under `dir` (recursively) when its
-// process was killed mid-write: only those whose process no longer runs, so a concurrent writer keeps its own.
-// Returns how many were removed; a missing `dir` is not an error. Runs and experiments call it when they start.
+// process was killed mid-write: only those whose process no longer runs (rotary::is_stale_temp_file), so a
+// concurrent writer keeps its own. Returns how many were removed; a missing `dir` is not an error. Runs and
+// experiments call it when they start (a file that is written again loses its own stale ones on that write).
 int remove_stale_temp_files(const std::string& dir);
 // An exclusive lock on an output directory (flock on "<dir>/.rotary.lock", which holds the holder's pid), held
 // while the object lives: two commands writing one directory at once would run the same work twice and report

@@ -12,6 +12,7 @@
 #include "rotary/error.h"
 #include "rotary/memory_graph.h"
 #include "rotary/memory_pages.h"
+#include "rotary/parse_number.h"
 
 namespace rotary::lab {
 
@@ -45,13 +46,11 @@ MemoryIndexConfig memory_index_from_name(const std::string& name, std::string_vi
   MemoryIndexConfig c;
   for (const std::string kind : {"pages", "kdtree", "graph"}) {
     if (name.rfind(kind, 0) != 0 || name.size() == kind.size()) continue;
-    const std::string digits = name.substr(kind.size());
-    check(digits.size() <= 10 && std::all_of(digits.begin(), digits.end(), [](char ch) { return ch >= '0' && ch <= '9'; }),
-          field, name, allowed);
-    const long long effort = std::stoll(digits);
-    check(effort >= 1 && effort <= (kind == "graph" ? (1LL << 20) : (1LL << 30)), field, name, allowed);
+    const std::optional<int64_t> effort =
+        read_integer(std::string_view(name).substr(kind.size()), 1, kind == "graph" ? (1LL << 20) : (1LL << 30));
+    check(effort.has_value(), field, name, allowed);
     c.kind = kind;
-    (kind == "graph" ? c.graph_width : c.pages_read) = int(effort);
+    (kind == "graph" ? c.graph_width : c.pages_read) = int(*effort);
     return c;
   }
   check(std::find(std::begin(kMemoryIndexKinds), std::end(kMemoryIndexKinds), name) != std::end(kMemoryIndexKinds),

@@ -1,13 +1,13 @@
 // lab/tasks/kjv_corpus.cpp: reading the KJV from the `bible` program and splitting it by chapter.
 #include "tasks/kjv_corpus.h"
 
+#include <algorithm>
 #include <cctype>
-#include <charconv>
-#include <system_error>
 #include <sstream>
 
 #include "common/process.h"
 #include "rotary/error.h"
+#include "rotary/parse_number.h"
 
 namespace rotary::lab {
 
@@ -21,7 +21,7 @@ KjvSplit parse_kjv(const std::string& bible_output) {
   for (size_t i = 0; i < lines.size(); ++i) {
     const std::string& line = lines[i];
     if (line.empty()) continue;
-    const auto where = [&] { return "line " + std::to_string(i + 1) + " \"" + line.substr(0, 60) + "\""; };
+    const auto where = [&] { return "line " + std::to_string(i + 1) + " " + quoted_text(line, 60); };
     // A heading stands alone between blank lines; a verse never does (verses follow each other directly).
     const bool alone = (i == 0 || lines[i - 1].empty()) && (i + 1 == lines.size() || lines[i + 1].empty());
     if (alone && !std::isspace(static_cast<unsigned char>(line[0]))) {
@@ -30,15 +30,13 @@ KjvSplit parse_kjv(const std::string& bible_output) {
       continue;
     }
     if (next_verse == 0) fail("bible output", where(), "a chapter heading (\"Genesis 1\") before the verses");
-    size_t pos = line.find_first_not_of(' ');
-    size_t digits_end = pos;
-    while (digits_end < line.size() && std::isdigit(static_cast<unsigned char>(line[digits_end]))) ++digits_end;
-    // from_chars, not stoi: a number too long for an int is a malformed line, not a std::out_of_range.
-    int verse = 0;
-    const bool number_fits =
-        digits_end != pos &&
-        std::from_chars(line.data() + pos, line.data() + digits_end, verse).ec == std::errc();
-    if (!number_fits || digits_end >= line.size() || line[digits_end] != ' ' || verse != next_verse)
+    // "  <verse> <text>": the number up to the first space after it, read by the one rule (a number too long for an
+    // int is a malformed line, not a std::out_of_range).
+    const size_t pos = std::min(line.find_first_not_of(' '), line.size());
+    const size_t digits_end = std::min(line.find(' ', pos), line.size());
+    const std::optional<int64_t> verse =
+        read_integer(std::string_view(line).substr(pos, digits_end - pos), next_verse, next_verse);
+    if (!verse || digits_end >= line.size())
       fail("bible output", where(), "verse " + std::to_string(next_verse) + " as \"  " +
                                         std::to_string(next_verse) + " text\"");
     ++next_verse;

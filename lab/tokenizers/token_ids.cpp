@@ -1,10 +1,10 @@
 // lab/tokenizers/token_ids.cpp: read_token_id_file, the way in for users whose checkpoint has no tokenizer we
 // support: they tokenize elsewhere and hand us the ids as text.
 #include <cctype>
-#include <iterator>
 
 #include "rotary/error.h"
 #include "rotary/files.h"
+#include "rotary/parse_number.h"
 #include "tokenizers/tokenizer.h"
 
 namespace rotary::lab {
@@ -24,16 +24,10 @@ std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64
     }
     size_t end = at;
     while (end < text.size() && !std::isspace(static_cast<unsigned char>(text[end]))) ++end;
-    const std::string token = text.substr(at, end - at);
     const std::string where = path.string() + ": token " + std::to_string(ids.size() + 1) + " (line " +
                               std::to_string(line) + ")";
-    // Digits only (no sign, no hex), at most 18 of them so the value fits before the range check.
-    bool digits = token.size() <= 18;
-    for (const char d : token) digits = digits && d >= '0' && d <= '9';
-    if (!digits) fail(where, "\"" + token.substr(0, 40) + (token.size() > 40 ? "...\"" : "\""), allowed);
-    const int64_t id = std::stoll(token);
-    if (id >= vocab_size) fail(where, token, allowed);
-    ids.push_back(id);
+    // A token ends at whitespace only: "3<NUL>" is one token, refused whole (its NUL escaped in the message).
+    ids.push_back(parse_integer(std::string_view(text).substr(at, end - at), where, 0, vocab_size - 1, allowed));
     at = end;
   }
   return ids;

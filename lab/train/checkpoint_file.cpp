@@ -9,6 +9,7 @@
 #include "common/files.h"
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
+#include "rotary/parse_number.h"
 #include "train/config.h"
 
 namespace rotary::train {
@@ -190,17 +191,14 @@ std::mt19937_64 rng_from_text(const std::string& text) {
   // reads outside the state), so the text is checked first: exactly 312 words and an index in [0, 312], decimal.
   constexpr size_t kWords = std::mt19937_64::state_size;
   auto refuse = [&] {
-    fail("checkpoint data_rng", text.substr(0, 40) + (text.size() > 40 ? "..." : ""),
+    fail("checkpoint data_rng", quoted_text(text, 40),
          "a std::mt19937_64 state (312 decimal words and an index in [0, 312])");
   };
   std::istringstream tokens(text);
   std::string token;
   size_t count = 0;
   while (tokens >> token) {
-    if (token.size() > 20 || token.find_first_not_of("0123456789") != std::string::npos) refuse();
-    const unsigned long long v = std::strtoull(token.c_str(), nullptr, 10);
-    if (token.size() == 20 && token > "18446744073709551615") refuse();  // would not fit 64 bits
-    if (count == kWords && v > kWords) refuse();
+    if (!read_unsigned(token, count == kWords ? kWords : std::numeric_limits<uint64_t>::max())) refuse();
     ++count;
   }
   if (count != kWords + 1) refuse();

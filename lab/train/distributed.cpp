@@ -8,6 +8,7 @@
 #include <string>
 
 #include "rotary/error.h"
+#include "rotary/parse_number.h"
 #include "train/distributed.h"
 
 namespace rotary::train {
@@ -21,12 +22,8 @@ std::optional<std::string> env(const char* name) {
 
 int env_int(const char* name, int lo, int hi) {
   std::optional<std::string> v = env(name);
-  if (!v) fail(name, "<unset>", "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  char* end = nullptr;
-  const long x = std::strtol(v->c_str(), &end, 10);
-  check(end && *end == '\0' && x >= lo && x <= hi, name, *v,
-        "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return static_cast<int>(x);
+  if (!v) fail(name, "<unset>", "a decimal integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+  return static_cast<int>(parse_integer(*v, name, lo, hi));
 }
 
 class GlooCommunicator final : public Communicator {

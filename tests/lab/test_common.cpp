@@ -10,8 +10,10 @@
 #include <filesystem>
 #include <fstream>
 #include <new>
+#include <set>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "common/exit_status.h"
 #include "common/files.h"
@@ -19,7 +21,12 @@
 #include "common/machine.h"
 #include "common/plots.h"
 #include "common/process.h"
+#include "memory/memory_index.h"
 #include "rotary/error.h"
+#include "rotary/files.h"
+#include "rotary/parse_number.h"
+#include "tasks/kjv_corpus.h"
+#include "tokenizers/tokenizer.h"
 
 namespace rotary::lab {
 namespace {
@@ -82,6 +89,33 @@ TEST(Files, AtomicWriteReplacesContentAndLeavesNoTemporaryFile) {
   }
   EXPECT_EQ(entries, 1);
   EXPECT_THROW(write_file_atomic(join_path(dir, "no/such/dir/x"), "y"), Error);
+  fs::remove_all(dir);
+}
+
+// The lab's writer is core's (rotary::write_file_atomic): a failed write keeps the old content and leaves no
+// temporary file, and a write removes the temporary file a killed writer of the same file left.
+TEST(Files, AtomicWriteIsCoresOneWriter) {
+  const std::string dir = fresh_dir("atomic_core");
+  const std::string path = join_path(dir, "checkpoint.pt");
+  write_file_atomic(path, "old");
+  fs::create_directories(join_path(dir, "summary.json/inside"));  // a rename onto a non-empty directory fails
+  try {
+    write_file_atomic(join_path(dir, "summary.json"), "new");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rotary: write: cannot rename"), std::string::npos) << e.what();
+  }
+  pid_t dead = ::fork();
+  if (dead == 0) ::_exit(0);
+  ASSERT_GT(dead, 0);
+  int status = 0;
+  ASSERT_EQ(::waitpid(dead, &status, 0), dead);
+  std::ofstream(path + ".tmp." + std::to_string(dead)) << "torn";
+  write_file_atomic(path, "new");
+  EXPECT_EQ(read_file(path), "new");
+  std::set<std::string> names;
+  for (const auto& e : fs::directory_iterator(dir)) names.insert(e.path().filename().string());
+  EXPECT_EQ(names, (std::set<std::string>{"checkpoint.pt", "summary.json"}));
   fs::remove_all(dir);
 }
 
@@ -260,6 +294,65 @@ TEST(ExitStatus, EveryExceptionHasItsStatusAndOneLine) {
   EXPECT_EQ(text.find("frame"), std::string::npos) << text;
   EXPECT_EQ(interrupted_exit_status(0), 130);
   EXPECT_EQ(interrupted_exit_status(15), 143);
+}
+
+// A message quoting a user's text with a NUL in it (a token id file) is printed whole, the NUL escaped, never cut.
+TEST(ExitStatus, AMessageWithANulIsPrintedWhole) {
+  std::FILE* f = std::tmpfile();
+  using namespace std::string_literals;
+  const std::string message = "rotary: ids.txt: token 2 (line 1) = \"3\0x9\" is invalid; allowed: ids"s;
+  EXPECT_EQ(report_exception(std::make_exception_ptr(Error(message)), f), 2);
+  std::rewind(f);
+  char buf[256] = {};
+  const std::string text(buf, std::fread(buf, 1, sizeof buf - 1, f));
+  std::fclose(f);
+  EXPECT_EQ(text, "error: rotary: ids.txt: token 2 (line 1) = \"3\\x00x9\" is invalid; allowed: ids\n");
+}
+
+// The one rule for numbers in text (rotary/parse_number.h) in the lab's readers: each refuses a sign, a prefix, an
+// exponent, junk and an overflow, naming its field.
+TEST(NumberRule, EveryReaderRefusesWhatTheRuleRefusesNamingItsField) {
+  EXPECT_EQ(memory_index_from_name("pages010").pages_read, 10);
+  EXPECT_EQ(memory_index_from_name("graph64").graph_width, 64);
+  for (const std::string bad : {"pages+5", "pages-5", "pages0x10", "pages1e3", "pages 5", "graph99999999999999999999",
+                                "pages2000000000"}) {
+    try {
+      memory_index_from_name(bad, "--search");
+      ADD_FAILURE() << bad << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--search = " + bad + " is invalid"), std::string::npos) << e.what();
+    }
+  }
+  const std::string dir = fresh_dir("number_rule");
+  const std::string ids = join_path(dir, "ids.txt");
+  for (const auto& [text, shown] : std::vector<std::pair<std::string, std::string>>{
+           {"1 +5", "token 2 (line 1) = \"+5\""},
+           {"1e3", "token 1 (line 1) = \"1e3\""},
+           {"7\n12abc", "token 2 (line 2) = \"12abc\""},
+           {"0x10", "token 1 (line 1) = \"0x10\""},
+           {"99999999999999999999", "token 1 (line 1) = 99999999999999999999 is invalid"},
+           {"-9223372036854775809", "token 1 (line 1) = \"-9223372036854775809\""},
+           {std::string("12 3\0x9 4", 9),"token 2 (line 1) = \"3\\x00x9\" is invalid; allowed: decimal token ids"}}) {
+    write_file_atomic(ids, text);
+    try {
+      read_token_id_file(ids, 100);
+      ADD_FAILURE() << text << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(ids + ": " + shown), std::string::npos) << e.what();
+    }
+  }
+  write_file_atomic(ids, "010 7\n99");
+  EXPECT_EQ(read_token_id_file(ids, 100), (std::vector<int64_t>{10, 7, 99}));
+  fs::remove_all(dir);
+  const std::string heading = "Genesis 1\n\n";
+  for (const std::string verse : {"  +1 In", "  1e0 In", "  0x1 In", "  99999999999 In", "  1.0 In", "  2 In"}) {
+    try {
+      parse_kjv(heading + verse + "\n");
+      ADD_FAILURE() << verse << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("bible output = line 3 \"" + verse + "\""), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Plots, GnuplotRunsInThePlotDirectory) {

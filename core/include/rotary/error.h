@@ -12,9 +12,39 @@
 
 namespace rotary {
 
+// `text` with each control byte (below 0x20, and 0x7f) that `keep` does not list written as \xNN: a message quoting
+// a user's text shows all of it - a NUL would end what() there, a terminal escape would act on the terminal.
+inline std::string escaped_text(std::string_view text, std::string_view keep = {}) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(text.size());
+  for (const char ch : text) {
+    const auto byte = static_cast<unsigned char>(ch);
+    if ((byte >= 0x20 && byte != 0x7f) || keep.find(ch) != std::string_view::npos) {
+      out.push_back(ch);
+    } else {
+      out.append("\\x").push_back(kHex[byte >> 4]);
+      out.push_back(kHex[byte & 15]);
+    }
+  }
+  return out;
+}
+
+// A user's text as a message quotes it: escaped_text in double quotes, at most `limit` bytes of it (as json_excerpt
+// stops after a hundred characters), then "..." and the whole length. 12<NUL>ab shows as "12\x00ab" (the quotes
+// included), 5000 x's as "xxx..." (5000 bytes).
+inline std::string quoted_text(std::string_view text, size_t limit = 100) {
+  std::string out(1, '"');
+  out.append(escaped_text(text.substr(0, limit)));
+  if (text.size() <= limit) return out.append(1, '"');
+  return out.append("...\" (").append(std::to_string(text.size())).append(" bytes)");
+}
+
 class Error : public std::invalid_argument {
  public:
-  explicit Error(const std::string& what) : std::invalid_argument(what) {}
+  // Control bytes but line breaks and tabs escaped (escaped_text): what() is a C string, and a message holding a
+  // NUL - a user's text quoted without escaping - would be printed cut at it.
+  explicit Error(const std::string& what) : std::invalid_argument(escaped_text(what, "\n\t")) {}
 };
 
 // Formats any streamable value for an error message.
