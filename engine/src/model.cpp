@@ -10,6 +10,7 @@
 #include <string>
 
 #include "model_impl.h"
+#include "rotary/content_hash.h"
 #include "rotary/error.h"
 #include "rotary_engine/model.h"
 
@@ -88,7 +89,16 @@ class Loader {
     if (t.shape != shape) fail("tensor " + name + ".shape", shape_text(t.shape), shape_text(shape));
     if (t.data == nullptr) fail("tensor " + name + ".data", "null", "the tensor's bytes");
     check_finite(name, t);
+    hash_stored(name, t);
     return t;
+  }
+  // The tensor's name, stored dtype, shape and bytes, folded into Model::weights_hash.
+  void hash_stored(const std::string& name, const StoredTensor& t) const {
+    uint64_t& h = m_.weights_hash;
+    h = content_hash64(name.data(), name.size(), h);
+    h = content_hash_mix(h, uint64_t(t.dtype));
+    for (int64_t d : t.shape) h = content_hash_mix(h, uint64_t(d));
+    h = content_hash64(t.data, size_t(elements(t)) * dtype_size(t.dtype), h, threads_);
   }
   // A NaN or Inf weight would poison every logit after it: refused by name and element, before any work (one
   // read of the weights, which the first forward would make anyway).
@@ -130,9 +140,25 @@ class Loader {
       w.scales = scales.data(), w.scale_stride = q8_blocks(cols);
     } else {
       const DType to = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
-#pragma omp parallel for schedule(static) num_threads(threads_)
+      // A finite weight past the target's range (f16: |w| >= 65520 rounds to Inf) is refused by element, as q8's
+      // scale overflow is: an Inf weight would only show later as non-finite logits.
+      int64_t overflow = rows * cols;
+#pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : overflow)
       for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) store_from_double(bytes.data(), to, r * cols + c, load_as_double(t.data, t.dtype, r * cols + c));
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t i = r * cols + c;
+          store_from_double(bytes.data(), to, i, load_as_double(t.data, t.dtype, i));
+          if (!std::isfinite(load_as_double(bytes.data(), to, i)) && i < overflow) overflow = i;
+        }
+      if (overflow < rows * cols)
+        fail("tensor " + (t.source.empty() ? name : t.source),
+             "element " + std::to_string(overflow) + " (row " + std::to_string(overflow / cols) + ", column " +
+                 std::to_string(overflow % cols) + ") = " + to_text(load_as_double(t.data, t.dtype, overflow)) +
+                 ", past " + weight_format_name(f) + "'s range",
+             std::string("|w| <= ") +
+                 (to == DType::F16    ? "65504, f16's largest finite value (--weights bf16 or f32 keep such weights)"
+                  : to == DType::BF16 ? "3.3895e38, bf16's largest finite value (--weights f32 keeps such weights)"
+                                      : "3.4028e38, f32's largest finite value"));
     }
     w.data = bytes.data();
     release_pages(t);
@@ -187,6 +213,7 @@ const Architecture& Model::arch() const { return impl_->arch; }
 WeightFormat Model::matrix_format() const { return impl_->layers.front().o.w.format; }
 ActivationFormat Model::activations() const { return impl_->activations; }
 int64_t Model::owned_bytes() const { return impl_->owned_bytes; }
+uint64_t Model::weights_hash() const { return impl_->weights_hash; }
 
 void Model::logits(const float* hidden, int64_t n, float* out, int threads) const {
   check(n >= 0, "n", n, ">= 0");

@@ -32,6 +32,7 @@ struct Model::Impl {
   std::deque<std::vector<float>> owned_floats;     // norms, biases
   std::deque<std::vector<uint16_t>> owned_halves;  // q8 weights' block scales (f16 bits)
   int64_t owned_bytes = 0;
+  uint64_t weights_hash = 0;  // Model::weights_hash
   WeightMatrix embed;
   std::vector<Layer> layers;
   NormWeights final_norm;

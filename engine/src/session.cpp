@@ -11,6 +11,8 @@
 #include <string>
 
 #include "model_impl.h"
+#include "rotary/content_hash.h"
+#include "saved_context.h"
 #include "rotary/activations.h"
 #include "rotary/error.h"
 #include "rotary/files.h"
@@ -52,10 +54,10 @@ bool length_dependent(const RopeSpec& r) {
 
 // Tokens per chunk of a layer's work on a prompt: prefill_chunk, rounded down to whole memory chunks with a memory
 // (at least one), so that the memory's chunks start where they would over the whole call.
-int64_t layer_chunk(const SessionOptions& o) {
-  if (!o.memory) return o.prefill_chunk;
-  const int64_t m = o.memory->chunk_tokens();
-  return m * std::max<int64_t>(1, o.prefill_chunk / m);
+int64_t layer_chunk(const SessionOptions& options) {
+  if (!options.memory) return options.prefill_chunk;
+  const int64_t memory_chunk = options.memory->chunk_tokens();
+  return memory_chunk * std::max<int64_t>(1, options.prefill_chunk / memory_chunk);
 }
 
 float gelu(float x, bool tanh_form) {
@@ -63,10 +65,9 @@ float gelu(float x, bool tanh_form) {
   return float(0.5 * double(x) * (1.0 + std::erf(double(x) * 0.7071067811865476)));
 }
 
-// One value's bytes into a saved context's fingerprint (rotary/files.h's fnv1a64).
-template <class T>
-uint64_t fnv1a(uint64_t h, const T& value) {
-  return fnv1a64(&value, sizeof value, h);
+// The method's name in messages, as the command line spells it.
+const char* position_mode_name(PositionMode m) {
+  return m == PositionMode::Rope ? "rope" : m == PositionMode::Rerope ? "rerope" : m == PositionMode::LeakyRerope ? "leaky_rerope" : "none";
 }
 
 // The core's page search (rotary/memory_pages.h) as a MemorySearch; its work: a page bound counts two vectors.
@@ -88,9 +89,9 @@ class PageSearch final : public MemorySearch {
 
 struct Session::Impl {
   std::shared_ptr<const Model> model;
-  const Model::Impl& m;
-  const Architecture& a;
-  SessionOptions o;
+  const Model::Impl& weights;  // the model's tensors (engine/src/model_impl.h)
+  const Architecture& arch;
+  SessionOptions options;
   int threads;
   RopeFreqs freqs;
   int64_t freqs_len = -1;  // the length the frequencies were taken at (length-dependent scalings)
@@ -111,37 +112,40 @@ struct Session::Impl {
   std::vector<std::vector<float>> hist_k, hist_v;
   std::vector<int64_t> hist_pos;
   // Scratch, [tokens, width] float32 unless said otherwise.
-  std::vector<float> x, h, h2, q, k, v, qkv, att, ff_up, ff_gate;
-  std::vector<uint8_t> qc, kc, vc, oc;  // q, k, v, o converted to a bf16 / f16 cache's dtype (unused for f32)
+  // residual: every token's residual stream; attn_in, mlp_in: the norms' outputs before attention and the MLP;
+  // attn_out: attention's output (heads concatenated) before the output projection.
+  std::vector<float> residual, attn_in, mlp_in, q, k, v, qkv, attn_out, ff_up, ff_gate;
+  std::vector<uint8_t> q_conv, k_conv, v_conv, out_conv;  // q, k, v, attn_out converted to a bf16 / f16 cache's
+                                                          // dtype (unused for f32)
 
   Impl(std::shared_ptr<const Model> mod, const SessionOptions& opt)
-      : model(std::move(mod)), m(model->impl()), a(m.arch), o(opt),
+      : model(std::move(mod)), weights(model->impl()), arch(weights.arch), options(opt),
         threads(opt.threads > 0 ? opt.threads : omp_get_max_threads()) {
-    check(o.capacity >= 1, "capacity", o.capacity, ">= 1 token");
-    check(a.sliding_window == 0 || o.capacity <= a.sliding_window, "capacity", o.capacity,
-          "<= the checkpoint's sliding_window = " + std::to_string(a.sliding_window) +
+    check(options.capacity >= 1, "capacity", options.capacity, ">= 1 token");
+    check(arch.sliding_window == 0 || options.capacity <= arch.sliding_window, "capacity", options.capacity,
+          "<= the checkpoint's sliding_window = " + std::to_string(arch.sliding_window) +
               " (rotary has no sliding-window attention; longer sequences would differ from the checkpoint's code)");
-    check(o.kv_dtype == DType::F32 || o.kv_dtype == DType::BF16 || o.kv_dtype == DType::F16, "kv_dtype",
-          dtype_name(o.kv_dtype), "f32, bf16, f16");
-    check(o.kv_storage == KvStorage::Dtype || o.kv_storage == KvStorage::Q8, "kv_storage", int(o.kv_storage),
+    check(options.kv_dtype == DType::F32 || options.kv_dtype == DType::BF16 || options.kv_dtype == DType::F16, "kv_dtype",
+          dtype_name(options.kv_dtype), "f32, bf16, f16");
+    check(options.kv_storage == KvStorage::Dtype || options.kv_storage == KvStorage::Q8, "kv_storage", int(options.kv_storage),
           "dtype, q8");
-    if (o.kv_storage == KvStorage::Q8) {
-      check(o.kv_dtype == DType::F32, "kv_dtype", dtype_name(o.kv_dtype),
+    if (options.kv_storage == KvStorage::Q8) {
+      check(options.kv_dtype == DType::F32, "kv_dtype", dtype_name(options.kv_dtype),
             "f32 with kv_storage q8 (the queries and outputs; the cache quantizes what it stores)");
-      check(!o.memory, "kv_storage", "q8", "dtype with a memory (memory.storage sets the memory's dtype)");
+      check(!options.memory, "kv_storage", "q8", "dtype with a memory (memory.storage sets the memory's dtype)");
     }
-    check(o.prefill_chunk >= 1, "prefill_chunk", o.prefill_chunk, ">= 1");
-    check(o.keep_caches || !o.memory, "keep_caches", "false",
+    check(options.prefill_chunk >= 1, "prefill_chunk", options.prefill_chunk, ">= 1");
+    check(options.keep_caches || !options.memory, "keep_caches", "false",
           "true with a memory (the memory and its window are the caches it keeps)");
-    check(o.threads >= 0, "threads", o.threads, ">= 0 (0: OpenMP's default)");
-    const PositionMethod& p = o.positions;
+    check(options.threads >= 0, "threads", options.threads, ">= 0 (0: OpenMP's default)");
+    const PositionMethod& p = options.positions;
     check(p.mode != PositionMode::None, "positions.mode", "none", "rope, rerope, leaky_rerope");
-    check(p.rope.head_dim == a.head_dim, "positions.rope.head_dim", p.rope.head_dim,
-          "the model's head_dim = " + std::to_string(a.head_dim));
-    take_freqs(o.capacity);  // validates the rope; the length-dependent ones are taken again per forward
-    if (o.memory) {
-      const MemoryOptions& mo = *o.memory;
-      check(o.kv_dtype == DType::F32, "kv_dtype", dtype_name(o.kv_dtype),
+    check(p.rope.head_dim == arch.head_dim, "positions.rope.head_dim", p.rope.head_dim,
+          "the model's head_dim = " + std::to_string(arch.head_dim));
+    take_freqs(options.capacity);  // validates the rope; the length-dependent ones are taken again per forward
+    if (options.memory) {
+      const MemoryOptions& mo = *options.memory;
+      check(options.kv_dtype == DType::F32, "kv_dtype", dtype_name(options.kv_dtype),
             "f32 with a memory (its window is kept in f32; memory.storage sets the memory's dtype)");
       check(!length_dependent(p.rope), "positions.rope.scaling", scaling_name(p.rope.scaling),
             "a scaling whose frequencies do not change with the length (a memory keeps keys rotated once)");
@@ -156,22 +160,24 @@ struct Session::Impl {
 
   MemoryKvCacheConfig memory_config() const {
     MemoryKvCacheConfig c;
-    c.window = o.memory->window, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim);
-    c.pos = position_params(), c.policy = o.memory->policy, c.memory_storage = o.memory->storage;
+    c.window = options.memory->window, c.kv_heads = arch.n_kv_heads, c.head_dim = int(arch.head_dim);
+    c.pos = position_params(), c.policy = options.memory->policy, c.memory_storage = options.memory->storage;
     return c;
   }
 
   PositionParams position_params() const {
     PositionParams pp;
-    pp.mode = o.positions.mode, pp.freqs = &freqs, pp.window = o.positions.window, pp.leaky_k = o.positions.leaky_k;
-    pp.logn_train_len = o.positions.logn_train_len;
+    pp.mode = options.positions.mode, pp.freqs = &freqs, pp.window = options.positions.window, pp.leaky_k = options.positions.leaky_k;
+    pp.logn_train_len = options.positions.logn_train_len;
     return pp;
   }
   void take_freqs(int64_t len) {
-    freqs = o.positions.rope.freqs(len);
+    freqs = options.positions.rope.freqs(len);
     freqs_len = len;
   }
-  uint64_t context_fingerprint() const;  // save_context's: the model and what shaped the cached rows
+  uint64_t settings_fingerprint() const;  // a saved context's: what shaped the cached rows besides the weights
+  std::string settings_text() const;      // the same in words
+  uint64_t context_fingerprint() const;   // the weights (as run) and the settings
   void check_context_session(const char* who) const;
 
   // Empty caches for every layer (with a memory: `opened`, a saved context's, when given) and their searches.
@@ -179,63 +185,63 @@ struct Session::Impl {
     caches.clear();
     memory_caches.clear();
     searches.clear();
-    if (o.memory) {
+    if (options.memory) {
       memory_caches = std::move(opened);
       if (memory_caches.empty())
-        for (int64_t i = 0; i < a.n_layers; ++i) memory_caches.emplace_back(memory_config());
+        for (int64_t i = 0; i < arch.n_layers; ++i) memory_caches.emplace_back(memory_config());
       // (each cache holds its KvMemory on the heap: the address a search keeps does not move with the vector)
       for (const MemoryKvCache& c : memory_caches) {
-        if (o.memory->search) searches.push_back(std::make_unique<PageSearch>(c.memory(), *o.memory->search));
-        if (o.memory->search_factory) {
-          searches.push_back(o.memory->search_factory(c.memory()));
+        if (options.memory->search) searches.push_back(std::make_unique<PageSearch>(c.memory(), *options.memory->search));
+        if (options.memory->search_factory) {
+          searches.push_back(options.memory->search_factory(c.memory()));
           check(searches.back() != nullptr, "memory.search_factory", "a null search", "a MemorySearch");
         }
       }
       return;
     }
-    if (!o.keep_caches) return;
+    if (!options.keep_caches) return;
     const KvCacheConfig c = cache_config();
-    for (int64_t i = 0; i < a.n_layers; ++i) caches.emplace_back(c);
+    for (int64_t i = 0; i < arch.n_layers; ++i) caches.emplace_back(c);
   }
   KvCacheConfig cache_config() const {
     KvCacheConfig c;
-    c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
-    c.pos = position_params(), c.threads = threads, c.storage = o.kv_storage;
+    c.capacity = options.capacity, c.kv_heads = arch.n_kv_heads, c.head_dim = int(arch.head_dim), c.dtype = options.kv_dtype;
+    c.pos = position_params(), c.threads = threads, c.storage = options.kv_storage;
     return c;
   }
 
   int64_t size() const {
-    if (o.memory) return memory_caches.empty() ? 0 : memory_caches.front().size();
-    if (!o.keep_caches) return passed;
+    if (options.memory) return memory_caches.empty() ? 0 : memory_caches.front().size();
+    if (!options.keep_caches) return passed;
     return caches.empty() ? 0 : caches.front().size();
   }
-  bool started() const { return o.memory ? !memory_caches.empty() : o.keep_caches ? !caches.empty() : passed > 0; }
+  bool started() const { return options.memory ? !memory_caches.empty() : options.keep_caches ? !caches.empty() : passed > 0; }
 
-  // Every token's residual stream (x) and one layer's keys and values (k, v: a chunk's queries attend to all the
+  // Every token's residual stream and one layer's keys and values (k, v: a chunk's queries attend to all the
   // keys before them); the rest holds one chunk of at most prefill_chunk tokens.
   void grow(int64_t n) {
-    const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
-    const int64_t chunk = std::min(n, layer_chunk(o)), es = int64_t(dtype_size(o.kv_dtype));
+    const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
+    const int64_t chunk = std::min(n, layer_chunk(options)), es = int64_t(dtype_size(options.kv_dtype));
     auto need = [](auto& v, int64_t size) {
       if (int64_t(v.size()) < size) v.resize(size_t(size));
     };
-    need(x, n * d), need(k, n * hkv), need(v, n * hkv);
-    need(h, chunk * d), need(h2, chunk * d), need(q, chunk * hq), need(att, chunk * hq);
-    if (a.fused_qkv) need(qkv, chunk * 3 * hq);
-    need(ff_up, chunk * a.d_ff);
-    if (a.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * a.d_ff);
-    if (o.kv_dtype != DType::F32)
-      need(qc, chunk * hq * es), need(kc, n * hkv * es), need(vc, n * hkv * es), need(oc, chunk * hq * es);
+    need(residual, n * d), need(k, n * hkv), need(v, n * hkv);
+    need(attn_in, chunk * d), need(mlp_in, chunk * d), need(q, chunk * hq), need(attn_out, chunk * hq);
+    if (arch.fused_qkv) need(qkv, chunk * 3 * hq);
+    need(ff_up, chunk * arch.d_ff);
+    if (arch.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * arch.d_ff);
+    if (options.kv_dtype != DType::F32)
+      need(q_conv, chunk * hq * es), need(k_conv, n * hkv * es), need(v_conv, n * hkv * es), need(out_conv, chunk * hq * es);
   }
 
   // Floats [from, to) of `f` as the attention kernels take them, in the cache's dtype; returns the base of the array
   // holding them (element i at i): `f` itself for an f32 cache (no copy on the decode path), else `conv` with those
   // elements rounded into it (grown only when a longer prompt needs it).
   char* in_kv_dtype(std::vector<float>& f, std::vector<uint8_t>& conv, int64_t from, int64_t to) {
-    if (o.kv_dtype == DType::F32) return reinterpret_cast<char*>(f.data());
-    const size_t bytes = size_t(to) * dtype_size(o.kv_dtype);
+    if (options.kv_dtype == DType::F32) return reinterpret_cast<char*>(f.data());
+    const size_t bytes = size_t(to) * dtype_size(options.kv_dtype);
     if (conv.size() < bytes) conv.resize(bytes);
-    for (int64_t i = from; i < to; ++i) store_from_double(conv.data(), o.kv_dtype, i, f[size_t(i)]);
+    for (int64_t i = from; i < to; ++i) store_from_double(conv.data(), options.kv_dtype, i, f[size_t(i)]);
     return reinterpret_cast<char*>(conv.data());
   }
 
@@ -253,16 +259,16 @@ struct Session::Impl {
 
   void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
     check(n >= 1, "n", n, ">= 1 token");
-    check(o.keep_caches || passed == 0, "keep_caches", "false",
+    check(options.keep_caches || passed == 0, "keep_caches", "false",
           "one forward() call per clear() (this session kept no keys for the " + std::to_string(passed) +
               " tokens it ran)");
-    check(size() + n <= o.capacity, "tokens", size() + n,
-          "<= the session's capacity = " + std::to_string(o.capacity) + " (cached " + std::to_string(size()) + " + " +
+    check(size() + n <= options.capacity, "tokens", size() + n,
+          "<= the session's capacity = " + std::to_string(options.capacity) + " (cached " + std::to_string(size()) + " + " +
               std::to_string(n) + " new)");
     for (int64_t t = 0; t < n; ++t) {
-      if (tokens[t] < 0 || tokens[t] >= a.vocab_size)
+      if (tokens[t] < 0 || tokens[t] >= arch.vocab_size)
         fail("tokens[" + std::to_string(t) + "]", std::to_string(tokens[t]),
-             "an id in [0, vocab_size = " + std::to_string(a.vocab_size) + ")");
+             "an id in [0, vocab_size = " + std::to_string(arch.vocab_size) + ")");
       const bool first = t == 0 && size() == 0;
       const int64_t prev = t > 0 ? positions[t - 1] : last_position;
       if (positions[t] < 0 || positions[t] > kMaxAbsPosition || (!first && positions[t] <= prev))
@@ -274,64 +280,64 @@ struct Session::Impl {
   void rebuild_caches() {
     new_caches();
     if (hist_pos.empty()) return;
-    const int64_t n = int64_t(hist_pos.size()), hkv = a.n_kv_heads * a.head_dim;
-    for (int64_t i = 0; i < a.n_layers; ++i)
-      caches[size_t(i)].append(n, view(in_kv_dtype(hist_k[size_t(i)], kc, 0, n * hkv), a.n_kv_heads),
-                               view(in_kv_dtype(hist_v[size_t(i)], vc, 0, n * hkv), a.n_kv_heads), hist_pos.data());
+    const int64_t n = int64_t(hist_pos.size()), hkv = arch.n_kv_heads * arch.head_dim;
+    for (int64_t i = 0; i < arch.n_layers; ++i)
+      caches[size_t(i)].append(n, view(in_kv_dtype(hist_k[size_t(i)], k_conv, 0, n * hkv), arch.n_kv_heads),
+                               view(in_kv_dtype(hist_v[size_t(i)], v_conv, 0, n * hkv), arch.n_kv_heads), hist_pos.data());
   }
   // [tokens, heads, head_dim] packed.
-  HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * a.head_dim, a.head_dim}; }
+  HeadsView view(void* data, int64_t heads) const { return {data, heads, heads * arch.head_dim, arch.head_dim}; }
 
-  // Attention of one layer's chunk of c tokens t0.. of this call (q, att: the chunk's [c, heads, head_dim]; k, v:
+  // Attention of one layer's chunk of c tokens t0.. of this call (q, attn_out: the chunk's [c, heads, head_dim]; k, v:
   // the call's tokens up to the chunk's end, f32 in the scratch) through its KV cache: a prompt (the first call,
   // n > 1) through the fused kernel - the chunk's queries against every key before them (first_query) - later
   // tokens one decode step each.
   void attend_with_cache(int64_t layer, int64_t t0, int64_t c, const int64_t* positions, bool prompt) {
-    const int64_t hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
-    const int64_t es = int64_t(dtype_size(o.kv_dtype));
-    char* qs = in_kv_dtype(q, qc, 0, c * hq);
-    char* ks = in_kv_dtype(k, kc, t0 * hkv, (t0 + c) * hkv);
-    char* vs = in_kv_dtype(v, vc, t0 * hkv, (t0 + c) * hkv);
-    char* os = o.kv_dtype == DType::F32 ? reinterpret_cast<char*>(att.data()) : reinterpret_cast<char*>(oc.data());
+    const int64_t hd = arch.head_dim, hq = arch.n_heads * hd, hkv = arch.n_kv_heads * hd;
+    const int64_t es = int64_t(dtype_size(options.kv_dtype));
+    char* qs = in_kv_dtype(q, q_conv, 0, c * hq);
+    char* ks = in_kv_dtype(k, k_conv, t0 * hkv, (t0 + c) * hkv);
+    char* vs = in_kv_dtype(v, v_conv, t0 * hkv, (t0 + c) * hkv);
+    char* os = options.kv_dtype == DType::F32 ? reinterpret_cast<char*>(attn_out.data()) : reinterpret_cast<char*>(out_conv.data());
     if (prompt) {
       AttentionParams p;
-      p.tokens = t0 + c, p.first_query = t0, p.head_dim = int(hd), p.dtype = o.kv_dtype;
-      p.q = view(qs, a.n_heads), p.k = view(ks, a.n_kv_heads), p.v = view(vs, a.n_kv_heads);
-      p.o = view(os, a.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
+      p.tokens = t0 + c, p.first_query = t0, p.head_dim = int(hd), p.dtype = options.kv_dtype;
+      p.q = view(qs, arch.n_heads), p.k = view(ks, arch.n_kv_heads), p.v = view(vs, arch.n_kv_heads);
+      p.o = view(os, arch.n_heads), p.positions = positions, p.causal = true, p.pos = position_params();
       p.threads = threads;
       attention_forward(p);
-      if (o.keep_caches)
-        caches[size_t(layer)].append(c, view(ks + t0 * hkv * es, a.n_kv_heads), view(vs + t0 * hkv * es, a.n_kv_heads),
+      if (options.keep_caches)
+        caches[size_t(layer)].append(c, view(ks + t0 * hkv * es, arch.n_kv_heads), view(vs + t0 * hkv * es, arch.n_kv_heads),
                                      positions + t0);
     } else {
       KvCache& cache = caches[size_t(layer)];
       for (int64_t t = 0; t < c; ++t) {
         const int64_t kt = (t0 + t) * hkv * es;
-        cache.append(1, view(ks + kt, a.n_kv_heads), view(vs + kt, a.n_kv_heads), positions + t0 + t);
+        cache.append(1, view(ks + kt, arch.n_kv_heads), view(vs + kt, arch.n_kv_heads), positions + t0 + t);
         DecodeParams p;
-        p.q = view(qs + t * hq * es, a.n_heads), p.o = view(os + t * hq * es, a.n_heads);
+        p.q = view(qs + t * hq * es, arch.n_heads), p.o = view(os + t * hq * es, arch.n_heads);
         p.threads = threads;
         attention_decode(cache, p);
       }
     }
-    if (o.kv_dtype != DType::F32)
-      for (int64_t i = 0; i < c * hq; ++i) att[size_t(i)] = float(load_as_double(oc.data(), o.kv_dtype, i));
+    if (options.kv_dtype != DType::F32)
+      for (int64_t i = 0; i < c * hq; ++i) attn_out[size_t(i)] = float(load_as_double(out_conv.data(), options.kv_dtype, i));
   }
 
-  // Attention of one layer's chunk of n tokens t0.. of this call (q, att: the chunk's [n, heads, head_dim]; k, v:
+  // Attention of one layer's chunk of n tokens t0.. of this call (q, attn_out: the chunk's [n, heads, head_dim]; k, v:
   // the call's, f32 in the scratch) through its memory cache: memory chunk by memory chunk, each attending to the
   // window and itself (one fused causal call, the window's rows as keys only: first_query), then to the memory's
   // top-k, merged; then joining the window. A chunk of one token is a decode step (MemoryKvCache::decode).
   void attend_with_memory(int64_t layer, int64_t t0, int64_t n, const int64_t* positions) {
     MemoryKvCache& cache = memory_caches[size_t(layer)];
     MemorySearch* searcher = searches.empty() ? nullptr : searches[size_t(layer)].get();
-    const MemoryOptions& mo = *o.memory;
-    const int64_t hd = a.head_dim, Hq = a.n_heads, Hkv = a.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
+    const MemoryOptions& mo = *options.memory;
+    const int64_t hd = arch.head_dim, Hq = arch.n_heads, Hkv = arch.n_kv_heads, hq = Hq * hd, hkv = Hkv * hd;
     const int64_t chunk = mo.chunk_tokens();
     float* const q_all = q.data();
     float* const k_all = k.data() + t0 * hkv;
     float* const v_all = v.data() + t0 * hkv;
-    float* const o_all = att.data();
+    float* const o_all = attn_out.data();
     positions += t0;
     auto count = [&](int64_t queries, const float* mass) {
       if (cache.memory().size() == 0 || mo.top_k == 0) return;
@@ -414,7 +420,7 @@ struct Session::Impl {
 
   void forward(const int64_t* tokens, const int64_t* positions, int64_t n, float* hidden) {
     check_tokens(tokens, positions, n);
-    const bool dynamic = length_dependent(o.positions.rope);
+    const bool dynamic = length_dependent(options.positions.rope);
     if (!started()) {
       if (dynamic) take_freqs(positions[n - 1] + 1);
       new_caches();
@@ -425,29 +431,29 @@ struct Session::Impl {
       if (freqs.inv_freq != before || freqs.attention_factor != factor_before) rebuild_caches();
     }
     grow(n);
-    const int64_t d = a.d_model, hd = a.head_dim, hq = a.n_heads * hd, hkv = a.n_kv_heads * hd;
+    const int64_t d = arch.d_model, hd = arch.head_dim, hq = arch.n_heads * hd, hkv = arch.n_kv_heads * hd;
     // (a one-pass session runs even one token as a prompt: it has no cache to decode from)
-    const bool prompt = size() == 0 && (n > 1 || !o.keep_caches);
-    const bool history = dynamic && o.keep_caches;  // un-rotated rows to rebuild the caches from
-    const int64_t chunk = layer_chunk(o);
-    for (int64_t t = 0; t < n; ++t) weight_row(m.embed, tokens[t], x.data() + t * d);
+    const bool prompt = size() == 0 && (n > 1 || !options.keep_caches);
+    const bool history = dynamic && options.keep_caches;  // un-rotated rows to rebuild the caches from
+    const int64_t chunk = layer_chunk(options);
+    for (int64_t t = 0; t < n; ++t) weight_row(weights.embed, tokens[t], residual.data() + t * d);
 
     // Layer by layer; inside a layer, chunk by chunk of prefill_chunk tokens (its keys and values kept for the
     // chunks after it), so that activations other than the residual stream and the keys take one chunk's memory.
-    for (int64_t li = 0; li < a.n_layers; ++li) {
-      const Layer& l = m.layers[size_t(li)];
-      if (history && hist_k.size() < size_t(a.n_layers))
-        hist_k.resize(size_t(a.n_layers)), hist_v.resize(size_t(a.n_layers));
+    for (int64_t li = 0; li < arch.n_layers; ++li) {
+      const Layer& l = weights.layers[size_t(li)];
+      if (history && hist_k.size() < size_t(arch.n_layers))
+        hist_k.resize(size_t(arch.n_layers)), hist_v.resize(size_t(arch.n_layers));
       for (int64_t t0 = 0; t0 < n; t0 += chunk) {
-        const int64_t c = std::min(chunk, n - t0), ff = a.d_ff;
-        float* xs = x.data() + t0 * d;
+        const int64_t c = std::min(chunk, n - t0), ff = arch.d_ff;
+        float* xs = residual.data() + t0 * d;
         float* ks = k.data() + t0 * hkv;
         float* vs = v.data() + t0 * hkv;
-        apply_norm(a.norm, l.attn_norm, a.norm_eps, xs, c, d, h.data(), threads);
-        if (a.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
-          project(l.qkv, h.data(), c, d, qkv.data(), 3 * hq, false);
+        apply_norm(arch.norm, l.attn_norm, arch.norm_eps, xs, c, d, attn_in.data(), threads);
+        if (arch.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
+          project(l.qkv, attn_in.data(), c, d, qkv.data(), 3 * hq, false);
           for (int64_t t = 0; t < c; ++t)
-            for (int64_t hh = 0; hh < a.n_heads; ++hh) {
+            for (int64_t hh = 0; hh < arch.n_heads; ++hh) {
               const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
               std::memcpy(q.data() + t * hq + hh * hd, src, size_t(hd) * 4);
               std::memcpy(ks + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
@@ -455,30 +461,30 @@ struct Session::Impl {
             }
         } else {
           // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
-          const LinearParams qkv_products[] = {product(l.q, h.data(), c, d, q.data(), hq, false),
-                                               product(l.k, h.data(), c, d, ks, hkv, false),
-                                               product(l.v, h.data(), c, d, vs, hkv, false)};
+          const LinearParams qkv_products[] = {product(l.q, attn_in.data(), c, d, q.data(), hq, false),
+                                               product(l.k, attn_in.data(), c, d, ks, hkv, false),
+                                               product(l.v, attn_in.data(), c, d, vs, hkv, false)};
           linear_forward_group(qkv_products, 3);
         }
         if (history) {
           hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), ks, ks + c * hkv);
           hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), vs, vs + c * hkv);
         }
-        if (o.memory) {
+        if (options.memory) {
           attend_with_memory(li, t0, c, positions);
         } else {
           attend_with_cache(li, t0, c, positions, prompt);
         }
-        if (a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data(), threads);
-        project(l.o, att.data(), c, hq, xs, d, true);
-        if (!a.parallel_residual) apply_norm(a.norm, l.mlp_norm, a.norm_eps, xs, c, d, h2.data(), threads);
-        const LinearParams up_gate[] = {product(l.up, h2.data(), c, d, ff_up.data(), ff, false),
-                                        product(l.gate, h2.data(), c, d, ff_gate.data(), ff, false)};
-        linear_forward_group(up_gate, a.mlp == MlpKind::SwiGlu ? 2 : 1);
-        if (a.mlp == MlpKind::SwiGlu) {
+        if (arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
+        project(l.o, attn_out.data(), c, hq, xs, d, true);
+        if (!arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
+        const LinearParams up_gate[] = {product(l.up, mlp_in.data(), c, d, ff_up.data(), ff, false),
+                                        product(l.gate, mlp_in.data(), c, d, ff_gate.data(), ff, false)};
+        linear_forward_group(up_gate, arch.mlp == MlpKind::SwiGlu ? 2 : 1);
+        if (arch.mlp == MlpKind::SwiGlu) {
           swiglu_forward(ff_gate.data(), ff_up.data(), c * ff, threads);
         } else {  // each element on its own: the threads change no bit
-          const bool tanh_form = a.mlp == MlpKind::GeluTanh;
+          const bool tanh_form = arch.mlp == MlpKind::GeluTanh;
           const int64_t count = c * ff;
           float* up = ff_up.data();
 #pragma omp parallel for num_threads(threads) schedule(static) if (count >= 16384)
@@ -488,120 +494,197 @@ struct Session::Impl {
       }
     }
     if (history) hist_pos.insert(hist_pos.end(), positions, positions + n);
-    if (!o.keep_caches) passed = n;
+    if (!options.keep_caches) passed = n;
     last_position = positions[n - 1];
-    if (hidden) apply_norm(a.norm, m.final_norm, a.norm_eps, x.data(), n, d, hidden, threads);
+    if (hidden) apply_norm(arch.norm, weights.final_norm, arch.norm_eps, residual.data(), n, d, hidden, threads);
   }
 };
 
 namespace {
 
+std::string layer_name(int64_t layer, const char* what) { return "layer" + std::to_string(layer) + "." + what; }
 std::string layer_file(const std::string& dir, int64_t layer, const char* what) {
-  return dir + "/layer" + std::to_string(layer) + "." + what;
+  return detail::context_path(dir, layer_name(layer, what));
 }
 
 }  // namespace
 
-// What made a saved context's rows: the model (its shape and three rows of its embedding, read as float32) and the
-// options that shape what the caches hold. Search, top-k and threads are not in it: they change what is read,
-// not what is stored.
-uint64_t Session::Impl::context_fingerprint() const {
-  const Impl& s = *this;
-  const Architecture& a = s.a;
-  uint64_t h = kFnv1a64Offset;
-  for (int64_t v : {a.vocab_size, a.d_model, a.n_layers, a.n_heads, a.n_kv_heads, a.head_dim, a.d_ff})
-    h = fnv1a(h, v);
-  std::vector<float> row(static_cast<size_t>(a.d_model));
-  for (int64_t id : {int64_t(0), a.vocab_size / 2, a.vocab_size - 1}) {
-    weight_row(s.m.embed, id, row.data());
-    h = fnv1a64(row.data(), row.size() * sizeof(float), h);
-  }
-  const PositionMethod& p = s.o.positions;
-  h = fnv1a(h, int(p.mode)), h = fnv1a(h, p.window), h = fnv1a(h, p.leaky_k), h = fnv1a(h, p.logn_train_len);
-  h = fnv1a64(s.freqs.inv_freq.data(), s.freqs.inv_freq.size() * sizeof(double), h);
-  h = fnv1a(h, s.freqs.attention_factor), h = fnv1a(h, s.freqs.rotary_dim), h = fnv1a(h, int(s.freqs.layout));
-  if (s.o.memory) {
-    const MemoryOptions& mo = *s.o.memory;
-    h = fnv1a(h, int(mo.policy)), h = fnv1a(h, mo.window), h = fnv1a(h, int(mo.storage));
+// What made a saved context's rows besides the weights (Model::weights_hash): the options that shape what the
+// caches hold - the positions' rotation and method, the cache's dtype and storage, the memory's policy, window and
+// storage. Search, top-k and threads are not in it: they change what is read, not what is stored.
+uint64_t Session::Impl::settings_fingerprint() const {
+  const PositionMethod& p = options.positions;
+  uint64_t h = content_hash_mix(0, uint64_t(p.mode));
+  h = content_hash_mix(h, uint64_t(p.window)), h = content_hash64(&p.leaky_k, sizeof p.leaky_k, h);
+  h = content_hash_mix(h, uint64_t(p.logn_train_len));
+  h = content_hash64(freqs.inv_freq.data(), freqs.inv_freq.size() * sizeof(double), h);
+  h = content_hash64(&freqs.attention_factor, sizeof freqs.attention_factor, h);
+  h = content_hash_mix(h, uint64_t(freqs.rotary_dim)), h = content_hash_mix(h, uint64_t(freqs.layout));
+  h = content_hash_mix(h, uint64_t(options.kv_dtype)), h = content_hash_mix(h, uint64_t(options.kv_storage));
+  if (options.memory) {
+    const MemoryOptions& mo = *options.memory;
+    h = content_hash_mix(h, uint64_t(mo.policy)), h = content_hash_mix(h, uint64_t(mo.window));
+    h = content_hash_mix(h, uint64_t(mo.storage));
   }
   return h;
 }
 
-// What save_context / open_context refuse before touching files.
-void Session::Impl::check_context_session(const char* who) const {
-  const Impl& s = *this;
-  check(s.o.memory || s.o.keep_caches, who, "a session without caches (keep_caches = false)",
-        "a session that keeps its KV caches or has a memory");
-  check(s.o.memory || !length_dependent(s.o.positions.rope), who,
-        "a session with rope scaling " + std::string(scaling_name(s.o.positions.rope.scaling)),
-        "a scaling whose frequencies do not change with the length (the caches of dynamic NTK and LongRoPE are "
-        "rebuilt from un-rotated rows a saved context does not hold)");
+// The same settings in words, for a refusal's message.
+std::string Session::Impl::settings_text() const {
+  const PositionMethod& p = options.positions;
+  std::string t = std::string(position_mode_name(p.mode)) + ", rope scaling " + std::string(scaling_name(p.rope.scaling)) +
+                  ", rotary_dim " + std::to_string(freqs.rotary_dim);
+  if (p.mode != PositionMode::Rope) t += ", window " + std::to_string(p.window);
+  if (p.mode == PositionMode::LeakyRerope) t += ", leaky_k " + to_text(p.leaky_k);
+  if (p.logn_train_len > 1) t += ", log-n at " + std::to_string(p.logn_train_len);
+  if (options.memory)
+    t += std::string("; memory ") + memory_policy_name(options.memory->policy) + ", window " +
+         std::to_string(options.memory->window) + ", " + dtype_name(options.memory->storage);
+  else
+    t += std::string("; kv cache ") + (options.kv_storage == KvStorage::Q8 ? "q8" : dtype_name(options.kv_dtype));
+  return t;
 }
 
-void Session::save_context(const std::string& dir) const {
-  const Impl& s = *impl_;
-  s.check_context_session("save_context");
-  check(s.started(), "save_context", "an empty session", "a session that has run tokens");
+// The model and the settings: what each layer file's fingerprint starts from.
+uint64_t Session::Impl::context_fingerprint() const {
+  uint64_t h = content_hash_mix(model->weights_hash(), uint64_t(model->matrix_format()));
+  h = content_hash_mix(h, uint64_t(model->activations()));
+  return content_hash_mix(h, settings_fingerprint());
+}
+
+// What save_context / open_context refuse before touching files.
+void Session::Impl::check_context_session(const char* who) const {
+  check(options.memory || options.keep_caches, who, "a session without caches (keep_caches = false)",
+        "a session that keeps its KV caches or has a memory");
+  check(options.memory || !length_dependent(options.positions.rope), who,
+        "a session with rope scaling " + std::string(scaling_name(options.positions.rope.scaling)),
+        "a scaling whose frequencies do not change with the length (the caches of dynamic NTK and LongRoPE are "
+        "rebuilt from un-rotated rows a saved context does not hold)");
+  check(!options.memory || options.memory->policy != MemoryPolicy::Unlimiformer, who, "a memory of policy unlimiformer",
+        "a memory of policy exact, rerope or none (unlimiformer's query origin is not kept in the files)");
+}
+
+void Session::check_save_context(const std::string& dir) const {
+  const Impl& impl = *impl_;
+  impl.check_context_session("save_context");
+  check(!dir.empty(), "save_context dir", "\"\"", "a directory's path");
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   check(!ec && std::filesystem::is_directory(dir), "save_context dir", dir,
-        "a directory that exists or can be made" + (ec ? " (" + ec.message() + ")" : std::string()));
-  const uint64_t fingerprint = s.context_fingerprint();
-  for (int64_t i = 0; i < s.a.n_layers; ++i)
-    if (s.o.memory)
-      s.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
-    else
-      s.caches[size_t(i)].save(layer_file(dir, i, "kv"), fingerprint);
-  // What the searches built (MemorySearch::save); an earlier save's file goes first, so that a context saved again
-  // with another search never keeps a search file of other rows.
-  for (int64_t i = 0; i < int64_t(s.searches.size()); ++i) {
-    const std::string path = layer_file(dir, i, "search");
-    std::filesystem::remove(path, ec);
-    check(!ec, "save_context " + path, ec.message(), "a file that can be replaced");
-    s.searches[size_t(i)]->save(path);
+        "a directory that exists or can be made" + (ec ? " (" + ec.message() + ")" : std::string(" (not a file)")));
+  const detail::ContextLock lock(dir, detail::ContextLock::Mode::Save);  // no other save or reader holds it now
+}
+
+void Session::save_context(const std::string& dir) const {
+  const Impl& impl = *impl_;
+  check(impl.started(), "save_context", "an empty session", "a session that has run tokens");
+  check_save_context(dir);
+  const detail::ContextLock lock(dir, detail::ContextLock::Mode::Save);
+  detail::clear_context(dir);  // the manifest_path first: from here until the new one is written, no context is there
+  detail::ContextManifest saved;
+  saved.save_id = detail::new_save_id();
+  saved.kind = impl.options.memory ? "memory" : "kv";
+  saved.weights_hash = impl.model->weights_hash();
+  saved.weights = weight_format_name(impl.model->matrix_format());
+  saved.activations = activation_format_name(impl.model->activations());
+  saved.settings = impl.settings_fingerprint();
+  saved.settings_text = impl.settings_text();
+  saved.layers = impl.arch.n_layers;
+  saved.tokens = impl.size();
+  const uint64_t context = impl.context_fingerprint();
+  std::vector<std::string> names;
+  for (int64_t i = 0; i < impl.arch.n_layers; ++i) {
+    const uint64_t fingerprint = detail::layer_fingerprint(context, saved.save_id, i);
+    if (impl.options.memory) {
+      impl.memory_caches[size_t(i)].save(layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint);
+      names.push_back(layer_name(i, "memory")), names.push_back(layer_name(i, "window"));
+    } else {
+      impl.caches[size_t(i)].save(layer_file(dir, i, "kv"), fingerprint);
+      names.push_back(layer_name(i, "kv"));
+    }
   }
+  // What the searches built (MemorySearch::save), where a search keeps something.
+  for (int64_t i = 0; i < int64_t(impl.searches.size()); ++i) {
+    impl.searches[size_t(i)]->save(layer_file(dir, i, "search"));
+    std::error_code ec;
+    if (std::filesystem::exists(layer_file(dir, i, "search"), ec)) names.push_back(layer_name(i, "search"));
+  }
+  for (const std::string& name : names) saved.files.push_back(detail::describe_context_file(dir, name));
+  detail::write_manifest(dir, saved);  // last: the context exists from here on
 }
 
 void Session::open_context(const std::string& dir) {
-  Impl& s = *impl_;
-  s.check_context_session("open_context");
-  check(!s.started(), "open_context", "a session holding " + std::to_string(s.size()) + " tokens",
+  Impl& impl = *impl_;
+  impl.check_context_session("open_context");
+  check(!impl.started(), "open_context", "a session holding " + std::to_string(impl.size()) + " tokens",
         "an empty session");
-  const uint64_t fingerprint = s.context_fingerprint();
-  if (!s.o.memory) {  // each layer's KV cache, with room for the capacity given after its tokens
-    KvCacheConfig c = s.cache_config();
+  const detail::ContextLock lock(dir, detail::ContextLock::Mode::Open);
+  const detail::ContextManifest saved = detail::read_manifest(dir);
+  const std::string manifest_path = detail::context_path(dir, detail::kContextManifest);
+  const std::string kind = impl.options.memory ? "memory" : "kv";
+  check(saved.kind == kind, "open_context " + manifest_path,
+        saved.kind == "memory" ? "a context saved with a memory" : "a context saved without a memory",
+        "a run " + std::string(impl.options.memory ? "with" : "without") + " --memory, as the context was saved");
+  check(saved.weights_hash == impl.model->weights_hash(), "open_context " + manifest_path,
+        "a context saved from other weights (weights_hash differs)",
+        "the model whose weights it was saved from (the same tensors, byte for byte)");
+  const std::string weights = weight_format_name(impl.model->matrix_format());
+  const std::string activations = activation_format_name(impl.model->activations());
+  check(saved.weights == weights && saved.activations == activations, "open_context " + manifest_path,
+        "saved with weights " + saved.weights + ", activations " + saved.activations,
+        "the same --weights and --activations in this run (it runs weights " + weights + ", activations " +
+            activations + ")");
+  check(saved.settings == impl.settings_fingerprint(), "open_context " + manifest_path, "saved with " + saved.settings_text,
+        "the same positions, cache and memory settings (this run: " + impl.settings_text() + ")");
+  check(saved.layers == impl.arch.n_layers, "open_context " + manifest_path, std::to_string(saved.layers) + " layers",
+        std::to_string(impl.arch.n_layers) + " (the model's)");
+  detail::check_context_files(dir, saved);
+  auto listed = [&](const std::string& name) {
+    for (const detail::ContextFile& f : saved.files)
+      if (f.name == name) return true;
+    return false;
+  };
+  const uint64_t context = impl.context_fingerprint();
+  for (int64_t i = 0; i < impl.arch.n_layers; ++i)
+    for (const char* what : impl.options.memory ? std::vector<const char*>{"memory", "window"} : std::vector<const char*>{"kv"})
+      check(listed(layer_name(i, what)), "open_context " + manifest_path, "no " + layer_name(i, what),
+            "every layer's files (the manifest_path names them)");
+  if (!impl.options.memory) {  // each layer's KV cache, with room for the capacity given after its tokens
+    KvCacheConfig c = impl.cache_config();
     std::vector<KvCache> caches;
-    for (int64_t i = 0; i < s.a.n_layers; ++i) caches.push_back(KvCache::open(layer_file(dir, i, "kv"), c, fingerprint));
+    for (int64_t i = 0; i < impl.arch.n_layers; ++i)
+      caches.push_back(KvCache::open(layer_file(dir, i, "kv"), c, detail::layer_fingerprint(context, saved.save_id, i)));
     for (const KvCache& k : caches)
-      check(k.size() == caches.front().size() && k.size() > 0, "open_context " + dir,
-            std::to_string(k.size()) + " tokens in one layer, " + std::to_string(caches.front().size()) +
-                " in layer 0",
-            "every layer's files from one saved session");
-    const int64_t n = caches.front().size();
-    check(n <= kMaxAbsPosition - s.o.capacity, "open_context " + dir, std::to_string(n) + " tokens",
+      check(k.size() == saved.tokens, "open_context " + dir, std::to_string(k.size()) + " tokens in one layer",
+            std::to_string(saved.tokens) + ", as the manifest_path records");
+    check(saved.tokens <= kMaxAbsPosition - impl.options.capacity, "open_context " + dir, std::to_string(saved.tokens) + " tokens",
           "<= 2^53 - the session's capacity");
-    s.caches = std::move(caches);
-    s.o.capacity += n;
-    s.last_position = s.caches.front().last_position();
+    impl.caches = std::move(caches);
+    impl.options.capacity += saved.tokens;
+    impl.last_position = impl.caches.front().last_position();
     return;
   }
   std::vector<MemoryKvCache> caches;
-  for (int64_t i = 0; i < s.a.n_layers; ++i)
-    caches.push_back(
-        MemoryKvCache::open(s.memory_config(), layer_file(dir, i, "memory"), layer_file(dir, i, "window"), fingerprint));
+  for (int64_t i = 0; i < impl.arch.n_layers; ++i)
+    caches.push_back(MemoryKvCache::open(impl.memory_config(), layer_file(dir, i, "memory"), layer_file(dir, i, "window"),
+                                         detail::layer_fingerprint(context, saved.save_id, i)));
   for (const MemoryKvCache& c : caches)
-    check(c.size() == caches.front().size() && c.window_size() > 0, "open_context " + dir,
-          std::to_string(c.size()) + " tokens in one layer, " + std::to_string(caches.front().size()) + " in layer 0",
-          "every layer's files from one saved session");
-  const int64_t n = caches.front().size();
-  check(n <= kMaxAbsPosition - s.o.capacity, "open_context " + dir, std::to_string(n) + " tokens",
+    check(c.size() == saved.tokens && c.window_size() > 0, "open_context " + dir,
+          std::to_string(c.size()) + " tokens in one layer", std::to_string(saved.tokens) + ", as the manifest_path records");
+  check(saved.tokens <= kMaxAbsPosition - impl.options.capacity, "open_context " + dir, std::to_string(saved.tokens) + " tokens",
         "<= 2^53 - the session's capacity");
-  s.new_caches(std::move(caches));
-  for (int64_t i = 0; i < int64_t(s.searches.size()); ++i) s.searches[size_t(i)]->open(layer_file(dir, i, "search"));
-  s.o.capacity += n;  // the capacity given counts the tokens after the context (a memory allocates none ahead)
-  const MemoryKvCache& c0 = s.memory_caches.front();
-  s.last_position = c0.window_positions()[c0.window_size() - 1];
-  s.memory_stats.memory_tokens = c0.memory().size();
+  impl.new_caches(std::move(caches));
+  // A search reads only a file the manifest_path names (one of this save's: checked above).
+  for (int64_t i = 0; i < int64_t(impl.searches.size()); ++i)
+    if (listed(layer_name(i, "search"))) impl.searches[size_t(i)]->open(layer_file(dir, i, "search"));
+  impl.options.capacity += saved.tokens;  // the capacity given counts the tokens after the context (a memory allocates none ahead)
+  const MemoryKvCache& c0 = impl.memory_caches.front();
+  impl.last_position = c0.window_positions()[c0.window_size() - 1];
+  impl.memory_stats.memory_tokens = c0.memory().size();
+}
+
+int64_t Session::saved_context_bytes(const std::string& dir) {
+  return detail::context_bytes(detail::read_manifest(dir));
 }
 
 int64_t Session::next_position() const { return impl_->started() ? impl_->last_position + 1 : 0; }
@@ -618,8 +701,8 @@ void Session::forward(const int64_t* tokens, const int64_t* positions, int64_t n
 void Session::logits(const float* hidden, int64_t n, float* out) const { impl_->model->logits(hidden, n, out, impl_->threads); }
 
 int64_t Session::size() const { return impl_->size(); }
-int64_t Session::capacity() const { return impl_->o.capacity; }
-const SessionOptions& Session::options() const { return impl_->o; }
+int64_t Session::capacity() const { return impl_->options.capacity; }
+const SessionOptions& Session::options() const { return impl_->options; }
 MemoryStats Session::memory_stats() const {
   MemoryStats s = impl_->memory_stats;
   if (s.retrieving_queries > 0) s.memory_mass /= double(s.retrieving_queries);
@@ -639,54 +722,54 @@ void Session::clear() {
   impl_->passed = 0;
 }
 
-int64_t Session::bytes_needed(const Model& model, const SessionOptions& o, int64_t prompt_tokens) {
-  const Architecture& a = model.arch();
-  const int64_t rotary = o.positions.rope.rotary_dim > 0 ? o.positions.rope.rotary_dim : a.head_dim;
-  const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(a.head_dim - rotary, kPad);
-  const int64_t copies = o.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
-  const int64_t es = int64_t(dtype_size(o.kv_dtype));
-  const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim;
+int64_t Session::bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens) {
+  const Architecture& arch = model.arch();
+  const int64_t rotary = options.positions.rope.rotary_dim > 0 ? options.positions.rope.rotary_dim : arch.head_dim;
+  const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(arch.head_dim - rotary, kPad);
+  const int64_t copies = options.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
+  const int64_t es = int64_t(dtype_size(options.kv_dtype));
+  const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
   int64_t cache = 0;
-  if (o.keep_caches && !o.memory) {  // the core's count for the caches new_caches() makes
-    const RopeFreqs freqs = o.positions.rope.freqs(o.capacity);
+  if (options.keep_caches && !options.memory) {  // the core's count for the caches new_caches() makes
+    const RopeFreqs freqs = options.positions.rope.freqs(options.capacity);
     KvCacheConfig c;
-    c.capacity = o.capacity, c.kv_heads = a.n_kv_heads, c.head_dim = int(a.head_dim), c.dtype = o.kv_dtype;
-    c.storage = o.kv_storage;
-    c.pos.mode = o.positions.mode, c.pos.freqs = &freqs, c.pos.window = o.positions.window;
-    c.pos.leaky_k = o.positions.leaky_k, c.pos.logn_train_len = o.positions.logn_train_len;
-    cache = a.n_layers * kv_cache_bytes(c);
+    c.capacity = options.capacity, c.kv_heads = arch.n_kv_heads, c.head_dim = int(arch.head_dim), c.dtype = options.kv_dtype;
+    c.storage = options.kv_storage;
+    c.pos.mode = options.positions.mode, c.pos.freqs = &freqs, c.pos.window = options.positions.window;
+    c.pos.leaky_k = options.positions.leaky_k, c.pos.logn_train_len = options.positions.logn_train_len;
+    cache = arch.n_layers * kv_cache_bytes(c);
   }
-  if (o.memory) {
+  if (options.memory) {
     // Per layer: the window's cache (2W rows, f32) and its un-rotated rows, the memory's keys, values and
     // positions for every token; and the chunk buffers (window + chunk rows).
-    const int64_t w2 = 2 * std::max<int64_t>(o.memory->window, 1);
-    const int64_t chunk = o.memory->chunk_tokens();
-    const int64_t ms = int64_t(dtype_size(o.memory->storage));
-    cache = a.n_layers * (copies * a.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
-                          o.capacity * (2 * hkv * ms + 8));
-    cache += ((w2 + chunk) * 2 * hkv + 2 * chunk * a.n_heads) * 4;  // keys, values; lse and the memory's share
-    if (o.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
-      const int64_t nodes = std::max<int64_t>(1, 2 * o.capacity / o.memory->search->page_size);
-      cache += a.n_layers * a.n_kv_heads * (8 * o.capacity + nodes * (2 * a.head_dim * 4 + 32));
+    const int64_t w2 = 2 * std::max<int64_t>(options.memory->window, 1);
+    const int64_t chunk = options.memory->chunk_tokens();
+    const int64_t ms = int64_t(dtype_size(options.memory->storage));
+    cache = arch.n_layers * (copies * arch.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
+                          options.capacity * (2 * hkv * ms + 8));
+    cache += ((w2 + chunk) * 2 * hkv + 2 * chunk * arch.n_heads) * 4;  // keys, values; lse and the memory's share
+    if (options.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
+      const int64_t nodes = std::max<int64_t>(1, 2 * options.capacity / options.memory->search->page_size);
+      cache += arch.n_layers * arch.n_kv_heads * (8 * options.capacity + nodes * (2 * arch.head_dim * 4 + 32));
     }
-    if (o.memory->search_factory && o.memory->search_bytes)
-      cache += a.n_layers * a.n_kv_heads * o.memory->search_bytes(o.capacity, a.head_dim);
-    if (o.memory->search || o.memory->search_factory)
-      cache += 8 * chunk * a.n_heads * int64_t(o.memory->top_k);  // candidates
+    if (options.memory->search_factory && options.memory->search_bytes)
+      cache += arch.n_layers * arch.n_kv_heads * options.memory->search_bytes(options.capacity, arch.head_dim);
+    if (options.memory->search || options.memory->search_factory)
+      cache += 8 * chunk * arch.n_heads * int64_t(options.memory->top_k);  // candidates
   }
   // The residual stream and one layer's keys and values for every token; the rest for one chunk (grow()).
-  const int64_t chunk = std::min(n, layer_chunk(o));
-  int64_t scratch = 4 * (n * (a.d_model + 2 * hkv) +
-                         chunk * (2 * a.d_model + 2 * hq + (a.fused_qkv ? 3 * hq : 0) + 2 * a.d_ff));
-  if (o.kv_dtype != DType::F32) scratch += es * (2 * chunk * hq + 2 * n * hkv);
+  const int64_t chunk = std::min(n, layer_chunk(options));
+  int64_t scratch = 4 * (n * (arch.d_model + 2 * hkv) +
+                         chunk * (2 * arch.d_model + 2 * hq + (arch.fused_qkv ? 3 * hq : 0) + 2 * arch.d_ff));
+  if (options.kv_dtype != DType::F32) scratch += es * (2 * chunk * hq + 2 * n * hkv);
   // The fused attention's own scratch for a chunk: its queries and every key before them in padded float32 rows,
   // twice for ReRoPE's far copies (attention.h: O(tokens x heads x head_dim)).
-  const int64_t dp = round_up(a.head_dim, 16);
-  scratch += 4 * 2 * (chunk * a.n_heads * dp + 2 * n * a.n_kv_heads * dp);
+  const int64_t dp = round_up(arch.head_dim, 16);
+  scratch += 4 * 2 * (chunk * arch.n_heads * dp + 2 * n * arch.n_kv_heads * dp);
   // bf16 / q8 activations: linear_forward's converted copy of the largest input of one call (one chunk's): bf16
   // 2 bytes an element; q8 its quants, the int8 kernel's corrections and scale pairs (a byte an element each, padded
   // to 64) and a scale per 32.
-  const int64_t widest = std::max({a.d_model, hq, a.d_ff});
+  const int64_t widest = std::max({arch.d_model, hq, arch.d_ff});
   if (model.activations() == ActivationFormat::BF16) scratch += 2 * chunk * widest;
   if (model.activations() == ActivationFormat::Q8) scratch += chunk * (3 * (widest + 64) + (widest / 32 + 1) * 4);
   return cache + scratch;

@@ -103,6 +103,11 @@ class Model {
   ActivationFormat activations() const;  // LoadOptions::activations
   int64_t weight_bytes_per_token() const;  // bytes of weights a decode step reads (every matrix and the head)
   int64_t owned_bytes() const;  // bytes the model allocated itself (converted weights, norms, biases)
+  // The weights by content: every tensor read, in slot order - its name, stored dtype, shape and bytes as stored
+  // (rotary/content_hash.h), hashed at load in the pass that checks them finite. The same weights give the same value
+  // wherever and however they are stored on disk (a copy, another mtime); other weights - a fine-tune with the same
+  // embeddings - another. Not the conversion: matrix_format() and activations() say that.
+  uint64_t weights_hash() const;
   // The LM head: logits [n, vocab_size] of final hidden states [n, d_model] (it reads no sequence state).
   void logits(const float* hidden, int64_t n, float* out, int threads = 0) const;
 
@@ -221,21 +226,29 @@ class Session {
   // The position the next token takes when a sequence goes on: 0 when empty, else the last one's + 1.
   int64_t next_position() const;
 
-  // The session saved to the directory `dir` (created if missing; each file atomic) and continued in a later run -
-  // a book read once, asked about many times; a long prompt read once. With a memory its layer<i>.memory and
-  // layer<i>.window files (MemoryKvCache::save), and layer<i>.search where the search keeps what it built
-  // (MemorySearch::save; open_context hands it to the new session's search, which reads it if it is its own);
-  // without, each layer's KV cache as layer<i>.kv (KvCache::save, in
-  // the cache's dtype or q8 storage). The files carry a fingerprint of the model (its shape and three embedding
-  // rows) and of what shaped the rows (the positions' rotation and method; the memory's policy, window and
-  // storage), so a context of another model or other settings is refused by the files' checks, naming the file.
-  // Not for length-dependent scalings (dynamic NTK, LongRoPE: their caches are rebuilt from un-rotated rows the
-  // files do not hold) or a session that keeps no caches.
+  // The session saved to the directory `dir` (created if missing) and continued in a later run - a book read once,
+  // asked about many times; a long prompt read once. The directory is one unit (engine/src/saved_context.h): each
+  // layer's files - its KV cache as layer<i>.kv (KvCache::save, in the cache's dtype or q8 storage), or with a memory
+  // layer<i>.memory and layer<i>.window (MemoryKvCache::save) and layer<i>.search where the search keeps what it
+  // built (MemorySearch::save) - and the manifest context.json, written last, naming every file with its size and
+  // content hash, the model by content (weights_hash, the matrices' format, the activations) and the settings that
+  // shaped the rows; each layer file carries a fingerprint of the model, the settings, the save and its layer. A save
+  // holds context.lock, removes the earlier save's manifest before anything else and all its files after, so a save
+  // killed half-way leaves no context, never a mix. Not for length-dependent scalings (dynamic NTK, LongRoPE: their
+  // caches are rebuilt from un-rotated rows the files do not hold), a memory of policy unlimiformer, or a session
+  // that keeps no caches.
   void save_context(const std::string& dir) const;
+  // What save_context(dir) would refuse, refused now, before any work: a session that cannot be saved, a `dir`
+  // that is a file or cannot be made, a directory another save or a reader holds. (Creates `dir`.)
+  void check_save_context(const std::string& dir) const;
   // Continues the session saved in `dir` in this empty session with the same options (the rows read into RAM); the
   // next token goes at next_position(), and capacity() grows by the context's tokens (the capacity given counts the
-  // tokens after them). rotary::Error naming the file or field when it does not fit.
+  // tokens after them). rotary::Error naming the file or field when it is not one finished save of this model's
+  // weights with these settings: no manifest, a file missing, changed or swapped, other weights, another
+  // --weights / --activations, other positions or memory settings.
   void open_context(const std::string& dir);
+  // The bytes of the files of the context saved in `dir` (its manifest's sum): what open_context reads into RAM.
+  static int64_t saved_context_bytes(const std::string& dir);
 
   // Bytes a session with these options allocates (KV caches unless keep_caches is false, and scratch for a prompt
   // of `prompt_tokens`), so a caller can check a run against the machine's memory before starting it.
