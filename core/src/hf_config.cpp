@@ -135,12 +135,11 @@ RopeScaling rope_type(const JsonObject& cfg, const JsonObject& rope) {
 }
 
 // The rotated head width: qk_rope_head_dim for MLA models (transformers sets head_dim to it), else head_dim,
-// else hidden_size / num_attention_heads.
-int64_t head_dim_of(const JsonObject& cfg) {
+// else hidden_size / num_attention_heads; `field` names the one it came from.
+int64_t head_dim_of(const JsonObject& cfg, std::string& field) {
   const std::optional<int64_t> explicit_dim = cfg.integer("head_dim");
   const std::optional<int64_t> mla_dim = cfg.integer("qk_rope_head_dim");
   int64_t d = 0;
-  std::string field;
   if (mla_dim) {
     if (explicit_dim && *explicit_dim != *mla_dim)
       fail(cfg.path("head_dim"), std::to_string(*explicit_dim),
@@ -194,13 +193,20 @@ RopeSpec rope_spec_from_hf_config(std::string_view json_text) {
   const double fraction = partial.value.value_or(1.0);
   if (partial.value) check(fraction > 0 && fraction <= 1, partial.path, fraction, "a fraction in (0, 1]");
 
-  const int64_t head_dim = head_dim_of(cfg);
+  std::string head_dim_field;
+  const int64_t head_dim = head_dim_of(cfg, head_dim_field);
   spec.head_dim = int(head_dim);
   // int(head_dim * partial_rotary_factor), as transformers computes it (in double, truncated).
   const int64_t rotary_dim = int64_t(double(head_dim) * fraction);
-  if (rotary_dim % 2 != 0 || rotary_dim < 2)
-    fail(partial.value ? partial.path : cfg.path("head_dim"), rotary_dim_text(fraction, head_dim, rotary_dim),
+  if (rotary_dim % 2 != 0 || rotary_dim < 2) {
+    // Without a partial factor every feature rotates: the head dim itself is the value at fault.
+    if (!partial.value)
+      fail(head_dim_field, std::to_string(head_dim),
+           "an even number (features rotate in pairs), or a partial_rotary_factor whose int(head_dim * factor) is "
+           "even and >= 2");
+    fail(partial.path, rotary_dim_text(fraction, head_dim, rotary_dim),
          "a rotary dim int(head_dim * partial_rotary_factor) that is even and >= 2");
+  }
   spec.rotary_dim = int(rotary_dim);
   const int pairs = int(rotary_dim / 2);
 

@@ -12,6 +12,7 @@
 // activations.
 // Methods take turns trial by trial (a slow stretch of a shared machine hits all of them alike); medians.
 #include <cblas.h>
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -98,6 +99,41 @@ struct WeightSet {
   }
 };
 
+// The bytes a shape's run holds at once: each format's copies (as many as fill `weight_bytes`, at least one), the
+// float32 matrix they are made from (then sgemm's float32 copy), and a prefill call's activations in and out.
+int64_t shape_run_bytes(const Shape& s, const std::vector<std::pair<WeightFormat, ActivationFormat>>& formats,
+                        int64_t weight_bytes, int64_t tokens) {
+  int64_t bytes = 4 * s.rows * s.cols + 4 * tokens * (s.rows + s.cols);
+  for (const auto& f : formats) {
+    const int64_t per = weight_matrix_bytes(f.first, s.rows, s.cols);
+    bytes += std::max<int64_t>(1, weight_bytes / per) * per;
+  }
+  return bytes;
+}
+
+// Refuses (naming the flag, the bytes and what is available) a run that would not fit the memory available now:
+// an allocation past it would take the machine's swap or its OOM killer, not fail cleanly.
+void check_fits_memory(const BenchLinearArgs& a, const std::vector<Shape>& shapes,
+                       const std::vector<std::pair<WeightFormat, ActivationFormat>>& formats) {
+  const int64_t available = lab::available_memory_bytes();
+  if (available < 0) return;  // unknown (no /proc/meminfo)
+  const std::string allowed = fmt::format("a run that fits the {:.2f} GB of memory available (MemAvailable)",
+                                          double(available) / 1e9);
+  const int64_t weight_bytes = a.weight_mib << 20;
+  check(weight_bytes <= available, "--weight-mib",
+        fmt::format("{} ({:.2f} GB of weights per format and shape, and of the read probe)", a.weight_mib,
+                    double(weight_bytes) / 1e9),
+        allowed);
+  for (const Shape& s : shapes) {
+    const int64_t need = shape_run_bytes(s, formats, weight_bytes, a.tokens);
+    if (need > available)
+      fail("--shapes", fmt::format("{}x{} ({:.2f} GB of weights and buffers with --formats {}, --weight-mib {}, "
+                                   "--tokens {})", s.rows, s.cols, double(need) / 1e9, a.formats, a.weight_mib,
+                                   a.tokens),
+           allowed);
+  }
+}
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -126,6 +162,7 @@ void run_bench_linear(const BenchLinearArgs& a) {
               (x == ActivationFormat::Q8 && w == WeightFormat::Q8),
           "--formats", f, "f32, f16, bf16, q8, bf16:bf16, q8:q8 (bf16 activations need bf16 weights, q8 q8)");
   }
+  check_fits_memory(a, shapes, formats);
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();
   openblas_set_num_threads(threads);
   const int64_t bytes = a.weight_mib << 20;
@@ -228,7 +265,8 @@ const CommandRegistrar kRegisterBenchLinear([](CLI::App& root) {
                 "bytes read per second against a read-bandwidth probe, prefill GFLOP/s against OpenBLAS sgemm");
   cmd->add_option("--shapes", args->shapes,
                   "weight shapes ROWSxCOLS (output x input features), comma-separated (default 4864x896,896x4864,"
-                  "14336x4096: Qwen2.5-0.5B's MLP up and down, Llama-3-8B's MLP up)");
+                  "14336x4096: Qwen2.5-0.5B's MLP up and down, Llama-3-8B's MLP up); a run that would not fit the memory "
+                  "available (MemAvailable) is refused before it starts");
   cmd->add_option("--formats", args->formats,
                   "weight formats among f32, f16, bf16, q8, bf16:bf16 (bf16 weights, bf16 activations) and q8:q8 "
                   "(q8 weights, q8 activations); default all six");

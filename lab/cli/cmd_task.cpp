@@ -41,9 +41,9 @@ void run_task_show(const TaskArgs& a) {
     std::string marks(row.tokens.size(), ' ');
     for (size_t t = 0; t < row.loss_mask.size(); ++t)
       if (row.loss_mask[t] > 0) marks[t + 1] = '^';
-    std::printf("%s\n%s\n", vocab.decode(row.tokens).c_str(), marks.c_str());
+    write_stdout(vocab.decode(row.tokens) + "\n" + marks + "\n");
   } else {
-    std::printf("%s\n", vocab.decode(row.tokens).c_str());
+    write_stdout(vocab.decode(row.tokens) + "\n");
     if (const int64_t rows = task->heldout_rows(a.seq_len); rows > 0)
       std::printf("(%lld held-out rows of this length)\n", static_cast<long long>(rows));
   }

@@ -8,8 +8,10 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
 #include <functional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/options.h"
@@ -28,5 +30,9 @@ std::vector<RegisterFn>& command_registry();
 // Returns the subcommand `name` of `parent`, creating it (with `description`) on first use; lets several files
 // add children to a group such as `rotary bench`.
 CLI::App& subcommand_group(CLI::App& parent, const std::string& name, const std::string& description);
+
+// Writes every byte of `text` to stdout. Text a user or a model produced (a prompt file, a continuation) may hold
+// NUL bytes, where printf("%s") would stop.
+inline void write_stdout(std::string_view text) { std::fwrite(text.data(), 1, text.size(), stdout); }
 
 }  // namespace rotary::cli

@@ -2,7 +2,6 @@
 #include "cli/options.h"
 
 #include <set>
-#include <sstream>
 
 #include "rotary/error.h"
 
@@ -45,6 +44,18 @@ CLI::Validator finite_in(double lo, double hi) {
       "finite in " + range);
 }
 
+CLI::Validator non_empty(const std::string& allowed) {
+  return CLI::Validator(
+      [allowed](std::string& s) -> std::string {
+        return s.empty() ? "value \"\" (empty) is invalid; allowed: " + allowed : std::string();
+      },
+      "");
+}
+
+void check_given_only_with(const CLI::Option* flag, bool condition, const std::string& needs) {
+  if (flag->count() && !condition) fail(flag->get_name(), flag->as<std::string>(), "only " + needs);
+}
+
 CLI::Validator range_of(const settings::Allowed& a) {
   switch (a.kind) {
     case settings::Kind::Integer: return integer_in(a.int_lo, a.int_hi);
@@ -55,17 +66,24 @@ CLI::Validator range_of(const settings::Allowed& a) {
 }
 
 std::vector<std::string> parse_name_list(const std::string& text, std::string_view field) {
-  std::vector<std::string> out;
-  std::set<std::string> seen;
-  std::istringstream in(text);
-  std::string item;
-  while (std::getline(in, item, ',')) {
-    if (item.empty()) continue;
-    if (!seen.insert(item).second) fail(field, text, "a comma-separated list naming each item once (" + item + " twice)");
-    out.push_back(item);
+  check(!text.empty(), field, "\"\"", "a non-empty comma-separated list");
+  std::vector<std::string> items;
+  for (size_t begin = 0;;) {  // (std::getline would drop a trailing empty item: "256," must be refused too)
+    const size_t comma = text.find(',', begin);
+    items.push_back(text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin));
+    if (comma == std::string::npos) break;
+    begin = comma + 1;
   }
-  check(!out.empty(), field, "\"" + text + "\"", "a non-empty comma-separated list");
-  return out;
+  std::set<std::string> seen;
+  for (size_t i = 0; i < items.size(); ++i) {
+    // An empty item is a typo ("256,,512", a trailing comma): dropping it would run less than was asked.
+    if (items[i].empty())
+      fail(field, text, "a comma-separated list without empty items (item " + std::to_string(i + 1) + " of " +
+                            std::to_string(items.size()) + " is empty)");
+    if (!seen.insert(items[i]).second)
+      fail(field, text, "a comma-separated list naming each item once (" + items[i] + " twice)");
+  }
+  return items;
 }
 
 std::vector<int64_t> parse_integer_list(const std::string& text, std::string_view field, int64_t lo, int64_t hi) {

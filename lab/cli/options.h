@@ -37,12 +37,21 @@ inline CLI::Validator finite() {
   return finite_in(-std::numeric_limits<double>::max(), std::numeric_limits<double>::max());
 }
 
+// For add_option(...)->check(...) of a text option whose empty value would read as "not given" (--weights "",
+// --save-context ""): an explicitly given empty value is a typo, refused naming the flag and `allowed`.
+CLI::Validator non_empty(const std::string& allowed);
+
+// A flag that means something only with another (--top-k with --memory): given without it - counted by CLI11, so
+// also when given at its default value - it is refused, never silently ignored. rotary::Error
+// "<flag> = <value> is invalid; allowed: only <needs>", e.g. needs = "with --memory".
+void check_given_only_with(const CLI::Option* flag, bool condition, const std::string& needs);
+
 // The validator of a declared setting's range (rotary/settings.h): integer_in, unsigned_up_to or finite_in (an open
 // end such as lr > 0 is then refused when the value is applied). Non-numeric kinds: no validator.
 CLI::Validator range_of(const settings::Allowed& allowed);
 
-// "a,b,c" -> items; empty items skipped; rotary::Error if there is none or one repeats (a list of settings that
-// names one twice would run or count it twice).
+// "a,b,c" -> items; rotary::Error naming `field` if the list is empty, an item is empty ("a,,b", "a,": a typo that
+// would silently run less) or one repeats (a list of settings that names one twice would run or count it twice).
 std::vector<std::string> parse_name_list(const std::string& text, std::string_view field);
 std::vector<int64_t> parse_integer_list(const std::string& text, std::string_view field, int64_t lo, int64_t hi);
 

@@ -18,6 +18,16 @@ std::string cpu_model() {
   return "unknown";
 }
 
+int64_t available_memory_bytes() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kb = 0;
+  std::string unit;
+  while (in >> key >> kb >> unit)
+    if (key == "MemAvailable:") return kb * 1024;
+  return -1;
+}
+
 }  // namespace rotary::lab
 
 namespace rotary::lab {

@@ -9,6 +9,9 @@ namespace rotary::lab {
 // The "model name" of /proc/cpuinfo's first processor; "unknown" without one.
 std::string cpu_model();
 
+// Bytes of memory available to a new allocation now (/proc/meminfo MemAvailable); -1 when unknown.
+int64_t available_memory_bytes();
+
 }  // namespace rotary::lab
 
 namespace rotary::lab {

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/machine.h"
 #include "memory/memory_index.h"
 #include "rotary/error.h"
 #include "rotary_engine/generate.h"
@@ -21,13 +22,10 @@ namespace rotary::experiments {
 void CheckpointRunOptions::validate() const {
   check(engine == "engine" || engine == "torch", "--engine", engine, "engine, torch");
   if (!weights.empty()) parse_weight_format(weights, "--weights");
-  bool kv_ok = kv_dtype == "q8";
-  try {
-    const DType t = kv_ok ? DType::F32 : parse_dtype(kv_dtype);
-    kv_ok = t == DType::F32 || t == DType::BF16 || t == DType::F16;
-  } catch (const Error&) {  // not a dtype's name: refused below, naming the flag
-  }
-  check(kv_ok, "--kv-dtype", kv_dtype, "f32, bf16, f16, q8");
+  // Exactly the names listed (parse_dtype also reads "float16", "half", ...: a result stored under one spelling
+  // would not be found under another).
+  check(kv_dtype == "f32" || kv_dtype == "bf16" || kv_dtype == "f16" || kv_dtype == "q8", "--kv-dtype", kv_dtype,
+        "f32, bf16, f16, q8");
   const ActivationFormat act = parse_activation_format(activations, "--activations");
   if (engine == "torch") {
     check(weights.empty(), "--weights", weights, "unset with --engine torch (the nn model copies weights to float32)");
@@ -68,21 +66,22 @@ void CheckpointMemoryOptions::validate() const {
         "exact, rerope, none, unlimiformer");
   check(window >= 0, "--memory-window", window, ">= 0 (0: half the trained context)");
   check(top_k >= 0, "--top-k", top_k, ">= 0 (0: the window alone)");
-  const DType d = parse_dtype(dtype);
-  check(d == DType::F32 || d == DType::BF16 || d == DType::F16, "--memory-dtype", dtype, "f32, bf16, f16");
+  // Exactly the names listed (parse_dtype also reads f64, which the memory does not store).
+  check(dtype == "f32" || dtype == "bf16" || dtype == "f16", "--memory-dtype", dtype, "f32, bf16, f16");
   check(page_size >= 1 && page_size <= 65536, "--page-size", page_size, "1..65536");
   if (search != "exact") {
-    const size_t prefix = search.rfind("pages", 0) == 0    ? 5
-                          : search.rfind("kdtree", 0) == 0 ? 6
-                          : search.rfind("graph", 0) == 0  ? 5
-                                                           : 0;
-    const bool core = prefix > 0 && std::all_of(search.begin() + prefix, search.end(),
-                                                [](char ch) { return ch >= '0' && ch <= '9'; });
-    const bool faiss = search == "faiss-flat" || search == "faiss-hnsw" || search == "faiss-ivf";
-    check(core || faiss, "--search", search,
-          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query), graph or "
-          "graph<W> (the query-routed graph, search width W), faiss-flat, faiss-hnsw or faiss-ivf");
-    if (core) lab::memory_index_from_name(search, "--search");  // the digits and their range
+    bool known = search == "faiss-flat" || search == "faiss-hnsw" || search == "faiss-ivf";
+    if (search.rfind("pages", 0) == 0 || search.rfind("kdtree", 0) == 0 || search.rfind("graph", 0) == 0) {
+      try {  // the lab's reader checks the digits and their range; its list of names is the lab's, not this flag's
+        lab::memory_index_from_name(search, "--search");
+        known = true;
+      } catch (const Error&) {  // refused below, with this flag's names
+      }
+    }
+    check(known, "--search", search,
+          "exact, pages or kdtree (certified exact), pages<P> or kdtree<P> (P pages read per query, 1..2^30), "
+          "graph or graph<W> (the query-routed graph, search width W, 1..2^20), faiss-flat, faiss-hnsw or "
+          "faiss-ivf");
   }
 }
 
@@ -160,15 +159,7 @@ std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
                      is_paged_search(search) ? fmt::format(" (pages of {})", page_size) : "");
 }
 
-int64_t available_memory_bytes() {
-  std::ifstream in("/proc/meminfo");
-  std::string key;
-  int64_t kb = 0;
-  std::string unit;
-  while (in >> key >> kb >> unit)
-    if (key == "MemAvailable:") return kb * 1024;
-  return -1;
-}
+int64_t available_memory_bytes() { return lab::available_memory_bytes(); }
 
 struct CheckpointModel::Impl {
   CheckpointRunOptions options;

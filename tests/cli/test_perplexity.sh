@@ -220,10 +220,12 @@ else
 fi
 # The page search, certified, retrieves the scan's rows (the same text), and so does FAISS's flat index; its HNSW
 # graph and IVF lists run and report their work (approximate: their text is not compared). The query-routed graph
-# scans a memory below its min_graph_rows (4096) exactly: here, the scan's text.
+# scans a memory below its min_graph_rows (4096) exactly: here, the scan's text. (--page-size only for the page
+# searches: the others refuse it.)
 for search in kdtree pages faiss-flat faiss-hnsw faiss-ivf graph; do
+  pages=(); [[ $search == pages || $search == kdtree ]] && pages=(--page-size 4)
   "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \
-    --memory-window 16 --top-k 3 --search $search --page-size 4 > "$W/gen_$search.txt" 2> "$W/gen_$search.err" \
+    --memory-window 16 --top-k 3 --search $search "${pages[@]}" > "$W/gen_$search.txt" 2> "$W/gen_$search.err" \
     || fail "generate --search $search exited $?: $(cat "$W/gen_$search.err")"
 done
 "$ROTARY" generate "$FIX/llama3" --prompt-file "$W/prompt.txt" --max-new 8 --only-new --memory exact \

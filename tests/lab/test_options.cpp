@@ -4,6 +4,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "cli/options.h"
 #include "rotary/error.h"
@@ -56,9 +58,10 @@ TEST(Options, RealNumbersAreFiniteAndInRange) {
 }
 
 TEST(Options, ListsRefuseRepeatsAndBadItems) {
-  EXPECT_EQ(parse_name_list("rope,,roper", "--encodings"), (std::vector<std::string>{"rope", "roper"}));
+  EXPECT_EQ(parse_name_list("rope,roper", "--encodings"), (std::vector<std::string>{"rope", "roper"}));
   EXPECT_THROW(parse_name_list("rope,roper,rope", "--encodings"), Error);
   EXPECT_THROW(parse_name_list(",", "--encodings"), Error);
+  EXPECT_THROW(parse_name_list("", "--encodings"), Error);
   EXPECT_EQ(parse_integer_list("1,2,8", "--lengths", 1, 1024), (std::vector<int64_t>{1, 2, 8}));
   EXPECT_THROW(parse_integer_list("1,4294967298", "--lengths", 1, 1024), Error);
   EXPECT_THROW(parse_integer_list("1,01", "--lengths", 1, 1024), Error);  // the same value twice
@@ -68,6 +71,65 @@ TEST(Options, ListsRefuseRepeatsAndBadItems) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--lengths = \"x\" is invalid"), std::string::npos) << e.what();
   }
+}
+
+// An empty item is a typo that would silently run less (issue 48): refused naming the flag and the item, wherever it
+// is - a trailing comma too, which std::getline drops.
+TEST(Options, ListsRefuseEmptyItems) {
+  for (const auto& [text, item] : std::vector<std::pair<std::string, std::string>>{
+           {"256,", "item 2 of 2"}, {"256,,512", "item 2 of 3"}, {",256", "item 1 of 2"}, {"4x4,", "item 2 of 2"}}) {
+    try {
+      parse_name_list(text, "--lengths");
+      ADD_FAILURE() << text << ": no error";
+    } catch (const Error& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find("--lengths = " + text + " is invalid"), std::string::npos) << m;
+      EXPECT_NE(m.find(item + " is empty"), std::string::npos) << m;
+    }
+  }
+  EXPECT_THROW(parse_integer_list("256,", "--lengths", 1, 1024), Error);
+}
+
+// A text option given empty is refused (not read as "not given"); left out, it keeps its default.
+TEST(Options, NonEmptyRefusesAnEmptyValueGiven) {
+  std::string v = "default";
+  CLI::App app;
+  app.add_option("--weights", v)->check(non_empty("f32, f16"));
+  const char* empty[] = {"prog", "--weights", ""};
+  try {
+    app.parse(3, empty);
+    ADD_FAILURE() << "no error";
+  } catch (const CLI::ParseError& e) {
+    EXPECT_NE(std::string(e.what()).find("--weights: value \"\" (empty) is invalid; allowed: f32, f16"),
+              std::string::npos) << e.what();
+  }
+  CLI::App app2;
+  app2.add_option("--weights", v)->check(non_empty("f32, f16"));
+  const char* none[] = {"prog"};
+  EXPECT_NO_THROW(app2.parse(1, none));
+  EXPECT_EQ(v, "default");
+}
+
+// A flag that needs another is refused when given, even at its default value; not given, it passes.
+TEST(Options, FlagsGivenOnlyWithTheirFlag) {
+  int top_k = 32;
+  CLI::App app;
+  CLI::Option* flag = app.add_option("--top-k", top_k);
+  const char* at_default[] = {"prog", "--top-k", "32"};
+  app.parse(3, at_default);
+  try {
+    check_given_only_with(flag, false, "with --memory");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--top-k = 32 is invalid; allowed: only with --memory"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_NO_THROW(check_given_only_with(flag, true, "with --memory"));
+  CLI::App app2;
+  CLI::Option* unset = app2.add_option("--top-k", top_k);
+  const char* none[] = {"prog"};
+  app2.parse(1, none);
+  EXPECT_NO_THROW(check_given_only_with(unset, false, "with --memory"));
 }
 
 }  // namespace

@@ -55,6 +55,7 @@ struct BenchCheckpointArgs {
   int prompt = 512, decode = 16, trials = 3, threads = 0;
   int64_t prefill_chunk = engine::SessionOptions{}.prefill_chunk;  // the engine's default
   const CLI::Option* prefill_chunk_flag = nullptr;                  // given or not (refused with --engine torch)
+  std::vector<const CLI::Option*> shape_flags;                      // --hidden ... --vocab: refused with --model
   experiments::CheckpointRunOptions run;  // --engine, --weights (random weights: stored bf16), --kv-dtype
   bool json = false;
 };
@@ -209,6 +210,9 @@ void run_engine(const BenchCheckpointArgs& a) {
 }
 
 void run(const BenchCheckpointArgs& a) {
+  for (const CLI::Option* flag : a.shape_flags)
+    check_given_only_with(flag, a.model_dir.empty(),
+                          "without --model (it shapes the random model; a checkpoint's shape is its config.json's)");
   a.run.validate();
   if (a.run.engine == "engine") return run_engine(a);
   check(!a.prefill_chunk_flag || a.prefill_chunk_flag->count() == 0, "--prefill-chunk", a.prefill_chunk,
@@ -341,13 +345,15 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       "checkpoint", "prefill and decode tokens/s of a Llama-family model (a checkpoint, or random weights in "
                     "Qwen2.5-0.5B's shape) on the torch-free engine (weight-read rate vs a read probe, peak RSS), or "
                     "--engine torch: fused rotary ops vs plain torch ops");
-  sub->add_option("--model", args->model_dir, "a Hugging Face model directory (default: random weights)");
-  sub->add_option("--hidden", args->hidden, "random model: hidden size")->transform(integer_in(16, 1 << 15));
-  sub->add_option("--layers", args->layers, "random model: layers")->transform(integer_in(1, 256));
-  sub->add_option("--heads", args->heads, "random model: attention heads")->transform(integer_in(1, 256));
-  sub->add_option("--kv-heads", args->kv_heads, "random model: key/value heads")->transform(integer_in(1, 256));
-  sub->add_option("--ff", args->ff, "random model: MLP width")->transform(integer_in(1, 1 << 18));
-  sub->add_option("--vocab", args->vocab, "random model: vocabulary")->transform(integer_in(2, 1 << 20));
+  sub->add_option("--model", args->model_dir, "a Hugging Face model directory (default: random weights)")
+      ->check(non_empty("a Hugging Face model directory (leave --model out for random weights)"));
+  args->shape_flags = {
+      sub->add_option("--hidden", args->hidden, "random model: hidden size")->transform(integer_in(16, 1 << 15)),
+      sub->add_option("--layers", args->layers, "random model: layers")->transform(integer_in(1, 256)),
+      sub->add_option("--heads", args->heads, "random model: attention heads")->transform(integer_in(1, 256)),
+      sub->add_option("--kv-heads", args->kv_heads, "random model: key/value heads")->transform(integer_in(1, 256)),
+      sub->add_option("--ff", args->ff, "random model: MLP width")->transform(integer_in(1, 1 << 18)),
+      sub->add_option("--vocab", args->vocab, "random model: vocabulary")->transform(integer_in(2, 1 << 20))};
   sub->add_option("--prompt", args->prompt, "prompt tokens (prefill)")->transform(integer_in(1, 1 << 20));
   sub->add_option("--decode", args->decode, "generated tokens timed")->transform(integer_in(1, 1 << 16));
   sub->add_option("--trials", args->trials, "trials per method (median reported)")->transform(integer_in(1, 1000));

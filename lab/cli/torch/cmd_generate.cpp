@@ -29,7 +29,20 @@ struct GenerateCommand {
   experiments::CheckpointRunOptions run_options;  // Hugging Face checkpoints: --engine, --weights, --kv-dtype
   experiments::CheckpointMemoryOptions memory;     // and --memory, --memory-window, --top-k, --memory-dtype
   std::vector<CLI::Option*> run_flags;
+  CheckpointMemoryFlags memory_flags;
   bool no_progress = false;
+
+  const char* prompt_flag() const {
+    return !prompt_tokens.empty() ? "--prompt-tokens" : !prompt_file.empty() ? "--prompt-file" : "--prompt";
+  }
+  // One bound on a generation's tokens, with or without --memory: kMaxSequenceLength (2^20), the documented bound
+  // on every sequence length - a book through the memory fits (524,288 tokens were measured, docs/memory.md). A
+  // longer prompt is refused before its prefill starts, not hours into it.
+  void check_length(size_t prompt_ids) const {
+    check(int64_t(prompt_ids) + max_new <= kMaxSequenceLength, std::string(prompt_flag()) + " tokens + --max-new",
+          std::to_string(prompt_ids) + " + " + std::to_string(max_new),
+          "at most 2^20 = " + std::to_string(kMaxSequenceLength) + " tokens in all (with or without --memory)");
+  }
 
   // A Hugging Face model directory (config.json and a weights file of the Hugging Face layout, no checkpoint.pt of
   // ours): its own tokenizer (BOS as the model expects), stop at its EOS. A run directory of ours also has a
@@ -48,6 +61,7 @@ struct GenerateCommand {
   }
 
   void run_hf() {
+    memory_flags.check_given_together(memory);
     run_options.threads = threads;
     experiments::CheckpointModel c(checkpoint, run_options);
     c.set_override(overrides.override_of(c.spec().config));
@@ -63,8 +77,9 @@ struct GenerateCommand {
     } else {
       tokenizer = lab::load_tokenizer(checkpoint);
       ids = tokenizer->encode_for_model(prompt);
-      check(!ids.empty(), prompt_file.empty() ? "--prompt" : "--prompt-file", "\"\"", "at least one token");
+      check(!ids.empty(), prompt_flag(), "\"\"", "at least one token");
     }
+    check_length(ids.size());
     // A saved context's memory is read into RAM: its files' bytes come out of what is available.
     int64_t available = experiments::available_memory_bytes();
     if (!context.empty() && available >= 0)
@@ -89,7 +104,7 @@ struct GenerateCommand {
     const std::vector<int64_t> out =
         c.generate(ids, max_new, temperature, stop, seed, sample_vocab, progress, context, save_context);
     if (tokenizer) {
-      std::printf("%s%s\n", only_new ? "" : prompt.c_str(), tokenizer->decode_continuation(ids, out).c_str());
+      write_stdout((only_new ? "" : prompt) + tokenizer->decode_continuation(ids, out) + "\n");
     } else {
       std::string line;
       for (const auto& part : {only_new ? std::vector<int64_t>{} : ids, out})
@@ -114,7 +129,11 @@ struct GenerateCommand {
     const int given = !prompt.empty() + !prompt_file.empty() + !prompt_tokens.empty();
     check(given == 1, "--prompt / --prompt-file / --prompt-tokens", given == 0 ? "none" : std::to_string(given),
           "exactly one: the text, a file holding it, or a file of token ids");
-    if (!prompt_file.empty()) prompt = lab::read_file(prompt_file);
+    if (!prompt_file.empty()) {
+      prompt = lab::read_file(prompt_file);
+      check(!prompt.empty(), "--prompt-file", prompt_file + " (an empty file)",
+            "a file holding the text to continue (as --prompt: at least one byte)");
+    }
     if (is_hf_model(checkpoint)) return run_hf();
     check(prompt_tokens.empty(), "--prompt-tokens", prompt_tokens,
           "unset for a lab run (its prompt is text in the task's vocabulary); token ids are for Hugging Face model "
@@ -126,12 +145,13 @@ struct GenerateCommand {
     LoadedRun r = load_run(checkpoint);
     overrides.apply(r);
     std::vector<int32_t> ids32 = r.task->vocab().encode(prompt);  // rotary::Error names an unknown character
-    check(!ids32.empty(), "--prompt", "\"\"", "at least one token");
+    check(!ids32.empty(), prompt_flag(), "\"\"", "at least one token");
+    check_length(ids32.size());
     std::vector<int64_t> ids(ids32.begin(), ids32.end());
     const int64_t stop = no_stop ? -1 : train::stop_token(*r.task);
     std::vector<int64_t> out = r.model->generate(ids, max_new, temperature, stop, seed);
     const std::string text = r.task->vocab().decode(std::vector<int32_t>(out.begin(), out.end()));
-    std::printf("%s%s\n", only_new ? "" : prompt.c_str(), text.c_str());
+    write_stdout((only_new ? "" : prompt) + text + "\n");
   }
 };
 
@@ -139,19 +159,26 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<GenerateCommand>();
   CLI::App* sub = root.add_subcommand("generate", "sample from a trained model (KV-cache decoder)");
   sub->add_option("checkpoint,--checkpoint", cmd->checkpoint, "checkpoint file, run directory, or Hugging Face model directory")->required();
-  sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)");
-  sub->add_option("--prompt-file", cmd->prompt_file, "or: a file holding the text (a book-length prompt)");
+  sub->add_option("--prompt", cmd->prompt, "text to continue (in the task's vocabulary)")
+      ->check(non_empty("a text of at least one character"));
+  sub->add_option("--prompt-file", cmd->prompt_file, "or: a file holding the text (a book-length prompt)")
+      ->check(non_empty("a file holding the text"));
   sub->add_option("--prompt-tokens", cmd->prompt_tokens,
                   "or (Hugging Face checkpoints): a file of whitespace-separated token ids; the output is ids too, "
-                  "no tokenizer needed");
-  sub->add_option("--max-new", cmd->max_new, "tokens to generate at most (0: read the prompt only, for --save-context)")
+                  "no tokenizer needed")
+      ->check(non_empty("a file of token ids"));
+  sub->add_option("--max-new", cmd->max_new,
+                  "tokens to generate at most (0: read the prompt only, for --save-context); the prompt's tokens + "
+                  "--max-new are at most 2^20, with or without --memory")
       ->transform(integer_in(0, kMaxSequenceLength));
   CLI::Option* save_context = sub->add_option("--save-context", cmd->save_context,
                   "engine: save the session to this directory once the prompt is read - its KV caches, or with --memory "
-                  "the memory (a book or a long prompt read once, continued in later runs with --context)");
+                  "the memory (a book or a long prompt read once, continued in later runs with --context)")
+      ->check(non_empty("a directory to save the session in"));
   CLI::Option* context = sub->add_option("--context", cmd->context,
                   "engine: continue the session saved by --save-context in this directory (the same model, "
                   "positions, --kv-dtype and memory settings); the prompt goes after its tokens")
+      ->check(non_empty("a directory written by --save-context"))
       ->check(CLI::ExistingDirectory);
   sub->add_option("--temperature", cmd->temperature, "0 = greedy")->transform(finite_in(0, 100));
   sub->add_option("--seed", cmd->seed, "sampling seed")->transform(unsigned_up_to(UINT64_MAX));
@@ -160,7 +187,8 @@ const CommandRegistrar kRegister([](CLI::App& root) {
   sub->add_option("--threads", cmd->threads, "torch threads (0 = all cores)")->transform(integer_in(0, kMaxThreads));
   cmd->overrides.add_to(*sub);
   cmd->run_flags = add_checkpoint_run_flags(*sub, cmd->run_options);
-  for (CLI::Option* o : add_checkpoint_memory_flags(*sub, cmd->memory)) cmd->run_flags.push_back(o);
+  cmd->memory_flags = add_checkpoint_memory_flags(*sub, cmd->memory);
+  for (CLI::Option* o : cmd->memory_flags.all()) cmd->run_flags.push_back(o);
   cmd->run_flags.push_back(save_context), cmd->run_flags.push_back(context);
   sub->add_flag("--no-progress", cmd->no_progress, "no progress or memory summary on stderr");
   sub->callback([cmd] { cmd->run(); });

@@ -32,9 +32,16 @@ struct PerplexityCommand {
   experiments::PerplexitySpec spec;
   CLI::App* app = nullptr;
   std::string lengths, methods, logn = "off";
+  CheckpointMemoryFlags memory_flags;
   bool no_progress = false;
 
   void run() {
+    // Scoring runs each window in one pass that stores no KV rows, and q8 is a way of storing them (it applies when
+    // decoding: generate, bench checkpoint): every cell would be labelled q8 and equal f32's.
+    check(spec.run.kv_dtype != "q8", "--kv-dtype", spec.run.kv_dtype,
+          "f32, bf16, f16 for perplexity (its one-pass scoring stores no KV rows; q8 applies to the rows a decoding "
+          "cache stores: generate, bench checkpoint)");
+    memory_flags.check_given_together(spec.memory);
     if (app->get_option("--lengths")->count()) spec.lengths = parse_lengths(lengths);
     if (app->get_option("--methods")->count()) spec.methods = parse_name_list(methods, "--methods");
     check(logn == "off" || logn == "on" || logn == "both", "--logn", logn, "off, on, both");
@@ -87,7 +94,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
       ->transform(integer_in(1, 1 << 20));
   take_last(sub->add_option("--threads", s.threads, "threads (0 = all cores)"))->transform(integer_in(0, kMaxThreads));
   add_checkpoint_run_flags(*sub, s.run);
-  add_checkpoint_memory_flags(*sub, s.memory);
+  cmd->memory_flags = add_checkpoint_memory_flags(*sub, s.memory);
   take_last(sub->add_option("--out", s.out_dir, "output directory (default runs/perplexity)"));
   sub->add_flag("--no-progress", cmd->no_progress, "no progress on stderr");
   sub->footer(

@@ -1,6 +1,9 @@
 // rotary reproduce: every seed table the lab supports, rerun at one scale, and one report of the seeds' claims
 // beside our numbers (lab/experiments/reproduce.h).
 #include <cstdio>
+#include <set>
+#include <string>
+#include <string_view>
 
 #include "cli/torch/run_outcome.h"
 #include "cli/command.h"
@@ -36,16 +39,31 @@ struct ReproduceCommand {
   }
 };
 
+// The studies and the seeds they come from, from the one list of studies: "seed000_addition, ..." and
+// "000, 001, ...".
+std::string study_names() {
+  std::string names;
+  for (std::string_view s : experiments::kReproduceStudies) names += (names.empty() ? "" : ", ") + std::string(s);
+  return names;
+}
+std::string seed_numbers() {
+  std::set<std::string> seeds;
+  for (std::string_view s : experiments::kReproduceStudies) seeds.insert(std::string(s.substr(4, 3)));  // seedNNN_
+  std::string numbers;
+  for (const std::string& n : seeds) numbers += (numbers.empty() ? "" : ", ") + n;
+  return numbers;
+}
+
 const CommandRegistrar kRegister([](CLI::App& root) {
   auto cmd = std::make_shared<ReproduceCommand>();
   CLI::App* sub = root.add_subcommand(
-      "reproduce", "rerun every seed table (seeds 000, 002, 003, 004) at one scale and report each claim beside ours");
+      "reproduce",
+      "rerun every seed table (seeds " + seed_numbers() + ") at one scale and report each claim beside ours");
   sub->add_option("--scale", cmd->scale,
                   "smoke (a minute or two: the machinery, not the claims), default (about an hour on 2 cores) or "
                   "seed (the seeds' model sizes and steps: for a GPU-class machine)");
   cmd->studies_option = sub->add_option("--studies", cmd->studies,
-                  "comma-separated subset: seed000_addition, seed000_substring_index, seed000_substring_search, "
-                  "seed002_text, seed002_performer, seed002_runtime, seed004_extrapolate, seed003_decay (default: all)");
+                  "comma-separated subset: " + study_names() + " (default: all)");
   sub->add_option("--out", cmd->out, "output directory (default runs/reproduce)");
   sub->add_option("--cache-dir", cmd->cache_dir, "the text task's corpus and tokenizer cache");
   sub->add_option("--jobs", cmd->jobs, "training runs at once (default: cores / threads per run)")
