@@ -36,9 +36,7 @@
 // and the steps run over them mapped from their files (KvMemory::open, MemoryIndex::open); a later run with the
 // same settings opens them instead of building them, so under a memory limit smaller than the memory (a cgroup)
 // the searches read it from disk block by block. Each row then also counts the major page faults per step.
-#include <malloc.h>
 #include <omp.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -46,7 +44,6 @@
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -132,22 +129,6 @@ std::vector<int64_t> parse_sizes(const std::string& text) {
   return out;
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
-// The process's resident set after handing freed heap pages back, so two readings differ by what is still held.
-int64_t resident_bytes() {
-  malloc_trim(0);
-  std::ifstream in("/proc/self/statm");
-  int64_t total_pages = 0, resident_pages = 0;
-  in >> total_pages >> resident_pages;
-  return resident_pages * int64_t(sysconf(_SC_PAGESIZE));
-}
-
 // Keys (and queries) of one distribution: gaussian, or a mixture of gaussians around fixed centres.
 class VectorSource {
  public:
@@ -205,70 +186,66 @@ struct Row {
   double major_faults_per_step = 0;
 };
 
-int64_t major_faults() {
-  rusage u{};
-  getrusage(RUSAGE_SELF, &u);
-  return int64_t(u.ru_majflt);
+// Appends n tokens (positions 0..n-1) of `source`'s keys and uniform values to `memory`, in chunks so the staging
+// buffers stay small beside a multi-GB memory.
+void fill_memory(KvMemory& memory, const BenchMemoryArgs& a, int64_t n, VectorSource& source) {
+  const int D = a.head_dim;
+  const int64_t Hkv = a.kv_heads;
+  std::mt19937_64 rng(a.seed * 1000003 + uint64_t(n));
+  std::uniform_real_distribution<float> uniform(-1, 1);
+  const int64_t chunk = 65536;
+  std::vector<float> k, v;
+  std::vector<int64_t> positions;
+  for (int64_t from = 0; from < n; from += chunk) {
+    const int64_t rows = std::min(chunk, n - from);
+    k.resize(size_t(rows * Hkv * D)), v.resize(k.size()), positions.resize(size_t(rows));
+    for (int64_t r = 0; r < rows * Hkv; ++r) source.draw(rng, k.data() + r * D);
+    for (float& x : v) x = uniform(rng);
+    for (int64_t r = 0; r < rows; ++r) positions[size_t(r)] = from + r;
+    memory.append(rows, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, positions.data());
+  }
 }
 
-// Fills a memory of n tokens, builds the indexes, times `queries` decode steps through every method; one row each.
-std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int64_t n, const RopeFreqs* freqs,
-                          int threads) {
-  const int D = a.head_dim;
-  const int64_t Hkv = a.kv_heads, Hq = a.q_heads;
-  KvMemoryConfig config;
-  config.kv_heads = Hkv;
-  config.head_dim = D;
-  config.policy = parse_memory_policy(a.policy);
-  config.storage = parse_dtype(a.memory_dtype);
-  config.freqs = freqs;
-  VectorSource source(keys, a.clusters, float(a.cluster_spread), D, a.seed);
-  // Appended in chunks so the staging buffers stay small beside a multi-GB memory.
-  auto fill = [&](KvMemory& memory) {
-    std::mt19937_64 rng(a.seed * 1000003 + uint64_t(n));
-    std::uniform_real_distribution<float> uniform(-1, 1);
-    const int64_t chunk = 65536;
-    std::vector<float> k, v;
-    std::vector<int64_t> positions;
-    for (int64_t from = 0; from < n; from += chunk) {
-      const int64_t rows = std::min(chunk, n - from);
-      k.resize(size_t(rows * Hkv * D)), v.resize(k.size()), positions.resize(size_t(rows));
-      for (int64_t r = 0; r < rows * Hkv; ++r) source.draw(rng, k.data() + r * D);
-      for (float& x : v) x = uniform(rng);
-      for (int64_t r = 0; r < rows; ++r) positions[size_t(r)] = from + r;
-      memory.append(rows, {k.data(), Hkv, Hkv * D, D}, {v.data(), Hkv, Hkv * D, D}, positions.data());
-    }
-  };
-  // --mapped: the files are named by every setting that makes their bytes, and the memory's fingerprint is that
-  // name's hash, so a file of other settings is never taken for this one.
-  const std::string stem =
-      a.mapped.empty() ? std::string()
-                       : lab::join_path(a.mapped, fmt::format("{}_{}x{}x{}_{}_{}_c{}s{}_seed{}", keys, n, Hkv, D,
-                                                              a.policy, a.memory_dtype, a.clusters, a.cluster_spread,
-                                                              a.seed));
-  const uint64_t fingerprint = stem.empty() ? 0 : lab::fnv1a64(std::filesystem::path(stem).filename().string());
-  std::unique_ptr<KvMemory> held;
-  if (!stem.empty()) {
-    const std::string path = stem + ".mem";
-    if (std::filesystem::exists(path)) {
-      try {
-        held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
-      } catch (const Error& e) {
-        std::fprintf(stderr, "bench memory: %s: rebuilding (%s)\n", path.c_str(), e.what());
-      }
-    }
-    if (!held) {
-      KvMemory built(config);
-      fill(built);
-      built.save(path, fingerprint);
-      held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
-    }
-  } else {
-    held = std::make_unique<KvMemory>(config);
-    fill(*held);
-  }
-  const KvMemory& memory = *held;
+// --mapped: the path (without extension) of the files of a memory of n tokens, named by every setting that makes
+// their bytes; "" without --mapped.
+std::string mapped_stem(const BenchMemoryArgs& a, const std::string& keys, int64_t n) {
+  return a.mapped.empty() ? std::string()
+                          : lab::join_path(a.mapped, fmt::format("{}_{}x{}x{}_{}_{}_c{}s{}_seed{}", keys, n, a.kv_heads,
+                                                                 a.head_dim, a.policy, a.memory_dtype, a.clusters,
+                                                                 a.cluster_spread, a.seed));
+}
 
+// The memory the steps read: filled in memory, or (a stem: --mapped) opened from <stem>.mem, which is filled and
+// saved first when it is absent or unreadable. The file's fingerprint is the hash of its name, so a file of other
+// settings is never taken for this one.
+std::unique_ptr<KvMemory> open_or_fill_memory(const BenchMemoryArgs& a, int64_t n, const KvMemoryConfig& config,
+                                              VectorSource& source, const std::string& stem) {
+  std::unique_ptr<KvMemory> held;
+  if (stem.empty()) {
+    held = std::make_unique<KvMemory>(config);
+    fill_memory(*held, a, n, source);
+    return held;
+  }
+  const uint64_t fingerprint = lab::fnv1a64(std::filesystem::path(stem).filename().string());
+  const std::string path = stem + ".mem";
+  if (std::filesystem::exists(path)) {
+    try {
+      held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
+    } catch (const Error& e) {
+      std::fprintf(stderr, "bench memory: %s: rebuilding (%s)\n", path.c_str(), e.what());
+    }
+  }
+  if (!held) {
+    KvMemory built(config);
+    fill_memory(built, a, n, source);
+    built.save(path, fingerprint);
+    held = std::make_unique<KvMemory>(KvMemory::open(path, config, fingerprint));
+  }
+  return held;
+}
+
+// The methods --indexes and their search efforts ask for, after the exact scan.
+std::vector<Method> methods_of(const BenchMemoryArgs& a) {
   std::vector<Method> methods(1);
   methods[0].name = methods[0].kind = "exact";  // first: each round's truth for the others' recall
   auto add = [&](std::string name, const char* kind, int ef_search, int nprobe, int pages_read = -1,
@@ -292,23 +269,32 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
       for (int64_t width : parse_integer_list(a.graph_widths, "--graph-widths", 1, 1 << 20))
         add("graph_w" + std::to_string(width), "graph", 0, 0, -1, int(width));
   }
-  // The graph's training queries: as a model's prefill gives them, queries of the step's distribution at the step's
-  // position (through the memory's policy, as MemoryIndex::add_queries takes them), enough for the sample of every
-  // kv head, from their own seed: never the timed queries.
-  auto learn_queries = [&](lab::MemoryIndex& index) {
-    const int64_t group = Hq / Hkv, tokens = (a.graph_training_queries + group - 1) / group;
-    std::mt19937_64 rng(a.seed * 104729 + uint64_t(n));
-    std::vector<float> tq(size_t(tokens * Hq * D));
-    for (int64_t r = 0; r < tokens * Hq; ++r) source.draw(rng, tq.data() + r * D);
-    const std::vector<int64_t> positions(size_t(tokens), n);
-    MemoryAttentionParams tp;
-    tp.tokens = tokens;
-    tp.q = {tq.data(), Hq, Hq * D, D};
-    tp.q_positions = positions.data();
-    index.add_queries(tp);
-  };
-  // One index per kind, shared by its methods: set_search_effort switches ef_search / nprobe / the graph's width
-  // between steps.
+  return methods;
+}
+
+// The graph's training queries: as a model's prefill gives them, queries of the step's distribution at the step's
+// position (through the memory's policy, as MemoryIndex::add_queries takes them), enough for the sample of every
+// kv head, from their own seed: never the timed queries.
+void learn_queries(lab::MemoryIndex& index, const BenchMemoryArgs& a, int64_t n, VectorSource& source) {
+  const int D = a.head_dim;
+  const int64_t Hq = a.q_heads;
+  const int64_t group = Hq / a.kv_heads, tokens = (a.graph_training_queries + group - 1) / group;
+  std::mt19937_64 rng(a.seed * 104729 + uint64_t(n));
+  std::vector<float> tq(size_t(tokens * Hq * D));
+  for (int64_t r = 0; r < tokens * Hq; ++r) source.draw(rng, tq.data() + r * D);
+  const std::vector<int64_t> positions(size_t(tokens), n);
+  MemoryAttentionParams tp;
+  tp.tokens = tokens;
+  tp.q = {tq.data(), Hq, Hq * D, D};
+  tp.q_positions = positions.data();
+  index.add_queries(tp);
+}
+
+// Builds the index of every method but the exact scan, with its build time and resident-set growth. One index per
+// kind, shared by its methods: set_search_effort switches ef_search / nprobe / the graph's width between steps.
+// With a stem (--mapped) a page index is opened from its file, built and saved first when it is absent.
+void build_indexes(std::vector<Method>& methods, const BenchMemoryArgs& a, const std::string& keys, int64_t n,
+                   const KvMemory& memory, VectorSource& source, const std::string& stem) {
   using clock = std::chrono::steady_clock;
   for (size_t i = 1; i < methods.size(); ++i) {
     Method& m = methods[i];
@@ -328,7 +314,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     std::fprintf(stderr, "bench memory: %s keys, %lld tokens: building %s ...", keys.c_str(), (long long)n,
                  m.kind.c_str());
     std::fflush(stderr);
-    const int64_t rss_before = resident_bytes();
+    const int64_t rss_before = lab::resident_bytes();
     const auto t0 = clock::now();
     const bool paged = !stem.empty() && (m.kind == "pages" || m.kind == "kdtree");
     const std::string index_path = stem + "_" + m.kind + std::to_string(a.page_size) + ".pages";
@@ -341,7 +327,7 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
     }
     if (!m.index) {
       m.index = std::make_shared<lab::MemoryIndex>(memory, ic);
-      if (m.kind == "graph") learn_queries(*m.index);
+      if (m.kind == "graph") learn_queries(*m.index, a, n, source);
       m.index->sync();
       if (paged) {
         m.index->save(index_path);
@@ -349,26 +335,39 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
       }
     }
     m.build_s = std::chrono::duration<double>(clock::now() - t0).count();
-    m.index_bytes = resident_bytes() - rss_before;
+    m.index_bytes = lab::resident_bytes() - rss_before;
     std::fprintf(stderr, " %.1f s\n", m.build_s);
   }
+}
 
-  // The decode steps: the same query for every method, methods in turn.
-  std::vector<float> q(size_t(Hq * D)), o(q.size()), lse(static_cast<size_t>(Hq));
-  std::vector<int64_t> candidates(size_t(Hq * a.top_k)), retrieved(candidates.size()), exact_rows(candidates.size());
-  const int64_t q_position = n;
-  MemoryAttentionParams p;
-  p.tokens = 1;
-  p.q = {q.data(), Hq, Hq * D, D};
-  p.q_positions = &q_position;
-  p.top_k = a.top_k;
-  p.o = {o.data(), Hq, Hq * D, D};
-  p.lse = lse.data();
-  p.retrieved = retrieved.data();
-  p.threads = threads;
-  auto step = [&](Method& m) {
-    std::fill(lse.begin(), lse.end(), -std::numeric_limits<float>::infinity());  // no local window: memory alone
-    const auto t0 = clock::now();
+// One decode step over the memory: the query of every query head (one token at position n, no local window) and
+// the memory's top-k rows through a method. Its buffers are pointed at by the call's parameters: not copied.
+class DecodeStep {
+ public:
+  DecodeStep(const BenchMemoryArgs& a, int64_t n, int threads)
+      : q_(size_t(a.q_heads * a.head_dim)), o_(q_.size()), lse_(static_cast<size_t>(a.q_heads)),
+        candidates_(size_t(a.q_heads * a.top_k)), retrieved_(candidates_.size()), q_position_(n) {
+    const int64_t Hq = a.q_heads, D = a.head_dim;
+    p_.tokens = 1;
+    p_.q = {q_.data(), Hq, Hq * D, D};
+    p_.q_positions = &q_position_;
+    p_.top_k = a.top_k;
+    p_.o = {o_.data(), Hq, Hq * D, D};
+    p_.lse = lse_.data();
+    p_.retrieved = retrieved_.data();
+    p_.threads = threads;
+  }
+  DecodeStep(const DecodeStep&) = delete;
+  DecodeStep& operator=(const DecodeStep&) = delete;
+
+  float* query() { return q_.data(); }
+  // The rows the last step retrieved, top_k per query head.
+  const std::vector<int64_t>& retrieved() const { return retrieved_; }
+
+  // The seconds of one step through `m` (candidates, then memory_attention); adds its scored share to m.scored.
+  double run(Method& m, const KvMemory& memory) {
+    std::fill(lse_.begin(), lse_.end(), -std::numeric_limits<float>::infinity());  // no local window: memory alone
+    const auto t0 = std::chrono::steady_clock::now();
     if (m.index) {
       const lab::SearchEffort defaults;
       m.index->set_search_effort({m.ef_search > 0 ? m.ef_search : defaults.hnsw_ef_search,
@@ -376,32 +375,50 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
                                   m.pages_read >= 0 ? m.pages_read : defaults.pages_read,
                                   m.graph_width > 0 ? m.graph_width : defaults.graph_width});
       m.index->reset_work();
-      m.index->candidates(p, candidates.data());
+      m.index->candidates(p_, candidates_.data());
       m.scored += m.index->work().share_of_scan();
-      p.candidates = candidates.data();
+      p_.candidates = candidates_.data();
     } else {
-      p.candidates = nullptr;
+      p_.candidates = nullptr;
       m.scored += 1;
     }
-    memory_attention(memory, p);
-    return std::chrono::duration<double>(clock::now() - t0).count();
-  };
+    memory_attention(memory, p_);
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  }
+
+ private:
+  std::vector<float> q_, o_, lse_;
+  std::vector<int64_t> candidates_, retrieved_;
+  int64_t q_position_;
+  MemoryAttentionParams p_;
+};
+
+// The timed decode steps: after kWarmupSteps untimed rounds, `queries` rounds of one fresh query through every
+// method in turn (round robin, so a slow stretch of a shared machine hits all of them alike), each method's
+// seconds, major faults, scored share and recall of the exact scan's rows of the same round.
+void time_steps(std::vector<Method>& methods, const BenchMemoryArgs& a, int64_t n, const KvMemory& memory,
+                VectorSource& source, int threads) {
+  const int D = a.head_dim;
+  const int64_t Hq = a.q_heads;
+  DecodeStep step(a, n, threads);
+  std::vector<int64_t> exact_rows(step.retrieved().size());
   std::mt19937_64 query_rng(a.seed * 7919 + uint64_t(n));
   auto draw_query = [&] {
-    for (int64_t h = 0; h < Hq; ++h) source.draw(query_rng, q.data() + h * D);
+    for (int64_t h = 0; h < Hq; ++h) source.draw(query_rng, step.query() + h * D);
   };
   for (int w = 0; w < kWarmupSteps; ++w) {
     draw_query();
-    for (Method& m : methods) step(m);
+    for (Method& m : methods) step.run(m, memory);
   }
   for (Method& m : methods) m.scored = 0;  // the work of the timed steps only
   // methods[0] is the exact scan: each round it runs first, and its rows are the truth the others are scored on.
   for (int s = 0; s < a.queries; ++s) {
     draw_query();
     for (Method& m : methods) {
-      const int64_t faults = major_faults();
-      m.seconds.push_back(step(m));
-      m.major_faults += major_faults() - faults;
+      const int64_t faults = lab::major_faults();
+      m.seconds.push_back(step.run(m, memory));
+      m.major_faults += lab::major_faults() - faults;
+      const std::vector<int64_t>& retrieved = step.retrieved();
       if (m.kind == "exact") exact_rows = retrieved;
       for (int64_t h = 0; h < Hq; ++h) {
         const int64_t* truth = exact_rows.data() + h * a.top_k;
@@ -412,7 +429,11 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
       }
     }
   }
+}
 
+// One row per method from its timed steps, each also printed on stderr.
+std::vector<Row> rows_of(const std::vector<Method>& methods, const BenchMemoryArgs& a, const std::string& keys,
+                         int64_t n) {
   std::vector<Row> rows;
   const double exact_median = percentile(methods[0].seconds, 0.5);
   for (const Method& m : methods) {
@@ -433,6 +454,24 @@ std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int
                  keys.c_str(), (long long)n, r.method.c_str(), r.median_ms, r.speedup_vs_exact, r.recall, r.scored);
   }
   return rows;
+}
+
+// Fills a memory of n tokens, builds the indexes, times `queries` decode steps through every method; one row each.
+std::vector<Row> run_size(const BenchMemoryArgs& a, const std::string& keys, int64_t n, const RopeFreqs* freqs,
+                          int threads) {
+  KvMemoryConfig config;
+  config.kv_heads = a.kv_heads;
+  config.head_dim = a.head_dim;
+  config.policy = parse_memory_policy(a.policy);
+  config.storage = parse_dtype(a.memory_dtype);
+  config.freqs = freqs;
+  VectorSource source(keys, a.clusters, float(a.cluster_spread), a.head_dim, a.seed);
+  const std::string stem = mapped_stem(a, keys, n);
+  const std::unique_ptr<KvMemory> memory = open_or_fill_memory(a, n, config, source, stem);
+  std::vector<Method> methods = methods_of(a);
+  build_indexes(methods, a, keys, n, *memory, source, stem);
+  time_steps(methods, a, n, *memory, source, threads);
+  return rows_of(methods, a, keys, n);
 }
 
 // Issue 9's goal at the largest size, per key distribution: the fastest approximate method with recall >= 0.95
@@ -550,7 +589,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   spec.head_dim = a.head_dim;
   spec.base = 10000.0;
   const RopeFreqs freqs = spec.freqs();
-  const std::string load_before = load_average();
+  const std::string load_before = lab::load_average();
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<Row> rows;
   for (const std::string& keys : key_kinds)
@@ -569,7 +608,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
 
   nlohmann::json j;
   j["machine"] = {{"cpu", cpu}, {"nproc", nproc}, {"threads", threads}, {"load_average_before", load_before},
-                  {"load_average_after", load_average()}};
+                  {"load_average_after", lab::load_average()}};
   j["settings"] = {{"sizes", sizes},       {"head_dim", a.head_dim},          {"kv_heads", a.kv_heads},
                    {"q_heads", a.q_heads}, {"top_k", a.top_k},                {"queries", a.queries},
                    {"keys", key_kinds},    {"clusters", a.clusters},          {"cluster_spread", a.cluster_spread},
@@ -619,7 +658,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
               (long long)a.q_heads, (long long)a.kv_heads, a.head_dim, dtype_name(memory_dtype), a.top_k,
               a.policy.c_str(), a.queries);
   std::printf("cpu: %s | nproc %u | threads %d | load average %s -> %s | %.0f s\n", cpu.c_str(), nproc, threads,
-              load_before.c_str(), load_average().c_str(), total_s);
+              load_before.c_str(), lab::load_average().c_str(), total_s);
   std::printf("memory: %lld bytes per token (keys + values %s, position int64); index MB = resident-set growth "
               "while building\n\n",
               (long long)memory_bytes_per_token, dtype_name(memory_dtype));

@@ -22,7 +22,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -156,13 +155,6 @@ void parallel_memcpy(void* dst, const void* src, size_t bytes, int threads) {
   });
 }
 
-std::string load_average() {
-  std::ifstream in("/proc/loadavg");
-  std::string a, b, c;
-  in >> a >> b >> c;
-  return a + " " + b + " " + c;
-}
-
 struct Row {
   std::string shape, dtype, layout, method;
   int64_t tokens, heads, dim;
@@ -270,7 +262,7 @@ void run_bench_rope(const BenchRopeArgs& a) {
   if (a.json) {
     nlohmann::json j;
     j["machine"] = {{"cpu", cpu},       {"nproc", nproc}, {"threads", threads}, {"simd_target", target},
-                    {"torch", torch},   {"load_average", load_average()}};
+                    {"torch", torch},   {"load_average", lab::load_average()}};
     j["stat"] = a.stat;
     j["bytes"] = "read + written (2 x tensor size), q only, in place";
     for (const Row& r : rows) {
@@ -291,7 +283,7 @@ void run_bench_rope(const BenchRopeArgs& a) {
   std::printf("rotary bench rope: q only, in place; bytes = read + written; %s of %d trials\n", a.stat.c_str(),
               a.trials);
   std::printf("cpu: %s | nproc %u | threads %d | highway target %s | torch %s | load average %s\n\n", cpu.c_str(),
-              nproc, threads, target.c_str(), torch ? "yes" : "no (not built or --no-torch)", load_average().c_str());
+              nproc, threads, target.c_str(), torch ? "yes" : "no (not built or --no-torch)", lab::load_average().c_str());
   std::printf("%-8s %-5s %-12s %-11s %11s %9s %8s %8s   %s\n", "shape", "dtype", "layout", "method", "time_us",
               "GB/s", "%memcpy", "%rw", "rope_apply speedup");
   for (const Row& r : rows) {
@@ -412,7 +404,7 @@ void run_bench_rope_cost(const RopeCostArgs& a) {
   if (t.json) {
     nlohmann::json j;
     j["machine"] = {{"cpu", cpu}, {"threads", threads}, {"simd_target", target}, {"torch", torch},
-                    {"load_average", load_average()}};
+                    {"load_average", lab::load_average()}};
     j["shape"] = {{"seq", a.seq}, {"batch", a.batch}, {"heads", a.heads}, {"dim", a.dim}, {"dtype", a.dtype}};
     j["stat"] = t.stat;
     for (const Method& m : methods)
@@ -430,7 +422,7 @@ void run_bench_rope_cost(const RopeCostArgs& a) {
               (long long)a.seq, (long long)a.batch, (long long)a.heads, (long long)a.dim, a.dtype.c_str(),
               t.stat.c_str(), t.trials);
   std::printf("cpu: %s | threads %d | highway target %s | torch %s | load average %s\n\n", cpu.c_str(), threads,
-              target.c_str(), torch ? "yes" : "no", load_average().c_str());
+              target.c_str(), torch ? "yes" : "no", lab::load_average().c_str());
   std::printf("%-15s %10s %8s %14s\n", "method", "time_ms", "GB/s", "x additive");
   for (const Method& m : methods)
     std::printf("%-15s %10.3f %8.2f %14.2f\n", m.name.c_str(), seconds(m.name) * 1e3, moved / seconds(m.name) * 1e-9,

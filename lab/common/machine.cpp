@@ -1,7 +1,10 @@
 // lab/common/machine.cpp
 #include "common/machine.h"
 
+#include <malloc.h>
 #include <omp.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -52,6 +55,27 @@ double read_bandwidth(int64_t bytes, int threads) {
   volatile uint64_t keep = sink;  // the sums are used: no pass can be left out
   (void)keep;
   return best;
+}
+
+std::string load_average() {
+  std::ifstream in("/proc/loadavg");
+  std::string a, b, c;
+  in >> a >> b >> c;
+  return a + " " + b + " " + c;
+}
+
+int64_t resident_bytes() {
+  malloc_trim(0);
+  std::ifstream in("/proc/self/statm");
+  int64_t total_pages = 0, resident_pages = 0;
+  in >> total_pages >> resident_pages;
+  return resident_pages * int64_t(sysconf(_SC_PAGESIZE));
+}
+
+int64_t major_faults() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return int64_t(u.ru_majflt);
 }
 
 }  // namespace rotary::lab

@@ -22,4 +22,15 @@ namespace rotary::lab {
 // compiler vectorises), so the probe reads and does nothing else.
 double read_bandwidth(int64_t bytes, int threads);
 
+// The 1, 5 and 15 minute load averages of /proc/loadavg ("0.52 0.48 0.40"): how busy a shared machine was around
+// a benchmark's timings.
+std::string load_average();
+
+// The process's resident set (bytes) after handing freed heap pages back (malloc_trim), so two readings differ by
+// what is still held.
+int64_t resident_bytes();
+
+// The major page faults of this process so far: pages it waited for the disk to read.
+int64_t major_faults();
+
 }  // namespace rotary::lab
