@@ -11,6 +11,7 @@
 
 #include "common/machine.h"
 #include "memory/memory_index.h"
+#include "rotary/content_hash.h"
 #include "rotary/error.h"
 #include "rotary_engine/generate.h"
 #include "rotary_nn/hf_checkpoint.h"
@@ -216,6 +217,19 @@ CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointR
 CheckpointModel::~CheckpointModel() = default;
 const nn::HfModelSpec& CheckpointModel::spec() const { return impl_->spec; }
 const CheckpointRunOptions& CheckpointModel::options() const { return impl_->options; }
+
+uint64_t CheckpointModel::weights_hash() const {
+  const Impl& m = *impl_;
+  if (m.model) return m.model->weights_hash();
+  uint64_t h = 0;
+  for (const auto& p : m.torch_model.model->named_parameters(/*recurse=*/true)) {  // (an ordered dict: by name)
+    const torch::Tensor t = p.value().detach().to(torch::kFloat).contiguous();
+    h = content_hash64(p.key().data(), p.key().size(), h);
+    h = content_hash64(t.data_ptr<float>(), size_t(t.numel()) * sizeof(float), h, m.threads);
+  }
+  return h;
+}
+
 const nn::EncodingConfig& CheckpointModel::active_encoding() const { return impl_->active; }
 
 void CheckpointModel::set_override(const nn::EncodingOverride& o) {
@@ -344,6 +358,8 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
   if (m.torch_model.model)
     return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));
+  // A save this session could never make is refused now, not after the whole prompt is read.
+  if (!save_context.empty()) s.check_save_context(save_context);
   if (!context.empty()) s.open_context(context);
   auto read = [&](int64_t done, int64_t total) {
     if (on_prompt) on_prompt(done, total);

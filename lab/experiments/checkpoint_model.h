@@ -66,6 +66,10 @@ class CheckpointModel {
 
   const nn::HfModelSpec& spec() const;
   const CheckpointRunOptions& options() const;
+  // The weights by content, for results stored under a key (perplexity's cells): the engine's Model::weights_hash
+  // (every tensor as stored), or on the torch path every parameter's float32 values by name. Two copies of the same
+  // weights give the same value whatever their paths and mtimes; other weights another.
+  uint64_t weights_hash() const;
   // The encoding later calls run: the trained one with `o` applied (nn::apply_override; rotary::Error naming the
   // override field when it does not fit). Each call starts again from the trained encoding.
   void set_override(const nn::EncodingOverride& o);

@@ -1,13 +1,9 @@
 // lab/experiments/perplexity.cpp
 #include "experiments/perplexity.h"
 
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <filesystem>
 #include <functional>
 #include <fmt/format.h>
 #include <optional>
@@ -67,39 +63,6 @@ std::vector<int64_t> read_stream(const PerplexitySpec& spec, int64_t vocab_size)
     check(id >= 0 && id < vocab_size, "token id of " + spec.text_file, id,
           fmt::format("[0, {}) (the model's vocab_size; is the tokenizer from another checkpoint?)", vocab_size));
   return ids;
-}
-
-// The identity of a model directory's weights, for the cells' keys: every safetensors file and shard index in it
-// (name, size, modification time) and a hash of each safetensors header (names, dtypes, shapes, offsets). Hashing
-// the gigabytes of data on every run would cost minutes; a changed file changes its size or mtime, and a file
-// copied over with both kept has to change its header to hold other tensors.
-uint64_t weights_identity(const std::string& model_dir) {
-  namespace fs = std::filesystem;
-  std::vector<fs::path> files;
-  std::error_code ec;
-  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    if (name.ends_with(".safetensors") || name.ends_with(".safetensors.index.json")) files.push_back(it->path());
-  }
-  std::sort(files.begin(), files.end());
-  std::string identity;
-  for (const fs::path& file : files) {
-    const int fd = open_regular_file(file.string(), "weights file");
-    struct stat st {};
-    ::fstat(fd, &st);
-    identity += fmt::format("{}\n{}\n{}.{}\n", file.filename().string(), st.st_size, int64_t(st.st_mtim.tv_sec),
-                            int64_t(st.st_mtim.tv_nsec));
-    uint64_t header_bytes = 0;
-    if (file.extension() == ".safetensors" && ::pread(fd, &header_bytes, 8, 0) == 8) {
-      // (little-endian length, then the JSON header; capped at the file's size and at the 100 MB the reader allows,
-      // since a stray file in the directory that the checkpoint does not read is hashed too)
-      header_bytes = std::min<uint64_t>({header_bytes, uint64_t(std::max<off_t>(st.st_size - 8, 0)), uint64_t(100) << 20});
-      std::string header(size_t(header_bytes), '\0');
-      if (::pread(fd, header.data(), header.size(), 8) == ssize_t(header.size())) identity += header;
-    }
-    ::close(fd);
-  }
-  return lab::fnv1a64(identity);
 }
 
 std::string g(double v) { return std::isfinite(v) ? fmt::format("{:.6g}", v) : "NaN"; }
@@ -341,7 +304,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       ckpt.check_memory(longest, CheckpointModel::RunKind::Score, "--lengths");  // the longest window, before the first cell
     }
   const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
-  const uint64_t weights_key = weights_identity(spec.model_dir);
+  const uint64_t weights_key = ckpt.weights_hash();  // by content: a copy or a switched symlink is no stale cell
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));
   const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time writes these cells

@@ -296,11 +296,11 @@ if "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/gids.txt" --max-new 6 --
 else
   fail "generate --search graph --save-context / --context exited $?: $(cat "$W/gctx.err")"
 fi
-expect_error "generate --context, other memory settings" 2 "$W/ctx/layer0.memory" -- \
+expect_error "generate --context, other memory settings" 2 "$W/ctx/context.json" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/ctx" --memory exact \
   --memory-window 8 --top-k 3
 # Without a memory the context is each layer's KV cache (layer<i>.kv; bitwise continuation: tests/nn/test_hf_engine.cpp):
-# the second run reads it and generates after the rest of the prompt; another --kv-dtype is refused by the file.
+# the second run reads it and generates after the rest of the prompt; another --kv-dtype is refused by the manifest.
 if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part1.txt" --max-new 0 --save-context "$W/kvctx" \
      --kv-dtype q8 --no-progress > /dev/null 2> "$W/kvctx.err" &&
    "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --max-new 5 --only-new --context "$W/kvctx" \
@@ -311,7 +311,7 @@ if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part1.txt" --max-new 0 -
 else
   fail "generate --save-context / --context without a memory exited $?: $(cat "$W/kvctx.err")"
 fi
-expect_error "generate --context, another --kv-dtype" 2 "$W/kvctx/layer0.kv" -- \
+expect_error "generate --context, another --kv-dtype" 2 "$W/kvctx/context.json" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/kvctx" --kv-dtype bf16
 expect_error "generate --save-context on the torch path" 2 "--save-context" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --save-context "$W/ctx2" --engine torch

@@ -82,11 +82,9 @@ struct GenerateCommand {
     check_length(ids.size());
     // A saved context's memory is read into RAM: its files' bytes come out of what is available.
     int64_t available = experiments::available_memory_bytes();
-    if (!context.empty() && available >= 0)
-      for (const auto& f : std::filesystem::directory_iterator(context))
-        if (f.is_regular_file()) available -= int64_t(f.file_size());
+    if (!context.empty() && available >= 0) available -= engine::Session::saved_context_bytes(context);
     c.check_memory(int64_t(ids.size()) + max_new, experiments::CheckpointModel::RunKind::Generate,
-                   "--prompt tokens + --max-new", std::max<int64_t>(available, 0));
+                   std::string(prompt_flag()) + " tokens + --max-new", std::max<int64_t>(available, 0));
     const int64_t stop = no_stop || !tokenizer || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
