@@ -73,9 +73,24 @@ run_cell() {  # <out> -> stderr in $W/cell.err
 }
 run_cell cells && run_cell cells && grep -q "done earlier" "$W/cell.err" \
   && pass "perplexity: unchanged weights reuse the cell" || fail "unchanged weights: $(tail -c 300 "$W/cell.err")"
+# (the weights are identified by content: an mtime alone changes nothing, one changed byte of a tensor does)
 touch -d "2001-01-01" "$W/weights/model-00002-of-00002.safetensors"
 run_cell cells
-grep -q "done earlier" "$W/cell.err" && fail "perplexity: a cell of other weights (a shard's mtime changed) was reused" \
+grep -q "done earlier" "$W/cell.err" && pass "perplexity: the same weights with another mtime reuse the cell" \
+  || fail "an mtime alone made the cell computed again: $(tail -c 300 "$W/cell.err")"
+/usr/bin/python3 - "$W/weights/model-00002-of-00002.safetensors" <<'PY'
+import json, struct, sys
+path = sys.argv[1]
+data = bytearray(open(path, "rb").read())
+n = struct.unpack("<Q", data[:8])[0]
+header = json.loads(data[8:8 + n])
+name = next(k for k in sorted(header) if k != "__metadata__")
+data[8 + n + header[name]["data_offsets"][0]] ^= 1  # the low byte of its first element: still finite
+open(path, "wb").write(bytes(data))
+PY
+touch -d "2001-01-01" "$W/weights/model-00002-of-00002.safetensors"  # the same size and mtime as before
+run_cell cells
+grep -q "done earlier" "$W/cell.err" && fail "perplexity: a cell of other weights (one byte of a shard) was reused" \
   || pass "perplexity: changed weights are scored again"
 
 # ---- Non-finite losses: exit 3 as training does, the cell stored as NaN and reused (not recomputed) on a rerun.

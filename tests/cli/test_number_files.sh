@@ -19,7 +19,7 @@ fi
 T="timeout 60"
 
 # ids <name> <printf format>: a token id file written byte for byte.
-ids() { printf "$2" > "$W/$1"; }
+ids() { printf -- "$2" > "$W/$1"; }  # (-- : a content starting with "-" is no option)
 generate() { $T "$ROTARY" generate "$FIX/llama2" --prompt-tokens "$W/$1" --max-new 1 --no-progress; }
 
 # ---- A NUL inside a token: the whole token, the NUL escaped, and the message goes on after it.
