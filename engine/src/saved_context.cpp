@@ -155,7 +155,11 @@ ContextManifest read_manifest(const std::string& dir) {
     fail("open_context " + dir, "no " + std::string(kContextManifest),
          "a directory saved by --save-context (Session::save_context) whose save finished: the manifest is written "
          "last, so a save that was killed or is still running has none");
-  const nlohmann::json j = parse_json(read_regular_file(path, "open_context " + path), path);
+  return parse_manifest(read_regular_file(path, "open_context " + path), path);
+}
+
+ContextManifest parse_manifest(std::string_view text, const std::string& path) {
+  const nlohmann::json j = parse_json(text, path);
   const JsonObject o = JsonObject::of(j, path, "the manifest's JSON object");
   check(o.required_text("format") == "rotary saved context", o.path("format"), o.required_text("format"),
         "\"rotary saved context\"");

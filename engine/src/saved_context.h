@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace rotary::engine::detail {
@@ -68,6 +69,9 @@ void write_manifest(const std::string& dir, const ContextManifest& m);
 // The manifest, every field checked (rotary::Error naming <dir>/context.json and the field); a directory without one
 // is refused as "not a saved context, or a save that did not finish".
 ContextManifest read_manifest(const std::string& dir);
+// The checks of read_manifest on the manifest's text (`path` names it in messages): the one parser, fuzzed
+// (fuzz/context_manifest_fuzzer.cpp).
+ContextManifest parse_manifest(std::string_view text, const std::string& path);
 // Every file the manifest names: a regular file of the recorded size and content hash (rotary::Error naming it).
 void check_context_files(const std::string& dir, const ContextManifest& m);
 // The bytes of the files the manifest names (what opening the context reads into RAM).
