@@ -183,6 +183,8 @@ ContextManifest parse_manifest(std::string_view text, const std::string& path) {
     cf.name = f.required_text("name");
     check(is_context_file_name(cf.name) && cf.name != kContextManifest && cf.name.find(".tmp.") == std::string::npos,
           f.path("name"), cf.name, "a layer file's name (layer<i>.kv, .memory, .window, .search)");
+    for (const ContextFile& earlier : m.files)
+      check(earlier.name != cf.name, f.path("name"), cf.name, "a file the manifest names once");
     cf.bytes = f.required_integer("bytes", 0);
     cf.hash = hex_field(f, "hash");
     m.files.push_back(std::move(cf));

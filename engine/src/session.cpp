@@ -532,8 +532,12 @@ uint64_t Session::Impl::settings_fingerprint() const {
 // The same settings in words, for a refusal's message.
 std::string Session::Impl::settings_text() const {
   const PositionMethod& p = options.positions;
-  std::string t = std::string(position_mode_name(p.mode)) + ", rope scaling " + std::string(scaling_name(p.rope.scaling)) +
-                  ", rotary_dim " + std::to_string(freqs.rotary_dim);
+  std::string t = std::string(position_mode_name(p.mode)) + ", rope base " + to_text(p.rope.base) + ", scaling " +
+                  std::string(scaling_name(p.rope.scaling));
+  if (p.rope.scaling != RopeScaling::None)
+    t += " (factor " + to_text(p.rope.factor) + ", original context " +
+         std::to_string(p.rope.original_max_position_embeddings) + ")";
+  t += ", rotary_dim " + std::to_string(freqs.rotary_dim);
   if (p.mode != PositionMode::Rope) t += ", window " + std::to_string(p.window);
   if (p.mode == PositionMode::LeakyRerope) t += ", leaky_k " + to_text(p.leaky_k);
   if (p.logn_train_len > 1) t += ", log-n at " + std::to_string(p.logn_train_len);
@@ -580,7 +584,7 @@ void Session::save_context(const std::string& dir) const {
   check(impl.started(), "save_context", "an empty session", "a session that has run tokens");
   check_save_context(dir);
   const detail::ContextLock lock(dir, detail::ContextLock::Mode::Save);
-  detail::clear_context(dir);  // the manifest_path first: from here until the new one is written, no context is there
+  detail::clear_context(dir);  // the manifest first: from here until the new one is written, no context is there
   detail::ContextManifest saved;
   saved.save_id = detail::new_save_id();
   saved.kind = impl.options.memory ? "memory" : "kv";
@@ -648,7 +652,7 @@ void Session::open_context(const std::string& dir) {
   for (int64_t i = 0; i < impl.arch.n_layers; ++i)
     for (const char* what : impl.options.memory ? std::vector<const char*>{"memory", "window"} : std::vector<const char*>{"kv"})
       check(listed(layer_name(i, what)), "open_context " + manifest_path, "no " + layer_name(i, what),
-            "every layer's files (the manifest_path names them)");
+            "every layer's files (the manifest names them)");
   if (!impl.options.memory) {  // each layer's KV cache, with room for the capacity given after its tokens
     KvCacheConfig c = impl.cache_config();
     std::vector<KvCache> caches;
@@ -656,7 +660,7 @@ void Session::open_context(const std::string& dir) {
       caches.push_back(KvCache::open(layer_file(dir, i, "kv"), c, detail::layer_fingerprint(context, saved.save_id, i)));
     for (const KvCache& k : caches)
       check(k.size() == saved.tokens, "open_context " + dir, std::to_string(k.size()) + " tokens in one layer",
-            std::to_string(saved.tokens) + ", as the manifest_path records");
+            std::to_string(saved.tokens) + ", as the manifest records");
     check(saved.tokens <= kMaxAbsPosition - impl.options.capacity, "open_context " + dir, std::to_string(saved.tokens) + " tokens",
           "<= 2^53 - the session's capacity");
     impl.caches = std::move(caches);
@@ -670,11 +674,11 @@ void Session::open_context(const std::string& dir) {
                                          detail::layer_fingerprint(context, saved.save_id, i)));
   for (const MemoryKvCache& c : caches)
     check(c.size() == saved.tokens && c.window_size() > 0, "open_context " + dir,
-          std::to_string(c.size()) + " tokens in one layer", std::to_string(saved.tokens) + ", as the manifest_path records");
+          std::to_string(c.size()) + " tokens in one layer", std::to_string(saved.tokens) + ", as the manifest records");
   check(saved.tokens <= kMaxAbsPosition - impl.options.capacity, "open_context " + dir, std::to_string(saved.tokens) + " tokens",
         "<= 2^53 - the session's capacity");
   impl.new_caches(std::move(caches));
-  // A search reads only a file the manifest_path names (one of this save's: checked above).
+  // A search reads only a file the manifest names (one of this save's: checked above).
   for (int64_t i = 0; i < int64_t(impl.searches.size()); ++i)
     if (listed(layer_name(i, "search"))) impl.searches[size_t(i)]->open(layer_file(dir, i, "search"));
   impl.options.capacity += saved.tokens;  // the capacity given counts the tokens after the context (a memory allocates none ahead)
