@@ -6,12 +6,12 @@
 #include <string_view>
 
 #include "rotary/error.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "tokenizer_parts.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   try {
     const auto tokenizer =
-        rotary::lab::parse_sentencepiece_model(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
+        rotary::tokenizers::parse_sentencepiece_model(std::string_view(reinterpret_cast<const char*>(data), size), "fuzz");
     const std::vector<int64_t> ids = tokenizer->encode("  Hello  world\n caf\xc3\xa9 \xf0\x9f\x98\x80 ");
     (void)tokenizer->decode(ids);
   } catch (const rotary::Error&) {

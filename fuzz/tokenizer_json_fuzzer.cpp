@@ -7,12 +7,12 @@
 #include <string_view>
 
 #include "rotary/error.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "tokenizer_parts.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view bytes(reinterpret_cast<const char*>(data), size);
   try {
-    const auto tokenizer = rotary::lab::parse_tokenizer_json(bytes, "fuzz");
+    const auto tokenizer = rotary::tokenizers::parse_tokenizer_json(bytes, "fuzz");
     for (const std::string_view text : {std::string_view("Hello  world\n\nit's 12345 caf\xc3\xa9 <s>!"), bytes}) {
       try {
         const std::vector<int64_t> ids = tokenizer->encode_for_model(text);

@@ -16,7 +16,7 @@
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
 #include "rotary_nn/hf_checkpoint.h"
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 #include "train/progress.h"
 #include "train/trainer.h"
 
@@ -56,8 +56,8 @@ std::vector<Method> methods_of(const PerplexitySpec& spec, int64_t L) {
 
 // The token stream: the text through the checkpoint's tokenizer (BOS first where the model expects it), or ids.
 std::vector<int64_t> read_stream(const PerplexitySpec& spec, int64_t vocab_size) {
-  if (!spec.tokens_file.empty()) return lab::read_token_id_file(spec.tokens_file, vocab_size);
-  const auto tokenizer = lab::load_tokenizer(spec.model_dir);
+  if (!spec.tokens_file.empty()) return tokenizers::read_token_id_file(spec.tokens_file, vocab_size);
+  const auto tokenizer = tokenizers::load_tokenizer(spec.model_dir);
   std::vector<int64_t> ids = tokenizer->encode_for_model(lab::read_file(spec.text_file));
   for (int64_t id : ids)
     check(id >= 0 && id < vocab_size, "token id of " + spec.text_file, id,

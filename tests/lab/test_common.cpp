@@ -26,7 +26,7 @@
 #include "rotary/files.h"
 #include "rotary/parse_number.h"
 #include "tasks/kjv_corpus.h"
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 
 namespace rotary::lab {
 namespace {
@@ -335,14 +335,14 @@ TEST(NumberRule, EveryReaderRefusesWhatTheRuleRefusesNamingItsField) {
            {std::string("12 3\0x9 4", 9),"token 2 (line 1) = \"3\\x00x9\" is invalid; allowed: decimal token ids"}}) {
     write_file_atomic(ids, text);
     try {
-      read_token_id_file(ids, 100);
+      tokenizers::read_token_id_file(ids, 100);
       ADD_FAILURE() << text << ": no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(ids + ": " + shown), std::string::npos) << e.what();
     }
   }
   write_file_atomic(ids, "010 7\n99");
-  EXPECT_EQ(read_token_id_file(ids, 100), (std::vector<int64_t>{10, 7, 99}));
+  EXPECT_EQ(tokenizers::read_token_id_file(ids, 100), (std::vector<int64_t>{10, 7, 99}));
   fs::remove_all(dir);
   const std::string heading = "Genesis 1\n\n";
   for (const std::string verse : {"  +1 In", "  1e0 In", "  0x1 In", "  99999999999 In", "  1.0 In", "  2 In"}) {

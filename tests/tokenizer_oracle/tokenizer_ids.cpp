@@ -11,7 +11,7 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 
 namespace {
 
@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   try {
-    const auto tokenizer = rotary::lab::load_tokenizer(argv[1]);
+    const auto tokenizer = rotary::tokenizers::load_tokenizer(argv[1]);
     std::ifstream in(argv[2]);
     if (!in) throw std::runtime_error(std::string("cannot read ") + argv[2]);
     const nlohmann::json texts = nlohmann::json::parse(in);

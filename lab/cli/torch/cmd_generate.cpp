@@ -12,7 +12,7 @@
 #include "common/files.h"
 #include "train/evaluate.h"
 #include "rotary_nn/hf_checkpoint.h"
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 #include "train/trainer.h"
 
 namespace rotary::cli {
@@ -69,13 +69,13 @@ struct GenerateCommand {
     // Token ids in and out need no tokenizer (a checkpoint without one, or a check against another runtime's ids);
     // text in is the model's own tokenizer's, BOS as the model expects.
     const int64_t vocab = c.spec().config.vocab_size;
-    std::unique_ptr<lab::Tokenizer> tokenizer;
+    std::unique_ptr<tokenizers::Tokenizer> tokenizer;
     std::vector<int64_t> ids;
     if (!prompt_tokens.empty()) {
-      ids = lab::read_token_id_file(prompt_tokens, vocab);
+      ids = tokenizers::read_token_id_file(prompt_tokens, vocab);
       check(!ids.empty(), "--prompt-tokens", prompt_tokens, "a file of at least one token id");
     } else {
-      tokenizer = lab::load_tokenizer(checkpoint);
+      tokenizer = tokenizers::load_tokenizer(checkpoint);
       ids = tokenizer->encode_for_model(prompt);
       check(!ids.empty(), prompt_flag(), "\"\"", "at least one token");
     }

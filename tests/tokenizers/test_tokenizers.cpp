@@ -1,4 +1,4 @@
-// tests/lab/test_tokenizers.cpp: checkpoint tokenizers (lab/tokenizers).
+// tests/tokenizers/test_tokenizers.cpp: checkpoint tokenizers (tokenizers/).
 //   - tokenizer.model against an independent oracle: small BPE models trained here with `spm_train` and encoded
 //     with `spm_encode`, on many single-line texts (byte fallback, spaces, Unicode);
 //   - the same models converted to tokenizer.json (Llama 2's layout: Prepend + Replace normalizer, byte_fallback,
@@ -26,12 +26,12 @@
 #include <string>
 #include <vector>
 
-#include "common/process.h"
+#include "common/process.h"  // the sentencepiece programs, the oracle of tokenizer.model
 #include "rotary/error.h"
-#include "tokenizers/tokenizer.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "rotary_tokenizers/tokenizer.h"
+#include "tokenizer_parts.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 namespace {
 
 namespace fs = std::filesystem;
@@ -123,7 +123,7 @@ std::vector<Ids> spm_encode_lines(const fs::path& model, const std::vector<std::
   std::string joined;
   for (const std::string& t : texts) joined += t + "\n";
   write_file(input, joined);
-  const std::string out = run_command_or_fail(
+  const std::string out = lab::run_command_or_fail(
       "spm_encode", {"spm_encode", "--model=" + model.string(), "--output_format=id"}, "apt-get install sentencepiece",
       input.string());
   std::vector<Ids> lines;
@@ -149,7 +149,7 @@ SpmModel train_spm(const fs::path& dir, const std::string& name, int vocab_size,
                                    "--model_type=bpe", "--vocab_size=" + std::to_string(vocab_size), "--character_coverage=1.0",
                                    "--normalization_rule_name=identity", "--num_threads=1", "--minloglevel=2"};
   argv.insert(argv.end(), extra_flags.begin(), extra_flags.end());
-  run_command_or_fail("spm_train", argv, "apt-get install sentencepiece");
+  lab::run_command_or_fail("spm_train", argv, "apt-get install sentencepiece");
   return {dir / (name + ".model"), dir / (name + ".vocab")};
 }
 
@@ -224,7 +224,7 @@ json llama2_style_json(const fs::path& vocab_file, bool metaspace) {
 class SentencePieceOracle : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (find_in_path("spm_train").empty() || find_in_path("spm_encode").empty())
+    if (lab::find_in_path("spm_train").empty() || lab::find_in_path("spm_encode").empty())
       GTEST_SKIP() << "spm_train / spm_encode missing (apt-get install sentencepiece)";
   }
   TempDir dir_;
@@ -671,4 +671,4 @@ TEST(Decode, ContinuationKeepsTheSpaceAtTheBoundary) {
 }
 
 }  // namespace
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

@@ -1,13 +1,13 @@
-// lab/tokenizers/token_ids.cpp: read_token_id_file, the way in for users whose checkpoint has no tokenizer we
+// tokenizers/src/token_ids.cpp: read_token_id_file, the way in for users whose checkpoint has no tokenizer we
 // support: they tokenize elsewhere and hand us the ids as text.
 #include <cctype>
 
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary/parse_number.h"
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 
 std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64_t vocab_size) {
   check(vocab_size > 0, "vocab_size", vocab_size, "at least 1");
@@ -33,4 +33,4 @@ std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64
   return ids;
 }
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

@@ -1,4 +1,4 @@
-// lab/tokenizers/tokenizer.cpp: load_tokenizer (which file of a model directory is read, and tokenizer_config.json
+// tokenizers/src/tokenizer.cpp: load_tokenizer (which file of a model directory is read, and tokenizer_config.json
 // on top of it), encode_for_model, and the UTF-8 helpers both tokenizers use.
 #include <iterator>
 #include <nlohmann/json.hpp>
@@ -6,9 +6,9 @@
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "tokenizer_parts.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 namespace {
 
 namespace fs = std::filesystem;
@@ -172,4 +172,4 @@ int byte_token_value(std::string_view token) {
   return high < 0 || low < 0 ? -1 : high * 16 + low;
 }
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

@@ -1,4 +1,4 @@
-// lab/tokenizers/tokenizer_json.cpp: tokenizer.json with model.type "BPE", run as Hugging Face `tokenizers` runs
+// tokenizers/src/tokenizer_json.cpp: tokenizer.json with model.type "BPE", run as Hugging Face `tokenizers` runs
 // it (its Rust source was read for the order of the steps and their corner cases; no code is taken from it):
 //   1. added tokens   matched in the raw text, leftmost then longest (those with normalized: true in the
 //                     normalized text); each becomes its own id and the text between is tokenized on its own;
@@ -27,9 +27,9 @@
 
 #include "rotary/error.h"
 #include "rotary/json_guard.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "tokenizer_parts.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 namespace {
 
 using nlohmann::json;
@@ -979,4 +979,4 @@ std::unique_ptr<Tokenizer> parse_tokenizer_json(std::string_view json_text, cons
   return std::make_unique<JsonBpeTokenizer>(json_text, source);
 }
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

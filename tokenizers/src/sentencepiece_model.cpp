@@ -1,4 +1,4 @@
-// lab/tokenizers/sentencepiece_model.cpp: tokenizer.model, a serialized sentencepiece ModelProto, read here
+// tokenizers/src/sentencepiece_model.cpp: tokenizer.model, a serialized sentencepiece ModelProto, read here
 // (libsentencepiece cannot be linked next to libtorch, lab/common/process.h says why) and run as sentencepiece's
 // BPE model runs it:
 //   normalize  sentencepiece's normalizer without a character map (the "identity" rule Llama 2 uses): leading,
@@ -18,9 +18,9 @@
 #include <unordered_map>
 
 #include "rotary/error.h"
-#include "tokenizers/tokenizer_parts.h"
+#include "tokenizer_parts.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 namespace {
 
 // The protobuf wire format (protobuf.dev/programming-guides/encoding): a message is a sequence of fields, each a
@@ -462,4 +462,4 @@ std::unique_ptr<Tokenizer> parse_sentencepiece_model(std::string_view model_byte
   return std::make_unique<SentencePieceModelTokenizer>(model_bytes, source);
 }
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

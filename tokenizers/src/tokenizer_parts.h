@@ -1,4 +1,4 @@
-// lab/tokenizers/tokenizer_parts.h: what the tokenizer files share inside rotary_tokenizers, and the parsers from
+// tokenizers/src/tokenizer_parts.h: what the tokenizer files share inside rotary_tokenizers, and the parsers from
 // bytes that load_tokenizer calls after reading the files (the fuzz targets and the tests call them directly).
 #pragma once
 
@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "tokenizers/tokenizer.h"
+#include "rotary_tokenizers/tokenizer.h"
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 
 // U+2581 LOWER ONE EIGHTH BLOCK: sentencepiece's visible space.
 inline constexpr std::string_view kSpaceMark = "\xe2\x96\x81";
@@ -49,4 +49,4 @@ std::string byte_token_name(unsigned char byte);
 // The byte a "<0xNN>" token stands for (either case of hex digit), or -1 for any other token.
 int byte_token_value(std::string_view token);
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers

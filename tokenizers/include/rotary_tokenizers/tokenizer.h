@@ -1,4 +1,4 @@
-// lab/tokenizers/tokenizer.h: a Hugging Face checkpoint's own tokenizer, read from its model directory and run
+// rotary_tokenizers/tokenizer.h: a Hugging Face checkpoint's own tokenizer, read from its model directory and run
 // here (no Python, no torch, no libsentencepiece), so that the lab can feed a pretrained model the ids it was
 // trained on. docs/tokenizers.md says what is supported, how it is verified and what is refused.
 //
@@ -21,7 +21,7 @@
 #include <string_view>
 #include <vector>
 
-namespace rotary::lab {
+namespace rotary::tokenizers {
 
 class Tokenizer {
  public:
@@ -72,4 +72,4 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_dir
 // naming the file, the position (1-based token number and line) and the offending token.
 std::vector<int64_t> read_token_id_file(const std::filesystem::path& path, int64_t vocab_size);
 
-}  // namespace rotary::lab
+}  // namespace rotary::tokenizers
