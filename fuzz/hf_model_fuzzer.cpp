@@ -1,8 +1,9 @@
-// Fuzz target: hf_model_spec on any text (the config.json of a checkpoint a user points `rotary perplexity` at).
+// Fuzz target: the engine's model description on any text (engine::read_hf_model: the config.json of a checkpoint
+// a user points `rotary generate` or `rotary perplexity` at).
 //
-// A config is refused with a rotary::Error or read into a spec; a spec it reads must describe a model we can
-// build: its ModelConfig validates, and the tensor places cover every parameter with positive shapes. Anything
-// else (another exception, a crash, undefined behaviour) is a finding.
+// A config is refused with a rotary::Error or read into a description; a description it reads must describe a
+// model the engine can build: its Architecture validates, and the family's table names every slot with positive
+// shapes. Anything else (another exception, a crash, undefined behaviour) is a finding.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -10,28 +11,31 @@
 #include <string_view>
 
 #include "rotary/error.h"
-#include "rotary_nn/hf_model.h"
+#include "rotary_engine/hf_model.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const std::string_view text(reinterpret_cast<const char*>(data), size);
-  rotary::nn::HfModelSpec spec;
+  rotary::engine::HfModelDescription model;
   try {
-    spec = rotary::nn::hf_model_spec(text, "config.json");
+    model = rotary::engine::read_hf_model(text, "config.json");
   } catch (const rotary::Error&) {
     return 0;  // refused, with a message naming the field
   }
   try {
-    spec.config.validate();
+    model.arch.validate();
+    model.rope.validate();
   } catch (const rotary::Error& e) {
     std::fprintf(stderr, "accepted config does not validate: %s\n", e.what());
     std::abort();
   }
-  // Only small models: the places list has a few entries per layer, and layers are bounded by the reader.
-  for (const auto& place : rotary::nn::hf_tensor_places(spec))
-    for (int64_t n : place.their_shape)
+  // Only small models: the table has a few entries per layer, and layers are bounded by the reader.
+  for (const auto& name : rotary::engine::hf_tensor_names(model)) {
+    if (name.stored.empty()) std::abort();
+    for (int64_t n : name.slot.shape)
       if (n < 1) {
-        std::fprintf(stderr, "tensor %s has a dimension %lld\n", place.theirs.c_str(), static_cast<long long>(n));
+        std::fprintf(stderr, "tensor %s has a dimension %lld\n", name.stored.c_str(), static_cast<long long>(n));
         std::abort();
       }
+  }
   return 0;
 }

@@ -16,54 +16,6 @@
 
 namespace rotary::engine {
 
-void Architecture::validate() const {
-  check(vocab_size >= 1 && vocab_size <= (int64_t(1) << 31), "vocab_size", vocab_size, "1..2^31");
-  check(d_model >= 1 && d_model <= (1 << 16), "d_model", d_model, "1..65536");
-  check(n_layers >= 1 && n_layers <= 1024, "n_layers", n_layers, "1..1024");
-  check(n_heads >= 1 && n_heads <= 1024, "n_heads", n_heads, "1..1024");
-  check(n_kv_heads >= 1 && n_heads % n_kv_heads == 0, "n_kv_heads", n_kv_heads,
-        "a divisor of n_heads = " + std::to_string(n_heads));
-  check(head_dim >= 16 && head_dim <= 256, "head_dim", head_dim, "16..256 (the fused attention kernels')");
-  check(d_ff >= 1 && d_ff <= (int64_t(1) << 20), "d_ff", d_ff, "1..2^20");
-  check(norm_eps > 0 && norm_eps < 1, "norm_eps", norm_eps, "(0, 1)");
-  check(!fused_qkv || n_kv_heads == n_heads, "n_kv_heads", n_kv_heads,
-        "n_heads with a fused qkv projection (GPT-NeoX has no grouped keys)");
-  check(sliding_window >= 0, "sliding_window", sliding_window, ">= 0 (0: none)");
-}
-
-std::vector<TensorSlot> tensor_slots(const Architecture& a) {
-  const int64_t d = a.d_model, hq = a.n_heads * a.head_dim, hkv = a.n_kv_heads * a.head_dim, ff = a.d_ff;
-  std::vector<TensorSlot> out;
-  auto add = [&](std::string name, std::vector<int64_t> shape) { out.push_back({std::move(name), std::move(shape)}); };
-  auto norm = [&](const std::string& n) {
-    add(n + ".weight", {d});
-    if (a.norm == NormKind::LayerNorm) add(n + ".bias", {d});
-  };
-  auto linear = [&](const std::string& n, int64_t rows, int64_t cols, bool bias) {
-    add(n + ".weight", {rows, cols});
-    if (bias) add(n + ".bias", {rows});
-  };
-  add("embed", {a.vocab_size, d});
-  for (int64_t i = 0; i < a.n_layers; ++i) {
-    const std::string l = "layers." + std::to_string(i) + ".";
-    norm(l + "attn_norm");
-    if (a.fused_qkv) {
-      linear(l + "qkv", 3 * hq, d, a.qkv_bias);
-    } else {
-      linear(l + "q", hq, d, a.qkv_bias);
-      linear(l + "k", hkv, d, a.qkv_bias);
-      linear(l + "v", hkv, d, a.qkv_bias);
-    }
-    linear(l + "o", d, hq, a.out_bias);
-    norm(l + "mlp_norm");
-    if (a.mlp == MlpKind::SwiGlu) linear(l + "gate", ff, d, a.mlp_bias);
-    linear(l + "up", ff, d, a.mlp_bias);
-    linear(l + "down", d, ff, a.mlp_bias);
-  }
-  norm("final_norm");
-  if (!a.tie_embeddings) add("lm_head", {a.vocab_size, d});
-  return out;
-}
 
 namespace {
 

@@ -27,6 +27,8 @@
 
 #include <cstdint>
 #include <string>
+
+#include "rotary/dtype.h"
 #include <vector>
 
 #include "experiments/prepared_model.h"

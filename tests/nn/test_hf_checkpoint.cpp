@@ -228,7 +228,10 @@ TEST(HfModelSpec, IntegersFollowTheOneRuleOfEveryJsonReader) {
   expect_error([&] { spec_of([](auto& j) { j.erase("intermediate_size"); }); },
                {"llama2/config.json: intermediate_size = (missing)", "an integer in [1, 1048576]"});
   expect_error([&] { spec_of([](auto& j) { j["rms_norm_eps"] = 0; }); },
-               {"llama2/config.json: rms_norm_eps = 0", "a number in (0, 1]"});
+               {"llama2/config.json: rms_norm_eps = 0", "a number in (0, 1)"});
+  // 1 normalises by sqrt(mean + 1): refused by the reader, which states the engine's range.
+  expect_error([&] { spec_of([](auto& j) { j["rms_norm_eps"] = 1; }); },
+               {"llama2/config.json: rms_norm_eps = 1", "a number in (0, 1)"});
 }
 
 TEST(HfCheckpointErrors, GptNeoxWithAKeyItsFamilyLacksLoads) {

@@ -885,7 +885,7 @@ TEST(HfEngine, ASavedContextIsOneUnit) {
 TEST(HfEngine, ASavedContextIsBoundToTheWeightsByContent) {
   const fs::path dir = kFixtures / "llama2";
   const HfModelSpec spec = hf_model_spec_file(dir.string());
-  const engine::Architecture arch = engine_architecture(spec);
+  const engine::Architecture arch = spec.arch;
   std::vector<std::vector<float>> stored;  // every slot's values, deterministic
   for (const engine::TensorSlot& slot : engine::tensor_slots(arch)) {
     int64_t n = 1;
@@ -932,7 +932,7 @@ TEST(HfEngine, ASavedContextIsBoundToTheWeightsByContent) {
 // (was: converted to Inf, then refused at the logits as if the checkpoint's weights were not finite).
 TEST(HfEngine, AWeightPastF16sRangeIsRefusedAtConversion) {
   const fs::path dir = kFixtures / "llama2";
-  const engine::Architecture arch = engine_architecture(hf_model_spec_file(dir.string()));
+  const engine::Architecture arch = hf_model_spec_file(dir.string()).arch;
   std::vector<float> zeros(size_t(arch.vocab_size * arch.d_model), 0.0f), big = zeros;
   big[37] = 70000.0f;
   auto lookup = [&](const std::string& name) {
@@ -983,7 +983,7 @@ TEST(HfEngine, RefusesMemorySettingsByName) {
 TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
   const fs::path dir = kFixtures / "llama2";
   const HfModelSpec spec = hf_model_spec_file(dir.string());
-  const engine::Architecture arch = engine_architecture(spec);
+  const engine::Architecture arch = spec.arch;
   const HfEngineCheckpoint good = load_hf_engine(dir.string());
   std::vector<float> zeros(size_t(arch.vocab_size * arch.d_model), 0.0f);
   auto lookup_with = [&](const std::string& bad, engine::StoredTensor t) {

@@ -9,7 +9,7 @@
 //
 // Families: Llama / Mistral / Qwen2 (RMSNorm, SwiGLU, optional biases, GQA, tied or untied head) and GPT-NeoX /
 // Pythia (LayerNorm, GELU, parallel residual, a fused per-head [q | k | v] projection used as one matrix). The
-// architecture comes from a Hugging Face config.json through rotary_nn/hf_engine.h; the numbers are tested
+// architecture comes from a Hugging Face config.json through rotary_engine/hf_model.h; the numbers are tested
 // against the nn float32 model and the float64 transcription of transformers (tests/nn/test_hf_engine.cpp).
 #pragma once
 
@@ -29,26 +29,9 @@
 #include "rotary/memory_pages.h"
 #include "rotary/linear.h"
 #include "rotary/rope_spec.h"
+#include "rotary_engine/kinds.h"
 
 namespace rotary::engine {
-
-// The blocks' normalisation and MLP (the nn layer's ModelConfig uses these too). The names ("rmsnorm",
-// "gelu_tanh") appear only at the edges - JSON, flags, messages - through norm_kind_name / mlp_kind_name.
-enum class NormKind : uint8_t { RmsNorm, LayerNorm };
-enum class MlpKind : uint8_t { SwiGlu, Gelu, GeluTanh };  // down(silu(gate x) * up x); down(gelu(up x)), erf / tanh
-// Every kind, in the order messages and --help list them.
-inline constexpr NormKind kNormKinds[] = {NormKind::LayerNorm, NormKind::RmsNorm};
-inline constexpr MlpKind kMlpKinds[] = {MlpKind::Gelu, MlpKind::GeluTanh, MlpKind::SwiGlu};
-// (Inline: torch-free readers of model configs - nn/config.h, the fuzz targets - use the names without the engine.)
-constexpr std::string_view norm_kind_name(NormKind kind) {  // "layernorm", "rmsnorm"
-  return kind == NormKind::RmsNorm ? "rmsnorm" : "layernorm";
-}
-constexpr std::string_view mlp_kind_name(MlpKind kind) {  // "gelu", "gelu_tanh", "swiglu"
-  return kind == MlpKind::SwiGlu ? "swiglu" : kind == MlpKind::GeluTanh ? "gelu_tanh" : "gelu";
-}
-// The name, so check() messages show it.
-inline std::ostream& operator<<(std::ostream& os, NormKind kind) { return os << norm_kind_name(kind); }
-inline std::ostream& operator<<(std::ostream& os, MlpKind kind) { return os << mlp_kind_name(kind); }
 
 struct Architecture {
   int64_t vocab_size = 0, d_model = 0, n_layers = 0, n_heads = 0, n_kv_heads = 0, head_dim = 0, d_ff = 0;
@@ -71,10 +54,17 @@ struct StoredTensor {
   std::string source;  // where it is stored (a checkpoint's tensor name), for messages; empty: the slot's name
 };
 
-// One tensor the engine reads: its name in the engine's terms ("embed", "layers.3.q.weight", ...) and shape.
+// One tensor the engine reads: its name in the engine's terms ("embed", "layers.3.q.weight", ...) and shape, and
+// the same name in parts, so that a table of a format's names (rotary_engine/hf_model.h) or of another model's
+// parameters maps it without taking the name apart: the block (-1 outside the blocks), the part ("embed",
+// "attn_norm", "q", "k", "v", "qkv", "o", "mlp_norm", "gate", "up", "down", "final_norm", "lm_head") and whether it
+// is the weight or the bias.
 struct TensorSlot {
   std::string name;
   std::vector<int64_t> shape;
+  int64_t layer = -1;
+  std::string part;
+  bool bias = false;
 };
 // Every tensor the architecture reads, in a fixed order.
 std::vector<TensorSlot> tensor_slots(const Architecture& a);

@@ -12,7 +12,7 @@
 
 #include "rotary/rope_spec.h"
 #include "rotary/settings.h"
-#include "rotary_engine/model.h"
+#include "rotary_engine/kinds.h"
 #include "rotary_nn/limits.h"
 
 namespace rotary::nn {

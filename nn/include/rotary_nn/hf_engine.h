@@ -1,14 +1,13 @@
-// rotary_nn/hf_engine.h: a Hugging Face model directory run by the torch-free engine (rotary_engine/model.h) - the
-// architecture read from config.json as for the nn model (rotary_nn/hf_model.h), the weights memory-mapped and
-// used in place (or converted once: LoadOptions::weights), and the position method of an encoding (the
-// checkpoint's own, or an override as the lab's methods make them). Torch-free: the engine does not need libtorch,
-// and neither does this bridge; it lives here because the HF spec does.
+// rotary_nn/hf_engine.h: a Hugging Face model directory opened by the engine (engine::open_hf_model) with the nn
+// spec of the same description, and the engine's position method of an nn encoding (the checkpoint's own, or an
+// override as the lab's methods make them). Torch-free: a bridge between the nn config the lab's methods are
+// written in and the engine.
 #pragma once
 
 #include <memory>
 #include <string>
 
-#include "rotary_engine/model.h"
+#include "rotary_engine/hf_model.h"
 #include "rotary_nn/config.h"
 #include "rotary_nn/hf_model.h"
 
@@ -23,8 +22,6 @@ struct HfEngineCheckpoint {
 // mis-shaped tensor, a tensor the architecture does not use, ...).
 HfEngineCheckpoint load_hf_engine(const std::string& model_dir, const engine::LoadOptions& options = {});
 
-// The spec's architecture in the engine's terms.
-engine::Architecture engine_architecture(const HfModelSpec& spec);
 // The position method of a resolved encoding (rope.head_dim and rotary_dim filled; ModelConfig::resolved_encoding
 // or apply_override): rope, rerope and leaky_rerope kinds, with log-n. rotary::Error naming `encoding.kind` for the
 // others (a checkpoint is always rotary).

@@ -2,18 +2,8 @@
 // parameters lies in its safetensors (torch-free, so a checkpoint can be checked and fuzzed without libtorch;
 // rotary_nn/hf_checkpoint.h loads the weights).
 //
-// Families (config.json "model_type"):
-//   llama    Llama 2 / 3 / 3.1 / 3.2 (and TinyLlama, Vicuna, ...): RMSNorm, SwiGLU, no biases unless
-//            attention_bias / mlp_bias say so, GQA, tied or untied head.
-//   mistral  as llama; sliding_window (v0.1: 4096; absent: 4096; null, as v0.2 / v0.3 write it: no window) is
-//            kept, and sequences longer than it are refused.
-//   qwen2    as llama with q, k, v biases (Qwen2 / Qwen2.5); use_sliding_window as Mistral's window.
-//   gpt_neox GPT-NeoX / Pythia: LayerNorm with biases, GELU, parallel residual, fused query_key_value (per head
-//            [q | k | v]), partial rotation (rotary_pct); no GQA (num_key_value_heads, which GPTNeoXConfig does
-//            not have, is ignored as transformers ignores it).
-// The rotation - base, partial rotary, every rope_scaling type - comes from the same config.json through
-// rotary::rope_spec_from_hf_config, so the checkpoint's own RoPE (Llama 3.1's llama3, Qwen's yarn, ...) is what
-// runs unless the user overrides it (EncodingOverride).
+// The family, the architecture, the rotation and the table of tensor names are the engine's
+// (rotary_engine/hf_model.h): the nn model reads the same description and maps the same table onto its parameters.
 #pragma once
 
 #include <cstdint>
@@ -22,17 +12,19 @@
 #include <string_view>
 #include <vector>
 
+#include "rotary_engine/hf_model.h"
 #include "rotary_nn/config.h"
 
 namespace rotary::nn {
 
-inline constexpr std::string_view kHfModelTypes[] = {"llama", "mistral", "qwen2", "gpt_neox"};
+using engine::check_hf_tensors_used;
+using engine::hf_ignored_tensor;
+using engine::kHfModelTypes;
 
-struct HfModelSpec {
-  std::string model_type;         // one of kHfModelTypes
-  ModelConfig config;             // the architecture in our terms; encoding: rope with the checkpoint's RopeSpec
-  int64_t trained_context = 0;    // the context the model was trained at: original_max_position_embeddings
-                                  // where the config scales its rope, else max_position_embeddings
+// The engine's description of a checkpoint (model_type, arch, rope, trained_context) and the same architecture as
+// the nn model's config (encoding: rope with the checkpoint's RopeSpec).
+struct HfModelSpec : engine::HfModelDescription {
+  ModelConfig config;
 };
 
 // config.json text -> the spec. rotary::Error naming `source`, the JSON field, its value and what is allowed for
@@ -41,6 +33,8 @@ struct HfModelSpec {
 HfModelSpec hf_model_spec(std::string_view config_json, const std::string& source);
 // `path`: a config.json, or a model directory holding one.
 HfModelSpec hf_model_spec_file(const std::string& path);
+// The description as the nn model's config (rotary::Error naming `source` for what the nn model refuses).
+HfModelSpec hf_model_spec(const engine::HfModelDescription& description, const std::string& source);
 
 // Where our parameter `ours` ("block0.wq.weight", named as Transformer's named_parameters()) lies in the
 // checkpoint: tensor `theirs` of shape `their_shape`; part >= 0 takes rows of a fused GPT-NeoX query_key_value
@@ -51,15 +45,8 @@ struct HfTensorPlace {
   std::vector<int64_t> their_shape;
   int part = -1;
 };
-// Every parameter of the model the spec describes, in a fixed order.
+// Every parameter of the model the spec describes: the engine's table of names (engine::hf_tensor_names) mapped
+// onto the nn model's modules.
 std::vector<HfTensorPlace> hf_tensor_places(const HfModelSpec& spec);
-// Checkpoint tensors that are not parameters and are skipped (rotary_emb.inv_freq, GPT-NeoX's attention.bias
-// masks, ...): true for such a name.
-bool hf_ignored_tensor(std::string_view name);
-// Every checkpoint tensor (`names`) must be read (`used`) or ignorable: rotary::Error naming `model_dir`'s tensors
-// (the first five) otherwise - the config is probably another checkpoint's. A tied model's stored lm_head.weight
-// (a copy of the embedding) is not read and allowed.
-void check_hf_tensors_used(const HfModelSpec& spec, const std::vector<std::string>& names,
-                           const std::set<std::string>& used, const std::string& model_dir);
 
 }  // namespace rotary::nn
