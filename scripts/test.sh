@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds everything, runs every test (C++ core, nn, training, lab,
-# CLI, Python ops, install + find_package consumer), reruns the suites that run SIMD kernels with Highway capped at
+# CLI, Python ops, install + find_package consumer), builds and tests the configuration without libtorch, reruns the suites that run SIMD kernels with Highway capped at
 # the lower targets a smaller CPU would use (ROTARY_SIMD_TARGET, see core/src/simd_targets.h), then rebuilds the
 # core with ASan+UBSan and runs the core tests again, then fuzzes every reader of untrusted input (scripts/fuzz.sh).
 # Prints each phase's time and one closing line.
@@ -40,6 +40,18 @@ for t in "${targets[@]}"; do
     2>&1 | tee "$logs/simd-$t.log" || status=1
   phase_done "tests (core, nn) at $t"
 done
+
+# The build without libtorch (ROTARY_WITH_TORCH=OFF): core, the engine, the tokenizers, chat templates and a rotary
+# with every checkpoint command; its engine suite and the CLI scripts that run without torch, its tokens against the
+# full build's (tests/cli/test_torch_free.sh). ccache serves the objects it shares with the full build.
+echo "== build without libtorch"
+cmake -S "$root" -B "$root/build-notorch" -G Ninja -DCMAKE_BUILD_TYPE=Release -DROTARY_WITH_TORCH=OFF >/dev/null
+cmake --build "$root/build-notorch" -j "$jobs"
+phase_done "build (without libtorch)"
+echo "== tests without libtorch (engine, tokenizers, chat, CLI)"
+ROTARY_TORCH_BUILD="$root/build/lab/rotary" ctest --test-dir "$root/build-notorch" -j "$jobs" \
+  -L '^(engine|tokenizers|chat|cli)$' --output-on-failure --timeout 900 2>&1 | tee "$logs/notorch.log" || status=1
+phase_done "tests (without libtorch)"
 
 echo "== build (core, ASan+UBSan)"
 cmake -S "$root" -B "$root/build-asan" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DROTARY_SANITIZE=ON \

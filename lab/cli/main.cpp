@@ -1,5 +1,6 @@
 // rotary: the command line of the lab (freqs, bench, and later train / eval / compare / generate).
 #include <cstdio>
+#include <string>
 #include <exception>
 
 #include "cli/command.h"
@@ -30,9 +31,16 @@ int main(int argc, char** argv) {
   rotary::lab::die_with_parent_if_asked();  // a `rotary train` that compare or a launcher started ends with it
   CLI::App app{"rotary: rotary position embeddings (RoPE, RoPER, ReRoPE) - kernels, benchmarks and the lab"};
   app.require_subcommand(1);
-  app.footer("Exit status: 0 success; 2 bad input (flag, value or file; the message names it); 3 non-finite "
-             "training loss; 70 internal error (a bug: please report it); 71 out of memory; 128+N interrupted by "
-             "signal N.");
+  std::string footer =
+      "Exit status: 0 success; 2 bad input (flag, value or file; the message names it); 3 non-finite training loss; "
+      "70 internal error (a bug: please report it); 71 out of memory; 128+N interrupted by signal N.";
+#ifndef ROTARY_HAVE_TORCH
+  // The commands of the torch layers register only in a build with libtorch: say so, rather than leave them unknown.
+  footer += "\n\nThis rotary is built without libtorch (ROTARY_WITH_TORCH=OFF): the checkpoint commands run on the "
+            "torch-free engine; train, eval, compare, extrapolate, decay, memory, reproduce, bench train and "
+            "bench checkpoint --engine torch / generate of a lab run are absent (build them with scripts/build.sh).";
+#endif
+  app.footer(footer);
   for (auto& fn : rotary::cli::command_registry()) fn(app);
   try {
     app.parse(argc, argv);

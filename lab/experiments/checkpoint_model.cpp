@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include <omp.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -14,14 +16,16 @@
 #include "rotary/content_hash.h"
 #include "rotary/error.h"
 #include "rotary_engine/generate.h"
-#include "rotary_nn/hf_checkpoint.h"
 #include "rotary_nn/hf_engine.h"
-#include "train/trainer.h"
+#include "common/stop_signal.h"
 
 namespace rotary::experiments {
 
 void CheckpointRunOptions::validate() const {
   check(engine == "engine" || engine == "torch", "--engine", engine, "engine, torch");
+  check(engine != "torch" || torch_checkpoints_available(), "--engine", engine,
+        "engine (this rotary is built without libtorch, which --engine torch runs the nn model on; a build with "
+        "libtorch: scripts/build.sh)");
   if (!weights.empty()) parse_weight_format(weights, "--weights");
   // Exactly the names listed (parse_dtype also reads "float16", "half", ...: a result stored under one spelling
   // would not be found under another).
@@ -162,11 +166,21 @@ std::string CheckpointMemoryOptions::describe(int64_t trained_context) const {
 
 int64_t available_memory_bytes() { return lab::available_memory_bytes(); }
 
+namespace {
+TorchCheckpointLoader& torch_checkpoint_loader() {
+  static TorchCheckpointLoader loader;
+  return loader;
+}
+}  // namespace
+
+void set_torch_checkpoint_loader(TorchCheckpointLoader loader) { torch_checkpoint_loader() = std::move(loader); }
+bool torch_checkpoints_available() { return bool(torch_checkpoint_loader()); }
+
 struct CheckpointModel::Impl {
   CheckpointRunOptions options;
   nn::HfModelSpec spec;
   nn::EncodingConfig active;
-  nn::HfCheckpoint torch_model;                  // --engine torch
+  std::unique_ptr<TorchCheckpoint> torch_model;  // --engine torch
   std::shared_ptr<const engine::Model> model;    // --engine engine
   int64_t mapped_bytes = 0;                      // weights read in place from the files
   int threads = 0;
@@ -197,10 +211,11 @@ CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointR
   options.validate();
   Impl& m = *impl_;
   m.options = options;
-  m.threads = train::use_threads(options.threads);
+  m.threads = lab::resolve_threads(options.threads);
+  omp_set_num_threads(m.threads);
   if (options.engine == "torch") {
-    m.torch_model = nn::load_hf_checkpoint(model_dir);
-    m.spec = m.torch_model.spec;
+    m.torch_model = torch_checkpoint_loader()(model_dir, m.threads);
+    m.spec = m.torch_model->spec();
   } else {
     engine::LoadOptions load;
     load.threads = m.threads;
@@ -220,23 +235,15 @@ const CheckpointRunOptions& CheckpointModel::options() const { return impl_->opt
 
 uint64_t CheckpointModel::weights_hash() const {
   const Impl& m = *impl_;
-  if (m.model) return m.model->weights_hash();
-  uint64_t h = 0;
-  for (const auto& p : m.torch_model.model->named_parameters(/*recurse=*/true)) {  // (an ordered dict: by name)
-    const torch::Tensor t = p.value().detach().to(torch::kFloat).contiguous();
-    h = content_hash64(p.key().data(), p.key().size(), h);
-    h = content_hash64(t.data_ptr<float>(), size_t(t.numel()) * sizeof(float), h, m.threads);
-  }
-  return h;
+  return m.model ? m.model->weights_hash() : m.torch_model->weights_hash(m.threads);
 }
 
 const nn::EncodingConfig& CheckpointModel::active_encoding() const { return impl_->active; }
 
 void CheckpointModel::set_override(const nn::EncodingOverride& o) {
   Impl& m = *impl_;
-  if (m.torch_model.model) {
-    m.torch_model.model->set_override(o);
-    m.active = m.torch_model.model->active_encoding();
+  if (m.torch_model) {
+    m.active = m.torch_model->set_override(o);
   } else {
     m.active = nn::apply_override(m.spec.config, o);
     nn::engine_positions(m.active);  // a kind the engine cannot run is refused here, before any work
@@ -319,12 +326,8 @@ std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& to
     });
     return out;
   }
-  if (m.torch_model.model) {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor h = m.torch_model.model->hidden_states(torch::tensor(tokens, torch::kLong).view({1, T}))[0]
-                                .to(torch::kFloat)
-                                .contiguous();
-    std::memcpy(out.data(), h.data_ptr<float>(), out.size() * 4);
+  if (m.torch_model) {
+    m.torch_model->hidden_states(tokens, out.data());
     return out;
   }
   engine::Session s(m.model, m.session(T, RunKind::Score));
@@ -336,15 +339,8 @@ std::vector<float> CheckpointModel::hidden_states(const std::vector<int64_t>& to
 
 void CheckpointModel::project(const float* hidden, int64_t n, std::vector<float>& logits) {
   Impl& m = *impl_;
-  const int64_t d = m.spec.config.d_model, V = m.spec.config.vocab_size;
-  logits.resize(size_t(n * V));
-  if (m.torch_model.model) {
-    torch::NoGradGuard no_grad;
-    const torch::Tensor h = torch::from_blob(const_cast<float*>(hidden), {n, d}, torch::kFloat);
-    const torch::Tensor l = m.torch_model.model->project(h).to(torch::kFloat).contiguous();
-    std::memcpy(logits.data(), l.data_ptr<float>(), logits.size() * 4);
-    return;
-  }
+  logits.resize(size_t(n * m.spec.config.vocab_size));
+  if (m.torch_model) return m.torch_model->project(hidden, n, logits.data());
   m.model->logits(hidden, n, logits.data(), m.threads);
 }
 
@@ -355,8 +351,7 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
   Impl& m = *impl_;
   check((context.empty() && save_context.empty()) || m.model, context.empty() ? "--save-context" : "--context",
         context.empty() ? save_context : context, "a run on the engine (--engine engine: it saves its sessions)");
-  if (m.torch_model.model)
-    return m.torch_model.model->generate(prompt, int(max_new), temperature, stop_id, seed, sample_vocab);
+  if (m.torch_model) return m.torch_model->generate(prompt, max_new, temperature, stop_id, seed, sample_vocab);
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));
   // A save this session could never make is refused now, not after the whole prompt is read.
   if (!save_context.empty()) s.check_save_context(save_context);

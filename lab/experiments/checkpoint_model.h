@@ -117,6 +117,28 @@ class CheckpointModel {
   std::unique_ptr<Impl> impl_;
 };
 
+// The nn float32 model of a checkpoint (--engine torch: the path the engine is tested against). It needs libtorch,
+// so the torch build provides it (lab/experiments/torch_checkpoint.cpp: use_torch_checkpoints()) and a build without
+// libtorch refuses --engine torch by name.
+class TorchCheckpoint {
+ public:
+  virtual ~TorchCheckpoint() = default;
+  virtual const nn::HfModelSpec& spec() const = 0;
+  // Every parameter's float32 values by name (CheckpointModel::weights_hash).
+  virtual uint64_t weights_hash(int threads) const = 0;
+  // The trained encoding with `o` applied; returns the encoding now active (rotary::Error when it does not fit).
+  virtual nn::EncodingConfig set_override(const nn::EncodingOverride& o) = 0;
+  virtual void hidden_states(const std::vector<int64_t>& tokens, float* out) = 0;  // [T, d_model]
+  virtual void project(const float* hidden, int64_t n, float* logits) = 0;        // [n, vocab]
+  virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
+                                        int64_t stop_id, uint64_t seed, int64_t sample_vocab) = 0;
+};
+using TorchCheckpointLoader = std::function<std::unique_ptr<TorchCheckpoint>(const std::string& model_dir,
+                                                                             int threads)>;
+// Installs the loader of --engine torch (once, by the torch build; nullptr: none).
+void set_torch_checkpoint_loader(TorchCheckpointLoader loader);
+bool torch_checkpoints_available();
+
 // Bytes of memory available to a new allocation now (/proc/meminfo MemAvailable); -1 when unknown.
 int64_t available_memory_bytes();
 

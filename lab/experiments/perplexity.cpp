@@ -15,10 +15,9 @@
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
-#include "rotary_nn/hf_checkpoint.h"
 #include "rotary_tokenizers/tokenizer.h"
-#include "train/progress.h"
-#include "train/trainer.h"
+#include "common/progress.h"
+#include "common/stop_signal.h"
 
 namespace rotary::experiments {
 namespace {
@@ -309,8 +308,8 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
                                                              stream.size() * sizeof(int64_t)));
   const lab::DirectoryLock lock(spec.out_dir, "--out");  // one command at a time writes these cells
   const CellStore cells(lab::join_path(spec.out_dir, "cells"));
-  train::StopSignalGuard signals;
-  train::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
+  lab::StopSignalGuard signals;
+  lab::Progress bar(int64_t(methods.size() * r.lengths.size()) * spec.windows, 0, progress);
   int64_t step = 0;
   for (int64_t T : r.lengths) {
     for (const Method& m : methods) {
@@ -349,9 +348,9 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
         c.full_loss += loss.full_loss / spec.windows;
         for (int64_t t = 0; t < T; ++t) by_pos[size_t(t)] += loss.loss_by_position[size_t(t)] / spec.windows;
         bar.update(++step, loss.tail_loss, double(T) / std::max(1e-9, seconds_since(tw)));
-        if (train::stop_requested()) {
+        if (lab::stop_requested()) {
           bar.finish();
-          r.run = RunOutcome::interrupted_by(train::stop_signal(), "interrupted; the finished cells are in " +
+          r.run = RunOutcome::interrupted_by(lab::stop_signal(), "interrupted; the finished cells are in " +
                                                                      spec.out_dir + ", a rerun continues");
           r.seconds = seconds_since(t_start);
           return r;  // the finished cells are on disk; a rerun continues from here

@@ -28,7 +28,7 @@
 #include "experiments/cell_store.h"
 #include "experiments/checkpoint_model.h"
 #include "experiments/extrapolate_methods.h"
-#include "rotary_nn/model.h"
+#include "rotary_nn/config.h"
 
 namespace rotary::experiments {
 

@@ -18,34 +18,13 @@
 #include "train/checkpoint.h"
 #include "train/evaluate.h"
 #include "train/metrics.h"
-#include "train/progress.h"
+#include "common/progress.h"
 #include "train/schedule.h"
 
 // OpenBLAS's thread count (cblas.h; declared here, weak, so the lab does not need OpenBLAS's headers or library).
 extern "C" void openblas_set_num_threads(int) __attribute__((weak));
 
 namespace rotary::train {
-namespace {
-
-std::atomic<int> g_stop_signal{0};
-
-void on_stop_signal(int sig) { g_stop_signal.store(sig); }
-
-}  // namespace
-
-StopSignalGuard::StopSignalGuard() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESTART;  // blocking calls (gloo sockets, file writes) carry on; the loop reads the flag
-  ::sigaction(SIGINT, &sa, &old_int_);
-  ::sigaction(SIGTERM, &sa, &old_term_);
-}
-
-StopSignalGuard::~StopSignalGuard() {
-  ::sigaction(SIGINT, &old_int_, nullptr);
-  ::sigaction(SIGTERM, &old_term_, nullptr);
-}
 
 namespace {
 
@@ -148,14 +127,6 @@ Evaluation evaluate(nn::Transformer& model, const lab::Task& task, const TrainCo
 
 }  // namespace
 
-bool stop_requested() { return g_stop_signal.load() != 0; }
-int stop_signal() { return g_stop_signal.load(); }
-void clear_stop_request() { g_stop_signal.store(0); }
-
-int resolve_threads(int requested, int processes) {
-  const int cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-  return requested > 0 ? requested : std::max(1, cores / std::max(1, processes));
-}
 
 int use_threads(int requested, int processes) {
   const int n = resolve_threads(requested, processes);
@@ -276,7 +247,7 @@ class RunOutputs {
     lab::make_dirs(config.out_dir);
     lab::write_file_atomic(lab::join_path(config.out_dir, "config.json"), config_json.dump(2) + "\n");
     metrics_ = std::make_unique<MetricsWriter>(config.out_dir, resuming ? step : -1);
-    progress_ = std::make_unique<Progress>(config.steps, step, options.progress);
+    progress_ = std::make_unique<lab::Progress>(config.steps, step, options.progress);
     if (resuming) say(fmt::format("resuming {} at step {}", config.out_dir, step));
   }
 
@@ -300,7 +271,7 @@ class RunOutputs {
   std::string label_;
   bool leader_, show_progress_;
   std::unique_ptr<MetricsWriter> metrics_;
-  std::unique_ptr<Progress> progress_;
+  std::unique_ptr<lab::Progress> progress_;
 };
 
 // One step's gradients before its update is applied: the loss (each rank's share, summed over the ranks), the
@@ -373,7 +344,7 @@ class TrainingLoop {
     g.loss = loss.item<double>();
     // The test hook stands in for a signal arriving during this step.
     if (options_.stop_after_step >= 0 && step + 1 >= options_.stop_after_step && !stop_requested())
-      g_stop_signal.store(-1);
+      lab::request_stop(-1);
     double stop_flag = stop_requested() ? 1.0 : 0.0;
     g.grads = gradients(model);
     if (options_.comm) all_reduce_step(*options_.comm, g.grads, g.loss, stop_flag);

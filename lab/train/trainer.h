@@ -6,6 +6,8 @@
 // torch generator, so the loss curve is the same as without the interruption.
 #pragma once
 
+#include "common/stop_signal.h"
+
 #include <csignal>
 
 #include <cstdint>
@@ -49,27 +51,13 @@ struct TrainResult {
 // stays).
 TrainResult train(TrainConfig config, const TrainOptions& options);
 
-// SIGINT/SIGTERM handling: while train() runs, the signals set a flag that the loop reads at the end of each
-// step. The flag stays set after train() returns (so `compare` does not start the next run) until cleared.
-bool stop_requested();
-int stop_signal();
-void clear_stop_request();
-// Installs the flag-setting SIGINT/SIGTERM handlers for its lifetime (train() holds one; so do experiments that
-// run long loops of their own, such as `rotary perplexity`), restoring the previous handlers after.
-class StopSignalGuard {
- public:
-  StopSignalGuard();
-  ~StopSignalGuard();
-  StopSignalGuard(const StopSignalGuard&) = delete;
-  StopSignalGuard& operator=(const StopSignalGuard&) = delete;
-
- private:
-  struct sigaction old_int_ {}, old_term_ {};
-};
-
-// Threads per process for torch (and the core's OpenMP kernels): `requested` if > 0, else this machine's cores
-// shared among `processes` ranks. Debian's libtorch would otherwise default to 1 thread on some machines.
-int resolve_threads(int requested, int processes = 1);
+// SIGINT/SIGTERM: while train() runs (it holds a StopSignalGuard), the signals set the flag the loop reads at the end
+// of each step (common/stop_signal.h: one flag for training and the experiments' loops); threads as resolved there.
+using lab::clear_stop_request;
+using lab::resolve_threads;
+using lab::stop_requested;
+using lab::stop_signal;
+using lab::StopSignalGuard;
 // Sets torch's, OpenMP's and OpenBLAS's thread counts to resolve_threads(requested, processes) and returns it
 // (Debian's libtorch multiplies matrices in OpenBLAS, which keeps a pool of its own).
 int use_threads(int requested, int processes = 1);

@@ -1,4 +1,5 @@
 #!/bin/bash
+# runs without libtorch
 # docs/README.md is the index of the documentation: every page and figure in docs/ must be named there, and every
 # page it links must exist, so that a new page cannot go unlisted and a renamed one cannot leave a dead link.
 #

@@ -1,4 +1,5 @@
 #!/bin/bash
+# runs without libtorch
 # `rotary freqs` against Hugging Face: for every config in tests/data/hf_configs and several sequence lengths,
 # `rotary freqs --hf-config` must agree with tests/hf/hf_rope_reference.py (a transcription of transformers'
 # RoPE functions, run with /usr/bin/python3 + torch) to 1e-5 relative on inv_freq and attention_factor

@@ -299,7 +299,7 @@ fi
 expect_error "generate --context, other memory settings" 2 "$W/ctx/context.json" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part2.txt" --context "$W/ctx" --memory exact \
   --memory-window 8 --top-k 3
-# Without a memory the context is each layer's KV cache (layer<i>.kv; bitwise continuation: tests/nn/test_hf_engine.cpp):
+# Without a memory the context is each layer's KV cache (layer<i>.kv; bitwise continuation: tests/engine/test_saved_context.cpp):
 # the second run reads it and generates after the rest of the prompt; another --kv-dtype is refused by the manifest.
 if "$ROTARY" generate "$FIX/llama3" --prompt-tokens "$W/part1.txt" --max-new 0 --save-context "$W/kvctx" \
      --kv-dtype q8 --no-progress > /dev/null 2> "$W/kvctx.err" &&

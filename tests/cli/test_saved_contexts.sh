@@ -1,4 +1,5 @@
 #!/bin/bash
+# runs without libtorch
 # Saved contexts and stored cells against what a user's files go through (issue 48): a context is one unit bound to
 # the weights by content (a fine-tuned copy with the same embeddings, another --weights, a symlink loop in place of a
 # layer file are refused by name); settings a save could never keep are refused before the prompt is read; and

@@ -4,10 +4,28 @@
 #include <gtest/gtest.h>
 
 #include "experiments/perplexity.h"
+#include "experiments/torch_checkpoint.h"
 #include "rotary_nn/hf_checkpoint.h"
 
 namespace rotary::experiments {
 namespace {
+
+// --engine torch: the nn model, installed as the torch build's rotary installs it.
+const bool kTorchCheckpoints = (use_torch_checkpoints(), true);
+
+TEST(perplexity, EngineTorchIsRefusedByNameUntilInstalled) {
+  set_torch_checkpoint_loader(nullptr);
+  CheckpointRunOptions o;
+  o.engine = "torch";
+  try {
+    o.validate();
+    ADD_FAILURE() << "--engine torch accepted without a loader";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("built without libtorch"), std::string::npos) << e.what();
+  }
+  use_torch_checkpoints();
+  EXPECT_NO_THROW(o.validate());
+}
 
 TEST(perplexity, ChunkedHeadLossIsTheFullForwardsCrossEntropy) {
   const std::string dir = std::string(ROTARY_SOURCE_DIR) + "/tests/data/hf_checkpoints/llama2";

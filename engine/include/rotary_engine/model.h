@@ -10,7 +10,7 @@
 // Families: Llama / Mistral / Qwen2 (RMSNorm, SwiGLU, optional biases, GQA, tied or untied head) and GPT-NeoX /
 // Pythia (LayerNorm, GELU, parallel residual, a fused per-head [q | k | v] projection used as one matrix). The
 // architecture comes from a Hugging Face config.json through rotary_engine/hf_model.h; the numbers are tested
-// against the nn float32 model and the float64 transcription of transformers (tests/nn/test_hf_engine.cpp).
+// against the float64 transcription of transformers (tests/engine) and the nn float32 model (tests/nn).
 #pragma once
 
 #include <cstdint>

@@ -25,7 +25,7 @@ struct EvalCommand {
   void run() {
     train::use_threads(threads);
     LoadedRun r = load_run(checkpoint);
-    overrides.apply(r);
+    apply_overrides(overrides, r);
     const train::TrainConfig& c = r.config;
     const int bs = batch_size > 0 ? batch_size : c.batch_size;
     const int len = seq_len > 0 ? seq_len : c.seq_len;

@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "cli/torch/run_outcome.h"
+#include "cli/run_outcome.h"
 #include "cli/command.h"
 #include "common/exit_status.h"
 #include "cli/torch/train_flags.h"

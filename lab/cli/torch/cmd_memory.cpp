@@ -2,7 +2,7 @@
 // 512L through a retrieval memory under each position policy, beside the full-context baselines where they fit.
 #include <cstdio>
 
-#include "cli/torch/run_outcome.h"
+#include "cli/run_outcome.h"
 #include "cli/command.h"
 #include "cli/torch/train_flags.h"
 #include "common/exit_status.h"

@@ -5,7 +5,7 @@
 #include <string>
 #include <string_view>
 
-#include "cli/torch/run_outcome.h"
+#include "cli/run_outcome.h"
 #include "cli/command.h"
 #include "common/exit_status.h"
 #include "cli/torch/train_flags.h"

@@ -1,5 +1,5 @@
-// lab/train/progress.cpp
-#include "train/progress.h"
+// lab/common/progress.cpp
+#include "common/progress.h"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <cmath>
 #include <cstdio>
 
-namespace rotary::train {
+namespace rotary::lab {
 
 std::string format_duration(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
@@ -80,4 +80,4 @@ void Progress::finish() {
   if (enabled_ && tty_ && bar_drawn_) draw(true);
 }
 
-}  // namespace rotary::train
+}  // namespace rotary::lab

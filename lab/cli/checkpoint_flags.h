@@ -1,4 +1,4 @@
-// lab/cli/torch/checkpoint_flags.h: the flags that choose how a Hugging Face checkpoint runs (--engine, --weights,
+// lab/cli/checkpoint_flags.h: the flags that choose how a Hugging Face checkpoint runs (--engine, --weights,
 // --kv-dtype, --activations) and its retrieval memory (--memory, --memory-window, --top-k, --memory-dtype), declared once for
 // every command that runs one (perplexity, generate, bench checkpoint).
 #pragma once

@@ -4,10 +4,10 @@
 #include <fmt/format.h>
 #include <string>
 
-#include "cli/torch/run_outcome.h"
+#include "cli/run_outcome.h"
 #include "cli/command.h"
-#include "cli/torch/checkpoint_flags.h"
-#include "cli/torch/train_flags.h"
+#include "cli/command_line.h"
+#include "cli/checkpoint_flags.h"
 #include "common/exit_status.h"
 #include "experiments/perplexity.h"
 

@@ -6,14 +6,16 @@
 #include <filesystem>
 #include <fmt/format.h>
 
+#include "cli/checkpoint_flags.h"
 #include "cli/command.h"
-#include "cli/torch/checkpoint_flags.h"
-#include "cli/torch/load_model.h"
+#include "cli/override_flags.h"
 #include "common/files.h"
-#include "train/evaluate.h"
-#include "rotary_nn/hf_checkpoint.h"
 #include "rotary_tokenizers/tokenizer.h"
+#ifdef ROTARY_HAVE_TORCH  // a lab run (checkpoint.pt) runs on the nn model
+#include "cli/torch/load_model.h"
+#include "train/evaluate.h"
 #include "train/trainer.h"
+#endif
 
 namespace rotary::cli {
 namespace {
@@ -123,7 +125,6 @@ struct GenerateCommand {
   }
 
   void run() {
-    train::use_threads(threads);
     const int given = !prompt.empty() + !prompt_file.empty() + !prompt_tokens.empty();
     check(given == 1, "--prompt / --prompt-file / --prompt-tokens", given == 0 ? "none" : std::to_string(given),
           "exactly one: the text, a file holding it, or a file of token ids");
@@ -133,6 +134,8 @@ struct GenerateCommand {
             "a file holding the text to continue (as --prompt: at least one byte)");
     }
     if (is_hf_model(checkpoint)) return run_hf();
+#ifdef ROTARY_HAVE_TORCH
+    train::use_threads(threads);
     check(prompt_tokens.empty(), "--prompt-tokens", prompt_tokens,
           "unset for a lab run (its prompt is text in the task's vocabulary); token ids are for Hugging Face model "
           "directories");
@@ -141,7 +144,7 @@ struct GenerateCommand {
                                                                    "trained as); the flag is for Hugging Face model "
                                                                    "directories");
     LoadedRun r = load_run(checkpoint);
-    overrides.apply(r);
+    apply_overrides(overrides, r);
     std::vector<int32_t> ids32 = r.task->vocab().encode(prompt);  // rotary::Error names an unknown character
     check(!ids32.empty(), prompt_flag(), "\"\"", "at least one token");
     check_length(ids32.size());
@@ -150,6 +153,11 @@ struct GenerateCommand {
     std::vector<int64_t> out = r.model->generate(ids, max_new, temperature, stop, seed);
     const std::string text = r.task->vocab().decode(std::vector<int32_t>(out.begin(), out.end()));
     write_stdout((only_new ? "" : prompt) + text + "\n");
+#else
+    fail("checkpoint", checkpoint,
+         "a Hugging Face model directory (config.json and model.safetensors): this rotary is built without libtorch, "
+         "which a lab run (checkpoint.pt) runs on");
+#endif
   }
 };
 

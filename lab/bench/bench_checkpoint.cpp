@@ -31,15 +31,17 @@
 
 #include "common/statistics.h"
 #include "cli/command.h"
-#include "cli/torch/checkpoint_flags.h"
+#include "cli/checkpoint_flags.h"
 #include "common/machine.h"
 #include "rotary/error.h"
 #include "rotary/linear.h"
 #include "rotary_engine/model.h"
-#include "rotary_nn/hf_checkpoint.h"
 #include "rotary_nn/hf_engine.h"
+#ifdef ROTARY_HAVE_TORCH  // --engine torch: the nn model, fused ops against plain torch ops
+#include "rotary_nn/hf_checkpoint.h"
 #include "rotary_nn/model.h"
 #include "train/trainer.h"
+#endif
 
 namespace rotary::cli {
 namespace {
@@ -60,11 +62,13 @@ struct BenchCheckpointArgs {
   bool json = false;
 };
 
+#ifdef ROTARY_HAVE_TORCH
 struct Method {
   std::string name;
   nn::Transformer model{nullptr};
   std::vector<double> prefill_tps, decode_tps;
 };
+#endif
 
 
 // memcpy's rate (bytes copied per second) on two buffers of `bytes`, the best of a few copies.
@@ -215,6 +219,7 @@ void run(const BenchCheckpointArgs& a) {
                           "without --model (it shapes the random model; a checkpoint's shape is its config.json's)");
   a.run.validate();
   if (a.run.engine == "engine") return run_engine(a);
+#ifdef ROTARY_HAVE_TORCH
   check(!a.prefill_chunk_flag || a.prefill_chunk_flag->count() == 0, "--prefill-chunk", a.prefill_chunk,
         "unset with --engine torch (the nn model runs a prompt whole)");
   const int threads = train::use_threads(a.threads);
@@ -336,6 +341,7 @@ void run(const BenchCheckpointArgs& a) {
   std::printf("memcpy: %.2f GB/s copied (%zu MiB buffers). fused / plain: prefill %.2fx, decode %.2fx\n",
               copy_rate / 1e9, copy_bytes >> 20, median(fused.prefill_tps) / median(plain.prefill_tps),
               median(fused.decode_tps) / median(plain.decode_tps));
+#endif  // (without libtorch, a.run.validate() refused --engine torch)
 }
 
 const CommandRegistrar kRegister([](CLI::App& root) {

@@ -1,4 +1,4 @@
-// lab/cli/torch/run_outcome.h: how every experiment command ends when its run was interrupted.
+// lab/cli/run_outcome.h: how every experiment command ends when its run was interrupted.
 #pragma once
 
 #include <CLI/CLI.hpp>

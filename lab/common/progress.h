@@ -1,4 +1,4 @@
-// lab/train/progress.h: the progress bar of a run on stderr (torch-free).
+// lab/common/progress.h: the progress bar of a run on stderr (torch-free: training and the checkpoint commands).
 //
 // On a terminal: one line redrawn in place - bar, step, loss, tokens/s, time left. Otherwise (a log file, a
 // pipe, ctest): a plain line every ~5% of the run and for every message, so logs stay readable.
@@ -8,7 +8,7 @@
 #include <cstdint>
 #include <string>
 
-namespace rotary::train {
+namespace rotary::lab {
 
 class Progress {
  public:
@@ -31,4 +31,4 @@ class Progress {
 // "1h02m", "3m05s", "12s".
 std::string format_duration(double seconds);
 
-}  // namespace rotary::train
+}  // namespace rotary::lab
