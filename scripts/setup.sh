@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in scripts/debian-packages.txt that are missing, then the tokenizer oracle's
-# npm packages (tests/tokenizer_oracle, pinned by its package-lock.json) when they are missing or the lock file
+# Installs the Debian packages listed in scripts/debian-packages.txt that are missing, then the oracles'
+# npm packages (tests/tokenizer_oracle, tests/template_oracle, pinned by their package-lock.json) when they are missing or the lock file
 # changed. Idempotent: when all are present it changes nothing and needs no network. Run as root (or with sudo
 # available).
 set -euo pipefail
@@ -29,20 +29,23 @@ else
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The tokenizer oracle's npm packages: npm ci from the lock file (no install scripts), redone only when a pinned
-# package is missing or the lock file differs from the one last installed (its hash is kept in node_modules).
-oracle="$(cd "$here/../tests/tokenizer_oracle" && pwd)"
-stamp="$oracle/node_modules/.rotary-lock-sha256"
-lock_hash="$(sha256sum "$oracle/package-lock.json" | cut -d' ' -f1)"
-installed=1
-if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_hash" ]; then installed=0; fi
-while read -r name; do
-  if [ ! -f "$oracle/node_modules/$name/package.json" ]; then installed=0; fi
-done < <(node -p 'Object.keys(require(process.argv[1]).dependencies).join("\n")' "$oracle/package.json")
-if [ $installed -eq 1 ]; then
-  echo "setup: the tokenizer oracle's npm packages present (tests/tokenizer_oracle)"
-else
-  echo "setup: npm ci in tests/tokenizer_oracle"
-  (cd "$oracle" && npm ci --ignore-scripts --no-audit --no-fund --no-progress)
-  echo "$lock_hash" > "$stamp"
-fi
+# The oracles' npm packages (tests/tokenizer_oracle, tests/template_oracle): npm ci from each lock file (no install
+# scripts), redone only when a pinned package is missing or the lock file differs from the one last installed (its
+# hash is kept in node_modules).
+for folder in tokenizer_oracle template_oracle; do
+  oracle="$(cd "$here/../tests/$folder" && pwd)"
+  stamp="$oracle/node_modules/.rotary-lock-sha256"
+  lock_hash="$(sha256sum "$oracle/package-lock.json" | cut -d' ' -f1)"
+  installed=1
+  if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$lock_hash" ]; then installed=0; fi
+  while read -r name; do
+    if [ ! -f "$oracle/node_modules/$name/package.json" ]; then installed=0; fi
+  done < <(node -p 'Object.keys(require(process.argv[1]).dependencies).join("\n")' "$oracle/package.json")
+  if [ $installed -eq 1 ]; then
+    echo "setup: the npm packages of tests/$folder present"
+  else
+    echo "setup: npm ci in tests/$folder"
+    (cd "$oracle" && npm ci --ignore-scripts --no-audit --no-fund --no-progress)
+    echo "$lock_hash" > "$stamp"
+  fi
+done

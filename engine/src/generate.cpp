@@ -48,7 +48,7 @@ std::vector<int64_t> sample_tokens(const GenerateOptions& o, int64_t vocab_size,
       double u = std::uniform_real_distribution<double>(0, sum)(rng);
       for (next = 0; next < V - 1 && u >= p[size_t(next)]; ++next) u -= p[size_t(next)];
     }
-    if (next == o.stop_id) break;
+    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), next) != o.stop_ids.end()) break;
     out.push_back(next);
     if (o.on_token) o.on_token(next);
     if (int64_t(out.size()) == o.max_new) break;

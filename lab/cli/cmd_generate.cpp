@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fmt/format.h>
 
+#include "cli/chat_turns.h"
 #include "cli/checkpoint_flags.h"
 #include "cli/command.h"
 #include "cli/override_flags.h"
@@ -21,7 +22,8 @@ namespace rotary::cli {
 namespace {
 
 struct GenerateCommand {
-  std::string checkpoint, prompt, prompt_file, prompt_tokens, context, save_context;
+  std::string checkpoint, prompt, prompt_file, prompt_tokens, messages_file, context, save_context;
+  ChatTemplateFlags chat_flags;  // --messages: the model's chat template
   int max_new = 200;
   double temperature = 0.0;
   uint64_t seed = 0;
@@ -35,7 +37,10 @@ struct GenerateCommand {
   bool no_progress = false;
 
   const char* prompt_flag() const {
-    return !prompt_tokens.empty() ? "--prompt-tokens" : !prompt_file.empty() ? "--prompt-file" : "--prompt";
+    return !prompt_tokens.empty() ? "--prompt-tokens"
+           : !prompt_file.empty() ? "--prompt-file"
+           : !messages_file.empty() ? "--messages"
+                                    : "--prompt";
   }
   // One bound on a generation's tokens, with or without --memory: kMaxSequenceLength (2^20), the documented bound
   // on every sequence length - a book through the memory fits (524,288 tokens were measured, docs/memory.md). A
@@ -76,6 +81,15 @@ struct GenerateCommand {
     if (!prompt_tokens.empty()) {
       ids = tokenizers::read_token_id_file(prompt_tokens, vocab);
       check(!ids.empty(), "--prompt-tokens", prompt_tokens, "a file of at least one token id");
+    } else if (!messages_file.empty()) {
+      // A conversation: the model's own template renders it with the assistant's turn opened, and the text is
+      // encoded as transformers' apply_chat_template(tokenize=True) does - no BOS added (the template writes it),
+      // special tokens recognised.
+      tokenizer = tokenizers::load_tokenizer(checkpoint);
+      const chat::ChatTemplate tmpl = chat_flags.load(checkpoint);
+      prompt = chat::render_chat(tmpl, chat_flags.request(read_json_file(messages_file, "--messages"), true));
+      ids = tokenizer->encode(prompt);
+      check(!ids.empty(), "--messages", messages_file, "a conversation the template renders to at least one token");
     } else {
       tokenizer = tokenizers::load_tokenizer(checkpoint);
       ids = tokenizer->encode_for_model(prompt);
@@ -87,7 +101,10 @@ struct GenerateCommand {
     if (!context.empty() && available >= 0) available -= engine::Session::saved_context_bytes(context);
     c.check_memory(int64_t(ids.size()) + max_new, experiments::CheckpointModel::RunKind::Generate,
                    std::string(prompt_flag()) + " tokens + --max-new", std::max<int64_t>(available, 0));
-    const int64_t stop = no_stop || !tokenizer || !tokenizer->eos_id ? -1 : *tokenizer->eos_id;
+    // The end of text, and for a conversation every token that ends the assistant's turn.
+    std::vector<int64_t> stop;
+    if (!no_stop && tokenizer && !messages_file.empty()) stop = end_of_turn_ids(checkpoint, *tokenizer, vocab);
+    else if (!no_stop && tokenizer && tokenizer->eos_id) stop = {*tokenizer->eos_id};
     // Ids the tokenizer has no token for (padding rows of the embedding, as Qwen2.5's 151936 rows for 151665
     // tokens) are never sampled: they could not be printed.
     const int64_t sample_vocab = tokenizer ? std::min<int64_t>(tokenizer->vocab_size(), vocab) : vocab;
@@ -125,9 +142,11 @@ struct GenerateCommand {
   }
 
   void run() {
-    const int given = !prompt.empty() + !prompt_file.empty() + !prompt_tokens.empty();
-    check(given == 1, "--prompt / --prompt-file / --prompt-tokens", given == 0 ? "none" : std::to_string(given),
-          "exactly one: the text, a file holding it, or a file of token ids");
+    const int given = !prompt.empty() + !prompt_file.empty() + !prompt_tokens.empty() + !messages_file.empty();
+    check(given == 1, "--prompt / --prompt-file / --prompt-tokens / --messages",
+          given == 0 ? "none" : std::to_string(given),
+          "exactly one: the text, a file holding it, a file of token ids, or a conversation (JSON messages)");
+    chat_flags.check_only_with(!messages_file.empty(), "--messages");
     if (!prompt_file.empty()) {
       prompt = lab::read_file(prompt_file);
       check(!prompt.empty(), "--prompt-file", prompt_file + " (an empty file)",
@@ -136,6 +155,8 @@ struct GenerateCommand {
     if (is_hf_model(checkpoint)) return run_hf();
 #ifdef ROTARY_HAVE_TORCH
     train::use_threads(threads);
+    check(messages_file.empty(), "--messages", messages_file,
+          "unset for a lab run (it has no chat template); conversations are for Hugging Face model directories");
     check(prompt_tokens.empty(), "--prompt-tokens", prompt_tokens,
           "unset for a lab run (its prompt is text in the task's vocabulary); token ids are for Hugging Face model "
           "directories");
@@ -173,6 +194,11 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                   "or (Hugging Face checkpoints): a file of whitespace-separated token ids; the output is ids too, "
                   "no tokenizer needed")
       ->check(non_empty("a file of token ids"));
+  sub->add_option("--messages", cmd->messages_file,
+                  "or (Hugging Face checkpoints): a JSON file of {\"role\", \"content\"} messages, rendered with the "
+                  "model's chat template (--template to give one), answered until the template's end of turn")
+      ->check(non_empty("a JSON file of messages"));
+  cmd->chat_flags.add_to(*sub);
   sub->add_option("--max-new", cmd->max_new,
                   "tokens to generate at most (0: read the prompt only, for --save-context); the prompt's tokens + "
                   "--max-new are at most 2^20, with or without --memory")

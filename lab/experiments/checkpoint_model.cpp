@@ -263,6 +263,12 @@ void CheckpointModel::set_memory(const std::optional<engine::MemoryOptions>& mem
   m.memory = memory;
 }
 
+engine::Session CheckpointModel::session(int64_t capacity) const {
+  const Impl& m = *impl_;
+  check(m.model != nullptr, "--engine", m.options.engine, "engine (a conversation keeps an engine session)");
+  return engine::Session(m.model, m.session(capacity, RunKind::Generate));
+}
+
 engine::MemoryStats CheckpointModel::memory_stats() const { return impl_->memory_stats; }
 
 int64_t CheckpointModel::memory_needed(int64_t tokens, RunKind kind) const {
@@ -345,13 +351,18 @@ void CheckpointModel::project(const float* hidden, int64_t n, std::vector<float>
 }
 
 std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
-                                               int64_t stop_id, uint64_t seed, int64_t sample_vocab,
+                                               const std::vector<int64_t>& stop_ids, uint64_t seed, int64_t sample_vocab,
                                                const std::function<void(int64_t, int64_t)>& on_prompt,
                                                const std::string& context, const std::string& save_context) {
   Impl& m = *impl_;
   check((context.empty() && save_context.empty()) || m.model, context.empty() ? "--save-context" : "--context",
         context.empty() ? save_context : context, "a run on the engine (--engine engine: it saves its sessions)");
-  if (m.torch_model) return m.torch_model->generate(prompt, max_new, temperature, stop_id, seed, sample_vocab);
+  if (m.torch_model) {
+    check(stop_ids.size() <= 1, "--engine", m.options.engine,
+          "engine for a conversation whose template ends a turn with several tokens (the nn model stops at one)");
+    return m.torch_model->generate(prompt, max_new, temperature, stop_ids.empty() ? -1 : stop_ids.front(), seed,
+                                   sample_vocab);
+  }
   engine::Session s(m.model, m.session(int64_t(prompt.size()) + std::max<int64_t>(max_new - 1, 0), RunKind::Generate));
   // A save this session could never make is refused now, not after the whole prompt is read.
   if (!save_context.empty()) s.check_save_context(save_context);
@@ -361,7 +372,7 @@ std::vector<int64_t> CheckpointModel::generate(const std::vector<int64_t>& promp
     if (done == total && !save_context.empty()) s.save_context(save_context);
   };
   std::vector<int64_t> out = engine::generate(s, prompt, {.max_new = max_new, .temperature = temperature,
-                                                          .stop_id = stop_id, .seed = seed,
+                                                          .stop_ids = stop_ids, .seed = seed,
                                                           .sample_vocab = sample_vocab, .on_token = {},
                                                           .on_prompt = read});
   m.memory_stats = s.memory_stats();

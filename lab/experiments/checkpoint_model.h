@@ -102,13 +102,16 @@ class CheckpointModel {
   std::vector<float> hidden_states(const std::vector<int64_t>& tokens);  // all [T, d_model] at once
   // logits [n, vocab] of n hidden rows.
   void project(const float* hidden, int64_t n, std::vector<float>& logits);
-  // New tokens after `prompt` (greedy at temperature 0), at most max_new, stopping at stop_id (-1: never); only
+  // A session of the engine for `capacity` tokens with the active encoding, memory and KV cache settings (`rotary
+  // chat`: one conversation whose tokens stay between turns). rotary::Error naming --engine on the torch path.
+  engine::Session session(int64_t capacity) const;
+  // New tokens after `prompt` (greedy at temperature 0), at most max_new, stopping at any of stop_ids; only
   // ids below sample_vocab (0: all) are chosen.
   // `on_prompt(done, total)`: progress through a long prompt (optional). On the engine (with or without a memory):
   // `context` non-empty continues the session saved there (engine::Session::open_context: the prompt goes after its
   // tokens), `save_context` non-empty saves the session there once the prompt is read (before generating).
   std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
-                                int64_t stop_id, uint64_t seed, int64_t sample_vocab,
+                                const std::vector<int64_t>& stop_ids, uint64_t seed, int64_t sample_vocab,
                                 const std::function<void(int64_t, int64_t)>& on_prompt = {},
                                 const std::string& context = "", const std::string& save_context = "");
 
@@ -130,6 +133,7 @@ class TorchCheckpoint {
   virtual nn::EncodingConfig set_override(const nn::EncodingOverride& o) = 0;
   virtual void hidden_states(const std::vector<int64_t>& tokens, float* out) = 0;  // [T, d_model]
   virtual void project(const float* hidden, int64_t n, float* logits) = 0;        // [n, vocab]
+  // (The nn model stops at one token: stop_id -1 for none.)
   virtual std::vector<int64_t> generate(const std::vector<int64_t>& prompt, int64_t max_new, double temperature,
                                         int64_t stop_id, uint64_t seed, int64_t sample_vocab) = 0;
 };

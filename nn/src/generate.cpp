@@ -167,7 +167,8 @@ torch::Tensor Decoder::run(const torch::Tensor& tokens, const torch::Tensor& pos
 engine::GenerateOptions sampling_options(int64_t max_new, double temperature, int64_t stop_id, uint64_t seed,
                                          int64_t sample_vocab) {
   engine::GenerateOptions o;
-  o.max_new = max_new, o.temperature = temperature, o.stop_id = stop_id, o.seed = seed, o.sample_vocab = sample_vocab;
+  o.max_new = max_new, o.temperature = temperature, o.seed = seed, o.sample_vocab = sample_vocab;
+  if (stop_id >= 0) o.stop_ids = {stop_id};
   return o;
 }
 

@@ -1,9 +1,9 @@
 #!/bin/bash
 # runs without libtorch
-# The build without libtorch (ROTARY_WITH_TORCH=OFF, issue 44): its rotary links no libtorch, runs every checkpoint
-# command on the engine (generate, perplexity, bench checkpoint, template), says in --help which commands are absent,
-# and refuses what needs torch by name. With ROTARY_TORCH_BUILD set to the full build's rotary (scripts/test.sh sets
-# it), its tokens on every fixture family equal the full build's, greedy and sampled.
+# The build without libtorch (ROTARY_WITH_TORCH=OFF, issue 44): its rotary links no libtorch, runs every
+# checkpoint command on the engine (generate, perplexity, bench checkpoint, template, chat), says in --help which
+# commands are absent, and refuses what needs torch by name. With ROTARY_TORCH_BUILD set to the full build's rotary
+# (scripts/test.sh sets it), its tokens on every fixture family equal the full build's, greedy and sampled.
 #
 # usage: bash test_torch_free.sh <rotary binary> <source dir>
 set -u
@@ -16,7 +16,7 @@ FIX="$SRC/tests/data/hf_checkpoints"
 
 if "$ROTARY" --help | grep -q "built without libtorch"; then
   if ldd "$ROTARY" | grep -E "libtorch|libc10" > "$W/ldd"; then fail "links libtorch: $(cat "$W/ldd")"; else pass "no libtorch linked"; fi
-  for cmd in generate perplexity template; do
+  for cmd in generate perplexity template chat; do
     if "$ROTARY" --help | grep -qE "^  $cmd "; then pass "$cmd present"; else fail "$cmd missing from --help"; fi
   done
   if "$ROTARY" bench --help | grep -qE "^  checkpoint "; then pass "bench checkpoint present"; else fail "bench checkpoint missing"; fi

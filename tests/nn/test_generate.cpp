@@ -264,7 +264,7 @@ TEST(sampler, GreedyAtTemperatureZeroAndTheStopId) {
   EXPECT_EQ(streamed, std::vector<int64_t>(5, 1));
   o.sample_vocab = 1;  // id 0 is the only one allowed
   EXPECT_EQ(run(o), std::vector<int64_t>(5, 0));
-  o.sample_vocab = 0, o.stop_id = 1;
+  o.sample_vocab = 0, o.stop_ids = {1};
   EXPECT_TRUE(run(o).empty());
   EXPECT_EQ(fed, 0);
   o.max_new = 0;

@@ -212,7 +212,7 @@ TEST_P(HfEngineFixture, GreedyGenerationEqualsTheNnModelAndSamplingKeepsItsRange
   for (int64_t t : low) EXPECT_LT(t, 10);
   // Stops at stop_id (the first greedy token), which is not returned.
   engine::Session again(c.model, o);
-  EXPECT_TRUE(engine::generate(again, prompt, {.max_new = 12, .stop_id = greedy.front()}).empty());
+  EXPECT_TRUE(engine::generate(again, prompt, {.max_new = 12, .stop_ids = {greedy.front()}}).empty());
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));

@@ -15,7 +15,8 @@ namespace rotary::engine {
 struct GenerateOptions {
   int64_t max_new = 16;      // new tokens at most
   double temperature = 0;    // 0: greedy (the lowest id among equal maxima); > 0: softmax(logits / T) sampled
-  int64_t stop_id = -1;      // a token that ends generation (not returned); -1: none
+  std::vector<int64_t> stop_ids;  // tokens that end generation (not returned): a model's end of text, a chat
+                                  // template's end of turn; empty: none
   uint64_t seed = 0;         // the sampler's seed (mt19937_64): equal seeds give equal samples on either engine
   int64_t sample_vocab = 0;  // > 0: only ids below this are chosen (a checkpoint's embedding rows past its
                              // tokenizer's vocabulary are padding, never a token); 0: the whole vocabulary
@@ -44,7 +45,7 @@ using FeedToken = std::function<const float*(int64_t token, int64_t position)>;
 // same tokens on either wherever their logits agree. `logits`: the vocab_size floats after the tokens before
 // `position`. Each step chooses among ids [0, sample_vocab) (0: [0, vocab_size)): the first maximum at temperature
 // 0, else a draw from softmax(logits / temperature) computed in double (one uniform of mt19937_64(seed) per draw);
-// the loop ends at stop_id (not returned) or after max_new tokens, and otherwise feeds the chosen token at
+// the loop ends at one of stop_ids (not returned) or after max_new tokens, and otherwise feeds the chosen token at
 // position, position + 1, ... (the last token chosen is never fed), calling on_token with each token returned.
 // Non-finite logits among the ids considered are a rotary::Error naming the id and the position, never a choice.
 // The options are checked here as by check_sampling (prompt tokens aside); max_new 0 reads no logits.

@@ -1,0 +1,145 @@
+// chat/src/chat_template.cpp: a model directory's chat template, the messages check and apply_chat_template.
+#include "rotary_chat/chat_template.h"
+
+#include <filesystem>
+#include <map>
+
+#include "rotary/error.h"
+#include "rotary/files.h"
+#include "rotary/json_guard.h"
+
+namespace rotary::chat {
+namespace {
+
+nlohmann::ordered_json parse_ordered(const std::string& text, const std::string& source) {
+  check_json_depth(text, source);
+  try {
+    return nlohmann::ordered_json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(source, std::string("malformed JSON (") + e.what() + ")", "JSON text");
+  }
+}
+
+std::string excerpt(const nlohmann::ordered_json& v) { return json_excerpt(nlohmann::json::parse(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))); }
+
+// A special token as tokenizer_config.json writes it: a string, or an AddedToken object {"content": ...}.
+std::optional<std::string> special_token(const nlohmann::ordered_json& config, const std::string& key,
+                                         const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    const auto content = it->find("content");
+    if (content != it->end() && content->is_string()) return content->get<std::string>();
+  }
+  fail(source + " " + key, excerpt(*it), "a string or an AddedToken object {\"content\": \"...\"}");
+}
+
+}  // namespace
+
+ChatTemplate load_chat_template(const std::string& model_dir, const std::string& template_file,
+                                const std::string& template_name, bool with_tools) {
+  namespace fs = std::filesystem;
+  ChatTemplate out;
+  const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
+  std::optional<nlohmann::ordered_json> config;
+  std::error_code ec;
+  if (fs::exists(config_path, ec)) {
+    config = parse_ordered(read_regular_file(config_path, "tokenizer_config.json"), config_path);
+    if (!config->is_object()) fail(config_path, excerpt(*config), "a JSON object");
+    out.bos_token = special_token(*config, "bos_token", config_path);
+    out.eos_token = special_token(*config, "eos_token", config_path);
+  }
+  if (!template_file.empty()) {
+    if (!template_name.empty())
+      fail("--template-name", quoted_text(template_name), "no name with --template FILE (the file is the template)");
+    out.source = read_regular_file(template_file, "--template");
+    out.origin = template_file;
+    return out;
+  }
+  const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
+  if (fs::exists(jinja_path, ec) && template_name.empty()) {
+    out.source = read_regular_file(jinja_path, "chat_template.jinja");
+    out.origin = jinja_path;
+    return out;
+  }
+  const nlohmann::ordered_json* tmpl = nullptr;
+  if (config) {
+    const auto it = config->find("chat_template");
+    if (it != config->end() && !it->is_null()) tmpl = &*it;
+  }
+  if (!tmpl) {
+    if (!template_name.empty() && fs::exists(jinja_path, ec))
+      fail("--template-name", quoted_text(template_name),
+           "no name: " + jinja_path + " is the directory's one template");
+    fail("chat template of " + model_dir, "(none: no chat_template.jinja, no chat_template in tokenizer_config.json)",
+         "a model directory with a chat template, or --template FILE");
+  }
+  if (tmpl->is_string()) {
+    if (!template_name.empty())
+      fail("--template-name", quoted_text(template_name), "no name: " + config_path + " has one unnamed template");
+    out.source = tmpl->get<std::string>();
+    out.origin = config_path + " chat_template";
+    return out;
+  }
+  if (!tmpl->is_array()) fail(config_path + " chat_template", excerpt(*tmpl), "a string or a list of {name, template}");
+  std::string names;
+  std::map<std::string, std::string> by_name;
+  for (size_t k = 0; k < tmpl->size(); ++k) {
+    const auto& entry = (*tmpl)[k];
+    const std::string at = config_path + " chat_template[" + std::to_string(k) + "]";
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string() || !entry.contains("template") ||
+        !entry["template"].is_string())
+      fail(at, excerpt(entry), "an object {\"name\": string, \"template\": string}");
+    const std::string name = entry["name"].get<std::string>();
+    by_name[name] = entry["template"].get<std::string>();
+    names += (names.empty() ? "" : ", ") + name;
+  }
+  std::string pick = template_name;
+  if (pick.empty()) pick = with_tools && by_name.count("tool_use") ? "tool_use" : "default";
+  const auto found = by_name.find(pick);
+  if (found == by_name.end())
+    fail(template_name.empty() ? config_path + " chat_template" : std::string("--template-name"),
+         template_name.empty() ? "(no template named default)" : quoted_text(pick),
+         "one of the names " + names + (template_name.empty() ? " (choose with --template-name)" : ""));
+  out.source = found->second;
+  out.origin = config_path + " chat_template[" + pick + "]";
+  return out;
+}
+
+void check_messages(const nlohmann::ordered_json& messages) {
+  if (!messages.is_array()) fail("messages", excerpt(messages), "a list of message objects");
+  for (size_t k = 0; k < messages.size(); ++k) {
+    const auto& m = messages[k];
+    const std::string at = "messages[" + std::to_string(k) + "]";
+    if (!m.is_object()) fail(at, excerpt(m), "an object with role and content");
+    const auto role = m.find("role");
+    if (role == m.end()) fail(at + ".role", "(missing)", "a string (user, assistant, system, tool, ...)");
+    if (!role->is_string()) fail(at + ".role", excerpt(*role), "a string (user, assistant, system, tool, ...)");
+    const auto content = m.find("content");
+    if (content == m.end() || content->is_null() || content->is_string()) continue;
+    if (!content->is_array()) fail(at + ".content", excerpt(*content), "a string, null or a list of parts");
+    for (size_t j = 0; j < content->size(); ++j)
+      if (!(*content)[j].is_object())
+        fail(at + ".content[" + std::to_string(j) + "]", excerpt((*content)[j]), "a part object ({\"type\": ...})");
+  }
+}
+
+std::string render_chat(const ChatTemplate& chat_template, const ChatRequest& request, const RenderOptions& options) {
+  check_messages(request.messages);
+  if (request.tools && !request.tools->is_array()) fail("tools", excerpt(*request.tools), "a list of tool objects");
+  if (!request.extra.is_object()) fail("template variables", excerpt(request.extra), "a JSON object");
+  nlohmann::ordered_json context = nlohmann::ordered_json::object();
+  for (auto it = request.extra.begin(); it != request.extra.end(); ++it) context[it.key()] = it.value();
+  context["messages"] = request.messages;
+  context["add_generation_prompt"] = request.add_generation_prompt;
+  // transformers passes tools=None and documents=None when the caller gives none: defined, and none.
+  context["tools"] = request.tools ? *request.tools : nlohmann::ordered_json();
+  if (!context.contains("documents")) context["documents"] = nullptr;
+  if (chat_template.bos_token) context["bos_token"] = *chat_template.bos_token;
+  if (chat_template.eos_token) context["eos_token"] = *chat_template.eos_token;
+  const Template parsed(chat_template.source, chat_template.origin);
+  return parsed.render(context, options);
+}
+
+}  // namespace rotary::chat
