@@ -63,7 +63,7 @@ struct ChatCommand {
     const bool terminal = isatty(STDIN_FILENO);
     std::fprintf(stderr, "rotary chat: %s (%lld tokens of context); /reset, /save DIR, /quit; Ctrl-C stops an "
                  "answer\n", model_dir.c_str(), (long long)capacity);
-    for (uint64_t turn = 0;; ++turn) {
+    for (uint64_t turn = 0;;) {  // turn: the answers given (turn n samples with --seed + n)
       if (terminal) std::fprintf(stderr, "> ");
       std::string line;
       if (!std::getline(std::cin, line)) break;
@@ -92,8 +92,15 @@ struct ChatCommand {
         continue;
       }
       messages.push_back({{"role", "user"}, {"content", line}});
-      const std::vector<int64_t> ids =
-          tokenizer->encode(chat::render_chat(tmpl, chat_flags.request(messages, true)));
+      std::vector<int64_t> ids;
+      try {
+        ids = tokenizer->encode(chat::render_chat(tmpl, chat_flags.request(messages, true)));
+      } catch (const Error& e) {
+        // A template's own refusal (raise_exception: "roles must alternate", ...) ends the turn, not the chat.
+        std::fprintf(stderr, "error: %s\n", e.what());
+        messages.erase(messages.end() - 1);
+        continue;
+      }
       // Feed what the rendering adds after the session's tokens; from the start where it does not begin with them.
       const bool continues = in_session.size() < ids.size() &&
                              std::equal(in_session.begin(), in_session.end(), ids.begin());
@@ -141,6 +148,7 @@ struct ChatCommand {
       std::fputs(stopped ? " [stopped]\n" : "\n", stdout);
       std::fflush(stdout);
       messages.push_back({{"role", "assistant"}, {"content", text}});
+      ++turn;
     }
   }
 };

@@ -19,7 +19,7 @@ cp "$SRC/tests/data/hf_checkpoints/llama3/config.json" "$SRC/tests/data/hf_check
    "$SRC/tests/data/hf_tokenizers/llama3_style/tokenizer.json" "$M/"
 cat > "$M/tokenizer_config.json" <<'JSON'
 {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
- "chat_template": "{{ bos_token }}{% for m in messages %}{{ m['role'] }}: {{ m['content'] | trim }}<|end_of_text|>{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}
+ "chat_template": "{{ bos_token }}{% for m in messages %}{% if m['content'] == 'boom' %}{{ raise_exception('no boom here') }}{% endif %}{{ m['role'] }}: {{ m['content'] | trim }}<|end_of_text|>{% endfor %}{% if add_generation_prompt %}assistant:{% endif %}"}
 JSON
 printf '[{"role": "system", "content": "be brief"}, {"role": "user", "content": "hello"}]' > "$W/one.json"
 FLAGS=(--max-new 5 --temperature 0.9 --seed 11)
@@ -58,6 +58,13 @@ chat2=$("$ROTARY" chat "$M" --system "be brief" --context-tokens 300 "${FLAGS[@]
   fail "chat: '$chat2'; generate: '$answer1' then '$answer2'"
 [ -f "$W/ctx/context.json" ] && grep -q "saved" "$W/chat2.err" && pass "/save writes a saved context" ||
   fail "/save: $(cat "$W/chat2.err")"
+
+# A template's refusal ends the turn, not the chat: the next line is answered as if the refused one never came.
+printf 'boom\nhello\n' > "$W/in3"
+chat3=$("$ROTARY" chat "$M" --system "be brief" --context-tokens 300 "${FLAGS[@]}" < "$W/in3" 2> "$W/chat3.err")
+grep -q "no boom here" "$W/chat3.err" && [ "$chat3" = "$answer1" ] &&
+  pass "a template's raise_exception is reported and the chat goes on" ||
+  fail "raise_exception: stderr '$(cat "$W/chat3.err")', stdout '$chat3'"
 
 # Ctrl-C stops the answer, not the program: the next line is still read.
 mkfifo "$W/fifo"
