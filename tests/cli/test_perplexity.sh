@@ -333,7 +333,7 @@ expect_error "generate --kv-dtype q4" 2 "--kv-dtype = q4" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --kv-dtype q4
 expect_error "generate --engine torch --kv-dtype q8" 2 "--kv-dtype = q8" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --engine torch --kv-dtype q8
-expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file / --prompt-tokens = 2" -- \
+expect_error "generate --prompt and --prompt-file" 2 "--prompt / --prompt-file / --prompt-tokens / --messages = 2" -- \
   "$ROTARY" generate "$FIX/llama3" --prompt x --prompt-file "$W/prompt.txt"
 bad "--methods = dynamic" --text "$W/text.txt" --methods native,dynamic --memory exact
 bad "--memory-dtype = f64" --text "$W/text.txt" --methods native --memory exact --memory-dtype f64
