@@ -13,18 +13,11 @@
 #include "rotary_engine/generate.h"
 #include "rotary_engine/hf_model.h"
 
-// Designated initializers that leave the other fields at their defaults ({.page_size = 2}) are how these tests
-// name a setting; GCC 12's -Wmissing-field-initializers reports each of them (GCC 14 no longer does).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#endif
-
 namespace rotary::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-class HfEngineFixture : public ::testing::TestWithParam<const char*> {};
 
 // A retrieval memory behind the caches (SessionOptions::memory): with every memory row retrieved, window + memory
 // is attention over all the tokens, so the logits equal the transcription's - policy exact under the checkpoint's

@@ -22,18 +22,11 @@
 #include "rotary_engine/generate.h"
 #include "rotary_engine/hf_model.h"
 
-// Designated initializers that leave the other fields at their defaults ({.window = 4, .top_k = 3}) are how these
-// tests name a setting; GCC 12's -Wmissing-field-initializers reports each of them (GCC 14 no longer does).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#endif
-
 namespace rotary::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-class HfEngineFixture : public ::testing::TestWithParam<const char*> {};
 
 // Session options `o` (capacity: every token) over tokens [0, first), saved to `ctx` (save_context) and continued in
 // a session opened from it with a capacity of the rest (the capacity given counts the tokens after the context):

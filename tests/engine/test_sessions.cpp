@@ -16,18 +16,11 @@
 #include "hf_fixtures.h"
 #include "rotary_engine/hf_model.h"
 
-// Designated initializers that leave the other fields at their defaults ({.weights = ...}) are how these tests name
-// a setting; GCC 12's -Wmissing-field-initializers reports each of them (GCC 14 no longer does).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#endif
-
 namespace rotary::test {
 namespace {
 
 namespace fs = std::filesystem;
 
-class HfEngineFixture : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(HfEngineFixture, LogitsMatchTheTranscriptionThroughAPromptAndTheCache) {
   const fs::path dir = kFixtures / GetParam();

@@ -18,14 +18,10 @@
 #include "rotary_nn/hf_checkpoint.h"
 #include "rotary_nn/hf_engine.h"
 
-// Designated initializers that leave the other fields at their defaults ({.kind = ..., .window = 8}) are how these
-// tests name a setting; GCC 12's -Wmissing-field-initializers reports each of them (GCC 14 no longer does).
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
-#endif
-
 namespace rotary::nn {
 namespace {
+
+using test::HfEngineFixture;
 
 namespace fs = std::filesystem;
 using test::engine_logits;
@@ -43,7 +39,6 @@ std::vector<double> nn_logits(HfCheckpoint& c, const EncodingOverride& o, const 
   return std::vector<double>(l.data_ptr<double>(), l.data_ptr<double>() + l.numel());
 }
 
-class HfEngineFixture : public ::testing::TestWithParam<const char*> {};
 
 // Every position method of `rotary perplexity` against the nn float32 model with the same override.
 TEST_P(HfEngineFixture, EveryPositionMethodMatchesTheNnModel) {

@@ -12,25 +12,11 @@ RENDER=${1:?usage: test_template_oracle.sh <template_oracle_render binary> <sour
 SRC=${2:?usage: test_template_oracle.sh <template_oracle_render binary> <source dir>}
 DIR="$SRC/tests/template_oracle"
 SETUP="run: bash $SRC/scripts/setup.sh (installs python3-jinja2, nodejs, npm and the pinned packages)"
+source "$SRC/tests/npm_oracle_packages.sh"
 
 [ -x "$RENDER" ] || { echo "FAIL: no template_oracle_render binary at $RENDER"; exit 1; }
 python3 -c 'import jinja2' 2> /dev/null || { echo "FAIL: python3 cannot import jinja2; $SETUP"; exit 1; }
-command -v node > /dev/null || { echo "FAIL: node is not installed; $SETUP"; exit 1; }
-if ! node -e '
-  const fs = require("fs"), path = require("path");
-  const dir = process.argv[1];
-  const want = JSON.parse(fs.readFileSync(path.join(dir, "package.json"), "utf8")).dependencies;
-  let ok = true;
-  for (const [name, version] of Object.entries(want)) {
-    let got = "missing";
-    try { got = JSON.parse(fs.readFileSync(path.join(dir, "node_modules", name, "package.json"), "utf8")).version; }
-    catch (e) {}
-    if (got !== version) { console.log(`FAIL: ${name}: ${got} in node_modules, ${version} pinned`); ok = false; }
-  }
-  process.exit(ok ? 0 : 1);' "$DIR"; then
-  echo "FAIL: the oracle's npm packages are not installed as pinned in $DIR/package-lock.json; $SETUP"
-  exit 1
-fi
+require_pinned_npm_packages "$DIR" "$SETUP"
 W=$(mktemp -d)
 trap 'rm -rf "$W"' EXIT
 python3 "$DIR/make_cases.py" "$SRC" "$W/cases.json" || { echo "FAIL: make_cases.py"; exit 1; }
