@@ -85,6 +85,82 @@ class PageSearch final : public MemorySearch {
   MemoryPages pages_;
 };
 
+// The linear half of a layer on rows of a residual stream, around attention - one body for a session's forward
+// and for forward_batch's rows of several sessions. Each row is computed on its own (norms token by token, the
+// linear kernels' rows independent of how many they run together), so a row's bits do not depend on its neighbours.
+struct LayerRows {
+  LayerRows(const Model& m, const Architecture& a, int t) : model(m), arch(a), threads(t) {}
+  const Model& model;
+  const Architecture& arch;
+  int threads;
+  // The norms' outputs (attn_in, mlp_in), a fused projection's rows (qkv) and the MLP's (ff_up, ff_gate) for `rows`.
+  std::vector<float> attn_in, mlp_in, qkv, ff_up, ff_gate;
+
+  void grow(int64_t rows) {
+    auto need = [](std::vector<float>& v, int64_t size) {
+      if (int64_t(v.size()) < size) v.resize(size_t(size));
+    };
+    need(attn_in, rows * arch.d_model), need(mlp_in, rows * arch.d_model);
+    if (arch.fused_qkv) need(qkv, rows * 3 * arch.n_heads * arch.head_dim);
+    need(ff_up, rows * arch.d_ff);
+    if (arch.mlp == MlpKind::SwiGlu) need(ff_gate, rows * arch.d_ff);
+  }
+  LinearParams product(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
+                       bool accumulate) const {
+    LinearParams p;
+    p.w = l.w, p.bias = l.bias, p.tokens = n, p.x = in, p.x_stride = in_stride, p.y = out, p.y_stride = out_stride;
+    p.accumulate = accumulate, p.activations = model.activations(), p.threads = threads;
+    return p;
+  }
+  void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
+               bool accumulate) const {
+    linear_forward(product(l, in, n, in_stride, out, out_stride, accumulate));
+  }
+
+  // Before attention, c rows xs: the norm, then q [c, hq] and k, v [c, hkv] rows.
+  void before_attention(const Layer& l, const float* xs, int64_t c, float* qo, float* ko, float* vo) {
+    const int64_t d = arch.d_model, hd = arch.head_dim, hq = arch.n_heads * hd, hkv = arch.n_kv_heads * hd;
+    apply_norm(arch.norm, l.attn_norm, arch.norm_eps, xs, c, d, attn_in.data(), threads);
+    if (arch.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
+      project(l.qkv, attn_in.data(), c, d, qkv.data(), 3 * hq, false);
+      for (int64_t t = 0; t < c; ++t)
+        for (int64_t hh = 0; hh < arch.n_heads; ++hh) {
+          const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
+          std::memcpy(qo + t * hq + hh * hd, src, size_t(hd) * 4);
+          std::memcpy(ko + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
+          std::memcpy(vo + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
+        }
+    } else {
+      // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
+      const LinearParams qkv_products[] = {product(l.q, attn_in.data(), c, d, qo, hq, false),
+                                           product(l.k, attn_in.data(), c, d, ko, hkv, false),
+                                           product(l.v, attn_in.data(), c, d, vo, hkv, false)};
+      linear_forward_group(qkv_products, 3);
+    }
+  }
+
+  // After attention: the output projection of att [c, hq] added to the c rows xs, the MLP's norm, the MLP added.
+  void after_attention(const Layer& l, const float* att, float* xs, int64_t c) {
+    const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, ff = arch.d_ff;
+    if (arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
+    project(l.o, att, c, hq, xs, d, true);
+    if (!arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
+    const LinearParams up_gate[] = {product(l.up, mlp_in.data(), c, d, ff_up.data(), ff, false),
+                                    product(l.gate, mlp_in.data(), c, d, ff_gate.data(), ff, false)};
+    linear_forward_group(up_gate, arch.mlp == MlpKind::SwiGlu ? 2 : 1);
+    if (arch.mlp == MlpKind::SwiGlu) {
+      swiglu_forward(ff_gate.data(), ff_up.data(), c * ff, threads);
+    } else {  // each element on its own: the threads change no bit
+      const bool tanh_form = arch.mlp == MlpKind::GeluTanh;
+      const int64_t count = c * ff;
+      float* up = ff_up.data();
+#pragma omp parallel for num_threads(threads) schedule(static) if (count >= 16384)
+      for (int64_t i = 0; i < count; ++i) up[i] = gelu(up[i], tanh_form);
+    }
+    project(l.down, ff_up.data(), c, ff, xs, d, true);
+  }
+};
+
 }  // namespace
 
 struct Session::Impl {
@@ -112,15 +188,16 @@ struct Session::Impl {
   std::vector<std::vector<float>> hist_k, hist_v;
   std::vector<int64_t> hist_pos;
   // Scratch, [tokens, width] float32 unless said otherwise.
-  // residual: every token's residual stream; attn_in, mlp_in: the norms' outputs before attention and the MLP;
-  // attn_out: attention's output (heads concatenated) before the output projection.
-  std::vector<float> residual, attn_in, mlp_in, q, k, v, qkv, attn_out, ff_up, ff_gate;
+  // residual: every token's residual stream; attn_out: attention's output (heads concatenated) before the output
+  // projection; rows: the linear half's own (one chunk's).
+  std::vector<float> residual, q, k, v, attn_out;
+  LayerRows rows;
   std::vector<uint8_t> q_conv, k_conv, v_conv, out_conv;  // q, k, v, attn_out converted to a bf16 / f16 cache's
                                                           // dtype (unused for f32)
 
   Impl(std::shared_ptr<const Model> mod, const SessionOptions& opt)
       : model(std::move(mod)), weights(model->impl()), arch(weights.arch), options(opt),
-        threads(opt.threads > 0 ? opt.threads : omp_get_max_threads()) {
+        threads(opt.threads > 0 ? opt.threads : omp_get_max_threads()), rows(*model, arch, threads) {
     check(options.capacity >= 1, "capacity", options.capacity, ">= 1 token");
     check(arch.sliding_window == 0 || options.capacity <= arch.sliding_window, "capacity", options.capacity,
           "<= the checkpoint's sliding_window = " + std::to_string(arch.sliding_window) +
@@ -226,10 +303,8 @@ struct Session::Impl {
       if (int64_t(v.size()) < size) v.resize(size_t(size));
     };
     need(residual, n * d), need(k, n * hkv), need(v, n * hkv);
-    need(attn_in, chunk * d), need(mlp_in, chunk * d), need(q, chunk * hq), need(attn_out, chunk * hq);
-    if (arch.fused_qkv) need(qkv, chunk * 3 * hq);
-    need(ff_up, chunk * arch.d_ff);
-    if (arch.mlp == MlpKind::SwiGlu) need(ff_gate, chunk * arch.d_ff);
+    need(q, chunk * hq), need(attn_out, chunk * hq);
+    rows.grow(chunk);
     if (options.kv_dtype != DType::F32)
       need(q_conv, chunk * hq * es), need(k_conv, n * hkv * es), need(v_conv, n * hkv * es), need(out_conv, chunk * hq * es);
   }
@@ -243,18 +318,6 @@ struct Session::Impl {
     if (conv.size() < bytes) conv.resize(bytes);
     for (int64_t i = from; i < to; ++i) store_from_double(conv.data(), options.kv_dtype, i, f[size_t(i)]);
     return reinterpret_cast<char*>(conv.data());
-  }
-
-  LinearParams product(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
-                       bool accumulate) const {
-    LinearParams p;
-    p.w = l.w, p.bias = l.bias, p.tokens = n, p.x = in, p.x_stride = in_stride, p.y = out, p.y_stride = out_stride;
-    p.accumulate = accumulate, p.activations = model->activations(), p.threads = threads;
-    return p;
-  }
-  void project(const Linear& l, const float* in, int64_t n, int64_t in_stride, float* out, int64_t out_stride,
-               bool accumulate) const {
-    linear_forward(product(l, in, n, in_stride, out, out_stride, accumulate));
   }
 
   void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
@@ -431,7 +494,7 @@ struct Session::Impl {
       if (freqs.inv_freq != before || freqs.attention_factor != factor_before) rebuild_caches();
     }
     grow(n);
-    const int64_t d = arch.d_model, hd = arch.head_dim, hq = arch.n_heads * hd, hkv = arch.n_kv_heads * hd;
+    const int64_t d = arch.d_model, hkv = arch.n_kv_heads * arch.head_dim;
     // (a one-pass session runs even one token as a prompt: it has no cache to decode from)
     const bool prompt = size() == 0 && (n > 1 || !options.keep_caches);
     const bool history = dynamic && options.keep_caches;  // un-rotated rows to rebuild the caches from
@@ -445,27 +508,11 @@ struct Session::Impl {
       if (history && hist_k.size() < size_t(arch.n_layers))
         hist_k.resize(size_t(arch.n_layers)), hist_v.resize(size_t(arch.n_layers));
       for (int64_t t0 = 0; t0 < n; t0 += chunk) {
-        const int64_t c = std::min(chunk, n - t0), ff = arch.d_ff;
+        const int64_t c = std::min(chunk, n - t0);
         float* xs = residual.data() + t0 * d;
         float* ks = k.data() + t0 * hkv;
         float* vs = v.data() + t0 * hkv;
-        apply_norm(arch.norm, l.attn_norm, arch.norm_eps, xs, c, d, attn_in.data(), threads);
-        if (arch.fused_qkv) {  // per head [q | k | v] rows: one product, then the heads' thirds
-          project(l.qkv, attn_in.data(), c, d, qkv.data(), 3 * hq, false);
-          for (int64_t t = 0; t < c; ++t)
-            for (int64_t hh = 0; hh < arch.n_heads; ++hh) {
-              const float* src = qkv.data() + t * 3 * hq + hh * 3 * hd;
-              std::memcpy(q.data() + t * hq + hh * hd, src, size_t(hd) * 4);
-              std::memcpy(ks + t * hkv + hh * hd, src + hd, size_t(hd) * 4);
-              std::memcpy(vs + t * hkv + hh * hd, src + 2 * hd, size_t(hd) * 4);
-            }
-        } else {
-          // One team of threads for the three (the small k and v share q's work: decode wakes the threads once).
-          const LinearParams qkv_products[] = {product(l.q, attn_in.data(), c, d, q.data(), hq, false),
-                                               product(l.k, attn_in.data(), c, d, ks, hkv, false),
-                                               product(l.v, attn_in.data(), c, d, vs, hkv, false)};
-          linear_forward_group(qkv_products, 3);
-        }
+        rows.before_attention(l, xs, c, q.data(), ks, vs);
         if (history) {
           hist_k[size_t(li)].insert(hist_k[size_t(li)].end(), ks, ks + c * hkv);
           hist_v[size_t(li)].insert(hist_v[size_t(li)].end(), vs, vs + c * hkv);
@@ -475,22 +522,7 @@ struct Session::Impl {
         } else {
           attend_with_cache(li, t0, c, positions, prompt);
         }
-        if (arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
-        project(l.o, attn_out.data(), c, hq, xs, d, true);
-        if (!arch.parallel_residual) apply_norm(arch.norm, l.mlp_norm, arch.norm_eps, xs, c, d, mlp_in.data(), threads);
-        const LinearParams up_gate[] = {product(l.up, mlp_in.data(), c, d, ff_up.data(), ff, false),
-                                        product(l.gate, mlp_in.data(), c, d, ff_gate.data(), ff, false)};
-        linear_forward_group(up_gate, arch.mlp == MlpKind::SwiGlu ? 2 : 1);
-        if (arch.mlp == MlpKind::SwiGlu) {
-          swiglu_forward(ff_gate.data(), ff_up.data(), c * ff, threads);
-        } else {  // each element on its own: the threads change no bit
-          const bool tanh_form = arch.mlp == MlpKind::GeluTanh;
-          const int64_t count = c * ff;
-          float* up = ff_up.data();
-#pragma omp parallel for num_threads(threads) schedule(static) if (count >= 16384)
-          for (int64_t i = 0; i < count; ++i) up[i] = gelu(up[i], tanh_form);
-        }
-        project(l.down, ff_up.data(), c, ff, xs, d, true);
+        rows.after_attention(l, attn_out.data(), xs, c);
       }
     }
     if (history) hist_pos.insert(hist_pos.end(), positions, positions + n);
@@ -724,6 +756,107 @@ void Session::clear() {
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
   impl_->last_position = 0;
   impl_->passed = 0;
+}
+
+struct SessionBatch::Impl {
+  std::shared_ptr<const Model> model;
+  const Model::Impl& weights;
+  const Architecture& arch;
+  int threads;
+  std::vector<float> residual, q, k, v, attn_out;  // [rows of every step, width]
+  LayerRows rows;
+
+  Impl(std::shared_ptr<const Model> mod, int t)
+      : model(std::move(mod)), weights(model->impl()), arch(weights.arch), threads(t > 0 ? t : omp_get_max_threads()),
+        rows(*model, arch, threads) {}
+
+  void grow(int64_t n) {
+    const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
+    auto need = [](std::vector<float>& f, int64_t size) {
+      if (int64_t(f.size()) < size) f.resize(size_t(size));
+    };
+    need(residual, n * d), need(q, n * hq), need(k, n * hkv), need(v, n * hkv), need(attn_out, n * hq);
+    rows.grow(n);
+  }
+};
+
+SessionBatch::SessionBatch(std::shared_ptr<const Model> model, int threads)
+    : impl_(std::make_unique<Impl>(std::move(model), threads)) {
+  check(threads >= 0, "threads", threads, ">= 0 (0: OpenMP's default)");
+}
+SessionBatch::~SessionBatch() = default;
+
+void SessionBatch::forward(const std::vector<BatchStep>& steps) {
+  Impl& b = *impl_;
+  const Architecture& arch = b.arch;
+  const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
+  // The checks of every step before any work.
+  std::vector<const BatchStep*> batched, alone;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const BatchStep& st = steps[i];
+    const std::string name = "steps[" + std::to_string(i) + "]";
+    check(st.session != nullptr, name + ".session", "null", "a session");
+    check(&st.session->model() == b.model.get(), name + ".session", "a session of another model",
+          "a session of the batch's model");
+    for (size_t j = 0; j < i; ++j)
+      check(steps[j].session != st.session, name + ".session", "the session of steps[" + std::to_string(j) + "]",
+            "each session once per batch");
+    check(st.n >= 1 && st.tokens != nullptr && st.positions != nullptr, name + ".n", st.n, ">= 1 token with its tokens and positions");
+    Session::Impl& s = *st.session->impl_;
+    try {
+      s.check_tokens(st.tokens, st.positions, st.n);
+    } catch (const Error& e) {
+      fail(name, e.what(), "tokens the session takes");
+    }
+    const bool own = s.options.memory || length_dependent(s.options.positions.rope) || !s.options.keep_caches;
+    (own ? alone : batched).push_back(&st);
+  }
+  if (batched.size() == 1) alone.insert(alone.begin(), batched.front()), batched.clear();
+
+  if (!batched.empty()) {
+    int64_t total = 0;
+    std::vector<int64_t> offset;
+    std::vector<char> prompt;  // as Session::forward decides it: the first call of several tokens
+    for (const BatchStep* st : batched) {
+      Session::Impl& s = *st->session->impl_;
+      offset.push_back(total), total += st->n;
+      prompt.push_back(s.size() == 0 && st->n > 1);
+      if (!s.started()) s.new_caches();
+      s.grow(st->n);
+    }
+    b.grow(total);
+    for (size_t i = 0; i < batched.size(); ++i)
+      for (int64_t t = 0; t < batched[i]->n; ++t)
+        weight_row(b.weights.embed, batched[i]->tokens[t], b.residual.data() + (offset[i] + t) * d);
+    for (int64_t li = 0; li < arch.n_layers; ++li) {
+      const Layer& l = b.weights.layers[size_t(li)];
+      b.rows.before_attention(l, b.residual.data(), total, b.q.data(), b.k.data(), b.v.data());
+      // Each session attends in its own scratch, in the chunks its own forward() would take.
+      for (size_t i = 0; i < batched.size(); ++i) {
+        const BatchStep& st = *batched[i];
+        Session::Impl& s = *st.session->impl_;
+        const int64_t o = offset[i], n = st.n, chunk = layer_chunk(s.options);
+        std::memcpy(s.k.data(), b.k.data() + o * hkv, size_t(n * hkv) * 4);
+        std::memcpy(s.v.data(), b.v.data() + o * hkv, size_t(n * hkv) * 4);
+        for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+          const int64_t c = std::min(chunk, n - t0);
+          std::memcpy(s.q.data(), b.q.data() + (o + t0) * hq, size_t(c * hq) * 4);
+          s.attend_with_cache(li, t0, c, st.positions, prompt[i] != 0);
+          std::memcpy(b.attn_out.data() + (o + t0) * hq, s.attn_out.data(), size_t(c * hq) * 4);
+        }
+      }
+      b.rows.after_attention(l, b.attn_out.data(), b.residual.data(), total);
+    }
+    for (size_t i = 0; i < batched.size(); ++i) {
+      const BatchStep& st = *batched[i];
+      Session::Impl& s = *st.session->impl_;
+      s.last_position = st.positions[st.n - 1];
+      if (st.hidden)
+        apply_norm(arch.norm, b.weights.final_norm, arch.norm_eps, b.residual.data() + offset[i] * d, st.n, d, st.hidden,
+                   b.threads);
+    }
+  }
+  for (const BatchStep* st : alone) st->session->forward(st->tokens, st->positions, st->n, st->hidden);
 }
 
 int64_t Session::bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens) {

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <random>
 #include <vector>
 
 #include "rotary_engine/model.h"
@@ -15,6 +16,8 @@ namespace rotary::engine {
 struct GenerateOptions {
   int64_t max_new = 16;      // new tokens at most
   double temperature = 0;    // 0: greedy (the lowest id among equal maxima); > 0: softmax(logits / T) sampled
+  double top_p = 1;          // in (0, 1]; < 1 (with temperature > 0): only the most probable ids whose probabilities
+                             // first reach top_p of the whole are drawn from (nucleus sampling); 1: every id
   std::vector<int64_t> stop_ids;  // tokens that end generation (not returned): a model's end of text, a chat
                                   // template's end of turn; empty: none
   uint64_t seed = 0;         // the sampler's seed (mt19937_64): equal seeds give equal samples on either engine
@@ -35,6 +38,26 @@ std::vector<int64_t> generate(Session& session, const std::vector<int64_t>& prom
 // The checks every generate makes on its sampling settings before it runs: rotary::Error naming the argument
 // (prompt tokens >= 1, max_new >= 0, a finite temperature >= 0, sample_vocab in [0, vocab_size]).
 void check_sampling(int64_t prompt_tokens, const GenerateOptions& options, int64_t vocab_size);
+
+// The sampling rule of sample_tokens one choice at a time, for callers that hold several sequences and choose each
+// one's next token when its logits are ready (the server's slots). One mt19937_64(seed) per sequence: the same
+// options give the same tokens as sample_tokens on the same logits. The options are checked at construction
+// (check_sampling, prompt aside).
+class TokenSampler {
+ public:
+  TokenSampler(const GenerateOptions& options, int64_t vocab_size);
+  // The next token after `logits` (vocab_size floats, the ones after the token at `position` - 1); rotary::Error
+  // naming the id and the position for a non-finite logit among those considered.
+  int64_t choose(const float* logits, int64_t position);
+  bool is_stop(int64_t token) const;  // one of options.stop_ids
+
+ private:
+  GenerateOptions options_;
+  int64_t ids_;  // ids considered: sample_vocab, else vocab_size
+  std::mt19937_64 rng_;
+  std::vector<double> p_;
+  std::vector<int64_t> order_;  // top_p: ids by probability
+};
 
 // Feeds `token` at `position` to the model and returns the logits after it: vocab_size floats, valid until the
 // next call.

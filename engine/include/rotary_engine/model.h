@@ -245,6 +245,36 @@ class Session {
   static int64_t bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens);
 
  private:
+  friend class SessionBatch;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// One session's part of a SessionBatch::forward: n tokens at `positions`, as Session::forward takes them.
+struct BatchStep {
+  Session* session = nullptr;
+  const int64_t* tokens = nullptr;
+  const int64_t* positions = nullptr;
+  int64_t n = 0;
+  float* hidden = nullptr;  // [n, d_model]: the final norm's output (null: not wanted)
+};
+
+// Continuous batching (`rotary serve`): several sessions' tokens - one sequence's decode token, another's chunk of
+// its prompt - through the model with the linear layers of all of them in one pass over the weights per layer, so N
+// sequences' decode steps cost about one read of the weights, not N. Each session's tokens go through its caches and
+// attention exactly as its own Session::forward would run them: the same bits, whatever else is in the batch (the
+// linear kernels' rows and the norms do not depend on their neighbours). A session with a memory, a length-dependent
+// scaling (dynamic NTK, LongRoPE) or no caches runs its own forward() after the others. The scratch is kept between
+// calls: decode steps allocate nothing.
+class SessionBatch {
+ public:
+  explicit SessionBatch(std::shared_ptr<const Model> model, int threads = 0);  // threads 0: OpenMP's default
+  ~SessionBatch();
+  // rotary::Error naming steps[i] and the field, before any work, for a step its session refuses (Session::forward's
+  // checks), a session of another model or one given twice.
+  void forward(const std::vector<BatchStep>& steps);
+
+ private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };

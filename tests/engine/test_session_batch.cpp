@@ -1,0 +1,165 @@
+// SessionBatch (rotary_engine/model.h): several sessions' tokens through one pass over the weights per layer give
+// each session bitwise the hidden rows its own Session::forward calls give - prompts read whole or in chunks beside
+// other sequences' decode steps, sessions joining and leaving, with the checkpoint's RoPE, ReRoPE, Leaky ReRoPE, a
+// bf16 and a q8 KV cache, on weights as stored and converted to bf16 (bf16 activations) and q8 (q8 activations) - on
+// every fixture family; a memory session runs its own forward inside a batch; and what a batch refuses, by name.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "expect_error.h"
+#include "hf_fixtures.h"
+#include "rotary_engine/hf_model.h"
+
+namespace rotary::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+// One sequence's calls: its tokens in pieces (a prompt, maybe in chunks, then one token at a time), each piece
+// in the batch step `first_step + i`.
+struct Sequence {
+  engine::SessionOptions options;
+  std::vector<int64_t> tokens;
+  std::vector<int64_t> pieces;  // lengths, summing to tokens.size()
+  int64_t first_step = 0;
+};
+
+// Hidden rows of every piece of each sequence: alone (its own Session::forward per piece) or batched (the pieces
+// that share a step in one SessionBatch::forward).
+std::vector<std::vector<float>> run(const std::shared_ptr<const engine::Model>& model, const std::vector<Sequence>& seqs,
+                                    bool batched) {
+  const int64_t d = model->arch().d_model;
+  std::vector<engine::Session> sessions;
+  std::vector<std::vector<float>> hidden(seqs.size());
+  std::vector<std::vector<int64_t>> pos(seqs.size());
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    sessions.emplace_back(model, seqs[i].options);
+    hidden[i].assign(seqs[i].tokens.size() * size_t(d), -1.0f);
+    pos[i] = positions_from_zero(int64_t(seqs[i].tokens.size()));
+  }
+  engine::SessionBatch batch(model);
+  int64_t last_step = 0;
+  for (const Sequence& s : seqs) last_step = std::max(last_step, s.first_step + int64_t(s.pieces.size()));
+  for (int64_t step = 0; step < last_step; ++step) {
+    std::vector<engine::BatchStep> steps;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      const int64_t piece = step - seqs[i].first_step;
+      if (piece < 0 || piece >= int64_t(seqs[i].pieces.size())) continue;
+      int64_t t0 = 0;
+      for (int64_t p = 0; p < piece; ++p) t0 += seqs[i].pieces[size_t(p)];
+      steps.push_back({&sessions[i], seqs[i].tokens.data() + t0, pos[i].data() + t0, seqs[i].pieces[size_t(piece)],
+                       hidden[i].data() + t0 * d});
+    }
+    if (batched) {
+      batch.forward(steps);
+    } else {
+      for (const engine::BatchStep& st : steps) st.session->forward(st.tokens, st.positions, st.n, st.hidden);
+    }
+  }
+  return hidden;
+}
+
+std::vector<int64_t> decode_pieces(int64_t prompt_pieces_total, std::vector<int64_t> prompt, int64_t total) {
+  int64_t done = prompt_pieces_total;
+  while (done < total) prompt.push_back(1), ++done;
+  return prompt;
+}
+
+TEST_P(HfEngineFixture, ABatchGivesEachSessionItsOwnForwardsBits) {
+  const fs::path dir = kFixtures / GetParam();
+  const Expected e = read_expected(dir);
+  const int64_t S = int64_t(e.tokens.size());
+  struct Weights {
+    const char* name;
+    engine::LoadOptions load;
+  };
+  engine::LoadOptions bf16, q8;
+  bf16.weights = WeightFormat::BF16, bf16.activations = ActivationFormat::BF16;
+  q8.weights = WeightFormat::Q8, q8.activations = ActivationFormat::Q8;
+  for (const Weights& w : {Weights{"as stored", {}}, Weights{"bf16", bf16}, Weights{"q8", q8}}) {
+    const engine::HfModel c = engine::open_hf_model(dir.string(), w.load);
+    const engine::PositionMethod native = c.description.positions();
+    const auto [rerope, leaky] = rerope_variants(native);
+    auto options = [&](const engine::PositionMethod& p, DType kv, KvStorage storage, int64_t chunk) {
+      engine::SessionOptions o;
+      o.capacity = S, o.positions = p, o.kv_dtype = kv, o.kv_storage = storage, o.prefill_chunk = chunk;
+      return o;
+    };
+    // Shifted token streams, so the sequences differ.
+    auto tokens = [&](int64_t shift) {
+      std::vector<int64_t> t = e.tokens;
+      std::rotate(t.begin(), t.begin() + shift % S, t.end());
+      return t;
+    };
+    const std::vector<Sequence> seqs = {
+        // a whole prompt, then decode
+        {options(native, DType::F32, KvStorage::Dtype, 512), tokens(0), decode_pieces(S / 2, {S / 2}, S), 0},
+        // ReRoPE, its prompt read in two pieces (the second beside the first sequence's decode steps), chunked
+        // inside each layer
+        {options(rerope, DType::BF16, KvStorage::Dtype, 3), tokens(1), decode_pieces(S / 2, {S / 4, S / 2 - S / 4}, S), 0},
+        // Leaky ReRoPE joining later, q8 cache, one token at a time from its start
+        {options(leaky, DType::F32, KvStorage::Q8, 512), tokens(2), decode_pieces(0, {}, S), 3},
+        // a one-token piece then a prompt-sized piece (the decode path of several tokens)
+        {options(native, DType::F16, KvStorage::Dtype, 4), tokens(3), decode_pieces(S - 1, {1, S - 2}, S), 1},
+    };
+    const auto alone = run(c.model, seqs, false), together = run(c.model, seqs, true);
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      ASSERT_EQ(alone[i].size(), together[i].size());
+      EXPECT_EQ(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4), 0)
+          << GetParam() << ", weights " << w.name << ": sequence " << i << "'s hidden rows differ in a batch";
+      EXPECT_NE(alone[i].front(), -1.0f) << "sequence " << i << " ran";
+    }
+  }
+}
+
+// A memory session in a batch runs its own forward: its rows equal its own calls', and the others' theirs.
+TEST_P(HfEngineFixture, AMemorySessionInABatchRunsItsOwnForward) {
+  const fs::path dir = kFixtures / GetParam();
+  const Expected e = read_expected(dir);
+  const int64_t S = int64_t(e.tokens.size());
+  const engine::HfModel c = engine::open_hf_model(dir.string());
+  engine::SessionOptions plain, memory;
+  plain.capacity = memory.capacity = S, plain.positions = memory.positions = c.description.positions();
+  engine::MemoryOptions m;
+  m.window = 4, m.top_k = 3, m.chunk = 2;
+  memory.memory = m;
+  const std::vector<Sequence> seqs = {{plain, e.tokens, decode_pieces(S / 2, {S / 2}, S), 0},
+                                      {memory, e.tokens, decode_pieces(S / 2, {S / 2}, S), 1},
+                                      {plain, e.tokens, decode_pieces(0, {}, S), 2}};
+  const auto alone = run(c.model, seqs, false), together = run(c.model, seqs, true);
+  for (size_t i = 0; i < seqs.size(); ++i)
+    EXPECT_EQ(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4), 0) << "sequence " << i;
+}
+
+INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
+
+TEST(SessionBatch, RefusesStepsByNameBeforeAnyWork) {
+  const engine::HfModel c = engine::open_hf_model((kFixtures / "llama3").string());
+  const engine::HfModel other = engine::open_hf_model((kFixtures / "llama3").string());
+  engine::SessionOptions o;
+  o.capacity = 4, o.positions = c.description.positions();
+  engine::Session a(c.model, o), b(c.model, o), foreign(other.model, o);
+  engine::SessionBatch batch(c.model);
+  const int64_t tokens[] = {1, 2}, bad[] = {1, 1 << 30}, pos[] = {0, 1};
+  expect_error([&] { batch.forward({{&a, tokens, pos, 2, nullptr}, {&foreign, tokens, pos, 2, nullptr}}); },
+               {"steps[1].session", "another model"});
+  expect_error([&] { batch.forward({{&a, tokens, pos, 2, nullptr}, {&a, tokens, pos, 2, nullptr}}); },
+               {"steps[1].session", "each session once"});
+  expect_error([&] { batch.forward({{&a, tokens, pos, 2, nullptr}, {&b, bad, pos, 2, nullptr}}); },
+               {"steps[1]", "tokens[1]", "vocab_size"});
+  expect_error([&] { batch.forward({{&a, tokens, pos, 0, nullptr}}); }, {"steps[0].n", ">= 1"});
+  // Nothing ran: both sessions are still empty.
+  EXPECT_EQ(a.size(), 0);
+  EXPECT_EQ(b.size(), 0);
+  batch.forward({{&a, tokens, pos, 2, nullptr}, {&b, tokens, pos, 2, nullptr}});
+  EXPECT_EQ(a.size(), 2);
+  EXPECT_EQ(b.size(), 2);
+}
+
+}  // namespace
+}  // namespace rotary::test
