@@ -1,5 +1,6 @@
 // rotary perplexity: seed 004's measurement on a real checkpoint - loss on the last L tokens of windows of
 // growing length, per inference-time method (experiments/perplexity.h).
+#include <algorithm>
 #include <cstdio>
 #include <fmt/format.h>
 #include <string>
@@ -44,6 +45,14 @@ struct PerplexityCommand {
     memory_flags.check_given_together(spec.memory);
     if (app->get_option("--lengths")->count()) spec.lengths = parse_lengths(lengths);
     if (app->get_option("--methods")->count()) spec.methods = parse_name_list(methods, "--methods");
+    // A method's setting given without the method is refused, not silently unused.
+    auto runs = [&](const char* method) {
+      return std::find(spec.methods.begin(), spec.methods.end(), method) != spec.methods.end();
+    };
+    check_given_only_with(app->get_option("--leaky-k"), runs("leaky_rerope"),
+                          "with --methods including leaky_rerope (its k)");
+    check_given_only_with(app->get_option("--dynamic-factor"), runs("dynamic"),
+                          "with --methods including dynamic (its factor)");
     check(logn == "off" || logn == "on" || logn == "both", "--logn", logn, "off, on, both");
     spec.logn = logn == "both" ? std::vector<bool>{false, true} : std::vector<bool>{logn == "on"};
     spec.command_line = quoted_command_line();

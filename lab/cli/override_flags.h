@@ -7,6 +7,8 @@
 #include <string>
 
 #include "cli/options.h"
+#include "rotary/error.h"
+#include "rotary/rope_spec.h"
 #include "rotary/settings.h"
 #include "rotary_nn/config.h"
 
@@ -52,6 +54,15 @@ struct OverrideFlags {
       if (factor_opt->count()) s.factor = factor;
       if (base_opt->count()) s.base = base;
       if (original_opt->count()) s.original_max_position_embeddings = original_max;
+      // A value the resulting scaling does not read is refused rather than silently dropped.
+      check(!factor_opt->count() || (s.scaling != RopeScaling::None && s.scaling != RopeScaling::Explicit), "--factor",
+            factor, "with a scaling that reads it (--scaling linear, ntk, ntk_mixed, dynamic, yarn, llama3, longrope, "
+                    "or a checkpoint trained with one; the scaling here is " + std::string(scaling_name(s.scaling)) + ")");
+      check(!original_opt->count() || s.scaling == RopeScaling::Yarn || s.scaling == RopeScaling::Llama3 ||
+                s.scaling == RopeScaling::LongRope,
+            "--original-max", original_max,
+            "with a scaling that reads it (--scaling yarn, llama3, longrope; the scaling here is " +
+                std::string(scaling_name(s.scaling)) + ")");
       o.rope = s;
     }
     if (window_opt->count()) o.window = window;

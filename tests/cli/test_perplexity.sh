@@ -106,6 +106,17 @@ expect_error "perplexity --activations f16" 2 "--activations = \"f16\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations f16 --out "$W/x"
 expect_error "generate --activations bf16 on f16 weights" 2 "stored as f16" -- \
   "$ROTARY" generate "$FIX/mistral" --prompt x --max-new 1 --activations bf16
+# A setting that nothing reads is refused, not silently dropped: a method's parameter without the method, a
+# scaling parameter without a scaling that reads it (mistral's config has no rope_scaling).
+expect_error "perplexity --leaky-k without leaky_rerope" 2 "--leaky-k" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --methods native,rerope --leaky-k 4 --out "$W/x"
+expect_error "perplexity --dynamic-factor without dynamic" 2 "--dynamic-factor" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --methods native --dynamic-factor 2 --out "$W/x"
+echo 1 2 3 > "$W/ids3.txt"
+expect_error "generate --factor without a scaling" 2 "--factor = 4" -- \
+  "$ROTARY" generate "$FIX/mistral" --prompt-tokens "$W/ids3.txt" --max-new 1 --factor 4
+expect_error "generate --original-max with linear" 2 "--original-max = 64" -- \
+  "$ROTARY" generate "$FIX/mistral" --prompt-tokens "$W/ids3.txt" --max-new 1 --scaling linear --factor 2 --original-max 64
 
 # Token ids, on the partial-rotation family (no tokenizer in that fixture).
 /usr/bin/python3 -c "import random; random.seed(1); print(' '.join(str(random.randrange(64)) for _ in range(200)))" > "$W/ids.txt"
