@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Installs the Debian packages listed in scripts/debian-packages.txt that are missing, then the oracles'
-# npm packages (tests/tokenizer_oracle, tests/template_oracle, pinned by their package-lock.json) when they are missing or the lock file
-# changed. Idempotent: when all are present it changes nothing and needs no network. Run as root (or with sudo
-# available).
+# Installs the Debian packages listed in scripts/debian-packages.txt that are missing, then the pinned npm packages
+# of the oracles and of the server's client tests (tests/tokenizer_oracle, tests/template_oracle,
+# tests/server_clients, pinned by their package-lock.json) when they are missing or the lock file changed.
+# Idempotent: when all are present it changes nothing and needs no network. Run as root (or with sudo available).
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 mapfile -t wanted < <(grep -v '^\s*#' "$here/debian-packages.txt" | sed 's/\s.*//' | grep -v '^$')
@@ -29,10 +29,11 @@ else
   $sudo apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 
-# The oracles' npm packages (tests/tokenizer_oracle, tests/template_oracle): npm ci from each lock file (no install
+# The pinned npm packages (tests/tokenizer_oracle, tests/template_oracle: the oracles; tests/server_clients: the
+# official OpenAI SDK that tests/cli/test_serve_*.sh drive `rotary serve` with): npm ci from each lock file (no install
 # scripts), redone only when a pinned package is missing or the lock file differs from the one last installed (its
 # hash is kept in node_modules).
-for folder in tokenizer_oracle template_oracle; do
+for folder in tokenizer_oracle template_oracle server_clients; do
   oracle="$(cd "$here/../tests/$folder" && pwd)"
   stamp="$oracle/node_modules/.rotary-lock-sha256"
   lock_hash="$(sha256sum "$oracle/package-lock.json" | cut -d' ' -f1)"

@@ -50,7 +50,7 @@ cmake --build "$root/build-notorch" -j "$jobs"
 phase_done "build (without libtorch)"
 echo "== tests without libtorch (engine, tokenizers, chat, CLI)"
 ROTARY_TORCH_BUILD="$root/build/lab/rotary" ctest --test-dir "$root/build-notorch" -j "$jobs" \
-  -L '^(engine|tokenizers|chat|cli)$' --output-on-failure --timeout 900 2>&1 | tee "$logs/notorch.log" || status=1
+  -L "^(engine|tokenizers|chat|server|cli)$" --output-on-failure --timeout 900 2>&1 | tee "$logs/notorch.log" || status=1
 phase_done "tests (without libtorch)"
 
 echo "== build (core, ASan+UBSan)"

@@ -1,4 +1,5 @@
-# Sourced by the oracle tests (tests/tokenizer_oracle, tests/template_oracle): every npm package the folder's
+# Sourced by the tests that run pinned npm packages (the oracles tests/tokenizer_oracle, tests/template_oracle; the
+# server's client tests tests/cli/test_serve_*.sh with tests/server_clients): every npm package the folder's
 # package.json pins, at its pinned version (a stale node_modules would compare against another oracle).
 #
 # usage: require_pinned_npm_packages <oracle folder> <how to install them>; exits 1 (the test FAILS) otherwise.
@@ -17,7 +18,7 @@ require_pinned_npm_packages() {
       if (got !== version) { console.log(`FAIL: ${name}: ${got} in node_modules, ${version} pinned`); ok = false; }
     }
     process.exit(ok ? 0 : 1);' "$dir"; then
-    echo "FAIL: the oracle's npm packages are not installed as pinned in $dir/package-lock.json; $setup"
+    echo "FAIL: the npm packages are not installed as pinned in $dir/package-lock.json; $setup"
     exit 1
   fi
 }

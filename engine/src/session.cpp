@@ -220,6 +220,9 @@ struct Session::Impl {
     check(p.rope.head_dim == arch.head_dim, "positions.rope.head_dim", p.rope.head_dim,
           "the model's head_dim = " + std::to_string(arch.head_dim));
     take_freqs(options.capacity);  // validates the rope; the length-dependent ones are taken again per forward
+    // The caches' settings (a ReRoPE window, ...) checked now, not at the first forward: the core's count of their
+    // bytes checks the configuration they will be made with.
+    if (!options.memory && options.keep_caches) kv_cache_bytes(cache_config());
     if (options.memory) {
       const MemoryOptions& mo = *options.memory;
       check(options.kv_dtype == DType::F32, "kv_dtype", dtype_name(options.kv_dtype),

@@ -269,6 +269,11 @@ engine::Session CheckpointModel::session(int64_t capacity) const {
   return engine::Session(m.model, m.session(capacity, RunKind::Generate));
 }
 
+std::shared_ptr<const engine::Model> CheckpointModel::engine_model() const {
+  check(impl_->model != nullptr, "--engine", impl_->options.engine, "engine (the server batches engine sessions)");
+  return impl_->model;
+}
+
 engine::MemoryStats CheckpointModel::memory_stats() const { return impl_->memory_stats; }
 
 int64_t CheckpointModel::memory_needed(int64_t tokens, RunKind kind) const {

@@ -105,6 +105,9 @@ class CheckpointModel {
   // A session of the engine for `capacity` tokens with the active encoding, memory and KV cache settings (`rotary
   // chat`: one conversation whose tokens stay between turns). rotary::Error naming --engine on the torch path.
   engine::Session session(int64_t capacity) const;
+  // The engine's model (`rotary serve` batches several sessions over it); rotary::Error naming --engine on the torch
+  // path.
+  std::shared_ptr<const engine::Model> engine_model() const;
   // New tokens after `prompt` (greedy at temperature 0), at most max_new, stopping at any of stop_ids; only
   // ids below sample_vocab (0: all) are chosen.
   // `on_prompt(done, total)`: progress through a long prompt (optional). On the engine (with or without a memory):

@@ -1,0 +1,132 @@
+// rotary_server/scheduler.h: the slots of `rotary serve` and their continuous batching. Requests (Jobs) wait in a
+// bounded queue; each of N slots holds one engine session (its own KV cache, or memory); one scheduler thread runs
+// the steps: every step feeds each active slot's next tokens - a decode token, or the next piece of a prompt (one
+// prompt piece per step, so a long prompt does not stall the others' streams) - through one
+// engine::SessionBatch::forward (one pass over the weights for all of them) and one LM head call, then samples each
+// slot's token with its own sampler. A sequence's pieces depend only on its request and --prefill-step, and the batch
+// gives each session its own forward's bits, so a request's tokens are the same whatever runs beside it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "rotary_engine/generate.h"
+#include "rotary_engine/model.h"
+#include "rotary_server/openai_api.h"
+#include "rotary_tokenizers/tokenizer.h"
+
+namespace rotary::server {
+
+// One request as the scheduler runs it, shared by the HTTP thread that waits on it and the scheduler thread that
+// fills it.
+class Job {
+ public:
+  // Set before submit().
+  std::vector<int64_t> prompt;           // token ids (>= 1)
+  engine::GenerateOptions sampling;      // max_new (>= 1), temperature, top_p, seed, stop_ids, sample_vocab
+  std::vector<std::string> stop_strings; // text that ends the answer (not included)
+  std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
+  std::optional<engine::PositionMethod> positions;  // the request's own (rotary's extension); unset: the server's
+
+  // What the waiting side reads: new text since the last call (held back while it could still turn into a stop
+  // string or ends inside a UTF-8 character), and once finished the reason, the usage or the error.
+  struct Update {
+    std::string text;
+    bool finished = false;
+    FinishReason finish = FinishReason::Stop;
+    Usage usage;
+    std::optional<ApiError> error;
+  };
+  // Waits up to `wait` for new text or the end.
+  Update next(std::chrono::milliseconds wait);
+  // The client is gone (a disconnect): the scheduler frees the slot at its next step.
+  void cancel() { cancelled_ = true; }
+  bool cancelled() const { return cancelled_; }
+
+  // The scheduler's side.
+  void publish(const std::string& text);
+  void finish(FinishReason reason, const Usage& usage);
+  void fail(const ApiError& error);
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::string pending_;
+  bool finished_ = false;
+  FinishReason finish_ = FinishReason::Stop;
+  Usage usage_;
+  std::optional<ApiError> error_;
+  std::atomic<bool> cancelled_{false};
+};
+
+struct SchedulerOptions {
+  int slots = 1;               // --parallel: sequences decoded together
+  int64_t context = 4096;      // --ctx: tokens per slot (prompt + answer)
+  int64_t prefill_step = 512;  // --prefill-step: prompt tokens one step reads for one slot
+  int64_t queue_limit = 64;    // --queue: requests waiting with every slot busy; more are refused (503)
+  int threads = 0;             // 0: OpenMP's default
+  void validate() const;       // rotary::Error naming the flag
+};
+
+// What the server runs: the model, sessions with the server's settings, the tokenizer.
+struct ServedModel {
+  std::shared_ptr<const engine::Model> model;
+  // Sessions with the run's settings (KV dtype, memory, positions) for `capacity` tokens; `positions` non-null: those
+  // positions instead of the run's (rotary::Error naming the field where they do not fit).
+  std::function<engine::Session(int64_t capacity, const engine::PositionMethod* positions)> new_session;
+  std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
+  engine::PositionMethod positions;  // the run's positions, which a request's extension fields start from
+};
+
+// Counters for /metrics.
+struct SchedulerStats {
+  int64_t requests_finished = 0, requests_failed = 0, requests_cancelled = 0;
+  int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t queued = 0, slots_busy = 0, slots = 0;
+  int64_t kv_bytes = 0;  // bytes the busy slots' caches hold (Session::bytes_needed at their length)
+  int64_t steps = 0;
+};
+
+class Scheduler {
+ public:
+  Scheduler(ServedModel model, const SchedulerOptions& options);
+  ~Scheduler();  // stops the thread; jobs still queued or running fail with 503 (shutting_down)
+
+  // Queues `job`: ApiError 503 (queue_full, with the queue's size) when the queue is full, 503 (shutting_down) once
+  // draining; 400 (context_length_exceeded, param `param`) when its prompt and max_new do not fit a slot, 400 (param
+  // rotary) when its own positions do not fit the model.
+  void submit(const std::shared_ptr<Job>& job, const std::string& prompt_param);
+  // Stops taking jobs and waits until the queued and running ones have finished, or until `deadline`, after which
+  // the rest fail (503, shutting_down).
+  void drain(std::chrono::steady_clock::time_point deadline);
+  SchedulerStats stats() const;
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Slot;
+  void loop();
+  void step(std::vector<Slot*>& active);
+
+  ServedModel model_;
+  SchedulerOptions options_;
+  engine::SessionBatch batch_;
+  std::vector<std::unique_ptr<Slot>> slots_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  bool draining_ = false, stopping_ = false;
+  SchedulerStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace rotary::server
