@@ -5,6 +5,7 @@
 #include <map>
 
 #include "rotary/error.h"
+#include "rotary/hf_config.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
 
@@ -22,19 +23,6 @@ nlohmann::ordered_json parse_ordered(const std::string& text, const std::string&
 
 std::string excerpt(const nlohmann::ordered_json& v) { return json_excerpt(nlohmann::json::parse(v.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace))); }
 
-// A special token as tokenizer_config.json writes it: a string, or an AddedToken object {"content": ...}.
-std::optional<std::string> special_token(const nlohmann::ordered_json& config, const std::string& key,
-                                         const std::string& source) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object()) {
-    const auto content = it->find("content");
-    if (content != it->end() && content->is_string()) return content->get<std::string>();
-  }
-  fail(source + " " + key, excerpt(*it), "a string or an AddedToken object {\"content\": \"...\"}");
-}
-
 }  // namespace
 
 ChatTemplate load_chat_template(const std::string& model_dir, const std::string& template_file,
@@ -47,8 +35,8 @@ ChatTemplate load_chat_template(const std::string& model_dir, const std::string&
   if (fs::exists(config_path, ec)) {
     config = parse_ordered(read_regular_file(config_path, "tokenizer_config.json"), config_path);
     if (!config->is_object()) fail(config_path, excerpt(*config), "a JSON object");
-    out.bos_token = special_token(*config, "bos_token", config_path);
-    out.eos_token = special_token(*config, "eos_token", config_path);
+    out.bos_token = hf_special_token(nlohmann::json(*config), "bos_token", config_path);
+    out.eos_token = hf_special_token(nlohmann::json(*config), "eos_token", config_path);
   }
   if (!template_file.empty()) {
     if (!template_name.empty())

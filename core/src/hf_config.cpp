@@ -335,4 +335,16 @@ RopeSpec rope_spec_from_hf_config_file(const std::string& path) {
   }
 }
 
+std::optional<std::string> hf_special_token(const nlohmann::json& config, const std::string& key,
+                                            const std::string& source) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return std::nullopt;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object()) {
+    const auto content = it->find("content");
+    if (content != it->end() && content->is_string()) return content->get<std::string>();
+  }
+  fail(source + ": " + key, json_excerpt(*it), "a string, an AddedToken object {\"content\": \"...\"} or null");
+}
+
 }  // namespace rotary

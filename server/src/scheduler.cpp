@@ -298,7 +298,9 @@ void Scheduler::step(std::vector<Slot*>& active) {
     }
   }
   // One LM head call for every slot that chooses a token.
-  std::vector<float> rows(choosing.size() * size_t(d)), logits(choosing.size() * size_t(V));
+  std::vector<float>& rows = head_rows_;  // (kept between steps: a step allocates no logits)
+  std::vector<float>& logits = head_logits_;
+  rows.resize(choosing.size() * size_t(d)), logits.resize(choosing.size() * size_t(V));
   for (size_t i = 0; i < choosing.size(); ++i) {
     const Slot& s = *choosing[i];
     const int64_t last = int64_t(s.hidden.size()) / d - 1;

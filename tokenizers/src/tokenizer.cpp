@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rotary/error.h"
+#include "rotary/hf_config.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
 #include "tokenizer_parts.h"
@@ -15,18 +16,6 @@ namespace fs = std::filesystem;
 using nlohmann::json;
 
 std::string read_whole_file(const fs::path& path) { return read_regular_file(path.string(), "tokenizer file"); }
-
-// bos_token / eos_token of tokenizer_config.json: the token's text, or nothing for null / absent.
-std::optional<std::string> config_token_text(const json& config, const std::string& key, const std::string& source) {
-  const auto it = config.find(key);
-  if (it == config.end() || it->is_null()) return std::nullopt;
-  if (it->is_string()) return it->get<std::string>();
-  if (it->is_object()) {
-    const auto content = it->find("content");
-    if (content != it->end() && content->is_string()) return content->get<std::string>();
-  }
-  fail(source + ": " + key, json_excerpt(*it), "a string, {\"content\": string, ...} or null");
-}
 
 }  // namespace
 
@@ -55,7 +44,7 @@ void apply_tokenizer_config(Tokenizer& tokenizer, std::string_view json_text, co
     (std::string(key) == "add_bos_token" ? tokenizer.add_bos : tokenizer.add_eos) = it->get<bool>();
   }
   for (const char* key : {"bos_token", "eos_token"}) {
-    const std::optional<std::string> text = config_token_text(config, key, source);
+    const std::optional<std::string> text = hf_special_token(config, key, source);
     if (!text) continue;
     const std::optional<int64_t> id = tokenizer.token_id(*text);
     if (!id) fail(source + ": " + key, "\"" + *text + "\"", "a token of the vocabulary or an added token");

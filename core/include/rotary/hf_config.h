@@ -11,6 +11,8 @@
 // its value and what is allowed.
 #pragma once
 
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,5 +28,11 @@ RopeSpec rope_spec_from_hf_config_file(const std::string& path);
 // The text of that config.json (rotary::Error naming the path if it cannot be read); `config_path`, if given,
 // receives the file's path.
 std::string read_hf_config_text(const std::string& path, std::string* config_path = nullptr);
+
+// A special token of tokenizer_config.json (`key`: bos_token, eos_token, ...) as its text: a string, or an AddedToken
+// object's "content"; nullopt for null or absent. rotary::Error naming "<source>: <key>" for anything else. The one
+// reading of them, for the tokenizers (their BOS / EOS ids) and the chat templates (the variables).
+std::optional<std::string> hf_special_token(const nlohmann::json& config, const std::string& key,
+                                            const std::string& source);
 
 }  // namespace rotary

@@ -121,6 +121,7 @@ class Scheduler {
   SchedulerOptions options_;
   engine::SessionBatch batch_;
   std::vector<std::unique_ptr<Slot>> slots_;
+  std::vector<float> head_rows_, head_logits_;  // a step's LM head input [slots choosing, d] and output [.., vocab]
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
