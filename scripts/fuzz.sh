@@ -13,8 +13,8 @@ root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: seconds-per-target = '$seconds' is invalid; allowed: an integer >= 1" >&2; exit 2; }
 shift $(($# > 0 ? 1 : 0))
-all=(hf_config hf_model train_config_toml train_config_json checkpoint task_vocab text_cache safetensors tokenizer_json
-     spm_model kv_memory memory_pages memory_graph kv_cache context_manifest chat_template server_request)
+all=(hf_config hf_model train_config_toml train_config_json checkpoint task_vocab text_cache safetensors gguf
+     tokenizer_json spm_model kv_memory memory_pages memory_graph kv_cache context_manifest chat_template server_request)
 targets=("${@:-${all[@]}}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: target = '$t' is invalid; allowed: ${all[*]}" >&2; exit 2; }

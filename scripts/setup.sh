@@ -50,3 +50,19 @@ for folder in tokenizer_oracle template_oracle server_clients; do
     echo "$lock_hash" > "$stamp"
   fi
 done
+
+# llama.cpp's source as npm's node-llama-cpp@3.22.1 ships it (llama/gitRelease.bundle: tag v0.5.0), unpacked into
+# tests/gguf_oracle/llama.cpp (ignored by git): its gguf-py is the GGUF oracle (tests/gguf_oracle). Nothing of it is
+# built or committed.
+llama_src="$here/../tests/gguf_oracle/llama.cpp"
+if [ -f "$llama_src/gguf-py/gguf/__init__.py" ]; then
+  echo "setup: llama.cpp's gguf-py present"
+else
+  echo "setup: llama.cpp's source from npm's node-llama-cpp@3.22.1 into tests/gguf_oracle/llama.cpp"
+  pack="$(mktemp -d)"
+  (cd "$pack" && npm pack node-llama-cpp@3.22.1 --silent --no-audit --no-fund >/dev/null &&
+     tar xzf node-llama-cpp-3.22.1.tgz package/llama/gitRelease.bundle)
+  rm -rf "$llama_src"
+  git -c advice.detachedHead=false clone -q "$pack/package/llama/gitRelease.bundle" "$llama_src"
+  rm -rf "$pack"
+fi
