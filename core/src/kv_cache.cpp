@@ -374,6 +374,31 @@ KvCache KvCache::open_bytes(const void* data, size_t bytes, const KvCacheConfig&
   return cache;
 }
 
+KvCache KvCache::copy_prefix(int64_t n, int64_t capacity) const {
+  const Impl& m = *impl_;
+  check(n >= 0 && n <= m.size, "kv_cache.copy_prefix: n", n, "in [0, size = " + std::to_string(m.size) + "]");
+  check(capacity >= n, "kv_cache.copy_prefix: capacity", capacity, ">= n = " + std::to_string(n));
+  KvCacheConfig config = m.config;
+  config.capacity = capacity;
+  KvCache copy(config);
+  Impl& c = *copy.impl_;
+  const bool q8 = m.config.storage == KvStorage::Q8;
+  const int64_t elt = q8 ? 1 : int64_t(dtype_size(m.config.dtype)), rs = m.layout.row_stride;
+  const int64_t H = m.config.kv_heads, from_cap = m.config.capacity, to_cap = capacity;
+  const std::vector<const AlignedBytes*> from = m.arrays(), to = c.arrays();
+  for (size_t a = 0; a < from.size(); ++a)
+    for (int64_t g = 0; g < H; ++g) {
+      std::memcpy(to[a]->get() + g * to_cap * rs * elt, from[a]->get() + g * from_cap * rs * elt, size_t(n * rs * elt));
+      if (q8)
+        std::memcpy(to[a]->get() + c.scale_offset + size_t(g * to_cap * (rs / kQ8Block)) * 4,
+                    from[a]->get() + m.scale_offset + size_t(g * from_cap * (rs / kQ8Block)) * 4,
+                    size_t(n * (rs / kQ8Block)) * 4);
+    }
+  c.positions.assign(m.positions.begin(), m.positions.begin() + n);
+  c.size = n;
+  return copy;
+}
+
 void KvCache::clear() {
   impl_->size = 0;
   impl_->positions.clear();

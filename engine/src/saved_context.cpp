@@ -90,7 +90,7 @@ ContextLock::~ContextLock() {
 }
 
 bool is_context_file_name(const std::string& name) {
-  static const std::regex pattern(R"((layer\d+\.(kv|memory|window|search)|context\.json)(\.tmp\.\d+)?)");
+  static const std::regex pattern(R"((layer\d+\.(kv|memory|window|search)|context\.json|tokens\.ids)(\.tmp\.\d+)?)");
   return std::regex_match(name, pattern);
 }
 
@@ -182,7 +182,7 @@ ContextManifest parse_manifest(std::string_view text, const std::string& path) {
     ContextFile cf;
     cf.name = f.required_text("name");
     check(is_context_file_name(cf.name) && cf.name != kContextManifest && cf.name.find(".tmp.") == std::string::npos,
-          f.path("name"), cf.name, "a layer file's name (layer<i>.kv, .memory, .window, .search)");
+          f.path("name"), cf.name, "a context file's name (layer<i>.kv, .memory, .window, .search; tokens.ids)");
     for (const ContextFile& earlier : m.files)
       check(earlier.name != cf.name, f.path("name"), cf.name, "a file the manifest names once");
     cf.bytes = f.required_integer("bytes", 0);

@@ -1,7 +1,7 @@
 // engine/src/saved_context.h (internal): a saved context as one unit (Session::save_context / open_context).
 //
 // A context directory holds each layer's files (layer<i>.kv, or layer<i>.memory / .window, and layer<i>.search
-// where the search keeps what it built) and the manifest `context.json`, written last: the save's id, the model by
+// where the search keeps what it built), the tokens' ids (tokens.ids) and the manifest `context.json`, written last: the save's id, the model by
 // content (Model::weights_hash, its matrix format and activations), the settings that shaped the rows, and every
 // file with its size and content hash. Each layer file's own fingerprint binds it to its save and its layer, so a
 // file of another save or another layer is refused by the file's check as well as by the manifest's. A save holds
@@ -18,6 +18,9 @@ namespace rotary::engine::detail {
 
 inline constexpr const char* kContextManifest = "context.json";
 inline constexpr const char* kContextLock = "context.lock";
+// The tokens' ids (Session::tokens): the save's fingerprint for them (layer_fingerprint at layer -1), then the ids,
+// int64 little-endian.
+inline constexpr const char* kContextTokens = "tokens.ids";
 inline constexpr int kContextFormatVersion = 1;
 
 struct ContextFile {

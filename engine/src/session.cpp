@@ -48,6 +48,17 @@ namespace {
 constexpr int64_t kPad = KvCacheLayout::kPad;
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// One layer's bytes in a session with a memory holding `rows` tokens in it: the memory's keys, values and
+// positions, the window's cache (2W rows per kv head of keys and values, and Leaky's far copies, f32) and the
+// window's un-rotated rows. `rotary`: the rotated features of a head.
+int64_t memory_layer_bytes(const Architecture& arch, const SessionOptions& options, int64_t rotary, int64_t rows) {
+  const int64_t hkv = arch.n_kv_heads * arch.head_dim, ms = int64_t(dtype_size(options.memory->storage));
+  const int64_t w2 = 2 * std::max<int64_t>(options.memory->window, 1);
+  const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(arch.head_dim - rotary, kPad);
+  const int64_t copies = options.positions.mode == PositionMode::LeakyRerope ? 4 : 2;
+  return copies * arch.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) + rows * (2 * hkv * ms + 8);
+}
+
 bool length_dependent(const RopeSpec& r) {
   return r.scaling == RopeScaling::Dynamic || r.scaling == RopeScaling::LongRope;
 }
@@ -183,6 +194,7 @@ struct Session::Impl {
   std::vector<float> chunk_k, chunk_v, chunk_lse, chunk_mass;
   std::vector<int64_t> chunk_pos;
   int64_t last_position = 0;
+  std::vector<int64_t> token_ids;  // Session::tokens
   int64_t passed = 0;  // keep_caches false: the tokens of the one forward() call so far (0 or its n)
   // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
   std::vector<std::vector<float>> hist_k, hist_v;
@@ -531,6 +543,7 @@ struct Session::Impl {
     if (history) hist_pos.insert(hist_pos.end(), positions, positions + n);
     if (!options.keep_caches) passed = n;
     last_position = positions[n - 1];
+    token_ids.insert(token_ids.end(), tokens, tokens + n);
     if (hidden) apply_norm(arch.norm, weights.final_norm, arch.norm_eps, residual.data(), n, d, hidden, threads);
   }
 };
@@ -642,6 +655,16 @@ void Session::save_context(const std::string& dir) const {
       names.push_back(layer_name(i, "kv"));
     }
   }
+  // The tokens' ids (Session::tokens), where the session knows them: the save's fingerprint for them (as a layer
+  // file's, at layer -1), then the ids, int64 little-endian.
+  if (int64_t(impl.token_ids.size()) == impl.size()) {
+    std::string bytes(8 + impl.token_ids.size() * 8, '\0');
+    const uint64_t fingerprint = detail::layer_fingerprint(context, saved.save_id, -1);
+    std::memcpy(bytes.data(), &fingerprint, 8);
+    if (!impl.token_ids.empty()) std::memcpy(bytes.data() + 8, impl.token_ids.data(), impl.token_ids.size() * 8);
+    write_file_atomic(detail::context_path(dir, detail::kContextTokens), "save_context", bytes);
+    names.push_back(detail::kContextTokens);
+  }
   // What the searches built (MemorySearch::save), where a search keeps something.
   for (int64_t i = 0; i < int64_t(impl.searches.size()); ++i) {
     impl.searches[size_t(i)]->save(layer_file(dir, i, "search"));
@@ -684,6 +707,21 @@ void Session::open_context(const std::string& dir) {
     return false;
   };
   const uint64_t context = impl.context_fingerprint();
+  // The tokens' ids, where the save kept them (a save before saves did has none: tokens() stays empty).
+  std::vector<int64_t> token_ids;
+  if (listed(detail::kContextTokens)) {
+    const std::string path = detail::context_path(dir, detail::kContextTokens);
+    const std::string ids = read_regular_file(path, "open_context " + path, "the save's token ids (a regular file)");
+    check(int64_t(ids.size()) == 8 + saved.tokens * 8, "open_context " + path, std::to_string(ids.size()) + " bytes",
+          "8 + " + std::to_string(saved.tokens) + " token ids of 8 bytes, as the manifest records");
+    uint64_t fingerprint = 0;
+    std::memcpy(&fingerprint, ids.data(), 8);
+    check(fingerprint == detail::layer_fingerprint(context, saved.save_id, -1), "open_context " + path,
+          "fingerprint " + std::to_string(fingerprint),
+          "this save's (the file of another save, model or settings)");
+    token_ids.resize(size_t(saved.tokens));
+    if (!token_ids.empty()) std::memcpy(token_ids.data(), ids.data() + 8, ids.size() - 8);
+  }
   for (int64_t i = 0; i < impl.arch.n_layers; ++i)
     for (const char* what : impl.options.memory ? std::vector<const char*>{"memory", "window"} : std::vector<const char*>{"kv"})
       check(listed(layer_name(i, what)), "open_context " + manifest_path, "no " + layer_name(i, what),
@@ -701,6 +739,7 @@ void Session::open_context(const std::string& dir) {
     impl.caches = std::move(caches);
     impl.options.capacity += saved.tokens;
     impl.last_position = impl.caches.front().last_position();
+    impl.token_ids = std::move(token_ids);
     return;
   }
   std::vector<MemoryKvCache> caches;
@@ -720,6 +759,7 @@ void Session::open_context(const std::string& dir) {
   const MemoryKvCache& c0 = impl.memory_caches.front();
   impl.last_position = c0.window_positions()[c0.window_size() - 1];
   impl.memory_stats.memory_tokens = c0.memory().size();
+  impl.token_ids = std::move(token_ids);
 }
 
 int64_t Session::saved_context_bytes(const std::string& dir) {
@@ -727,6 +767,63 @@ int64_t Session::saved_context_bytes(const std::string& dir) {
 }
 
 int64_t Session::next_position() const { return impl_->started() ? impl_->last_position + 1 : 0; }
+const std::vector<int64_t>& Session::tokens() const { return impl_->token_ids; }
+uint64_t Session::settings_fingerprint() const { return impl_->settings_fingerprint(); }
+
+int64_t Session::held_bytes() const {
+  const Impl& impl = *impl_;
+  int64_t bytes = 0;
+  // A cache's arrays are [kv_heads, capacity, row]: the core's count for a cache of size() rows is what it holds
+  // (the rows past them are allocated, never touched).
+  for (const KvCache& c : impl.caches) {
+    if (c.size() == 0) continue;
+    KvCacheConfig held{c.size(), c.kv_heads(), c.head_dim(), c.dtype(), c.pos()};
+    held.storage = c.storage();
+    bytes += kv_cache_bytes(held);
+  }
+  const int64_t rotary = impl.freqs.rotary_dim > 0 ? impl.freqs.rotary_dim : impl.arch.head_dim;
+  for (const MemoryKvCache& c : impl.memory_caches)
+    bytes += memory_layer_bytes(impl.arch, impl.options, rotary, c.memory().size());
+  return bytes;
+}
+
+void Session::release_scratch() {
+  Impl& impl = *impl_;
+  for (std::vector<float>* v : {&impl.residual, &impl.q, &impl.k, &impl.v, &impl.attn_out, &impl.chunk_k, &impl.chunk_v,
+                                &impl.chunk_lse, &impl.chunk_mass, &impl.rows.attn_in, &impl.rows.mlp_in, &impl.rows.qkv,
+                                &impl.rows.ff_up, &impl.rows.ff_gate})
+    std::vector<float>().swap(*v);
+  for (std::vector<uint8_t>* v : {&impl.q_conv, &impl.k_conv, &impl.v_conv, &impl.out_conv}) std::vector<uint8_t>().swap(*v);
+  std::vector<int64_t>().swap(impl.candidates);
+  std::vector<int64_t>().swap(impl.chunk_pos);
+}
+
+bool Session::can_copy_prefix() const {
+  return impl_->options.keep_caches && !impl_->options.memory && !length_dependent(impl_->options.positions.rope);
+}
+
+void Session::copy_prefix_from(const Session& source, int64_t n) {
+  Impl& impl = *impl_;
+  const Impl& from = *source.impl_;
+  from.check_context_session("copy_prefix_from source");
+  check(!from.options.memory, "copy_prefix_from source", "a session with a memory",
+        "a session of KV caches (a memory's rows cannot be cut at a token)");
+  check(!impl.started(), "copy_prefix_from", "a session holding " + std::to_string(impl.size()) + " tokens",
+        "an empty session");
+  check(impl.model.get() == from.model.get(), "copy_prefix_from source", "a session of another model",
+        "a session of this session's model");
+  check(impl.settings_fingerprint() == from.settings_fingerprint(), "copy_prefix_from source",
+        "a session with " + from.settings_text(), "this session's settings (" + impl.settings_text() + ")");
+  check(n >= 1 && n <= from.size(), "copy_prefix_from n", n, "in [1, source.size() = " + std::to_string(from.size()) + "]");
+  check(n <= impl.options.capacity, "copy_prefix_from n", n,
+        "<= this session's capacity = " + std::to_string(impl.options.capacity));
+  std::vector<KvCache> caches;
+  for (const KvCache& c : from.caches) caches.push_back(c.copy_prefix(n, impl.options.capacity));
+  impl.caches = std::move(caches);
+  impl.last_position = impl.caches.front().last_position();
+  const bool known = int64_t(from.token_ids.size()) == from.size();
+  impl.token_ids.assign(from.token_ids.begin(), from.token_ids.begin() + (known ? n : 0));
+}
 
 Session::Session(std::shared_ptr<const Model> model, const SessionOptions& options)
     : impl_(std::make_unique<Impl>(std::move(model), options)) {}
@@ -758,6 +855,7 @@ void Session::clear() {
   impl_->scored_vectors = impl_->scan_vectors = 0;
   impl_->hist_k.clear(), impl_->hist_v.clear(), impl_->hist_pos.clear();
   impl_->last_position = 0;
+  impl_->token_ids.clear();
   impl_->passed = 0;
 }
 
@@ -854,6 +952,7 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
       const BatchStep& st = *batched[i];
       Session::Impl& s = *st.session->impl_;
       s.last_position = st.positions[st.n - 1];
+      s.token_ids.insert(s.token_ids.end(), st.tokens, st.tokens + st.n);
       if (st.hidden)
         apply_norm(arch.norm, b.weights.final_norm, arch.norm_eps, b.residual.data() + offset[i] * d, st.n, d, st.hidden,
                    b.threads);
@@ -865,8 +964,6 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
 int64_t Session::bytes_needed(const Model& model, const SessionOptions& options, int64_t prompt_tokens) {
   const Architecture& arch = model.arch();
   const int64_t rotary = options.positions.rope.rotary_dim > 0 ? options.positions.rope.rotary_dim : arch.head_dim;
-  const int64_t row = 2 * round_up(rotary / 2, kPad) + round_up(arch.head_dim - rotary, kPad);
-  const int64_t copies = options.positions.mode == PositionMode::LeakyRerope ? 4 : 2;  // keys, values (+ far copies)
   const int64_t es = int64_t(dtype_size(options.kv_dtype));
   const int64_t n = std::max<int64_t>(prompt_tokens, 1), hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
   int64_t cache = 0;
@@ -884,9 +981,7 @@ int64_t Session::bytes_needed(const Model& model, const SessionOptions& options,
     // positions for every token; and the chunk buffers (window + chunk rows).
     const int64_t w2 = 2 * std::max<int64_t>(options.memory->window, 1);
     const int64_t chunk = options.memory->chunk_tokens();
-    const int64_t ms = int64_t(dtype_size(options.memory->storage));
-    cache = arch.n_layers * (copies * arch.n_kv_heads * w2 * row * 4 + w2 * (2 * hkv * 4 + 8) +
-                          options.capacity * (2 * hkv * ms + 8));
+    cache = arch.n_layers * memory_layer_bytes(arch, options, rotary, options.capacity);
     cache += ((w2 + chunk) * 2 * hkv + 2 * chunk * arch.n_heads) * 4;  // keys, values; lse and the memory's share
     if (options.memory->search) {  // per kv head: the rows' order (8 B each) and, per node (~2 per page), its box and links
       const int64_t nodes = std::max<int64_t>(1, 2 * options.capacity / options.memory->search->page_size);

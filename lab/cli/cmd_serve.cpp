@@ -6,6 +6,7 @@
 // Torch-free.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -40,6 +41,7 @@ struct ServeCommand {
   experiments::CheckpointMemoryOptions memory;
   CheckpointMemoryFlags memory_flags;
   int64_t context_tokens = 0;
+  int64_t prefix_cache_mib = -1;  // -1: the default (check_memory)
 
   void run() {
     memory_flags.check_given_together(memory);
@@ -74,11 +76,24 @@ struct ServeCommand {
       std::fprintf(stderr, "rotary serve: no chat template (%s): /v1/chat/completions refuses requests; "
                    "/v1/completions serves\n", e.what());
     }
-    auto new_session = [c](int64_t capacity, const engine::PositionMethod* positions) {
+    // A request's own settings (rotary's extension) over the run's: its positions; its memory's policy, window,
+    // top-k and search over the --memory flags (validated as those flags are).
+    auto new_session = [c, flags = memory](int64_t capacity, const server::Job* job) {
       engine::Session s = c->session(capacity);
-      if (!positions) return s;
+      if (!job) return s;
       engine::SessionOptions o = s.options();
-      o.positions = *positions;
+      if (job->positions) o.positions = *job->positions;
+      if (job->memory.any()) {
+        experiments::CheckpointMemoryOptions m = flags;
+        if (job->memory.policy) m.policy = *job->memory.policy;
+        check(m.enabled(), "rotary.memory", "unset", "a policy (exact, rerope, none, unlimiformer): this server runs no "
+              "memory for memory_window, top_k or search to apply to");
+        if (job->memory.window) m.window = *job->memory.window;
+        if (job->memory.top_k) m.top_k = int(*job->memory.top_k);
+        if (job->memory.search) m.search = *job->memory.search;
+        m.validate();
+        o.memory = m.engine_options(c->spec().trained_context);
+      }
       return engine::Session(c->engine_model(), o);
     };
     server::ServedModel served{c->engine_model(), new_session, tokenizer, c->session(1).options().positions};
@@ -91,9 +106,9 @@ struct ServeCommand {
     sigaction(SIGTERM, &action, &old_term);
     std::signal(SIGPIPE, SIG_IGN);  // a client gone mid-write is an error return, not the end of the server
     server::serve(server, served, prompts, scheduler, g_stop, [&](int port) {
-      std::fprintf(stderr, "rotary serve: %s as \"%s\" on http://%s:%d (%d slots of %lld tokens; %s)\n",
+      std::fprintf(stderr, "rotary serve: %s as \"%s\" on http://%s:%d (%d slots of %lld tokens; prefix cache %lld MiB; %s)\n",
                    model_dir.c_str(), server.model_id.c_str(), server.host.c_str(), port, slots.slots,
-                   (long long)slots.context, run_options.describe().c_str());
+                   (long long)slots.context, (long long)(slots.prefix_cache_bytes >> 20), run_options.describe().c_str());
       std::fflush(stderr);
     });
     sigaction(SIGINT, &old_int, nullptr);
@@ -102,24 +117,44 @@ struct ServeCommand {
   }
 
   // Every slot's cache at --ctx with a prompt piece of --prefill-step, the weights read in place and one batch's
-  // logits, against the memory available now: refused before serving, naming the bytes and flags that fit.
-  void check_memory(const experiments::CheckpointModel& c) const {
+  // logits, then the prefix cache, against the memory available now: refused before serving, naming the bytes and
+  // flags that fit. Sets the prefix cache's budget: --prefix-cache-mib, by default as much as the slots' caches at
+  // --ctx (the memory for rows at most doubles), within what is available after the slots.
+  void check_memory(const experiments::CheckpointModel& c) {
     const int64_t available = experiments::available_memory_bytes();
-    if (available < 0) return;
     const engine::Session one = c.session(slots.context);
     const int64_t piece = std::min(slots.prefill_step, slots.context);
     const int64_t per_slot = engine::Session::bytes_needed(one.model(), one.options(), piece);
     const int64_t shared = c.memory_needed(piece, experiments::CheckpointModel::RunKind::Score) +
                            4 * c.spec().config.vocab_size * int64_t(slots.slots);
     const int64_t need = shared + per_slot * slots.slots;
-    if (need <= available) return;
-    const int64_t fit_slots = std::max<int64_t>(0, (available - shared) / std::max<int64_t>(per_slot, 1));
-    fail("--parallel " + std::to_string(slots.slots) + " --ctx " + std::to_string(slots.context),
-         fmt::format("{:.2f} GB ({:.2f} GB per slot, {:.2f} GB shared)", double(need) / 1e9, double(per_slot) / 1e9,
-                     double(shared) / 1e9),
-         fmt::format("a setting that fits the {:.2f} GB available now: --parallel {} at this --ctx, a smaller --ctx, "
-                     "or --kv-dtype bf16 (halves the cache)",
-                     double(available) / 1e9, fit_slots));
+    const int64_t slot_caches = engine::Session::bytes_needed(one.model(), one.options(), 1) * slots.slots;
+    if (available >= 0 && need > available) {
+      const int64_t fit_slots = std::max<int64_t>(0, (available - shared) / std::max<int64_t>(per_slot, 1));
+      fail("--parallel " + std::to_string(slots.slots) + " --ctx " + std::to_string(slots.context),
+           fmt::format("{:.2f} GB ({:.2f} GB per slot, {:.2f} GB shared)", double(need) / 1e9, double(per_slot) / 1e9,
+                       double(shared) / 1e9),
+           fmt::format("a setting that fits the {:.2f} GB available now: --parallel {} at this --ctx, a smaller --ctx, "
+                       "or --kv-dtype bf16 (halves the cache)",
+                       double(available) / 1e9, fit_slots));
+    }
+    // Sessions whose rows cannot be cut at a token (a memory, dynamic NTK, LongRoPE) are not kept: no budget.
+    if (!one.can_copy_prefix()) {
+      check(prefix_cache_mib <= 0, "--prefix-cache-mib", prefix_cache_mib,
+            "0 with --memory or a length-dependent scaling (dynamic, longrope): their sessions are not kept (a saved "
+            "context, --context, still saves the reading)");
+      slots.prefix_cache_bytes = 0;
+      return;
+    }
+    if (prefix_cache_mib < 0) {
+      slots.prefix_cache_bytes = available < 0 ? slot_caches : std::clamp<int64_t>(available - need, 0, slot_caches);
+      return;
+    }
+    slots.prefix_cache_bytes = prefix_cache_mib << 20;
+    if (available >= 0 && need + slots.prefix_cache_bytes > available)
+      fail("--prefix-cache-mib", std::to_string(prefix_cache_mib),
+           fmt::format("at most {} MiB: {:.2f} GB are available now and the slots need {:.2f} GB",
+                       (available - need) >> 20, double(available) / 1e9, double(need) / 1e9));
   }
 };
 
@@ -145,6 +180,17 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                   "prompt tokens one step reads (default 512; smaller keeps other streams smoother while a long "
                   "prompt is read)")
       ->transform(integer_in(1, kMaxSequenceLength));
+  sub->add_option("--context", cmd->slots.saved_contexts,
+                  "a context saved by `generate --save-context` (a book read once, with its memory where it has one): "
+                  "a prompt that starts with all of its tokens opens it instead of reading them (repeatable; the "
+                  "same model and settings as it was saved with)")
+      ->check(non_empty("a directory written by generate --save-context"));
+  sub->add_option("--prefix-cache-mib", cmd->prefix_cache_mib,
+                  "MiB of finished requests' sessions kept, least recently used out first, so that a prompt starting "
+                  "with their tokens (the next turn of a conversation, another question about one document) reads "
+                  "only the rest (default: as much as the slots' caches at --ctx, within the memory available; "
+                  "0: none)")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
   sub->add_option("--queue", cmd->slots.queue_limit, "requests that may wait for a slot; more get 503 (default 64)")
       ->transform(integer_in(0, 4096));
   sub->add_option("--timeout", cmd->server.timeout_s, "seconds a request may take (default 600)")

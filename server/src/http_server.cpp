@@ -167,6 +167,7 @@ void complete(Front& f, const httplib::Request& req, httplib::Response& res, End
     if (r.positions.leaky_k) p.leaky_k = *r.positions.leaky_k;
     job->positions = p;
   }
+  job->memory = r.memory;  // (the memory's settings over the server's --memory flags: the session factory's)
   job->deadline = arrival + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(f.options.timeout_s));
   f.scheduler.submit(job, param);
 
@@ -241,6 +242,14 @@ std::string metrics_text(Front& f) {
   metric("rotary_slots", "gauge", "Slots (--parallel).", line("rotary_slots", s.slots));
   metric("rotary_kv_cache_bytes", "gauge", "Bytes of the busy slots' KV caches (or memories) and scratch.",
          line("rotary_kv_cache_bytes", s.kv_bytes));
+  metric("rotary_prefix_cache_bytes", "gauge", "Bytes of cached rows the prefix cache keeps (--prefix-cache-mib).",
+         line("rotary_prefix_cache_bytes", s.prefix_cache_bytes));
+  metric("rotary_prefix_cache_entries", "gauge", "Sessions the prefix cache keeps.",
+         line("rotary_prefix_cache_entries", s.prefix_cache_entries));
+  metric("rotary_prefix_cache_hits_total", "counter", "Requests that went on from a prefix the cache held.",
+         line("rotary_prefix_cache_hits_total", s.prefix_cache_hits));
+  metric("rotary_cached_prompt_tokens_total", "counter", "Prompt tokens not read again: the prefix cache held them.",
+         line("rotary_cached_prompt_tokens_total", s.cached_prompt_tokens));
   metric("rotary_resident_memory_bytes", "gauge", "Resident memory of the server process.",
          line("rotary_resident_memory_bytes", resident_bytes()));
   metric("rotary_steps_total", "counter", "Batched forward steps run.", line("rotary_steps_total", s.steps));

@@ -246,12 +246,13 @@ void read_stop(const J& root, const RequestLimits& limits, CompletionRequest& r)
   for (size_t i = 0; i < stop->size(); ++i) one((*stop)[i], "stop[" + std::to_string(i) + "]");
 }
 
-// "rotary": the seeds' position methods per request (CompletionRequest::positions).
+// "rotary": the seeds' position methods and retrieval memory per request (CompletionRequest::positions, memory).
 void read_positions(const J& root, CompletionRequest& r) {
   const J* ext = field(root, "rotary");
   if (!ext) return;
   if (!ext->is_object())
-    refuse("rotary", "invalid_type", *ext, "an object {\"positions\", \"window\", \"leaky_k\"} or null");
+    refuse("rotary", "invalid_type", *ext,
+           "an object {\"positions\", \"window\", \"leaky_k\", \"memory\", \"memory_window\", \"top_k\", \"search\"} or null");
   for (const auto& [key, value] : ext->items()) {
     const std::string param = "rotary." + key;
     if (value.is_null()) continue;
@@ -265,8 +266,25 @@ void read_positions(const J& root, CompletionRequest& r) {
       r.positions.window = integer_in(value, param, 1, "an integer >= 1 (the ReRoPE window, tokens)");
     } else if (key == "leaky_k") {
       r.positions.leaky_k = number_in(value, param, 0, true, 1e9);
+    } else if (key == "memory") {
+      const char* policies = "\"exact\", \"rerope\", \"none\" or \"unlimiformer\" (the retrieval memory's policy)";
+      if (!value.is_string()) refuse(param, "invalid_type", value, policies);
+      const std::string policy = value.get<std::string>();
+      if (policy != "exact" && policy != "rerope" && policy != "none" && policy != "unlimiformer")
+        refuse(param, "invalid_value", value, policies);
+      r.memory.policy = policy;
+    } else if (key == "memory_window") {
+      r.memory.window = integer_in(value, param, 1, "an integer >= 1 (tokens kept exact beside the memory)");
+    } else if (key == "top_k") {
+      r.memory.top_k = integer_in(value, param, 0, "an integer in [0, 65536] (memory rows per query and head)");
+      if (*r.memory.top_k > 65536) refuse(param, "invalid_value", value, "an integer in [0, 65536]");
+    } else if (key == "search") {
+      if (!value.is_string() || value.get<std::string>().empty())
+        refuse(param, "invalid_type", value, "a search name: \"exact\", \"pages\", \"pages<P>\", ... (rotary generate --search)");
+      r.memory.search = value.get<std::string>();
     } else {
-      refuse(param, "invalid_value", value, "a key of rotary's extension: positions, window, leaky_k");
+      refuse(param, "invalid_value", value,
+             "a key of rotary's extension: positions, window, leaky_k, memory, memory_window, top_k, search");
     }
   }
 }
@@ -346,7 +364,8 @@ const char* finish_reason_name(FinishReason r) { return r == FinishReason::Stop 
 nlohmann::ordered_json Usage::to_json() const {
   return J{{"prompt_tokens", prompt_tokens},
            {"completion_tokens", completion_tokens},
-           {"total_tokens", prompt_tokens + completion_tokens}};
+           {"total_tokens", prompt_tokens + completion_tokens},
+           {"prompt_tokens_details", J{{"cached_tokens", cached_tokens}}}};
 }
 
 namespace {

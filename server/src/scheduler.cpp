@@ -54,6 +54,7 @@ void SchedulerOptions::validate() const {
   check(context >= 2, "--ctx", context, ">= 2 tokens");
   check(prefill_step >= 1, "--prefill-step", prefill_step, ">= 1 token");
   check(queue_limit >= 0, "--queue", queue_limit, ">= 0 requests");
+  check(prefix_cache_bytes >= 0, "--prefix-cache-mib", prefix_cache_bytes / (1 << 20), ">= 0 MiB (0: none)");
   check(threads >= 0, "--threads", threads, ">= 0 (0: all cores)");
 }
 
@@ -74,11 +75,12 @@ ApiError shutting_down() {
 struct Scheduler::Slot {
   explicit Slot(engine::Session s) : session(std::make_unique<engine::Session>(std::move(s))) {}
   std::unique_ptr<engine::Session> session;
-  bool own_positions = false;   // the session runs a request's positions (rotary's extension), not the server's
+  bool own_positions = false;   // the session runs a request's own settings (rotary's extension), not the server's
   std::shared_ptr<Job> job;
   std::optional<engine::TokenSampler> sampler;
   int64_t max_new = 0;          // tokens this job may still choose in all
   int64_t fed = 0;              // prompt tokens in the session
+  int64_t cached = 0;           // of them, from the prefix cache
   int64_t pending_token = -1;   // chosen and not yet fed (-1: none)
   std::vector<int64_t> answer;  // tokens chosen (no stop id)
   // The answer's text, decoded incrementally (a step decodes a few tokens, not the whole answer): `text` holds the
@@ -94,12 +96,23 @@ struct Scheduler::Slot {
 };
 
 Scheduler::Scheduler(ServedModel model, const SchedulerOptions& options)
-    : model_(std::move(model)), options_(options), batch_(model_.model, options.threads) {
+    : model_(std::move(model)), options_(options), batch_(model_.model, options.threads),
+      prefix_cache_(options.prefix_cache_bytes) {
   options_.validate();
   check(model_.model != nullptr && model_.new_session && model_.tokenizer != nullptr, "served model", "incomplete",
         "a model, a session factory and a tokenizer");
   for (int i = 0; i < options_.slots; ++i)
     slots_.push_back(std::make_unique<Slot>(model_.new_session(options_.context, nullptr)));
+  // Each saved context opened once now (the model, the settings and every file checked), its tokens kept.
+  for (const std::string& dir : options_.saved_contexts) {
+    engine::Session opened = model_.new_session(1, nullptr);
+    opened.open_context(dir);
+    const int64_t n = opened.size();
+    check(n < options_.context, "--context " + dir, std::to_string(n) + " tokens",
+          "fewer than --ctx = " + std::to_string(options_.context) + " (a slot holds the context, the rest of a prompt "
+          "and its answer)");
+    prefix_cache_.keep_saved(dir, opened.tokens(), opened.settings_fingerprint());
+  }
   stats_.slots = options_.slots;
   thread_ = std::thread([this] { loop(); });
 }
@@ -127,12 +140,12 @@ void Scheduler::submit(const std::shared_ptr<Job>& job, const std::string& promp
                    "max_tokens = " + std::to_string(job->sampling.max_new) + " after a prompt of " + std::to_string(n) +
                        " tokens: allowed at most " + std::to_string(ctx - n + 1) + " (the context of a slot is " +
                        std::to_string(ctx) + " tokens, --ctx)");
-  if (job->positions) {  // the request's positions, checked against the model now (a session allocates no cache yet)
+  if (job->own_session()) {  // the request's settings, checked against the model now (a session allocates no cache yet)
     try {
-      model_.new_session(ctx, &*job->positions);
+      model_.new_session(ctx, job.get());
     } catch (const Error& e) {
       throw ApiError(400, "invalid_request_error", "rotary", "invalid_value",
-                     std::string("rotary's positions do not fit this model: ") + e.what());
+                     std::string("rotary's settings do not fit this model: ") + e.what());
     }
   }
   {
@@ -209,14 +222,23 @@ void Scheduler::step(std::vector<Slot*>& active) {
   const int64_t d = arch.d_model, V = arch.vocab_size;
   const auto now = std::chrono::steady_clock::now();
   int64_t finished = 0, failed = 0, cancelled = 0, prompt_tokens = 0, completion_tokens = 0;
+  int64_t prefix_hits = 0, cached_tokens = 0;
   // Ends told to their jobs once the counters hold them (a client reading /metrics after its answer sees it).
   std::vector<std::function<void()>> ends;
-  auto release = [&](Slot& s) {
+  // A slot's session goes to the prefix cache when its rows are whole (every token it ran finished its layers: not
+  // after an engine error), and the slot starts the next request with a new one.
+  auto release = [&](Slot& s, bool keep_rows = true) {
     s.job.reset(), s.sampler.reset();
-    s.session->clear();
+    if (keep_rows && prefix_cache_.budget() > 0 && s.session->size() > 0 && s.session->can_copy_prefix()) {
+      prefix_cache_.keep(std::move(*s.session));
+      s.session = std::make_unique<engine::Session>(model_.new_session(options_.context, nullptr));
+      s.own_positions = false;
+    } else {
+      s.session->clear();
+    }
     s.answer.clear(), s.text.clear(), s.decoded_tail.clear(), s.undecoded.clear();
     s.sent = 0;
-    s.fed = 0, s.pending_token = -1;
+    s.fed = 0, s.cached = 0, s.pending_token = -1;
   };
   // What each slot feeds this step: its pending token, or one slot's next piece of prompt.
   std::vector<engine::BatchStep> steps;
@@ -237,22 +259,49 @@ void Scheduler::step(std::vector<Slot*>& active) {
       continue;
     }
     if (!s->sampler) {  // newly admitted
+      const int64_t n = int64_t(job.prompt.size());
       try {
-        // A request's own positions get a session of their own (checked at submit); the server's come back after.
-        if (job.positions || s->own_positions) {
+        // A request's own settings get a session of their own (checked at submit); the server's come back after.
+        if (job.own_session() || s->own_positions) {
           s->session = std::make_unique<engine::Session>(
-              model_.new_session(options_.context, job.positions ? &*job.positions : nullptr));
-          s->own_positions = job.positions.has_value();
+              model_.new_session(options_.context, job.own_session() ? &job : nullptr));
+          s->own_positions = job.own_session();
         }
         s->sampler.emplace(job.sampling, V);
+        // The longest prefix of the prompt a kept session of these settings holds (the last prompt token is always
+        // read: its row gives the first answer token): the entry itself when the prompt goes on from all of it and
+        // it has the slot's room, else a copy of the prefix.
+        const PrefixCache::Match match = prefix_cache_.find(job.prompt, s->session->settings_fingerprint(), n - 1);
+        if (match.saved_dir) {
+          const std::string dir = *match.saved_dir;
+          try {
+            s->session->open_context(dir);
+          } catch (const Error& e) {  // changed since the start: this request fails, later ones read their prompts
+            prefix_cache_.forget_saved(dir);
+            ends.push_back([j = s->job, m = "the saved context " + dir + " (--context) could not be opened: " +
+                                            std::string(e.what())] {
+              j->fail(ApiError(500, "server_error", "", "saved_context_error", m));
+            });
+            ++failed, release(*s, false);
+            continue;
+          }
+          s->fed = match.tokens, s->cached = match.tokens;
+          ++prefix_hits, cached_tokens += match.tokens;
+        } else if (match.tokens > 0) {
+          if (match.tokens == match.session->size() && match.session->capacity() >= options_.context)
+            s->session = std::make_unique<engine::Session>(prefix_cache_.take(match));
+          else
+            s->session->copy_prefix_from(*match.session, match.tokens);
+          s->fed = match.tokens, s->cached = match.tokens;
+          ++prefix_hits, cached_tokens += match.tokens;
+        }
       } catch (const Error& e) {
         ends.push_back([j = s->job, m = std::string(e.what())] {
           j->fail(ApiError(400, "invalid_request_error", "", "invalid_value", m));
         });
-        ++failed, release(*s);
+        ++failed, release(*s, false);
         continue;
       }
-      const int64_t n = int64_t(job.prompt.size());
       s->max_new = job.sampling.max_new > 0 ? job.sampling.max_new : options_.context - n + 1;
       s->decoded_tail.assign(job.prompt.end() - std::min<int64_t>(n, kDecodeContext), job.prompt.end());
       prompt_tokens += n;
@@ -262,7 +311,13 @@ void Scheduler::step(std::vector<Slot*>& active) {
     if (s->reading_prompt()) {
       if (prompt_piece_taken) continue;  // one prompt piece per step
       prompt_piece_taken = true;
-      first = s->fed, count = std::min<int64_t>(options_.prefill_step, int64_t(job.prompt.size()) - s->fed);
+      // (with a memory, whole memory chunks: its chunks then start where a whole prompt's would, as in generate)
+      int64_t piece = options_.prefill_step;
+      if (const auto& memory = s->session->options().memory) {
+        const int64_t chunk = memory->chunk_tokens();
+        piece = std::max(chunk, piece / chunk * chunk);
+      }
+      first = s->fed, count = std::min<int64_t>(piece, int64_t(job.prompt.size()) - s->fed);
       tokens = job.prompt.data() + first;
     } else {
       first = int64_t(job.prompt.size()) + int64_t(s->answer.size()) - 1, count = 1;
@@ -293,7 +348,7 @@ void Scheduler::step(std::vector<Slot*>& active) {
         ends.push_back([j = s->job, m = std::string(e.what())] {
           j->fail(ApiError(500, "server_error", "", "engine_error", m));
         });
-        ++failed, release(*s);
+        ++failed, release(*s, false);
       }
     }
   }
@@ -342,7 +397,9 @@ void Scheduler::step(std::vector<Slot*>& active) {
       if (stopped || full) {
         if (s.text.size() > s.sent) job.publish(s.text.substr(s.sent));
         ends.push_back([j = s.job, reason = stopped ? FinishReason::Stop : FinishReason::Length,
-                        usage = Usage{int64_t(job.prompt.size()), int64_t(s.answer.size())}] { j->finish(reason, usage); });
+                        usage = Usage{int64_t(job.prompt.size()), int64_t(s.answer.size()), s.cached}] {
+          j->finish(reason, usage);
+        });
         ++finished, release(s);
         continue;
       }
@@ -364,6 +421,8 @@ void Scheduler::step(std::vector<Slot*>& active) {
     std::lock_guard<std::mutex> lock(mutex_);
     stats_.requests_finished += finished, stats_.requests_failed += failed, stats_.requests_cancelled += cancelled;
     stats_.prompt_tokens += prompt_tokens, stats_.completion_tokens += completion_tokens;
+    stats_.prefix_cache_hits += prefix_hits, stats_.cached_prompt_tokens += cached_tokens;
+    stats_.prefix_cache_bytes = prefix_cache_.bytes(), stats_.prefix_cache_entries = prefix_cache_.entries();
     ++stats_.steps;
   }
   for (const auto& end : ends) end();

@@ -4,7 +4,8 @@
 # server-sent events of a stream (role chunk, content chunks, finish chunk, usage chunk, [DONE]), completions from text
 # and from token ids; every refusal's status and OpenAI error JSON (malformed JSON with its offset, a wrong type, a
 # body past --max-body, an unknown model and path, a missing API key); /health, /v1/models, /metrics; flags refused
-# before serving (a port in use, memory past what the machine has); SIGTERM exits 0. The OpenAI SDK's view is
+# before serving (a port in use, memory past what the machine has); the prefix cache (cached_tokens) and a saved
+# context opened for a prompt that starts with it (serve --context); SIGTERM exits 0. The OpenAI SDK's view is
 # test_serve_openai.sh.
 #
 # usage: bash test_serve.sh <rotary binary> <source dir>
@@ -99,6 +100,19 @@ assert json.load(open(sys.argv[1]))["choices"][0]["text"] == want, want
 PY
 expect_api_error "ReRoPE without a window" 400 invalid_value "rotary" /v1/completions \
   '{"prompt": "hi", "rotary": {"positions": "rerope"}}'
+# ... and a retrieval memory for one request equals generate --memory with the same settings.
+"$ROTARY" generate "$M" --prompt "a prompt long enough to pass the window" --temperature 2 --seed 5 --max-new 6 \
+  --only-new --memory exact --memory-window 4 --top-k 3 > "$W/want_memory"
+post /v1/completions '{"prompt": "a prompt long enough to pass the window", "temperature": 2, "seed": 5, "max_tokens": 6, "rotary": {"memory": "exact", "memory_window": 4, "top_k": 3}}'
+python3 - "$W/body" "$W/want_memory" <<'PY' && pass "rotary.memory equals generate --memory" || fail "memory request: $(cat "$W/body")"
+import json, sys
+want = open(sys.argv[2], errors="replace").read()[:-1]
+assert json.load(open(sys.argv[1]))["choices"][0]["text"] == want, want
+PY
+expect_api_error "a memory setting without a policy" 400 invalid_value "rotary" /v1/completions \
+  '{"prompt": "hi", "rotary": {"top_k": 3}}'
+expect_api_error "an unknown memory search" 400 invalid_value "rotary" /v1/completions \
+  '{"prompt": "hi", "rotary": {"memory": "exact", "search": "bogus"}}'
 
 # Completions: text (encoded as generate --prompt encodes it) and token ids.
 "$ROTARY" generate "$M" --prompt "hello there" --temperature 0 --max-new 5 --only-new > "$W/want_text"
@@ -112,6 +126,16 @@ PY
 post /v1/completions '{"prompt": [300, 5, 6, 7], "temperature": 0, "max_tokens": 3}'
 [ "$STATUS" = 200 ] && grep -q '"completion_tokens":3' "$W/body" && pass "a prompt of token ids" ||
   fail "token ids: $STATUS $(cat "$W/body")"
+
+# The prefix cache: the same completion again goes on from the first one's kept session (every prompt token but the
+# last, whose row gives the first answer token, is cached).
+post /v1/completions '{"prompt": [300, 5, 6, 7, 8, 9], "temperature": 0, "max_tokens": 2}'
+post /v1/completions '{"prompt": [300, 5, 6, 7, 8, 9], "temperature": 0, "max_tokens": 2}'
+python3 - "$W/body" <<'PY' && pass "a prompt the prefix cache holds is not read again (cached_tokens)" || fail "prefix cache: $(cat "$W/body")"
+import json, sys
+u = json.load(open(sys.argv[1]))["usage"]
+assert u["prompt_tokens"] == 6 and u["prompt_tokens_details"]["cached_tokens"] == 5, u
+PY
 
 # Refusals: status, code and the field named.
 expect_api_error "malformed JSON" 400 invalid_json "" /v1/chat/completions '{"messages": [}'
@@ -134,7 +158,8 @@ curl -s "http://127.0.0.1:$PORT/health" | grep -q '"status":"ok"' && pass "/heal
 curl -s "http://127.0.0.1:$PORT/v1/models" | grep -q '"id":"model"' && pass "/v1/models lists the directory's name" ||
   fail "/v1/models: $(curl -s "http://127.0.0.1:$PORT/v1/models")"
 curl -s "http://127.0.0.1:$PORT/metrics" > "$W/metrics"
-grep -q '^rotary_requests_total{outcome="finished"} 7$' "$W/metrics" && grep -q '^rotary_completion_tokens_total 27$' "$W/metrics" &&
+grep -q '^rotary_requests_total{outcome="finished"} 10$' "$W/metrics" && grep -q '^rotary_completion_tokens_total 37$' "$W/metrics" &&
+  grep -q '^rotary_prefix_cache_hits_total [1-9]' "$W/metrics" && grep -q '^rotary_prefix_cache_bytes [1-9]' "$W/metrics" &&
   grep -q '^rotary_http_errors_total{status="400"} [1-9]' "$W/metrics" && grep -q '^rotary_slots 2$' "$W/metrics" &&
   pass "/metrics counts requests, tokens and errors" || fail "/metrics: $(grep -v '^#' "$W/metrics")"
 
@@ -156,6 +181,45 @@ post /v1/completions '{"prompt": "hi", "max_tokens": 1}'
 CURL_ARGS=()
 kill -TERM "$PID"; wait "$PID"
 
+# A saved context (generate --save-context): serve --context DIR opens it for a prompt that starts with all of its
+# tokens - the book is not read again, and the answer equals generate --context DIR with the rest of the prompt.
+BOOK="Once upon a time there was a small model that read a whole book"
+"$ROTARY" generate "$M" --prompt "$BOOK" --max-new 0 --save-context "$W/book" > /dev/null 2>&1
+"$ROTARY" generate "$M" --context "$W/book" --prompt " and then it answered" --temperature 2 --seed 3 --max-new 6 \
+  --only-new > "$W/want_book" 2> /dev/null
+start_server book "$M" --ctx 128 --context "$W/book" --prefix-cache-mib 0 || exit 1
+PORT=$book_PORT PID=$book_PID
+post /v1/completions "{\"prompt\": \"$BOOK and then it answered\", \"max_tokens\": 6, \"temperature\": 2, \"seed\": 3}"
+python3 - "$W/body" "$W/want_book" "$W/book/tokens.ids" <<'PY' && pass "serve --context: a saved book is opened, not read again" || fail "--context: $(cat "$W/body")"
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+want = open(sys.argv[2], errors="replace").read()[:-1]
+book_tokens = (os.path.getsize(sys.argv[3]) - 8) // 8
+assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == book_tokens > 0, (r["usage"], book_tokens)
+assert r["choices"][0]["text"] == want, (r["choices"][0]["text"], want)
+PY
+kill -TERM "$PID"; wait "$PID"
+# The same with a retrieval memory (seed 001's book): the memory is opened, not rebuilt.
+MEM=(--memory exact --memory-window 8 --top-k 4)
+"$ROTARY" generate "$M" --prompt "$BOOK" --max-new 0 "${MEM[@]}" --save-context "$W/book_memory" > /dev/null 2>&1
+"$ROTARY" generate "$M" --context "$W/book_memory" "${MEM[@]}" --prompt " and then it answered" --temperature 2 --seed 3 \
+  --max-new 6 --only-new > "$W/want_book" 2> /dev/null
+start_server book_memory "$M" --ctx 128 "${MEM[@]}" --context "$W/book_memory" || exit 1
+PORT=$book_memory_PORT PID=$book_memory_PID
+post /v1/completions "{\"prompt\": \"$BOOK and then it answered\", \"max_tokens\": 6, \"temperature\": 2, \"seed\": 3}"
+python3 - "$W/body" "$W/want_book" "$W/book_memory/tokens.ids" <<'PY' && pass "serve --context with --memory: the book's memory is opened" || fail "--context --memory: $(cat "$W/body")"
+import json, os, sys
+r = json.load(open(sys.argv[1]))
+want = open(sys.argv[2], errors="replace").read()[:-1]
+assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == (os.path.getsize(sys.argv[3]) - 8) // 8 > 0, r["usage"]
+assert r["choices"][0]["text"] == want, (r["choices"][0]["text"], want)
+PY
+kill -TERM "$PID"; wait "$PID"
+expect_error "a prefix cache beside a memory" 2 "--prefix-cache-mib" -- "$ROTARY" serve "$M" --port 0 --ctx 128 "${MEM[@]}" \
+  --prefix-cache-mib 8
+expect_error "a saved context of other settings" 2 "kv cache f32" -- "$ROTARY" serve "$M" --port 0 --ctx 128 \
+  --context "$W/book" --kv-dtype bf16
+
 # Refused before serving: a port in use (naming --port), memory past the machine's (naming --parallel).
 start_server first "$M" --ctx 64 --queue 0 || exit 1
 PORT=$first_PORT PID=$first_PID
@@ -164,5 +228,7 @@ post /v1/completions '{"prompt": "hi", "max_tokens": 2}'
 [ "$STATUS" = 200 ] && pass "--queue 0 serves a request a free slot takes" || fail "--queue 0: $STATUS $(cat "$W/body")"
 expect_error "a port in use" 2 "--host / --port" -- "$ROTARY" serve "$M" --port "$PORT" --ctx 64
 expect_error "slots past the memory" 2 "--parallel 256" -- "$ROTARY" serve "$M" --port 0 --parallel 256 --ctx 1048576
+expect_error "a prefix cache past the memory" 2 "--prefix-cache-mib" -- "$ROTARY" serve "$M" --port 0 --ctx 64 \
+  --prefix-cache-mib 1073741824
 kill -TERM "$PID"; wait "$PID"
 exit $((fails > 0))

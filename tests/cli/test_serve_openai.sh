@@ -127,16 +127,25 @@ ok(w.get("finish_reason") == ("length" if k == N else "stop"),
 ok(r["chat_stream"].get("finish_reason") == w.get("finish_reason"), "the stream's last chunk has the same finish_reason",
    r["chat_stream"])
 ok(r["chat_stream"].get("usage") is None, "a stream without include_usage carries no usage", r["chat_stream"].get("usage"))
+def counts(usage):
+    return {k: (usage or {}).get(k) for k in ("prompt_tokens", "completion_tokens", "total_tokens")}
+def cached(usage):
+    return ((usage or {}).get("prompt_tokens_details") or {}).get("cached_tokens")
 s = r["chat_stream_usage"]
-ok(s.get("usage") == u and s.get("usage_chunk_choices") == 0,
+ok(counts(s.get("usage")) == counts(u) and s.get("usage_chunk_choices") == 0,
    "stream_options.include_usage: a final chunk with choices [] and the whole answer's usage", s)
+# The same conversation asked again (the SDK's requests run one after another here): the prefix cache held all of its
+# prompt but the last token.
+ok(cached(u) == 0 and cached(s.get("usage")) == chat_tokens - 1,
+   "usage.prompt_tokens_details.cached_tokens: 0, then %d for the same conversation again" % (chat_tokens - 1),
+   (u, s.get("usage")))
 for name, ref in (("p1_whole", ref_p1), ("p1_stream", ref_p1), ("p2_whole", ref_p2), ("p2_stream", ref_p2)):
     ok(text_of(name) == ref, name + ": /v1/completions equals rotary generate --prompt --temperature 0",
        "server %r, generate %r" % (text_of(name), ref))
 ok(r["p1_whole"].get("objects") == ["text_completion"] and (r["p1_whole"].get("usage") or {}).get("prompt_tokens") == p1_tokens,
    "/v1/completions: text_completion, prompt_tokens %d as generate --prompt encodes it (BOS included)" % p1_tokens,
    r["p1_whole"])
-ok(r["p1_stream"].get("usage") == r["p1_whole"].get("usage") and r["p1_stream"].get("usage_chunk_choices") == 0,
+ok(counts(r["p1_stream"].get("usage")) == counts(r["p1_whole"].get("usage")) and r["p1_stream"].get("usage_chunk_choices") == 0,
    "/v1/completions stream with include_usage: the same usage", r["p1_stream"])
 L = r["chat_length"]
 ok(L.get("finish_reason") == "length" and (L.get("usage") or {}).get("completion_tokens") == 3,

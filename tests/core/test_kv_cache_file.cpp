@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
@@ -40,6 +41,47 @@ struct Saved {
   KvStorage storage = KvStorage::Dtype;
 };
 
+// One cache of each position mode, in f32, bf16 (log-n) and f16, one with q8 storage, one with a rotary_dim < D.
+std::vector<Saved> every_mode_and_storage() {
+  std::vector<Saved> cases(4);
+  cases[0].c.mode = PositionMode::Rope;
+  cases[1].c.mode = PositionMode::Rerope, cases[1].c.dtype = DType::BF16, cases[1].c.logn = 16, cases[1].c.window = 9;
+  cases[2].c.mode = PositionMode::LeakyRerope, cases[2].c.roper = true, cases[2].c.D = 70, cases[2].c.rotary_dim = 64;
+  cases[2].c.window = 7, cases[2].storage = KvStorage::Q8;
+  cases[3].c.mode = PositionMode::None, cases[3].c.dtype = DType::F16, cases[3].c.Hq = 2, cases[3].c.Hkv = 2;
+  return cases;
+}
+
+// A case's rotation and 40 tokens: their q / k / v rows (uniform, seeded) and positions.
+struct CaseTokens {
+  static constexpr int64_t kTokens = 40;
+  explicit CaseTokens(const DecodeSpec& c)
+      : f(test::make_freqs(c)), pp(test::make_pos(c, &f)), rows(c.dtype, c.Hq, c.Hkv, kTokens, c.D),
+        pos(test::make_positions(kTokens, 4)) {
+    test::fill_uniform(rows.q, 1), test::fill_uniform(rows.k, 2), test::fill_uniform(rows.v, 3);
+  }
+  CaseTokens(const CaseTokens&) = delete;  // (pp points at f)
+  // The keys / values of the tokens from `t` on, as append() takes them.
+  HeadsView keys_from(const DecodeSpec& c, int64_t t) { return view_from(rows.k, c, t); }
+  HeadsView values_from(const DecodeSpec& c, int64_t t) { return view_from(rows.v, c, t); }
+  static HeadsView view_from(GuardedBuffer& b, const DecodeSpec& c, int64_t t) {
+    return {static_cast<uint8_t*>(b.data()) + t * c.Hkv * c.D * int64_t(dtype_size(c.dtype)), c.Hkv, c.Hkv * c.D, c.D};
+  }
+  RopeFreqs f;
+  PositionParams pp;
+  DecodeRows rows;
+  std::vector<int64_t> pos;
+};
+
+// body(case, its tokens) for every case of every_mode_and_storage(), each traced by name.
+void for_every_case(const std::function<void(const Saved&, CaseTokens&)>& body) {
+  for (const Saved& s : every_mode_and_storage()) {
+    SCOPED_TRACE(test::describe(s.c) + (s.storage == KvStorage::Q8 ? " q8" : ""));
+    CaseTokens t(s.c);
+    body(s, t);
+  }
+}
+
 // The cache of spec c holding the first n tokens of `rows` at `pos`, in `storage`, of `capacity` tokens.
 KvCache filled(const DecodeSpec& c, const PositionParams& pp, KvStorage storage, const DecodeRows& rows,
                const std::vector<int64_t>& pos, int64_t n, int64_t capacity) {
@@ -64,21 +106,12 @@ std::string step(const KvCache& cache, const DecodeSpec& c, GuardedBuffer& q, in
 // Saved after 37 tokens and opened with room for 5 more: the same positions, the same decode step bit for bit,
 // and after 3 more tokens appended to both, the same step again; the capacity is the saved tokens + the room.
 TEST(KvCacheFile, ASavedCacheContinuesBitForBit) {
-  std::vector<Saved> cases(4);
-  cases[0].c.mode = PositionMode::Rope;
-  cases[1].c.mode = PositionMode::Rerope, cases[1].c.dtype = DType::BF16, cases[1].c.logn = 16, cases[1].c.window = 9;
-  cases[2].c.mode = PositionMode::LeakyRerope, cases[2].c.roper = true, cases[2].c.D = 70, cases[2].c.rotary_dim = 64;
-  cases[2].c.window = 7, cases[2].storage = KvStorage::Q8;
-  cases[3].c.mode = PositionMode::None, cases[3].c.dtype = DType::F16, cases[3].c.Hq = 2, cases[3].c.Hkv = 2;
-  for (const Saved& s : cases) {
+  for_every_case([](const Saved& s, CaseTokens& t) {
     const DecodeSpec& c = s.c;
-    SCOPED_TRACE(test::describe(c) + (s.storage == KvStorage::Q8 ? " q8" : ""));
-    const RopeFreqs f = test::make_freqs(c);
-    const PositionParams pp = test::make_pos(c, &f);
-    const int64_t n = 40;
-    DecodeRows rows(c.dtype, c.Hq, c.Hkv, n, c.D);
-    test::fill_uniform(rows.q, 1), test::fill_uniform(rows.k, 2), test::fill_uniform(rows.v, 3);
-    const std::vector<int64_t> pos = test::make_positions(n, 4);
+    const int64_t n = CaseTokens::kTokens;
+    const PositionParams& pp = t.pp;
+    DecodeRows& rows = t.rows;
+    const std::vector<int64_t>& pos = t.pos;
     KvCache original = filled(c, pp, s.storage, rows, pos, 37, n);
     const std::string path = temp_path("continue.kvc");
     original.save(path, 99);
@@ -91,13 +124,40 @@ TEST(KvCacheFile, ASavedCacheContinuesBitForBit) {
     EXPECT_EQ(opened.storage(), s.storage);
     EXPECT_EQ(0, std::memcmp(opened.positions(), original.positions(), 37 * sizeof(int64_t)));
     EXPECT_EQ(step(opened, c, rows.q, pos[36] + 2), step(original, c, rows.q, pos[36] + 2));
-    const int64_t off = 37 * c.Hkv * c.D * int64_t(dtype_size(c.dtype));
-    const HeadsView k{static_cast<uint8_t*>(rows.k.data()) + off, c.Hkv, c.Hkv * c.D, c.D};
-    const HeadsView v{static_cast<uint8_t*>(rows.v.data()) + off, c.Hkv, c.Hkv * c.D, c.D};
+    const HeadsView k = t.keys_from(c, 37), v = t.values_from(c, 37);
     original.append(3, k, v, pos.data() + 37), opened.append(3, k, v, pos.data() + 37);
     EXPECT_EQ(step(opened, c, rows.q, pos[39]), step(original, c, rows.q, pos[39]));
     expect_error([&] { opened.append(3, k, v, pos.data() + 37); }, "exceeds capacity = 42");
-  }
+  });
+}
+
+// A prefix copied out of a cache (KvCache::copy_prefix) is the cache that only ever held those tokens: the same
+// positions and decode step bit for bit, and the same again after more tokens go into both; the original keeps all
+// of its tokens; n past the size and a capacity below n are refused by name.
+TEST(KvCachePrefix, ACopiedPrefixIsTheCacheOfThoseTokens) {
+  for_every_case([](const Saved& s, CaseTokens& t) {
+    const DecodeSpec& c = s.c;
+    const int64_t n = CaseTokens::kTokens;
+    const PositionParams& pp = t.pp;
+    DecodeRows& rows = t.rows;
+    const std::vector<int64_t>& pos = t.pos;
+    const KvCache original = filled(c, pp, s.storage, rows, pos, 37, n);
+    KvCache direct = filled(c, pp, s.storage, rows, pos, 25, 28);
+    KvCache copy = original.copy_prefix(25, 28);
+    EXPECT_EQ(original.size(), 37);
+    EXPECT_EQ(copy.size(), 25);
+    EXPECT_EQ(copy.capacity(), 28);
+    EXPECT_EQ(copy.last_position(), pos[24]);
+    EXPECT_EQ(0, std::memcmp(copy.positions(), direct.positions(), 25 * sizeof(int64_t)));
+    EXPECT_EQ(step(copy, c, rows.q, pos[24] + 1), step(direct, c, rows.q, pos[24] + 1));
+    const HeadsView k = t.keys_from(c, 25), v = t.values_from(c, 25);
+    direct.append(3, k, v, pos.data() + 25), copy.append(3, k, v, pos.data() + 25);
+    EXPECT_EQ(step(copy, c, rows.q, pos[27]), step(direct, c, rows.q, pos[27]));
+    expect_error([&] { copy.append(1, k, v, pos.data() + 28); }, "exceeds capacity = 28");
+    EXPECT_EQ(original.copy_prefix(0, 1).size(), 0);
+    expect_error([&] { original.copy_prefix(38, 40); }, "kv_cache.copy_prefix: n = 38");
+    expect_error([&] { original.copy_prefix(20, 19); }, "kv_cache.copy_prefix: capacity = 19");
+  });
 }
 
 // Everything a file is checked for, by name: another cache's settings, another model's fingerprint, a file that is

@@ -3,6 +3,7 @@
 // alone, with a search that keeps what it built; the saved context as one unit (engine/src/saved_context.h) and
 // bound to the weights by content; what does not fit, refused by name.
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <sys/file.h>
@@ -275,7 +276,25 @@ TEST(HfEngine, ASavedContextIsOneUnit) {
   copy(other_ctx + "/context.json", ctx + "/context.json");
   expect_error([&] { open(ctx); }, {ctx + "/layer0.kv", "content hash"});
   copy(other_ctx + "/layer0.kv", ctx + "/layer0.kv");
+  expect_error([&] { open(ctx); }, {ctx + "/tokens.ids", "content hash"});
+  copy(other_ctx + "/tokens.ids", ctx + "/tokens.ids");
   EXPECT_EQ(open(ctx), 6);  // all of the other save now: one unit again
+  // The token ids of another save with a manifest rewritten to match: refused by the file's own fingerprint.
+  save(ctx, 6, 0);
+  copy(other_ctx + "/tokens.ids", ctx + "/tokens.ids");
+  {
+    auto manifest_of = [](const std::string& path) {
+      std::ifstream in(path);
+      return nlohmann::json::parse(in);
+    };
+    nlohmann::json manifest = manifest_of(ctx + "/context.json");
+    const nlohmann::json other_manifest = manifest_of(other_ctx + "/context.json");
+    for (nlohmann::json& f : manifest["files"])
+      for (const nlohmann::json& g : other_manifest["files"])
+        if (f["name"] == "tokens.ids" && g["name"] == "tokens.ids") f = g;
+    std::ofstream(ctx + "/context.json", std::ios::trunc) << manifest.dump(2);
+  }
+  expect_error([&] { open(ctx); }, {ctx + "/tokens.ids", "fingerprint", "another save"});
 
   // Swapped layers, with a manifest that records the swap: each file knows its layer.
   save(ctx, 6, 0);

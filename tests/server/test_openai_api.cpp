@@ -455,7 +455,9 @@ const ReplyHeader kChatHead{"chatcmpl-1", "llama", 1700000000, kChat};
 const ReplyHeader kTextHead{"cmpl-1", "llama", 1700000001, kText};
 
 TEST(OpenAiReply, Usage) {
-  EXPECT_EQ(Usage({5, 3}).to_json().dump(), R"({"prompt_tokens":5,"completion_tokens":3,"total_tokens":8})");
+  EXPECT_EQ(Usage({5, 3}).to_json().dump(), R"({"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":0}})");
+  EXPECT_EQ(Usage({5, 3, 4}).to_json().dump(),
+            R"({"prompt_tokens":5,"completion_tokens":3,"total_tokens":8,"prompt_tokens_details":{"cached_tokens":4}})");
   EXPECT_STREQ(finish_reason_name(FinishReason::Stop), "stop");
   EXPECT_STREQ(finish_reason_name(FinishReason::Length), "length");
 }
@@ -464,7 +466,7 @@ TEST(OpenAiReply, ChatCompletion) {
   EXPECT_EQ(completion_json(kChatHead, "Hello!", FinishReason::Stop, {10, 2}).dump(),
             R"({"id":"chatcmpl-1","object":"chat.completion","created":1700000000,"model":"llama",)"
             R"("choices":[{"index":0,"message":{"role":"assistant","content":"Hello!"},"logprobs":null,)"
-            R"("finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}})");
+            R"("finish_reason":"stop"}],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12,"prompt_tokens_details":{"cached_tokens":0}}})");
   EXPECT_EQ(completion_json(kChatHead, "", FinishReason::Length, {1, 0})["choices"][0]["finish_reason"], "length");
 }
 
@@ -472,7 +474,7 @@ TEST(OpenAiReply, TextCompletion) {
   EXPECT_EQ(completion_json(kTextHead, " upon a time", FinishReason::Length, {1, 4}).dump(),
             R"({"id":"cmpl-1","object":"text_completion","created":1700000001,"model":"llama",)"
             R"("choices":[{"index":0,"text":" upon a time","logprobs":null,"finish_reason":"length"}],)"
-            R"("usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5}})");
+            R"("usage":{"prompt_tokens":1,"completion_tokens":4,"total_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}})");
 }
 
 TEST(OpenAiReply, ChatChunks) {
@@ -494,7 +496,7 @@ TEST(OpenAiReply, ChatChunks) {
   // A last chunk that still has text carries it.
   EXPECT_EQ(chunk_json(kChatHead, "!", false, FinishReason::Stop, false)["choices"][0]["delta"], J({{"content", "!"}}));
   EXPECT_EQ(usage_chunk_json(kChatHead, {4, 6}).dump(),
-            head + R"("choices":[],"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10}})");
+            head + R"("choices":[],"usage":{"prompt_tokens":4,"completion_tokens":6,"total_tokens":10,"prompt_tokens_details":{"cached_tokens":0}}})");
 }
 
 TEST(OpenAiReply, TextChunks) {
@@ -504,7 +506,7 @@ TEST(OpenAiReply, TextChunks) {
   EXPECT_EQ(chunk_json(kTextHead, "", false, FinishReason::Length, true).dump(),
             head + R"("choices":[{"index":0,"text":"","logprobs":null,"finish_reason":"length"}],"usage":null})");
   EXPECT_EQ(usage_chunk_json(kTextHead, {1, 2}).dump(),
-            head + R"("choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3}})");
+            head + R"("choices":[],"usage":{"prompt_tokens":1,"completion_tokens":2,"total_tokens":3,"prompt_tokens_details":{"cached_tokens":0}}})");
 }
 
 // --- stop strings -----------------------------------------------------------------------------------------------
@@ -569,7 +571,29 @@ TEST(OpenAiRequestErrors, RotaryPositions) {
   chat_error(R"("rotary": {"window": 0})", "invalid_value", "rotary.window", {"rotary.window = 0", ">= 1"});
   chat_error(R"("rotary": {"window": "8"})", "invalid_type", "rotary.window", {">= 1"});
   chat_error(R"("rotary": {"leaky_k": 0})", "invalid_value", "rotary.leaky_k", {"(0,"});
-  chat_error(R"("rotary": {"memory": "exact"})", "invalid_value", "rotary.memory", {"positions, window, leaky_k"});
+  chat_error(R"("rotary": {"memory_size": 3})", "invalid_value", "rotary.memory_size",
+             {"positions, window, leaky_k, memory, memory_window, top_k, search"});
+}
+
+TEST(OpenAiRequest, RotaryMemory) {
+  EXPECT_FALSE(parse(chat("")).memory.any());
+  const CompletionRequest r =
+      parse(chat(R"("rotary": {"memory": "rerope", "memory_window": 256, "top_k": 0, "search": "pages<4>"})"));
+  EXPECT_EQ(r.memory.policy, "rerope");
+  EXPECT_EQ(r.memory.window, 256);
+  EXPECT_EQ(r.memory.top_k, 0);
+  EXPECT_EQ(r.memory.search, "pages<4>");
+  EXPECT_FALSE(r.positions.any());
+  EXPECT_FALSE(parse(text(R"("rotary": {"memory": null, "top_k": null})"), kText).memory.any());
+}
+
+TEST(OpenAiRequestErrors, RotaryMemory) {
+  chat_error(R"("rotary": {"memory": "all"})", "invalid_value", "rotary.memory", {"\"all\"", "unlimiformer"});
+  chat_error(R"("rotary": {"memory": true})", "invalid_type", "rotary.memory", {"exact"});
+  chat_error(R"("rotary": {"memory_window": 0})", "invalid_value", "rotary.memory_window", {">= 1"});
+  chat_error(R"("rotary": {"top_k": -1})", "invalid_value", "rotary.top_k", {"[0, 65536]"});
+  chat_error(R"("rotary": {"top_k": 70000})", "invalid_value", "rotary.top_k", {"[0, 65536]"});
+  chat_error(R"("rotary": {"search": ""})", "invalid_type", "rotary.search", {"pages"});
 }
 
 }  // namespace

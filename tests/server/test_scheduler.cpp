@@ -33,10 +33,15 @@ struct Fixture {
     engine::SessionOptions o;
     o.positions = hf.description.positions();
     return {hf.model,
-            [o, m = hf.model](int64_t capacity, const engine::PositionMethod* positions) {
+            [o, m = hf.model](int64_t capacity, const Job* job) {
               engine::SessionOptions c = o;
               c.capacity = capacity;
-              if (positions) c.positions = *positions;
+              if (job && job->positions) c.positions = *job->positions;
+              if (job && job->memory.any()) {  // (the test's memory: exact at the request's window and top-k)
+                engine::MemoryOptions memory;
+                memory.window = job->memory.window.value_or(4), memory.top_k = int(job->memory.top_k.value_or(3));
+                c.memory = memory;
+              }
               return engine::Session(m, c);
             },
             tokenizer, o.positions};
@@ -69,7 +74,7 @@ Job::Update wait(Job& job, std::string* text = nullptr) {
 
 // engine::generate's text for the same prompt and options: the reference a scheduled request must equal.
 std::string generate_text(const Fixture& f, const Job& job, int64_t context) {
-  engine::Session s = f.served().new_session(context, job.positions ? &*job.positions : nullptr);
+  engine::Session s = f.served().new_session(context, job.own_session() ? &job : nullptr);
   const std::vector<int64_t> out = engine::generate(s, job.prompt, job.sampling);
   std::vector<int64_t> tail(job.prompt.end() - std::min<size_t>(8, job.prompt.size()), job.prompt.end());
   return f.tokenizer->decode_continuation(tail, out);
@@ -160,6 +165,116 @@ TEST(Scheduler, ARequestsOwnPositionsRunBesideTheServers) {
     EXPECT_EQ(e.param, "rotary");
     EXPECT_NE(std::string(e.what()).find("window"), std::string::npos) << e.what();
   }
+}
+
+// The prefix cache: a request whose prompt goes on from a finished one's tokens (a conversation's next turn) reads
+// only the rest - usage.prompt_tokens_details.cached_tokens counts what it did not read - and answers exactly as on a
+// server without a cache (its pieces' rows are the same bits); a prompt sharing a part takes a copy of that part and
+// leaves the kept session in the cache; a request with other positions (ReRoPE) never continues the server's rows;
+// a budget smaller than a session keeps nothing.
+TEST(Scheduler, APromptThatGoesOnFromAKeptSessionReadsOnlyTheRest) {
+  const Fixture f;
+  SchedulerOptions o;
+  o.context = 96, o.slots = 2, o.prefill_step = 3, o.prefix_cache_bytes = 64 << 20;
+  auto run = [&](Scheduler& s, const std::shared_ptr<Job>& job, std::string* text) {
+    s.submit(job, "prompt");
+    const Job::Update u = wait(*job, text);
+    EXPECT_FALSE(u.error) << u.error->what();
+    return u;
+  };
+  auto job_of = [&](const std::vector<int64_t>& prompt, int64_t max_new) {
+    auto job = make_job(f, "x", max_new, 2.0, 11);  // (sampled: the tiny model's greedy answers repeat one token)
+    job->prompt = prompt;
+    return job;
+  };
+  Scheduler cached(f.served(), o);
+  SchedulerOptions plain_options = o;
+  plain_options.prefix_cache_bytes = 0;
+  Scheduler plain(f.served(), plain_options);
+  // The first turn: nothing kept yet.
+  const std::vector<int64_t> first = f.tokenizer->encode("the first turn of a conversation about prefixes");
+  auto a = job_of(first, 6);
+  std::string a_text;
+  EXPECT_EQ(run(cached, a, &a_text).usage.cached_tokens, 0);
+  EXPECT_EQ(cached.stats().prefix_cache_entries, 1);
+  EXPECT_GT(cached.stats().prefix_cache_bytes, 0);
+  // The next turn: the first's prompt, its answer, more. The kept session holds the prompt and the answer's tokens
+  // but the last (chosen, never run).
+  engine::Session reference = f.served().new_session(o.context, nullptr);
+  const std::vector<int64_t> answer = engine::generate(reference, first, a->sampling);
+  ASSERT_EQ(answer.size(), 6u);
+  std::vector<int64_t> second = first;
+  second.insert(second.end(), answer.begin(), answer.end());
+  const std::vector<int64_t> more = f.tokenizer->encode(" and then a second question");
+  second.insert(second.end(), more.begin(), more.end());
+  auto b = job_of(second, 8), b_plain = job_of(second, 8);
+  std::string b_text, b_plain_text;
+  const Job::Update ub = run(cached, b, &b_text);
+  EXPECT_EQ(ub.usage.cached_tokens, int64_t(first.size()) + 5);
+  EXPECT_EQ(ub.usage.prompt_tokens, int64_t(second.size()));
+  EXPECT_EQ(run(plain, b_plain, &b_plain_text).usage.cached_tokens, 0);
+  EXPECT_EQ(b_text, b_plain_text) << "a request that went on from the cache answers differently";
+  EXPECT_FALSE(b_text.empty());
+  // The second turn's session holds the first's tokens: one entry.
+  EXPECT_EQ(cached.stats().prefix_cache_entries, 1);
+  // A prompt sharing the first half of the first turn: a copy of that half; the entry stays.
+  std::vector<int64_t> other(first.begin(), first.begin() + int64_t(first.size()) / 2);
+  const std::vector<int64_t> tail = f.tokenizer->encode(" something else entirely");
+  other.insert(other.end(), tail.begin(), tail.end());
+  auto c = job_of(other, 5), c_plain = job_of(other, 5);
+  std::string c_text, c_plain_text;
+  EXPECT_EQ(run(cached, c, &c_text).usage.cached_tokens, int64_t(first.size()) / 2);
+  run(plain, c_plain, &c_plain_text);
+  EXPECT_EQ(c_text, c_plain_text);
+  EXPECT_EQ(cached.stats().prefix_cache_entries, 2);
+  EXPECT_EQ(cached.stats().prefix_cache_hits, 2);
+  EXPECT_EQ(cached.stats().cached_prompt_tokens, int64_t(first.size()) + 5 + int64_t(first.size()) / 2);
+  // Other positions: the same prompt as the second turn reads everything.
+  auto own = job_of(second, 3);
+  own->positions = f.served().positions;
+  own->positions->mode = PositionMode::Rerope, own->positions->window = 4;
+  EXPECT_EQ(run(cached, own, nullptr).usage.cached_tokens, 0);
+  // ... and its own session is kept under its own settings: the same request again goes on from it.
+  auto own_again = job_of(second, 3);
+  own_again->positions = own->positions;
+  EXPECT_EQ(run(cached, own_again, nullptr).usage.cached_tokens, int64_t(second.size()) - 1);
+  // A budget below one session's rows keeps nothing.
+  SchedulerOptions tiny = o;
+  tiny.prefix_cache_bytes = 1;
+  Scheduler small(f.served(), tiny);
+  run(small, job_of(first, 3), nullptr);
+  EXPECT_EQ(run(small, job_of(first, 3), nullptr).usage.cached_tokens, 0);
+  EXPECT_EQ(small.stats().prefix_cache_entries, 0);
+}
+
+// rotary's extension: a request's own retrieval memory (exact, window 4, top-3 on the tiny model: the fixture's
+// factory) runs in a session of its own beside a plain request, equal to generate on a session with that memory, and
+// differs from the plain answer; the slot goes back to the server's settings after.
+TEST(Scheduler, ARequestsOwnMemoryRunsBesideTheServers) {
+  const Fixture f;
+  SchedulerOptions o;
+  // (--prefill-step 5: a memory session's pieces are whole memory chunks, 4 here, so that its chunks start where
+  // generate's do)
+  o.context = 96, o.slots = 2, o.prefill_step = 5, o.prefix_cache_bytes = 16 << 20;
+  Scheduler s(f.served(), o);
+  const std::string prompt = "a prompt long enough to pass the memory's window of four tokens";
+  auto plain = make_job(f, prompt, 20, 2.0, 9), own = make_job(f, prompt, 20, 2.0, 9);
+  own->memory.policy = "exact", own->memory.window = 4, own->memory.top_k = 3;
+  s.submit(plain, "prompt");
+  s.submit(own, "prompt");
+  std::string plain_text, own_text;
+  wait(*plain, &plain_text);
+  const Job::Update u = wait(*own, &own_text);
+  ASSERT_FALSE(u.error) << u.error->what();
+  EXPECT_EQ(own_text, generate_text(f, *own, o.context));
+  EXPECT_EQ(plain_text, generate_text(f, *plain, o.context));
+  EXPECT_NE(own_text, plain_text) << "a memory of window 4 over 60 tokens should change the answer";
+  EXPECT_EQ(u.usage.cached_tokens, 0) << "a memory session never continues the server's rows";
+  auto after = make_job(f, prompt, 20, 2.0, 9);
+  s.submit(after, "prompt");
+  std::string after_text;
+  wait(*after, &after_text);
+  EXPECT_EQ(after_text, plain_text);
 }
 
 TEST(Scheduler, EndOfTurnAndStopStringsEndAnAnswerWithReasonStop) {

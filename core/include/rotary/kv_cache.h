@@ -86,6 +86,10 @@ class KvCache {
   // appends nothing) when the cache would overflow: "kv_cache.append: size 4096 + 1 exceeds capacity = 4096".
   void append(int64_t n, const HeadsView& k, const HeadsView& v, const int64_t* positions);
   void clear();  // size = 0; capacity kept
+  // A new cache of this one's config with `capacity` rows holding this one's first n tokens (their stored rows and
+  // positions copied, bit for bit): a prefix of a sequence kept for later requests that start with the same tokens
+  // (`rotary serve`'s prefix cache). rotary::Error unless 0 <= n <= size() and n <= capacity.
+  KvCache copy_prefix(int64_t n, int64_t capacity) const;
 
   // Saves the cache - its shape, dtype, storage, position params, positions and every stored array - to `path`
   // atomically (written beside it, synced, renamed: the file is whole or absent; docs/decode.md "Saved caches").

@@ -213,8 +213,30 @@ class Session {
   MemoryStats memory_stats() const;  // zeros without a memory
   const Model& model() const;
   void clear();              // back to an empty sequence
+  // Frees the scratch of its steps (activations of a prompt piece), keeping the cached rows: a session kept for later
+  // (a prefix cache's entry) holds its rows only. The next forward() allocates the scratch again.
+  void release_scratch();
   // The position the next token takes when a sequence goes on: 0 when empty, else the last one's + 1.
   int64_t next_position() const;
+  // The ids of the tokens the session holds, in order (size() of them): what forward() ran, a copied prefix's, a
+  // saved context's. Empty for a context saved before saves kept them (open_context of an older save).
+  const std::vector<int64_t>& tokens() const;
+  // What shaped the cached rows besides the weights - positions (rotation, method, window, log-n), the cache's dtype
+  // and storage, the memory's policy, window and storage: sessions of equal fingerprints cache the same rows for the
+  // same tokens (a saved context's settings check; the server's prefix cache).
+  uint64_t settings_fingerprint() const;
+  // Bytes of cached rows the session holds now (its caches' rows for size() tokens, not their capacity): what
+  // keeping it costs.
+  int64_t held_bytes() const;
+
+  // This empty session continues `source`'s first n tokens: their cached rows copied, bit for bit, into caches of
+  // this session's capacity (which counts them) - a prompt's prefix read once and reused by later requests
+  // (`rotary serve`'s prefix cache). rotary::Error naming the field unless both are sessions of the same model with
+  // equal settings_fingerprint, n in [1, source.size()] and <= this capacity, and caches that can be cut: no memory,
+  // no length-dependent scaling (dynamic NTK, LongRoPE), caches kept.
+  void copy_prefix_from(const Session& source, int64_t n);
+  // Whether copy_prefix_from takes this session as its source: caches kept, no memory, no length-dependent scaling.
+  bool can_copy_prefix() const;
 
   // The session saved to the directory `dir` (created if missing) and continued in a later run - a book read once,
   // asked about many times; a long prompt read once. The directory is one unit (engine/src/saved_context.h): each

@@ -78,6 +78,16 @@ struct CompletionRequest {
     std::optional<double> leaky_k;
     bool any() const { return mode || window || leaky_k; }
   } positions;
+  // ... and a retrieval memory per request (seed 001; `rotary generate --memory` for one request), over the server's
+  // --memory flags: "memory": "exact" | "rerope" | "none" | "unlimiformer" (the policy), "memory_window": W (integer
+  // >= 1), "top_k": k (integer in [0, 65536]), "search": a --search name ("exact", "pages", "pages<P>", ...). Whether
+  // they fit the model and the search name is known are the scheduler's checks (400 naming rotary).
+  struct Memory {
+    std::optional<std::string> policy;
+    std::optional<int64_t> window, top_k;
+    std::optional<std::string> search;
+    bool any() const { return policy || window || top_k || search; }
+  } memory;
   // Fields OpenAI defines that change what is generated, accepted only at the value that changes nothing (else 400,
   // code unsupported_field, naming the field): "n" (1), "logprobs" (false/null), "top_logprobs" (null),
   // "presence_penalty" / "frequency_penalty" (0), "logit_bias" (empty/null), "response_format" ({"type": "text"}),
@@ -98,7 +108,9 @@ const char* finish_reason_name(FinishReason r);
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
-  nlohmann::ordered_json to_json() const;  // {"prompt_tokens", "completion_tokens", "total_tokens"}
+  int64_t cached_tokens = 0;  // prompt tokens not read again: the prefix cache held them
+  // {"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}}
+  nlohmann::ordered_json to_json() const;
 };
 
 // The reply bodies. `id`: "chatcmpl-..." / "cmpl-..."; `created`: Unix seconds; `model`: the server's model id.

@@ -4,7 +4,9 @@
 // prompt piece per step, so a long prompt does not stall the others' streams) - through one
 // engine::SessionBatch::forward (one pass over the weights for all of them) and one LM head call, then samples each
 // slot's token with its own sampler. A sequence's pieces depend only on its request and --prefill-step, and the batch
-// gives each session its own forward's bits, so a request's tokens are the same whatever runs beside it.
+// gives each session its own forward's bits, so a request's tokens are the same whatever runs beside it. A finished
+// request's session goes to the prefix cache (rotary_server/prefix_cache.h); a new request goes on from the longest
+// prefix of its prompt the cache holds and reads only the rest.
 #pragma once
 
 #include <atomic>
@@ -23,6 +25,7 @@
 #include "rotary_engine/generate.h"
 #include "rotary_engine/model.h"
 #include "rotary_server/openai_api.h"
+#include "rotary_server/prefix_cache.h"
 #include "rotary_tokenizers/tokenizer.h"
 
 namespace rotary::server {
@@ -37,6 +40,8 @@ class Job {
   std::vector<std::string> stop_strings; // text that ends the answer (not included)
   std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max();
   std::optional<engine::PositionMethod> positions;  // the request's own (rotary's extension); unset: the server's
+  CompletionRequest::Memory memory;                 // the request's own memory settings over the server's (ditto)
+  bool own_session() const { return positions.has_value() || memory.any(); }  // a session of its own settings
 
   // What the waiting side reads: new text since the last call (held back while it could still turn into a stop
   // string or ends inside a UTF-8 character), and once finished the reason, the usage or the error.
@@ -74,6 +79,11 @@ struct SchedulerOptions {
   int64_t context = 4096;      // --ctx: tokens per slot (prompt + answer)
   int64_t prefill_step = 512;  // --prefill-step: prompt tokens one step reads for one slot
   int64_t queue_limit = 64;    // --queue: requests waiting with every slot busy; more are refused (503)
+  int64_t prefix_cache_bytes = 0;  // --prefix-cache-mib: finished requests' sessions kept for prompts that start with
+                                   // their tokens (PrefixCache); 0: none
+  std::vector<std::string> saved_contexts;  // --context: directories of `generate --save-context`, opened at start
+                                            // (refused there naming the field) and for each prompt that starts with
+                                            // all of a context's tokens
   int threads = 0;             // 0: OpenMP's default
   void validate() const;       // rotary::Error naming the flag
 };
@@ -81,9 +91,9 @@ struct SchedulerOptions {
 // What the server runs: the model, sessions with the server's settings, the tokenizer.
 struct ServedModel {
   std::shared_ptr<const engine::Model> model;
-  // Sessions with the run's settings (KV dtype, memory, positions) for `capacity` tokens; `positions` non-null: those
-  // positions instead of the run's (rotary::Error naming the field where they do not fit).
-  std::function<engine::Session(int64_t capacity, const engine::PositionMethod* positions)> new_session;
+  // Sessions with the run's settings (KV dtype, memory, positions) for `capacity` tokens; `job` non-null: with its
+  // own positions and memory settings over the run's (rotary::Error naming the field where they do not fit).
+  std::function<engine::Session(int64_t capacity, const Job* job)> new_session;
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer;
   engine::PositionMethod positions;  // the run's positions, which a request's extension fields start from
 };
@@ -94,6 +104,8 @@ struct SchedulerStats {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t queued = 0, slots_busy = 0, slots = 0;
   int64_t kv_bytes = 0;  // bytes the busy slots' caches hold (Session::bytes_needed at their length)
+  int64_t prefix_cache_bytes = 0, prefix_cache_entries = 0;  // the prefix cache's entries now
+  int64_t prefix_cache_hits = 0, cached_prompt_tokens = 0;   // requests that went on from an entry, and its tokens
   int64_t steps = 0;
 };
 
@@ -104,7 +116,7 @@ class Scheduler {
 
   // Queues `job`: ApiError 503 (queue_full, with the queue's size) when the queue is full, 503 (shutting_down) once
   // draining; 400 (context_length_exceeded, param `param`) when its prompt and max_new do not fit a slot, 400 (param
-  // rotary) when its own positions do not fit the model.
+  // rotary) when its own positions or memory settings do not fit the model.
   void submit(const std::shared_ptr<Job>& job, const std::string& prompt_param);
   // Stops taking jobs and waits until the queued and running ones have finished, or until `deadline`, after which
   // the rest fail (503, shutting_down).
@@ -120,6 +132,7 @@ class Scheduler {
   ServedModel model_;
   SchedulerOptions options_;
   engine::SessionBatch batch_;
+  PrefixCache prefix_cache_;  // the scheduler thread's
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<float> head_rows_, head_logits_;  // a step's LM head input [slots choosing, d] and output [.., vocab]
   mutable std::mutex mutex_;
