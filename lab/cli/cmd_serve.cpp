@@ -190,7 +190,7 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                   "with their tokens (the next turn of a conversation, another question about one document) reads "
                   "only the rest (default: as much as the slots' caches at --ctx, within the memory available; "
                   "0: none)")
-      ->check(CLI::Range(int64_t(0), int64_t(1) << 40));
+      ->transform(integer_in(0, int64_t(1) << 30));
   sub->add_option("--queue", cmd->slots.queue_limit, "requests that may wait for a slot; more get 503 (default 64)")
       ->transform(integer_in(0, 4096));
   sub->add_option("--timeout", cmd->server.timeout_s, "seconds a request may take (default 600)")
