@@ -75,7 +75,7 @@ ApiError shutting_down() {
 struct Scheduler::Slot {
   explicit Slot(engine::Session s) : session(std::make_unique<engine::Session>(std::move(s))) {}
   std::unique_ptr<engine::Session> session;
-  bool own_positions = false;   // the session runs a request's own settings (rotary's extension), not the server's
+  bool own_settings = false;   // the session runs a request's own settings (rotary's extension), not the server's
   std::shared_ptr<Job> job;
   std::optional<engine::TokenSampler> sampler;
   int64_t max_new = 0;          // tokens this job may still choose in all
@@ -232,7 +232,7 @@ void Scheduler::step(std::vector<Slot*>& active) {
     if (keep_rows && prefix_cache_.budget() > 0 && s.session->size() > 0 && s.session->can_copy_prefix()) {
       prefix_cache_.keep(std::move(*s.session));
       s.session = std::make_unique<engine::Session>(model_.new_session(options_.context, nullptr));
-      s.own_positions = false;
+      s.own_settings = false;
     } else {
       s.session->clear();
     }
@@ -262,10 +262,10 @@ void Scheduler::step(std::vector<Slot*>& active) {
       const int64_t n = int64_t(job.prompt.size());
       try {
         // A request's own settings get a session of their own (checked at submit); the server's come back after.
-        if (job.own_session() || s->own_positions) {
+        if (job.own_session() || s->own_settings) {
           s->session = std::make_unique<engine::Session>(
               model_.new_session(options_.context, job.own_session() ? &job : nullptr));
-          s->own_positions = job.own_session();
+          s->own_settings = job.own_session();
         }
         s->sampler.emplace(job.sampling, V);
         // The longest prefix of the prompt a kept session of these settings holds (the last prompt token is always
@@ -285,13 +285,13 @@ void Scheduler::step(std::vector<Slot*>& active) {
             ++failed, release(*s, false);
             continue;
           }
-          s->fed = match.tokens, s->cached = match.tokens;
-          ++prefix_hits, cached_tokens += match.tokens;
         } else if (match.tokens > 0) {
           if (match.tokens == match.session->size() && match.session->capacity() >= options_.context)
             s->session = std::make_unique<engine::Session>(prefix_cache_.take(match));
           else
             s->session->copy_prefix_from(*match.session, match.tokens);
+        }
+        if (match.tokens > 0) {
           s->fed = match.tokens, s->cached = match.tokens;
           ++prefix_hits, cached_tokens += match.tokens;
         }
