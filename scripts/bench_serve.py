@@ -175,6 +175,24 @@ def long_prompt_run(a, c, one_stream_median):
     return gaps, hi - lo, read, ended
 
 
+def cpu_description():
+    """The CPU's model name and the instruction-set flags the kernels dispatch on (a speed means little without)."""
+    model, flags = "unknown", []
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and model == "unknown":
+                    model = line.split(":", 1)[1].strip()
+                elif line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    flags = [x for x in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16")
+                             if x in have]
+                    break
+    except OSError:
+        pass
+    return f"{model} [{' '.join(flags)}]"
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--url", required=True)
@@ -194,6 +212,7 @@ def main():
                     help="--long-prompt-tokens: measure only the first this many seconds of the read, then cancel "
                          "the long prompt (0: until its first token)")
     a = ap.parse_args()
+    print(f"cpu: {cpu_description()}")
     if a.long_prompt_tokens:
         base = run_streams(a, 1)
         one = statistics.median(b - a_ for _, times, _, _ in base for a_, b in zip(times, times[1:]))

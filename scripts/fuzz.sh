@@ -53,30 +53,48 @@ max_len() {
 export ASAN_OPTIONS="detect_leaks=1:abort_on_error=1:symbolize=1"
 export UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1"
 mkdir -p "$build/artifacts" "$build/logs"
-status=0
-report=()
-for t in "${targets[@]}"; do
-  echo "== fuzz $t (${seconds} s)"
-  work="$build/corpus/$t"  # what the fuzzer adds to the corpus; the checked-in seeds stay as they are
-  mkdir -p "$work"
-  dict=()
+# One target's run: its log in logs/<t>.log, its summary line in logs/<t>.verdict, exit status its verdict.
+fuzz_one() {
+  local t="$1" work="$build/corpus/$1" log="$build/logs/$1.log" rc=0 execs verdict
+  mkdir -p "$work"  # what the fuzzer adds to the corpus; the checked-in seeds stay as they are
+  local dict=()
   [[ -f "$root/fuzz/dict/$t.dict" ]] && dict=(-dict="$root/fuzz/dict/$t.dict")
-  log="$build/logs/$t.log"
-  rc=0
   "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len="$(max_len "$t")" -timeout=10 \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "${dict[@]}" "$work" $(seeds "$t") \
     >"$log" 2>&1 || rc=$?
   execs=$(grep -oE "stat::number_of_executed_units: *[0-9]+" "$log" | tail -1 | grep -oE "[0-9]+$" || echo "?")
   if ((rc != 0)); then
-    status=1
-    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error|artifact_prefix|Test unit written)|uncaught exception' "$log" | head -20 || true
-    echo "   (full log: $log)"
-    verdict="FOUND SOMETHING (exit $rc)"
+    verdict="FOUND SOMETHING (exit $rc; full log: $log)"
   else
     verdict="clean"
   fi
-  report+=("$(printf '%-20s %12s executions in %4d s  %s' "$t" "$execs" "$seconds" "$verdict")")
+  printf '%-20s %12s executions in %4d s  %s\n' "$t" "$execs" "$seconds" "$verdict" >"$build/logs/$t.verdict"
+  return $rc
+}
+
+rm -f "$build/logs/"*.verdict
+# The targets run `jobs` at a time (each one process, one core): the same seconds per target in 1/jobs of the time.
+status=0
+running=0
+for t in "${targets[@]}"; do
+  echo "== fuzz $t (${seconds} s)"
+  fuzz_one "$t" &
+  running=$((running + 1))
+  if ((running >= jobs)); then
+    wait -n || status=1
+    running=$((running - 1))
+  fi
+done
+while ((running > 0)); do
+  wait -n || status=1
+  running=$((running - 1))
 done
 echo "== fuzz summary"
-printf '%s\n' "${report[@]}"
+for t in "${targets[@]}"; do
+  cat "$build/logs/$t.verdict"
+  if ! grep -q ' clean$' "$build/logs/$t.verdict"; then
+    grep -E '^(==[0-9]+==ERROR|SUMMARY|.*runtime error|artifact_prefix|Test unit written)|uncaught exception' \
+      "$build/logs/$t.log" | head -20 || true
+  fi
+done
 exit $status

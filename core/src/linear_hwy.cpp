@@ -11,7 +11,8 @@
 // (ActivationFormat::BF16) are rounded here once per call, then run on linear_bf16_dot.cpp's kernel at AVX-512
 // targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights; q8
 // activations (ActivationFormat::Q8) are quantized here once per call, then run on linear_q8_dot.cpp's int8 kernel at
-// AVX-512 targets of a CPU with AVX512-VNNI, or through TileQ8 (exact integer block sums in float32 lanes).
+// AVX-512 targets of a CPU with AVX512-VNNI, on linear_q8_avx2.cpp's byte products at other x86 targets from AVX2 up,
+// or through TileQ8 (exact integer block sums in float32 lanes) below AVX2.
 #include <omp.h>
 
 #include <algorithm>
@@ -210,22 +211,48 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   store_tile(j, t0, r0, NT, NR, sums);
 }
 
-// Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (all of decode's
-// one token) row by row, or kRows rows at a time for rows longer than kLongRowBytes.
+// Whether the tokens a block leaves past its whole tiles (decode's one, or a batch of 2-3 sequences) run kRows rows
+// at a time - kRows x tokens independent sums, which hide the multiply-add's latency - or row by row (one sum per
+// token, a single sequential stream per thread). With 8 float lanes (AVX2 and below) one sum per row waits on its
+// multiply-adds: a 896-wide bf16 row is 112 of them in a chain, so rows together are faster at any width (Zen 3, 2
+// threads, 4864x896 bf16: decode 0.67 -> 0.xx ms). With 16 lanes (AVX-512) short rows stream faster one at a time
+// (docs/engine.md: Zen 4, 896-wide rows 20 -> 33 GB/s row by row), long ones together (kLongRowBytes). Either way
+// each (token, row) sum is the same chain of operations, so the choice changes no bit.
+template <class T>
+HWY_INLINE bool RowsTogether(const Job& j, int64_t left) {
+  if (left > 1) return true;  // 2-3 tokens: the sums double or triple
+  return HWY_MAX_BYTES < 64 || j.cols * int64_t(sizeof(T)) > kLongRowBytes;
+}
+
+// Tokens [t0, t1) left past the whole tiles (fewer than kTokens) against rows [r, r + NR).
+template <int NR, class T>
+HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
+  switch (t1 - t0) {
+    case 1: return TileAt<1, NR, T>(j, t0, r);
+    case 2: return TileAt<2, NR, T>(j, t0, r);
+    case 3:  // as 2 + 1: a 3 x 4 tile's 12 sums and 4 weight vectors spill AVX2's 16 registers (slower than the two)
+      TileAt<2, NR, T>(j, t0, r);
+      return TileAt<1, NR, T>(j, t0 + 2, r);
+    default: return;
+  }
+}
+
+// Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (decode's one, a
+// small batch's 2-3) kRows rows at a time or row by row (RowsTogether).
 template <class T>
 HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  static_assert(kTokens == 4, "LeftTokens takes up to 3 tokens");
   const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
   int64_t r = r0;
   for (; r + kRows <= r1; r += kRows)
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
   for (; r < r1; ++r)
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
+  if (tiled == t1) return;
   r = r0;
-  if (j.cols * int64_t(sizeof(T)) > kLongRowBytes)
-    for (; r + kRows <= r1; r += kRows)
-      for (int64_t t = tiled; t < t1; ++t) TileAt<1, kRows, T>(j, t, r);
-  for (; r < r1; ++r)
-    for (int64_t t = tiled; t < t1; ++t) TileAt<1, 1, T>(j, t, r);
+  if (RowsTogether<T>(j, t1 - tiled))
+    for (; r + kRows <= r1; r += kRows) LeftTokens<kRows, T>(j, tiled, t1, r);
+  for (; r < r1; ++r) LeftTokens<1, T>(j, tiled, t1, r);
 }
 
 void BlockOf(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
@@ -250,6 +277,16 @@ bool UsesBf16Dot() {
 bool UsesQ8Dot() {
 #if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX3
   return q8_dot_supported();
+#else
+  return false;
+#endif
+}
+
+// AVX2's byte products for q8 activations (linear_q8_avx2.cpp): at x86 targets from AVX2 up, where the int8 dot
+// products (UsesQ8Dot) are not there.
+bool UsesQ8Bytes() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return q8_avx2_supported();
 #else
   return false;
 #endif
@@ -351,7 +388,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
     tokens = std::max(tokens, j.tokens);
   }
   const int64_t groups = first.back();
-  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot();
+  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
   threads = int(std::min<int64_t>(threads, groups));
 #pragma omp parallel num_threads(threads)
   {
@@ -367,6 +404,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
         const int64_t r1 = std::min(j.rows, r0 + kRows);
         if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
         else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
+        else if (q8_bytes && j.activations == ActivationFormat::Q8) q8_avx2_block(j, t0, t1, r0, r1);
         else BlockOf(j, t0, t1, r0, r1);
       }
     }
@@ -384,6 +422,7 @@ HWY_EXPORT(RunJobs);
 HWY_EXPORT(LinearTargetName);
 HWY_EXPORT(UsesBf16Dot);
 HWY_EXPORT(UsesQ8Dot);
+HWY_EXPORT(UsesQ8Bytes);
 
 void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs)(jobs, count, threads); }
 
@@ -392,4 +431,9 @@ void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs
 const char* rotary::detail::linear_simd_target() { return HWY_DYNAMIC_DISPATCH(linear_detail::LinearTargetName)(); }
 bool rotary::linear_uses_bf16_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesBf16Dot)(); }
 bool rotary::linear_uses_q8_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8Dot)(); }
+const char* rotary::linear_q8_products() {
+  if (linear_uses_q8_dot()) return "int8 dot products (AVX512-VNNI)";
+  if (HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8Bytes)()) return "byte products (AVX2)";
+  return "float32 lanes";
+}
 #endif  // HWY_ONCE

@@ -86,6 +86,12 @@ void bf16_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1
 bool q8_dot_supported();
 void q8_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
+// The AVX2 byte-product kernels for q8 activations (linear_q8_avx2.cpp): whether this CPU has AVX2, FMA and F16C
+// (x86-64 builds; false elsewhere), and tokens [t0, t1) x rows [r0, r1) of a q8-weight job with xq filled, on
+// vpmaddubsw. Called only from x86 dispatch targets from AVX2 up, where the int8 dot products above are not used.
+bool q8_avx2_supported();
+void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);
 

@@ -281,7 +281,7 @@ void run_bench_attention(const BenchAttentionArgs& a) {
   };
   if (a.json) {
     nlohmann::json j;
-    j["cpu"] = lab::cpu_model();
+    j["cpu"] = lab::cpu_description();
     j["threads"] = threads;
     j["hq"] = a.hq, j["hkv_gqa"] = a.hkv_gqa, j["head_dim"] = a.dim, j["leaky_k"] = a.leaky_k;
     j["rounds"] = a.rounds, j["dtype"] = "f32", j["causal"] = true, j["batch"] = 1;
@@ -301,7 +301,7 @@ void run_bench_attention(const BenchAttentionArgs& a) {
   }
   std::printf("attention, f32, causal, batch 1: Hq %lld, D %d (GQA case Hkv %lld); w = N/4, leaky k %g\n",
               (long long)a.hq, a.dim, (long long)a.hkv_gqa, a.leaky_k);
-  std::printf("cpu: %s, threads %d, %d rounds (median)\n", lab::cpu_model().c_str(), threads, a.rounds);
+  std::printf("cpu: %s, threads %d, %d rounds (median)\n", lab::cpu_description().c_str(), threads, a.rounds);
   for (const SizeResult& r : results) {
     std::printf("\nN = %lld\n%-14s %11s %11s %9s %12s\n", (long long)r.N, "method", "median ms", "min ms", "GFLOP/s",
                 "scratch MB");

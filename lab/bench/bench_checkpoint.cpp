@@ -183,7 +183,8 @@ void run_engine(const BenchCheckpointArgs& a) {
   if (a.json) {
     nlohmann::json j{{"engine", "engine"}, {"shape", shape}, {"weights", weight_format_name(model->matrix_format())},
                      {"kv_dtype", a.run.kv_dtype}, {"activations", activation_format_name(model->activations())},
-                     {"bf16_dot_products", linear_uses_bf16_dot()}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
+                     {"bf16_dot_products", linear_uses_bf16_dot()}, {"q8_products", linear_q8_products()},
+                     {"cpu", lab::cpu_description()}, {"d_model", arch.d_model}, {"n_layers", arch.n_layers},
                      {"vocab", arch.vocab_size}, {"prompt", a.prompt}, {"decode", a.decode}, {"trials", a.trials},
                      {"threads", threads}, {"prefill_chunk", a.prefill_chunk},
                      {"prefill_tokens_per_s", median(prefill_tps)},
@@ -194,6 +195,7 @@ void run_engine(const BenchCheckpointArgs& a) {
     std::printf("%s\n", j.dump(2).c_str());
     return;
   }
+  std::printf("cpu: %s\n", lab::cpu_description().c_str());
   std::printf("engine, %s: d_model %lld, %lld layers, %lld heads (%lld kv), d_ff %lld, vocab %lld; weights %s, "
               "kv cache %s, activations %s%s, %d threads\n",
               shape.c_str(), (long long)arch.d_model, (long long)arch.n_layers, (long long)arch.n_heads,
@@ -203,7 +205,7 @@ void run_engine(const BenchCheckpointArgs& a) {
               model->activations() == ActivationFormat::BF16
                   ? (linear_uses_bf16_dot() ? " (bf16 dot products)" : " (no bf16 dot products on this CPU)")
               : model->activations() == ActivationFormat::Q8
-                  ? (linear_uses_q8_dot() ? " (int8 dot products)" : " (no int8 dot products on this CPU)")
+                  ? (std::string(" (") + linear_q8_products() + ")").c_str()
                   : "",
               threads);
   std::printf("prompt %d tokens: %.1f tok/s | decode %d tokens: %.2f tok/s (median of %d trials)\n", a.prompt,

@@ -196,7 +196,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
 
   if (a.json) {
     nlohmann::json j;
-    j["cpu"] = lab::cpu_model();
+    j["cpu"] = lab::cpu_description();
     j["threads"] = threads;
     j["context"] = N, j["hq"] = Hq, j["hkv"] = Hkv, j["head_dim"] = D, j["window"] = a.window;
     j["leaky_k"] = a.leaky_k, j["rounds"] = a.rounds, j["dtype"] = "f32", j["cache_bytes"] = cache_bytes;
@@ -219,7 +219,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
   }
   std::printf("decode step, f32, one sequence: context %lld, Hq %lld, Hkv %lld, D %d, w %lld, leaky k %g\n",
               (long long)N, (long long)Hq, (long long)Hkv, D, (long long)a.window, a.leaky_k);
-  std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", lab::cpu_model().c_str(), threads,
+  std::printf("cpu: %s, threads %d, %d rounds; cache keys+values %.1f MB\n", lab::cpu_description().c_str(), threads,
               a.rounds, double(cache_bytes) / 1e6);
   std::printf("%-15s %11s %11s %9s\n", "method", "median ms", "min ms", "GB/s");
   for (const Method& m : methods)

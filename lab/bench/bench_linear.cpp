@@ -224,8 +224,9 @@ void run_bench_linear(const BenchLinearArgs& a) {
     return 0.0;
   };
   nlohmann::json j;
-  j["cpu"] = lab::cpu_model(), j["threads"] = threads, j["read_bandwidth_bytes_per_s"] = probe;
+  j["cpu"] = lab::cpu_description(), j["threads"] = threads, j["read_bandwidth_bytes_per_s"] = probe;
   j["bf16_dot_products"] = linear_uses_bf16_dot(), j["q8_dot_products"] = linear_uses_q8_dot();
+  j["q8_products"] = linear_q8_products();
   j["weight_mib"] = a.weight_mib, j["tokens"] = a.tokens, j["trials"] = a.trials;
   for (const Row& r : rows) {
     nlohmann::json e = {{"phase", r.phase}, {"method", r.method}, {"rows", r.shape.rows}, {"cols", r.shape.cols},
@@ -240,9 +241,9 @@ void run_bench_linear(const BenchLinearArgs& a) {
   }
   std::printf("rotary bench linear: y = x W^T, weights in their storage format, float32 activations (W:A: %s, %s)\n",
               linear_uses_bf16_dot() ? "bf16 activations on the CPU's bf16 dot products" : "bf16 activations in f32 lanes",
-              linear_uses_q8_dot() ? "q8 activations on the CPU's int8 dot products" : "q8 activations in f32 lanes");
+              (std::string("q8 activations on ") + linear_q8_products()).c_str());
   std::printf("cpu: %s | threads %d | read probe %.2f GB/s (%lld MiB) | decode weights %lld MiB per format\n\n",
-              lab::cpu_model().c_str(), threads, probe / 1e9, (long long)a.weight_mib, (long long)a.weight_mib);
+              lab::cpu_description().c_str(), threads, probe / 1e9, (long long)a.weight_mib, (long long)a.weight_mib);
   std::printf("%-8s %-10s %-12s %7s %11s %9s %11s %9s\n", "phase", "weights", "shape", "tokens", "us/call", "GB/s",
               "/ probe", "GFLOP/s");
   for (const Row& r : rows) {

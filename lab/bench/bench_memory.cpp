@@ -600,7 +600,7 @@ void run_bench_memory(const BenchMemoryArgs& a) {
   // The memory's own bytes per token: keys and values of every kv head in --memory-dtype, and one int64 position.
   const int64_t memory_bytes_per_token =
       a.kv_heads * 2 * a.head_dim * int64_t(dtype_size(memory_dtype)) + int64_t(sizeof(int64_t));
-  const std::string cpu = lab::cpu_model();
+  const std::string cpu = lab::cpu_description();
   const unsigned nproc = std::thread::hardware_concurrency();
 
   std::string plot_problem;

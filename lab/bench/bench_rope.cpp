@@ -256,7 +256,7 @@ void run_bench_rope(const BenchRopeArgs& a) {
       if (o.shape == r.shape && o.dtype == r.dtype && o.layout == r.layout && o.method == method) return &o;
     return nullptr;
   };
-  const std::string target = rope_simd_target(), cpu = lab::cpu_model();
+  const std::string target = rope_simd_target(), cpu = lab::cpu_description();
   const unsigned nproc = std::thread::hardware_concurrency();
 
   if (a.json) {
@@ -400,7 +400,7 @@ void run_bench_rope_cost(const RopeCostArgs& a) {
     return 0.0;
   };
   const double moved = 4.0 * double(bytes);  // q and k, each read once and written once
-  const std::string cpu = lab::cpu_model(), target = rope_simd_target();
+  const std::string cpu = lab::cpu_description(), target = rope_simd_target();
   if (t.json) {
     nlohmann::json j;
     j["machine"] = {{"cpu", cpu}, {"threads", threads}, {"simd_target", target}, {"torch", torch},

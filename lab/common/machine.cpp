@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <fstream>
+#include <set>
+#include <sstream>
 #include <vector>
 
 namespace rotary::lab {
@@ -20,6 +22,24 @@ std::string cpu_model() {
     if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
   return "unknown";
 }
+
+std::string cpu_simd_flags() {
+  std::ifstream in("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("flags", 0) != 0) continue;
+    std::istringstream words(line.substr(line.find(':') + 1));
+    std::set<std::string> have;
+    for (std::string w; words >> w;) have.insert(w);
+    std::string out;
+    for (const char* f : {"avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"})
+      if (have.count(f)) out += (out.empty() ? "" : " ") + std::string(f);
+    return out.empty() ? "none of avx2 fma f16c avx512*" : out;
+  }
+  return "unknown";
+}
+
+std::string cpu_description() { return cpu_model() + " [" + cpu_simd_flags() + "]"; }
 
 int64_t available_memory_bytes() {
   std::ifstream in("/proc/meminfo");

@@ -8,6 +8,11 @@ namespace rotary::lab {
 
 // The "model name" of /proc/cpuinfo's first processor; "unknown" without one.
 std::string cpu_model();
+// The instruction-set flags the kernels dispatch on that /proc/cpuinfo lists (of avx2 fma f16c avx512f avx512bw
+// avx512_vnni avx512_bf16), space-separated: a speed table means little without them (Zen 3 vs Zen 4).
+std::string cpu_simd_flags();
+// cpu_model() followed by "[cpu_simd_flags()]": what every benchmark prints and records as its CPU.
+std::string cpu_description();
 
 // Bytes of memory available to a new allocation now (/proc/meminfo MemAvailable); -1 when unknown.
 int64_t available_memory_bytes();

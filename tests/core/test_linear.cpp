@@ -9,6 +9,7 @@
 #include <limits>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "expect.h"
@@ -148,10 +149,11 @@ constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, Weigh
 // Every output is one thread's dot product in a fixed order, so neither the thread count nor the batching of tokens
 // (decode one at a time, prefill tiles of four, chunks) changes a bit: the engine's prefill and decode agree exactly.
 // K = 4100: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block; f32 rows past kLongRowBytes (decode
-// 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows past it.
+// 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows past it. T = 70 and
+// 71 leave 2 and 3 tokens past the last whole tile (a small batch's tiles); N = 37 rows leave one past the last group.
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
-  const int64_t T = 70, N = 37;
-  for (const int64_t K : {int64_t(4100), int64_t(16421)}) {
+  const int64_t N = 37;
+  for (const auto [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
     // Each format; then bf16 weights with bf16 activations, q8 weights with q8 activations.
     for (int config = 0; config < 6; ++config) {
@@ -441,6 +443,22 @@ TEST(linear_forward, Q8DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
     EXPECT_EQ(linear_uses_q8_dot(), cpu && target.rfind("AVX3", 0) == 0) << target;
   });
   std::printf("this CPU %s AVX512-VNNI\n", cpu ? "has" : "lacks");
+}
+
+// Each target's path for q8 activations: AVX512-VNNI's int8 dot products where they run, AVX2's byte products at
+// the other x86 targets from AVX2 up, float32 lanes below (SSE4, scalar).
+TEST(linear_forward, Q8ProductsAreTheBestEachTargetHas) {
+  const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
+                    __builtin_cpu_supports("avx512vl");
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  test::for_each_target([&] {
+    const std::string target = detail::linear_simd_target();
+    const bool avx512 = target.rfind("AVX3", 0) == 0, from_avx2 = avx512 || target == "AVX2";
+    const std::string want = vnni && avx512          ? "int8 dot products (AVX512-VNNI)"
+                             : avx2 && from_avx2 ? "byte products (AVX2)"
+                                                 : "float32 lanes";
+    EXPECT_EQ(linear_q8_products(), want) << target;
+  });
 }
 
 TEST(linear_forward_group, RefusesBadGroupsByNameBeforeWriting) {

@@ -21,7 +21,7 @@ void write_report(const ReproduceSpec& spec, const std::string& sections, Reprod
   if (!spec.command_line.empty()) md << "Command: `" << spec.command_line << "`\n\n";
   md << fmt::format("Scale: **{}**. Machine: {}, {} cores. This invocation: {:.0f} s (studies finished by an earlier "
                     "invocation were reused).\n\n",
-                    spec.scale, lab::cpu_model(), std::thread::hardware_concurrency(), result.seconds);
+                    spec.scale, lab::cpu_description(), std::thread::hardware_concurrency(), result.seconds);
   md << "Verdicts: *reproduced* - the seed's ordering holds (for compares: every run of the expected winner beats "
         "every run of the other); *same ordering, within noise* - the means are in the seed's order but the runs' "
         "ranges overlap; *not reproduced* - the means are in the other order, or the number misses the seed's; *not "
