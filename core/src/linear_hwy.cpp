@@ -214,8 +214,8 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
 // Whether the tokens a block leaves past its whole tiles (decode's one, or a batch of 2-3 sequences) run kRows rows
 // at a time - kRows x tokens independent sums, which hide the multiply-add's latency - or row by row (one sum per
 // token, a single sequential stream per thread). With 8 float lanes (AVX2 and below) one sum per row waits on its
-// multiply-adds: a 896-wide bf16 row is 112 of them in a chain, so rows together are faster at any width (Zen 3, 2
-// threads, 4864x896 bf16: decode 0.67 -> 0.xx ms). With 16 lanes (AVX-512) short rows stream faster one at a time
+// multiply-adds: a 896-wide bf16 row is 112 of them in a chain, so rows together are faster at any width (Zen 3, one
+// thread, 1024x896 bf16 in cache: one token 135-163 -> 77-86 us, two 155-177 -> 100 us of CPU time). With 16 lanes (AVX-512) short rows stream faster one at a time
 // (docs/engine.md: Zen 4, 896-wide rows 20 -> 33 GB/s row by row), long ones together (kLongRowBytes). Either way
 // each (token, row) sum is the same chain of operations, so the choice changes no bit.
 template <class T>
