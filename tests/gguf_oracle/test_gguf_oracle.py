@@ -11,8 +11,8 @@ bytes per block) is compared with gguf-py's GGML_QUANT_SIZES, and a gguf-py file
 
 gguf-py is not part of this repository: its path comes from ROTARY_GGUF_PY (a llama.cpp source tree's gguf-py
 directory; docs/checkpoints.md says how to get the one llama.cpp release we compare with, from the node-llama-cpp
-npm package). Without it, or without numpy, the test prints why and exits 77, which ctest reports as skipped - never
-as passed. A wrong path is a failure.
+npm package), else the tree scripts/setup.sh unpacks (gguf_py_setup.py). Without it, or without numpy, the test
+prints why and exits 77, which ctest reports as skipped - never as passed. A wrong path is a failure.
 """
 import json
 import os
@@ -20,34 +20,11 @@ import subprocess
 import sys
 import tempfile
 
-SKIP = 77
-
-
-def skip(reason):
-    print(f"SKIPPED: {reason}")
-    sys.exit(SKIP)
+from gguf_py_setup import start_oracle
 
 
 def main():
-    if len(sys.argv) != 2:
-        print("usage: test_gguf_oracle.py GGUF_DUMP", file=sys.stderr)
-        return 2
-    dump_tool = sys.argv[1]
-    # ROTARY_GGUF_PY, else the llama.cpp source scripts/setup.sh unpacks beside this file.
-    installed = os.path.join(os.path.dirname(os.path.abspath(__file__)), "llama.cpp", "gguf-py")
-    gguf_py = os.environ.get("ROTARY_GGUF_PY", "") or (installed if os.path.isdir(installed) else "")
-    if not gguf_py:
-        skip("ROTARY_GGUF_PY is not set and scripts/setup.sh has not unpacked llama.cpp's source into "
-             "tests/gguf_oracle/llama.cpp (the path of a llama.cpp gguf-py directory; docs/checkpoints.md)")
-    try:
-        import numpy as np
-    except ImportError:
-        skip(f"numpy is missing for {sys.executable} (Debian: python3-numpy)")
-    if not os.path.isfile(os.path.join(gguf_py, "gguf", "__init__.py")):
-        print(f"FAILED: ROTARY_GGUF_PY = {gguf_py!r} is not a gguf-py directory (no gguf/__init__.py)")
-        return 1
-    sys.path.insert(0, gguf_py)
-    import gguf
+    dump_tool, gguf, np, _ = start_oracle("test_gguf_oracle.py GGUF_DUMP")
     from gguf import GGMLQuantizationType as Q, GGUFValueType as V
 
     failures = []
