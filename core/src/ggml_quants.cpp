@@ -359,4 +359,16 @@ void ggml_quantize(GgmlType type, const float* x, int64_t n, void* blocks) {
     quantizer->quantize(x + b * info.block_size, out + b * info.type_size);
 }
 
+GgmlType ggml_type_of(WeightFormat format) {
+  switch (format) {
+    case WeightFormat::Q8_0: return GgmlType::Q8_0;
+    case WeightFormat::Q4_0: return GgmlType::Q4_0;
+    case WeightFormat::Q4_K: return GgmlType::Q4_K;
+    case WeightFormat::Q5_K: return GgmlType::Q5_K;
+    case WeightFormat::Q6_K: return GgmlType::Q6_K;
+    default: break;
+  }
+  fail("format", weight_format_name(format), "a block format: q8_0, q4_0, q4_k, q5_k, q6_k");
+}
+
 }  // namespace rotary

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "block_weights.h"
 #include "linear_kernel.h"
 #include "rotary/error.h"
 #include "storage.h"
@@ -25,14 +26,26 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::F16: return "f16";
     case WeightFormat::BF16: return "bf16";
     case WeightFormat::Q8: return "q8";
+    case WeightFormat::Q8_0: return "q8_0";
+    case WeightFormat::Q4_0: return "q4_0";
+    case WeightFormat::Q4_K: return "q4_k";
+    case WeightFormat::Q5_K: return "q5_k";
+    case WeightFormat::Q6_K: return "q6_k";
   }
   return "?";
 }
 
+namespace {
+constexpr WeightFormat kWeightFormats[] = {WeightFormat::F32,  WeightFormat::F16,  WeightFormat::BF16,
+                                           WeightFormat::Q8,   WeightFormat::Q8_0, WeightFormat::Q4_0,
+                                           WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K};
+constexpr const char* kWeightFormatList = "f32, f16, bf16, q8, q8_0, q4_0, q4_k, q5_k, q6_k";
+}  // namespace
+
 WeightFormat parse_weight_format(std::string_view name, std::string_view field) {
-  for (WeightFormat f : {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8})
+  for (WeightFormat f : kWeightFormats)
     if (name == weight_format_name(f)) return f;
-  fail(field, "\"" + std::string(name) + "\"", "f32, f16, bf16, q8");
+  fail(field, "\"" + std::string(name) + "\"", kWeightFormatList);
 }
 
 WeightFormat weight_format_of(DType t) {
@@ -92,6 +105,11 @@ Span span_of(const void* p, int64_t n, int64_t stride, int64_t row, int64_t elem
   return {b, b + uintptr_t(((n - 1) * stride + row) * elem)};
 }
 bool overlap(Span a, Span b) { return a.begin < b.end && b.begin < a.end; }
+// The bytes a weight matrix's elements or blocks take (rows >= 1; row_stride checked).
+Span weight_span(const WeightMatrix& w) {
+  const uintptr_t b = reinterpret_cast<uintptr_t>(w.data);
+  return {b, b + uintptr_t(weight_row_bytes(w.format, (w.rows - 1) * w.row_stride + w.cols))};
+}
 
 // n rows of `row` elements `stride` apart must fit in int64 element counts.
 void check_extent(int64_t n, int64_t stride, int64_t row, std::string_view field) {
@@ -105,15 +123,20 @@ void check_extent(int64_t n, int64_t stride, int64_t row, std::string_view field
 
 void linear_detail::validate(const LinearParams& p) {
   const WeightMatrix& w = p.w;
-  if (w.format != WeightFormat::F32 && w.format != WeightFormat::F16 && w.format != WeightFormat::BF16 &&
-      w.format != WeightFormat::Q8)
-    fail("w.format", std::to_string(int(w.format)), "f32, f16, bf16, q8");
+  if (w.format > WeightFormat::Q6_K) fail("w.format", std::to_string(int(w.format)), kWeightFormatList);
   check(w.rows >= 1, "w.rows", w.rows, ">= 1");
   check(w.cols >= 1, "w.cols", w.cols, ">= 1");
   if (w.data == nullptr) fail("w.data", "null", "a non-null pointer");
   check(w.rows == 1 || w.row_stride >= w.cols, "w.row_stride", w.row_stride,
         ">= w.cols = " + std::to_string(w.cols) + " (rows must not overlap)");
   check_extent(w.rows, w.row_stride, w.cols, "w.row_stride");
+  if (is_block_format(w.format)) {
+    const int64_t block = weight_block_size(w.format);
+    check(w.cols % block == 0, "w.cols", w.cols,
+          "a multiple of " + std::to_string(block) + " (" + weight_format_name(w.format) + " rows are whole blocks)");
+    check(w.rows == 1 || w.row_stride % block == 0, "w.row_stride", w.row_stride,
+          "a multiple of " + std::to_string(block) + " (" + weight_format_name(w.format) + " rows start on a block)");
+  }
   if (w.format == WeightFormat::Q8) {
     if (w.scales == nullptr) fail("w.scales", "null", "a non-null pointer (q8 weights have one scale per block)");
     check(w.rows == 1 || w.scale_stride >= q8_blocks(w.cols), "w.scale_stride", w.scale_stride,
@@ -126,9 +149,10 @@ void linear_detail::validate(const LinearParams& p) {
   if (p.activations == ActivationFormat::BF16 && w.format != WeightFormat::BF16)
     fail("activations", "bf16 with w.format = " + std::string(weight_format_name(w.format)),
          "bf16 activations with bf16 weights only (the bf16 dot products take both in bf16), or f32 activations");
-  if (p.activations == ActivationFormat::Q8 && w.format != WeightFormat::Q8)
+  if (p.activations == ActivationFormat::Q8 && w.format != WeightFormat::Q8 && !is_block_format(w.format))
     fail("activations", "q8 with w.format = " + std::string(weight_format_name(w.format)),
-         "q8 activations with q8 weights only (the int8 dot products take both in q8), or f32 activations");
+         "q8 activations with q8 or block-format weights only (the integer dot products take both as integers), "
+         "or f32 activations");
   check(p.tokens >= 0, "tokens", p.tokens, ">= 0");
   detail::check_threads(p.threads);
   if (p.tokens == 0) return;
@@ -141,7 +165,7 @@ void linear_detail::validate(const LinearParams& p) {
   check_extent(p.tokens, p.y_stride, w.rows, "y_stride");
   const Span y = span_of(p.y, p.tokens, p.y_stride, w.rows, 4);
   if (overlap(y, span_of(p.x, p.tokens, p.x_stride, w.cols, 4))) fail("y", "a buffer overlapping x", "a separate buffer");
-  if (overlap(y, span_of(w.data, w.rows, w.row_stride, w.cols, weight_element_size(w.format))))
+  if (overlap(y, weight_span(w)))
     fail("y", "a buffer overlapping w.data", "a separate buffer");
   if (p.bias && overlap(y, span_of(p.bias, 1, 0, w.rows, 4))) fail("y", "a buffer overlapping bias", "a separate buffer");
 }
@@ -180,7 +204,7 @@ void linear_forward_group(const LinearParams* products, int count) {
       if (o == i || q.tokens == 0) continue;
       if (overlap(y, span_of(q.x, q.tokens, q.x_stride, q.w.cols, 4)) ||
           overlap(y, span_of(q.y, q.tokens, q.y_stride, q.w.rows, 4)) ||
-          overlap(y, span_of(q.w.data, q.w.rows, q.w.row_stride, q.w.cols, weight_element_size(q.w.format))) ||
+          overlap(y, weight_span(q.w)) ||
           (q.bias && overlap(y, span_of(q.bias, 1, 0, q.w.rows, 4))))
         fail(field(i, "y"), "a buffer overlapping products[" + std::to_string(o) + "]'s x, y, weights or bias",
              "a separate buffer (the group runs its products at once)");
@@ -247,6 +271,12 @@ void linear_forward_group(const LinearParams* products, int count) {
 
 void weight_row(const WeightMatrix& w, int64_t r, float* out) {
   check(r >= 0 && r < w.rows, "row", r, "in [0, w.rows = " + std::to_string(w.rows) + ")");
+  if (is_block_format(w.format)) {
+    const uint8_t* row = linear_detail::block_row(w.format, w.data, w.row_stride, r);
+    for (int64_t u = 0; u < w.cols / linear_detail::kUnit; ++u)
+      linear_detail::unit_values(w.format, row, u, out + u * linear_detail::kUnit);
+    return;
+  }
   if (w.format == WeightFormat::Q8) {
     const int8_t* q = static_cast<const int8_t*>(w.data) + r * w.row_stride;
     const uint16_t* s = w.scales + r * w.scale_stride;

@@ -20,6 +20,7 @@
 #include <limits>
 #include <vector>
 
+#include "block_weights.h"
 #include "linear_kernel.h"
 #include "simd_targets.h"
 #include "rotary/linear.h"
@@ -255,12 +256,49 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
   for (; r < r1; ++r) LeftTokens<1, T>(j, tiled, t1, r);
 }
 
+// A block format's rows (WeightFormat::Q8_0 ... Q6_K) in float32 lanes: each row decoded to its float values once
+// per token chunk (block_weights.h: the exact values, but Q4_K's and Q5_K's one rounding), q8 activations decoded to
+// quant x scale (exact in float), then the float tiles row by row. The portable path: AVX2 and up run the integer
+// kernel of linear_blocks_avx2.cpp for q8 activations.
+HWY_INLINE void BlockFormatBlock(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  static thread_local std::vector<float> row, xs;
+  const int64_t K = j.cols, T = t1 - t0;
+  row.resize(size_t(K));
+  const float* x = j.x + t0 * j.x_stride;
+  int64_t x_stride = j.x_stride;
+  if (j.activations == ActivationFormat::Q8) {
+    xs.resize(size_t(T * K));
+    for (int64_t t = 0; t < T; ++t) {
+      const int8_t* q = j.xq.quants + (t0 + t) * j.xq.stride;
+      const float* sc = j.xq.scales + (t0 + t) * j.xq.blocks;
+      for (int64_t c = 0; c < K; ++c) xs[size_t(t * K + c)] = float(q[c]) * sc[c / kQ8Block];
+    }
+    x = xs.data(), x_stride = K;
+  }
+  const int64_t tiled = T / kTokens * kTokens;
+  for (int64_t r = r0; r < r1; ++r) {
+    const uint8_t* blocks = block_row(j.format, j.w, j.row_stride, r);
+    for (int64_t u = 0; u < K / kUnit; ++u) unit_values(j.format, blocks, u, row.data() + u * kUnit);
+    float sums[kTokens];
+    for (int64_t t = 0; t < tiled; t += kTokens) {
+      Tile<kTokens, 1>(row.data(), K, nullptr, 0, x + t * x_stride, x_stride, K, sums);
+      store_tile(j, t0 + t, r, kTokens, 1, sums);
+    }
+    for (int64_t t = tiled; t < T; ++t) {
+      Tile<1, 1>(row.data(), K, nullptr, 0, x + t * x_stride, x_stride, K, sums);
+      store_tile(j, t0 + t, r, 1, 1, sums);
+    }
+  }
+}
+
 void BlockOf(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  if (is_block_format(j.format)) return BlockFormatBlock(j, t0, t1, r0, r1);
   switch (j.format) {
     case WeightFormat::F32: return Block<float>(j, t0, t1, r0, r1);
     case WeightFormat::F16: return Block<hwy::float16_t>(j, t0, t1, r0, r1);
     case WeightFormat::BF16: return Block<hwy::bfloat16_t>(j, t0, t1, r0, r1);
     case WeightFormat::Q8: return Block<int8_t>(j, t0, t1, r0, r1);
+    default: return;
   }
 }
 
@@ -402,7 +440,10 @@ void RunJobs(const Job* jobs, int count, int threads) {
         if (t0 >= j.tokens) continue;
         const int64_t r0 = (g - first[size_t(i)]) * kRows, t1 = std::min(j.tokens, t0 + chunk);
         const int64_t r1 = std::min(j.rows, r0 + kRows);
-        if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
+        if (is_block_format(j.format)) {  // (AVX-512 CPUs too run AVX2's byte products on the block formats)
+          if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
+          else BlockOf(j, t0, t1, r0, r1);
+        } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
         else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
         else if (q8_bytes && j.activations == ActivationFormat::Q8) q8_avx2_block(j, t0, t1, r0, r1);
         else BlockOf(j, t0, t1, r0, r1);

@@ -92,6 +92,10 @@ void q8_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 bool q8_avx2_supported();
 void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
+// The block formats' (Q8_0 ... Q6_K) products with q8 activations on AVX2's byte products
+// (linear_blocks_avx2.cpp): tokens [t0, t1) x rows [r0, r1) with xq filled. Called where q8_avx2_supported().
+void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);
 

@@ -9,11 +9,21 @@
 #include <vector>
 
 #include "linear_kernel.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/linear.h"
 
 namespace rotary {
 
 namespace {
+
+// Row r of a block-format matrix, every weight exact in double (ggml_dequantize_reference: not the kernels' code).
+std::vector<double> block_row_values(const WeightMatrix& w, int64_t r) {
+  const int64_t block = weight_block_size(w.format);
+  const auto* row = static_cast<const uint8_t*>(w.data) + (r * w.row_stride / block) * weight_block_bytes(w.format);
+  std::vector<double> out(size_t(w.cols));
+  ggml_dequantize_reference(ggml_type_of(w.format), row, w.cols, out.data());
+  return out;
+}
 
 double weight(const WeightMatrix& w, int64_t r, int64_t c) {
   const int64_t i = r * w.row_stride + c;
@@ -24,6 +34,7 @@ double weight(const WeightMatrix& w, int64_t r, int64_t c) {
     case WeightFormat::Q8:
       return double(static_cast<const int8_t*>(w.data)[i]) *
              load_as_double(w.scales, DType::F16, r * w.scale_stride + c / kQ8Block);
+    default: return 0;  // block formats: block_row_values
   }
   return 0;
 }
@@ -69,11 +80,15 @@ std::vector<double> activations(const LinearParams& p, int64_t t) {
 
 void linear_forward_reference(const LinearParams& p) {
   linear_detail::validate(p);
+  std::vector<std::vector<double>> blocks;  // block formats: every row decoded once
+  if (is_block_format(p.w.format) && p.tokens > 0)
+    for (int64_t r = 0; r < p.w.rows; ++r) blocks.push_back(block_row_values(p.w, r));
   for (int64_t t = 0; t < p.tokens; ++t) {
     const std::vector<double> a = activations(p, t);
     for (int64_t r = 0; r < p.w.rows; ++r) {
       double s = p.bias ? double(p.bias[r]) : 0.0;
-      for (int64_t c = 0; c < p.w.cols; ++c) s += weight(p.w, r, c) * a[size_t(c)];
+      for (int64_t c = 0; c < p.w.cols; ++c)
+        s += (blocks.empty() ? weight(p.w, r, c) : blocks[size_t(r)][size_t(c)]) * a[size_t(c)];
       float& out = p.y[t * p.y_stride + r];
       out = p.accumulate ? float(double(out) + s) : float(s);
     }

@@ -29,6 +29,7 @@
 #include "cli/command.h"
 #include "common/machine.h"
 #include "rotary/error.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/linear.h"
 
 namespace rotary::cli {
@@ -77,8 +78,12 @@ struct WeightSet {
     std::vector<float> w(static_cast<size_t>(n));
     for (int64_t c = 0; c < copies; ++c) {
       for (float& v : w) v = uni(rng);
-      data.emplace_back(size_t(n * weight_element_size(f)));
-      if (f == WeightFormat::Q8) {
+      data.emplace_back(size_t(per));
+      if (is_block_format(f)) {  // llama.cpp's quantizer of the format (rotary/ggml_quants.h), row by row
+        for (int64_t r = 0; r < s.rows; ++r)
+          ggml_quantize(ggml_type_of(f), w.data() + r * s.cols, s.cols,
+                        data.back().data() + r * weight_row_bytes(f, s.cols));
+      } else if (f == WeightFormat::Q8) {
         scales.emplace_back(size_t(s.rows * q8_blocks(s.cols)));
         quantize_q8(w.data(), DType::F32, s.rows, s.cols, s.cols, reinterpret_cast<int8_t*>(data.back().data()),
                     scales.back().data());
@@ -159,8 +164,14 @@ void run_bench_linear(const BenchLinearArgs& a) {
                                                     : parse_activation_format(f.substr(colon + 1), "--formats activations"));
     const auto [w, x] = formats.back();
     check(x == ActivationFormat::F32 || (x == ActivationFormat::BF16 && w == WeightFormat::BF16) ||
-              (x == ActivationFormat::Q8 && w == WeightFormat::Q8),
-          "--formats", f, "f32, f16, bf16, q8, bf16:bf16, q8:q8 (bf16 activations need bf16 weights, q8 q8)");
+              (x == ActivationFormat::Q8 && (w == WeightFormat::Q8 || is_block_format(w))),
+          "--formats", f,
+          "f32, f16, bf16, q8, q8_0, q4_0, q4_k, q5_k, q6_k, bf16:bf16, q8:q8, q4_k:q8, ... (bf16 activations need "
+          "bf16 weights, q8 activations q8 or a block format)");
+    if (is_block_format(w))
+      for (const Shape& sh : shapes)
+        check(sh.cols % weight_block_size(w) == 0, "--shapes", fmt::format("{}x{}", sh.rows, sh.cols),
+              fmt::format("columns a multiple of {} with --formats {}", weight_block_size(w), f));
   }
   check_fits_memory(a, shapes, formats);
   const int threads = a.threads > 0 ? a.threads : omp_get_max_threads();

@@ -4,12 +4,15 @@
 // strides, bias and accumulation (a residual), one and several threads; bf16 weights also with bf16 activations
 // (rounded first; the bf16 dot-product instruction at AVX-512 targets where the CPU has it), whose columns end
 // mid-vector of that kernel's 32 as well; q8 weights also with q8 activations (quantized per block first; the int8
-// dot-product instruction at AVX-512 targets where the CPU has AVX512-VNNI), ending mid-block.
+// dot-product instruction at AVX-512 targets where the CPU has AVX512-VNNI), ending mid-block; llama.cpp's block
+// formats (q8_0, q4_0, q4_k, q5_k, q6_k: blocks made by ggml_quantize from uniform weights, rows padded by whole
+// blocks) with q8 activations (AVX2's byte products from AVX2 up) and f32 activations (the float path).
 #include <algorithm>
 #include <cmath>
 #include <memory>
 
 #include "op_harness.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/linear.h"
 
 namespace rotary::test {
@@ -34,10 +37,25 @@ DType storage_of(WeightFormat f) {
 struct LinearProblem {
   LinearCaseSpec c;
   std::unique_ptr<WatchedBuffer> w, scales, x, bias, y;
+  std::vector<std::vector<double>> rows_;  // block formats: each row's weights, exactly
 
   explicit LinearProblem(const LinearCaseSpec& spec) : c(spec) {
     const int64_t rs = c.cols + c.row_pad;
-    if (c.format == WeightFormat::Q8) {
+    if (is_block_format(c.format)) {
+      // Each row's blocks by ggml_quantize, then the padding blocks (bytes 0x5A: never read, never written).
+      GuardedBuffer source(DType::F32, c.cols);
+      const int64_t stride_bytes = weight_row_bytes(c.format, rs);
+      w = std::make_unique<WatchedBuffer>("w", DType::F16, (c.rows * stride_bytes + 1) / 2);
+      auto* bytes = static_cast<uint8_t*>(w->data());
+      std::fill(bytes, bytes + c.rows * stride_bytes, uint8_t(0x5A));
+      for (int64_t r = 0; r < c.rows; ++r) {
+        fill_uniform(source, c.seed * 1000 + uint64_t(r));
+        ggml_quantize(ggml_type_of(c.format), static_cast<const float*>(source.data()), c.cols, bytes + r * stride_bytes);
+        rows_.push_back(std::vector<double>(size_t(c.cols)));
+        ggml_dequantize_reference(ggml_type_of(c.format), bytes + r * stride_bytes, c.cols, rows_.back().data());
+      }
+      w->snapshot();
+    } else if (c.format == WeightFormat::Q8) {
       GuardedBuffer source(DType::F32, c.rows * c.cols);
       fill_uniform(source, c.seed);
       // int8 quants in a 2-byte buffer (the harness's buffers are typed by DType; guards and snapshots are bytes).
@@ -82,6 +100,7 @@ struct LinearProblem {
   // Weight (r, k) as stored (q8: quant x scale), exactly.
   double weight(int64_t r, int64_t k) const {
     const int64_t i = r * (c.cols + c.row_pad) + k;
+    if (is_block_format(c.format)) return rows_[size_t(r)][size_t(k)];
     if (c.format != WeightFormat::Q8) return w->get(i);
     return double(static_cast<const int8_t*>(w->data())[i]) * scales->get(r * q8_blocks(c.cols) + k / kQ8Block);
   }
@@ -165,7 +184,8 @@ class LinearCase : public OpCase {
   // (every token's output of its row).
   std::vector<PoisonSite> poison_sites(NonFinite) const override {
     std::vector<PoisonSite> s{{"x", c_.tokens - 1, 0, int(c_.cols / 2)}};
-    if (c_.format != WeightFormat::Q8) s.push_back({"w", 0, 0, int(c_.cols - 1)});  // row 0 via `token`
+    if (c_.format != WeightFormat::Q8 && !is_block_format(c_.format))
+      s.push_back({"w", 0, 0, int(c_.cols - 1)});  // row 0 via `token`
     return s;
   }
   void poison(const PoisonSite& s, double value) override {
@@ -183,7 +203,7 @@ class LinearCase : public OpCase {
   }
 
   PerfCost cost() const override {
-    const double weights = double(c_.rows * c_.cols) * double(weight_element_size(c_.format));
+    const double weights = double(c_.rows) * double(weight_row_bytes(c_.format, c_.cols));
     return {weights + 4.0 * double(c_.tokens * (c_.cols + 2 * c_.rows)), 2.0 * double(c_.tokens * c_.rows * c_.cols)};
   }
 
@@ -239,6 +259,23 @@ OpCases linear_cases() {
       add({.tokens = 5, .rows = 9, .cols = 32, .x_pad = 1, .activations = q});
       add({.tokens = 1, .rows = 9, .cols = long_cols, .bias = true, .activations = q});
       add({.tokens = 5, .rows = 9, .cols = long_cols, .activations = q, .threads = 2});
+    }
+  }
+  // llama.cpp's block formats: q8 activations (the byte-product kernel's tiles of 2 tokens x 4 rows, leftovers) and
+  // f32 activations (the float path); rows padded by whole blocks.
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+    const int64_t b = weight_block_size(f);
+    for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
+      auto add = [&](LinearCaseSpec c) {
+        c.format = f, c.activations = a, c.seed = seed++;
+        specs.push_back(c);
+      };
+      add({.tokens = 1, .rows = 67, .cols = 3 * b, .bias = true});
+      add({.tokens = 1, .rows = 1, .cols = b});
+      add({.tokens = 9, .rows = 70, .cols = 2 * b, .row_pad = b, .x_pad = 5, .y_pad = 3, .bias = true, .accumulate = true});
+      add({.tokens = 7, .rows = 13, .cols = b, .accumulate = true, .threads = 1});
+      add({.tokens = 130, .rows = 19, .cols = (1024 / b + 1) * b, .threads = 3});
+      add({.tokens = 3, .rows = 6, .cols = 4 * b, .x_pad = 1, .threads = 2});
     }
   }
   OpCases out;

@@ -15,6 +15,7 @@
 #include "expect.h"
 #include "expect_error.h"
 #include "harness.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/linear.h"
 
 namespace rotary {
@@ -131,8 +132,12 @@ struct Weights {
   Weights(WeightFormat f, int64_t rows, int64_t cols, uint64_t seed) {
     const std::vector<float> w = uniform(rows * cols, seed);
     m.format = f, m.rows = rows, m.cols = cols, m.row_stride = cols;
-    data.resize(size_t(rows * cols * weight_element_size(f)));
-    if (f == WeightFormat::Q8) {
+    data.resize(size_t(weight_matrix_bytes(f, rows, cols)));
+    if (is_block_format(f)) {
+      const GgmlType t = ggml_type_of(f);
+      for (int64_t r = 0; r < rows; ++r)
+        ggml_quantize(t, w.data() + r * cols, cols, data.data() + r * weight_row_bytes(f, cols));
+    } else if (f == WeightFormat::Q8) {
       scales.resize(size_t(rows * q8_blocks(cols)));
       quantize_q8(w.data(), DType::F32, rows, cols, cols, reinterpret_cast<int8_t*>(data.data()), scales.data());
       m.scales = scales.data(), m.scale_stride = q8_blocks(cols);
@@ -183,6 +188,36 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   }
 }
 
+// The block formats likewise, with q8 activations (AVX2's byte products from AVX2 up) and f32 ones (the float path):
+// T = 71 leaves 1 token past the byte-product kernel's tiles of 2, N = 37 one row past its groups of 4.
+TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
+  const int64_t T = 71, N = 37, K = 512;
+  const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K})
+    for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
+      Weights w(f, N, K, 23);
+      std::vector<float> one(size_t(T * N)), batch(one.size());
+      LinearParams p;
+      p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = a;
+      for (int64_t t = 0; t < T; ++t) {
+        p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
+        linear_forward(p);
+      }
+      for (int threads : {1, 2, 3}) {
+        std::fill(batch.begin(), batch.end(), -1.0f);
+        p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
+        linear_forward(p);
+        for (size_t i = 0; i < one.size(); ++i)
+          if (std::memcmp(&one[i], &batch[i], 4) != 0) {
+            ADD_FAILURE() << weight_format_name(f) << " activations " << activation_format_name(a) << " threads "
+                          << threads << ": token " << i / N << " row " << i % N << ": one at a time " << one[i]
+                          << ", batched " << batch[i];
+            break;
+          }
+      }
+    }
+}
+
 // weight_row (an embedding row) reads every format as the reference does: each row times a one-hot x.
 TEST(weight_row, EqualsTheMatrixTimesAOneHotVector) {
   for (WeightFormat f : kFormats) {
@@ -197,6 +232,20 @@ TEST(weight_row, EqualsTheMatrixTimesAOneHotVector) {
       for (int64_t c = 0; c < 37; ++c) EXPECT_EQ(row[size_t(c)], want[size_t(c * 5 + r)]) << weight_format_name(f);
     }
     expect_error_naming([&] { weight_row(w.m, 5, row.data()); }, "row");
+  }
+  // The block formats (whole blocks: 256 columns), their rows decoded as the float64 reference decodes them.
+  const int64_t K = 256;
+  std::vector<float> row(K), want(3 * K), onehot(K * K, 0.0f);
+  for (int64_t c = 0; c < K; ++c) onehot[size_t(c * K + c)] = 1;
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+    Weights w(f, 3, K, 42);
+    LinearParams p;
+    p.w = w.m, p.tokens = K, p.x = onehot.data(), p.x_stride = K, p.y = want.data(), p.y_stride = 3;
+    linear_forward_reference(p);
+    for (int64_t r = 0; r < 3; ++r) {
+      weight_row(w.m, r, row.data());
+      for (int64_t c = 0; c < K; ++c) EXPECT_EQ(row[size_t(c)], want[size_t(c * 3 + r)]) << weight_format_name(f) << " " << c;
+    }
   }
 }
 
@@ -245,6 +294,22 @@ TEST(linear_forward, RefusesBadParamsByName) {
   refused([](LinearParams& p) { p.activations = ActivationFormat::BF16; }, "activations");  // q8 weights
   refused([](LinearParams& p) { p.w.format = WeightFormat::F16, p.activations = ActivationFormat::Q8; }, "activations");
   refused([](LinearParams& p) { p.activations = ActivationFormat(7); }, "activations");
+  // Block formats: rows are whole blocks, and y must not overlap the blocks (their bytes, not cols x 1).
+  Weights blocks(WeightFormat::Q4_K, 4, 512, 32);
+  std::vector<float> xb(2 * 512), yb(2 * 4);
+  auto block_call = [&](auto edit) {
+    LinearParams p;
+    p.w = blocks.m, p.tokens = 2, p.x = xb.data(), p.x_stride = 512, p.y = yb.data(), p.y_stride = 4;
+    p.activations = ActivationFormat::Q8;
+    edit(p);
+    linear_forward(p);
+  };
+  block_call([](LinearParams&) {});
+  expect_error_naming([&] { block_call([](LinearParams& p) { p.w.cols = 500, p.x_stride = 500; }); }, "w.cols");
+  expect_error_naming([&] { block_call([](LinearParams& p) { p.w.row_stride = 600; }); }, "w.row_stride");
+  expect_error_naming([&] {
+    block_call([&](LinearParams& p) { p.y = reinterpret_cast<float*>(blocks.data.data() + 3 * 288 + 100); });
+  }, "y");
   // Nothing written by a refused call.
   std::vector<float> before = y;
   LinearParams p = good();

@@ -44,6 +44,7 @@
 #include <cstdint>
 
 #include "rotary/gguf.h"
+#include "rotary/linear.h"
 
 namespace rotary {
 
@@ -67,5 +68,9 @@ void ggml_dequantize_reference(GgmlType type, const void* blocks, int64_t n, dou
 // without a word and write blocks that decode to NaN or to garbage; one rule for every type keeps a poisoned row from
 // being written at all. Nothing is written when the input is refused.
 void ggml_quantize(GgmlType type, const float* x, int64_t n, void* blocks);
+
+// The GGUF tensor type a block weight format is stored as (WeightFormat::Q8_0 -> GgmlType::Q8_0, ...). rotary::Error
+// naming `format` for an element format (f32, f16, bf16, q8), which has no block type.
+GgmlType ggml_type_of(WeightFormat format);
 
 }  // namespace rotary

@@ -34,27 +34,55 @@
 namespace rotary {
 
 // How a weight matrix is stored. F32 / F16 / BF16: the checkpoint's own elements (safetensors' F32, F16, BF16),
-// used in place. Q8: made at load by quantize_q8 from any of those.
-enum class WeightFormat : uint8_t { F32, F16, BF16, Q8 };
+// used in place. Q8: made at load by quantize_q8 from any of those. Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: llama.cpp's block
+// formats (GGUF files' tensors, used in place; rotary/ggml_quants.h describes their bytes): each row is whole blocks
+// (32 weights for Q8_0 / Q4_0, 256 for the k-quants) of quants with their scales inside the block.
+enum class WeightFormat : uint8_t { F32, F16, BF16, Q8, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
 
 inline constexpr int kQ8Block = 32;  // q8: weights per scale (one block along a row; the last may be shorter)
 
-const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8"
-// Parses "f32", "f16", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
+const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"
+// Parses those names; throws rotary::Error naming `field` otherwise.
 WeightFormat parse_weight_format(std::string_view name, std::string_view field = "weight format");
-// Bytes per weight element (q8: 1; its scales come on top: weight_matrix_bytes).
-inline constexpr int64_t weight_element_size(WeightFormat f) { return f == WeightFormat::F32 ? 4 : f == WeightFormat::Q8 ? 1 : 2; }
+// Whether f is one of llama.cpp's block formats (Q8_0 ... Q6_K).
+inline constexpr bool is_block_format(WeightFormat f) { return f >= WeightFormat::Q8_0; }
+// Weights per block of a block format (32 or 256); 1 for the others.
+inline constexpr int64_t weight_block_size(WeightFormat f) {
+  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_0 ? 32 : is_block_format(f) ? 256 : 1;
+}
+// Bytes per block of a block format (Q8_0 34, Q4_0 18, Q4_K 144, Q5_K 176, Q6_K 210).
+inline constexpr int64_t weight_block_bytes(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q8_0: return 34;
+    case WeightFormat::Q4_0: return 18;
+    case WeightFormat::Q4_K: return 144;
+    case WeightFormat::Q5_K: return 176;
+    case WeightFormat::Q6_K: return 210;
+    default: return 0;
+  }
+}
+// Bytes per weight element of the element formats (q8: 1; its scales come on top: weight_matrix_bytes); 0 for the
+// block formats, whose bytes are per block (weight_row_bytes).
+inline constexpr int64_t weight_element_size(WeightFormat f) {
+  return f == WeightFormat::F32 ? 4 : f == WeightFormat::Q8 ? 1 : is_block_format(f) ? 0 : 2;
+}
 // q8: scales per row of `cols` weights, ceil(cols / kQ8Block).
 inline constexpr int64_t q8_blocks(int64_t cols) { return (cols + kQ8Block - 1) / kQ8Block; }
-// Bytes of a [rows, cols] matrix stored in format f: its elements, and q8's f16 block scales (2 bytes each).
+// Bytes of `elements` consecutive weights of a row in format f (q8: its quants; a block format: elements / block
+// size whole blocks).
+inline constexpr int64_t weight_row_bytes(WeightFormat f, int64_t elements) {
+  return is_block_format(f) ? elements / weight_block_size(f) * weight_block_bytes(f) : elements * weight_element_size(f);
+}
+// Bytes of a [rows, cols] matrix stored in format f: its elements or blocks, and q8's f16 block scales (2 bytes each).
 inline constexpr int64_t weight_matrix_bytes(WeightFormat f, int64_t rows, int64_t cols) {
-  return rows * cols * weight_element_size(f) + (f == WeightFormat::Q8 ? rows * q8_blocks(cols) * 2 : 0);
+  return rows * weight_row_bytes(f, cols) + (f == WeightFormat::Q8 ? rows * q8_blocks(cols) * 2 : 0);
 }
 // The storage format of a tensor dtype (F64 has none: the engine converts it at load).
 WeightFormat weight_format_of(DType t);
 
 // A [rows, cols] weight matrix, row-major with a row stride, in place in its storage (a checkpoint's mapped file,
-// or q8 buffers). Q8: `data` holds int8 quants (row r at r * row_stride), `scales` one IEEE half (f16 bits, as
+// or q8 buffers). Block formats: `data` is row 0's first block, row r starts row_stride / block size blocks later
+// (cols and row_stride whole blocks), `scales` is unused. Q8: `data` holds int8 quants (row r at r * row_stride), `scales` one IEEE half (f16 bits, as
 // Q8_0 stores its scale: a decode step reads 2 bytes of scale per 32 weights, not 4) per block of kQ8Block along each
 // row (row r's at r * scale_stride); weight (r, c) = quants[r][c] * f16_to_float(scales[r][c / kQ8Block]).
 struct WeightMatrix {
@@ -68,7 +96,8 @@ struct WeightMatrix {
 
 // The precision of the activations x in the products. F32: as given. BF16: each element rounded to bfloat16
 // (nearest even; NaN stays NaN) before its products; bf16 weights only. Q8: each token's x quantized in blocks of
-// kQ8Block along its row (q8_quantize_block: scale = max |x| / 127, quant = round(x / scale)); q8 weights only.
+// kQ8Block along its row (q8_quantize_block: scale = max |x| / 127, quant = round(x / scale)); q8 weights and the
+// block formats (as llama.cpp's products with Q8_0 / Q4_0 / k-quant weights quantize x to 8 bits).
 enum class ActivationFormat : uint8_t { F32, BF16, Q8 };
 const char* activation_format_name(ActivationFormat f);  // "f32", "bf16", "q8"
 // Parses "f32", "bf16", "q8"; throws rotary::Error naming `field` otherwise.
@@ -91,7 +120,8 @@ struct LinearParams {
   float* y = nullptr;           // [tokens, w.rows], row stride y_stride; must not overlap x or the weights
   int64_t y_stride = 0;
   bool accumulate = false;      // y += x W^T (+ bias) instead of y = ...
-  // BF16: x rounded to bf16 first (w.format must be BF16); Q8: x quantized per block (w.format must be Q8).
+  // BF16: x rounded to bf16 first (w.format must be BF16); Q8: x quantized per block (w.format Q8 or a block
+  // format).
   ActivationFormat activations = ActivationFormat::F32;
   int threads = 0;              // 0 = all OpenMP threads
 };

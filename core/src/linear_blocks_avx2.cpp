@@ -1,0 +1,202 @@
+// core/src/linear_blocks_avx2.cpp: linear_forward's products of llama.cpp's block formats (WeightFormat::Q8_0, Q4_0,
+// Q4_K, Q5_K, Q6_K, read in place) with q8 activations, on AVX2's byte products (x86 targets from AVX2 up; AVX-512
+// CPUs run it too). As llama.cpp's own CPU products do: the weights stay in their blocks, each unit of 32 weights is
+// unpacked into 32 bytes in registers (nibbles masked and shifted, Q5_K's and Q6_K's high bits merged), and its
+// products with x's quants are summed exactly as integers (vpmaddubsw into int16 pairs, vpmaddwd into 8 int32 lanes),
+// then scaled in float. Highway 1.0.3 has no op for the byte products, so this file uses the intrinsics in functions
+// compiled for AVX2.
+//
+// Per unit u of a row and token t (x = sx qx, block u of x's q8 quants):
+//   Q8_0, Q4_0   w = d q (Q4_0: q = nibble - 8):        sum w x = (d sx) sum q qx
+//   Q4_K, Q5_K   w = (d sc) q - (dmin m), q >= 0:       sum w x = (d sc sx) sum q qx - (dmin m) (sx sum qx)
+//   Q6_K         w = d sc_s (q - 32), two sub-blocks s: sum w x = (d sx) sum_s sc_s sum q qx
+// Signed quants (Q8_0, Q4_0, Q6_K) enter vpmaddubsw as |qx| against q with qx's sign; unsigned ones (the k-quants'
+// 4- and 5-bit q) as they are, against qx. Every pair sum is below int16's saturation (2 x 127 x 128), every lane
+// sum below 2^24 (Q6_K's sub-block scales enter through vpmaddwd's second operand: |sum| <= 2 x 8128 x 128), so the
+// integer sums are exact and convert to float exactly. Each unit's lanes are then multiplied by the unit's scale
+// product (one rounding) and added into the (token, row)'s accumulator (one more); the k-quants' min term is
+// summed apart, one fused multiply-add per unit. The same sequence of operations for every tile shape, so what else
+// is batched changes no bit; the terms are those of the float64 reference, so results differ from it only in
+// rounding (tests/core/cases_linear.cpp).
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "block_weights.h"
+#include "linear_kernel.h"
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ROTARY_LINEAR_BLOCKS_AVX2 1
+#else
+#define ROTARY_LINEAR_BLOCKS_AVX2 0
+#endif
+
+namespace rotary::linear_detail {
+
+#if ROTARY_LINEAR_BLOCKS_AVX2
+
+namespace {
+
+#define ROTARY_BLOCKS_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+constexpr int kRows = 4, kTokens = 2;  // 8 accumulators + 4 unpacked units + x's two vectors of 16 registers
+
+ROTARY_BLOCKS_AVX2_TARGET inline float SumOfLanes(__m256 v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+  return _mm_cvtss_f32(q);
+}
+
+ROTARY_BLOCKS_AVX2_TARGET inline float F16(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+// Unit u of a row, unpacked: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q6_K, unsigned for Q4_K / Q5_K), the
+// scale its integer sums are multiplied by, the k-quants' min, Q6_K's two sub-block scales as int16 lanes.
+struct Unit {
+  __m256i q;
+  __m256i pair_weights;  // vpmaddwd's second operand: ones, or Q6_K's [sc_0 x 8, sc_1 x 8]
+  float scale = 0, min = 0;
+};
+
+template <WeightFormat F>
+ROTARY_BLOCKS_AVX2_TARGET inline Unit Unpack(const uint8_t* row, int64_t u) {
+  Unit out;
+  const __m256i low4 = _mm256_set1_epi8(0x0F);
+  out.pair_weights = _mm256_set1_epi16(1);
+  if constexpr (F == WeightFormat::Q8_0) {
+    const uint8_t* b = row + u * 34;
+    out.scale = F16(b);
+    out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+  } else if constexpr (F == WeightFormat::Q4_0) {
+    const uint8_t* b = row + u * 18;
+    out.scale = F16(b);
+    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
+    out.q = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+  } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+    constexpr bool kFive = F == WeightFormat::Q5_K;
+    const uint8_t* b = row + (u / 8) * (kFive ? 176 : 144);
+    const int j = int(u % 8);
+    int sc = 0, m = 0;
+    k_scale_min(b + 4, j, sc, m);
+    out.scale = F16(b) * float(sc), out.min = F16(b + 2) * float(m);
+    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFive ? 48 : 16) + 32 * (j / 2)));
+    if (j % 2) q = _mm256_srli_epi16(q, 4);
+    q = _mm256_and_si256(q, low4);
+    if constexpr (kFive) {
+      const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
+      const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+      q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
+    }
+    out.q = q;
+  } else {  // Q6_K
+    const uint8_t* b = row + (u / 8) * 210;
+    const int unit = int(u % 8), h = unit / 4, g = unit % 4;
+    __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (g & 1)));
+    if (g >= 2) lo = _mm256_srli_epi16(lo, 4);
+    lo = _mm256_and_si256(lo, low4);
+    const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
+    const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
+    out.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
+    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
+    out.pair_weights = _mm256_set_m128i(_mm_set1_epi16(scales[2 * unit + 1]), _mm_set1_epi16(scales[2 * unit]));
+    out.scale = F16(b + 208);
+  }
+  return out;
+}
+
+constexpr bool Signed(WeightFormat f) { return f != WeightFormat::Q4_K && f != WeightFormat::Q5_K; }
+constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
+
+// sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows from row r0.
+template <WeightFormat F, int NT, int NR>
+ROTARY_BLOCKS_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
+  __m256 acc[NT][NR];
+  float min_sum[NT][NR] = {};
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
+  const uint8_t* rows[NR];
+  for (int r = 0; r < NR; ++r) rows[r] = block_row(F, j.w, j.row_stride, r0 + r);
+  const int64_t units = j.cols / kUnit;
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  for (int64_t u = 0; u < units; ++u) {
+    Unit w[NR];
+    for (int r = 0; r < NR; ++r) w[r] = Unpack<F>(rows[r], u);
+    for (int t = 0; t < NT; ++t) {
+      const int64_t at = (t0 + t) * j.xq.stride + u * kUnit;
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.xq.quants + at));
+      const float sx = j.xq.scales[(t0 + t) * j.xq.blocks + u];
+      if constexpr (Signed(F)) {
+        const __m256i xa = _mm256_abs_epi8(xv);
+        for (int r = 0; r < NR; ++r) {
+          const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w[r].q, xv));
+          const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, w[r].pair_weights));
+          acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(w[r].scale * sx), acc[t][r]);
+        }
+      } else {
+        // sx times the sum of the unit's x quants: the min term's activation side
+        const __m256i xsum8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones16);
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(xsum8), _mm256_extracti128_si256(xsum8, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
+        const float xs = sx * float(_mm_cvtsi128_si32(s4));
+        for (int r = 0; r < NR; ++r) {
+          const __m256i pairs = _mm256_maddubs_epi16(w[r].q, xv);
+          const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones16));
+          acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(w[r].scale * sx), acc[t][r]);
+          min_sum[t][r] = std::fma(w[r].min, xs, min_sum[t][r]);
+        }
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r)
+      sums[t * NR + r] = HasMin(F) ? SumOfLanes(acc[t][r]) - min_sum[t][r] : SumOfLanes(acc[t][r]);
+}
+
+template <WeightFormat F, int NT, int NR>
+ROTARY_BLOCKS_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
+  float sums[NT * NR];
+  Tile<F, NT, NR>(j, t0, r0, sums);
+  store_tile(j, t0, r0, NT, NR, sums);
+}
+
+template <WeightFormat F>
+ROTARY_BLOCKS_AVX2_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
+  int64_t r = r0;
+  for (; r + kRows <= r1; r += kRows) {
+    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<F, kTokens, kRows>(j, t, r);
+    for (int64_t t = tiled; t < t1; ++t) TileAt<F, 1, kRows>(j, t, r);
+  }
+  for (; r < r1; ++r) {
+    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<F, kTokens, 1>(j, t, r);
+    for (int64_t t = tiled; t < t1; ++t) TileAt<F, 1, 1>(j, t, r);
+  }
+}
+
+}  // namespace
+
+ROTARY_BLOCKS_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  switch (j.format) {
+    case WeightFormat::Q8_0: return Block<WeightFormat::Q8_0>(j, t0, t1, r0, r1);
+    case WeightFormat::Q4_0: return Block<WeightFormat::Q4_0>(j, t0, t1, r0, r1);
+    case WeightFormat::Q4_K: return Block<WeightFormat::Q4_K>(j, t0, t1, r0, r1);
+    case WeightFormat::Q5_K: return Block<WeightFormat::Q5_K>(j, t0, t1, r0, r1);
+    case WeightFormat::Q6_K: return Block<WeightFormat::Q6_K>(j, t0, t1, r0, r1);
+    default: return;
+  }
+}
+
+#else
+
+void blocks_avx2_block(const Job&, int64_t, int64_t, int64_t, int64_t) {}  // never called: q8_avx2_supported() is false
+
+#endif
+
+}  // namespace rotary::linear_detail
