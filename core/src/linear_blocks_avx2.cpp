@@ -55,59 +55,72 @@ ROTARY_BLOCKS_AVX2_TARGET inline float F16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// Unit u of a row, unpacked: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q6_K, unsigned for Q4_K / Q5_K), the
-// scale its integer sums are multiplied by, the k-quants' min, Q6_K's two sub-block scales as int16 lanes.
-struct Unit {
-  __m256i q;
-  __m256i pair_weights;  // vpmaddwd's second operand: ones, or Q6_K's [sc_0 x 8, sc_1 x 8]
-  float scale = 0, min = 0;
+// A block's scales, decoded once for its units: unit i's integer sums are multiplied by scale[i]; the k-quants' unit
+// i has min[i] (Q4_K, Q5_K); Q6_K's 16 sub-block scales stay as int8 (sub_scales) for vpmaddwd.
+template <WeightFormat F>
+struct BlockScales {
+  static constexpr int kUnits = int(weight_block_size(F) / kUnit);
+  float scale[kUnits] = {}, min[kUnits] = {};
+  const int8_t* sub_scales = nullptr;
 };
 
 template <WeightFormat F>
-ROTARY_BLOCKS_AVX2_TARGET inline Unit Unpack(const uint8_t* row, int64_t u) {
-  Unit out;
+ROTARY_BLOCKS_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& s) {
+  if constexpr (F == WeightFormat::Q8_0 || F == WeightFormat::Q4_0) {
+    s.scale[0] = F16(b);
+  } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
+    // The 12 packed bytes as three words, rearranged into the 8 scales (words 0-1) and 8 mins (words 2-3) as bytes,
+    // a few word operations instead of 16 scalar unpackings (k_scale_min's packing: low six bits of bytes 0-7, the
+    // rest from the nibbles of bytes 8-11 and the top two bits of bytes 0-7), then widened 8 at a time.
+    uint32_t w[4];
+    std::memcpy(w, b + 4, 12);
+    constexpr uint32_t kLow6 = 0x3f3f3f3f, kLow4 = 0x0f0f0f0f, kLow2 = 0x03030303;
+    w[3] = ((w[2] >> 4) & kLow4) | (((w[1] >> 6) & kLow2) << 4);
+    const uint32_t mins_low = w[1] & kLow6;
+    w[1] = (w[2] & kLow4) | (((w[0] >> 6) & kLow2) << 4);
+    w[2] = mins_low;
+    w[0] &= kLow6;
+    const __m256i sc = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w)));
+    const __m256i m = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(w + 2)));
+    _mm256_storeu_ps(s.scale, _mm256_mul_ps(_mm256_set1_ps(F16(b)), _mm256_cvtepi32_ps(sc)));
+    _mm256_storeu_ps(s.min, _mm256_mul_ps(_mm256_set1_ps(F16(b + 2)), _mm256_cvtepi32_ps(m)));
+  } else {  // Q6_K
+    const float d = F16(b + 208);
+    for (int j = 0; j < 8; ++j) s.scale[j] = d;
+    s.sub_scales = reinterpret_cast<const int8_t*>(b + 192);
+  }
+}
+
+// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q6_K, unsigned for Q4_K / Q5_K).
+template <WeightFormat F>
+ROTARY_BLOCKS_AVX2_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
-  out.pair_weights = _mm256_set1_epi16(1);
   if constexpr (F == WeightFormat::Q8_0) {
-    const uint8_t* b = row + u * 34;
-    out.scale = F16(b);
-    out.q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   } else if constexpr (F == WeightFormat::Q4_0) {
-    const uint8_t* b = row + u * 18;
-    out.scale = F16(b);
     const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
     const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-    out.q = _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
   } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
     constexpr bool kFive = F == WeightFormat::Q5_K;
-    const uint8_t* b = row + (u / 8) * (kFive ? 176 : 144);
-    const int j = int(u % 8);
-    int sc = 0, m = 0;
-    k_scale_min(b + 4, j, sc, m);
-    out.scale = F16(b) * float(sc), out.min = F16(b + 2) * float(m);
-    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFive ? 48 : 16) + 32 * (j / 2)));
-    if (j % 2) q = _mm256_srli_epi16(q, 4);
+    __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFive ? 48 : 16) + 32 * (i / 2)));
+    if (i % 2) q = _mm256_srli_epi16(q, 4);
     q = _mm256_and_si256(q, low4);
     if constexpr (kFive) {
       const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 16));
-      const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(j)), _mm256_set1_epi8(1));
+      const __m256i bit = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(i)), _mm256_set1_epi8(1));
       q = _mm256_or_si256(q, _mm256_slli_epi16(bit, 4));
     }
-    out.q = q;
+    return q;
   } else {  // Q6_K
-    const uint8_t* b = row + (u / 8) * 210;
-    const int unit = int(u % 8), h = unit / 4, g = unit % 4;
+    const int h = i / 4, g = i % 4;
     __m256i lo = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 64 * h + 32 * (g & 1)));
     if (g >= 2) lo = _mm256_srli_epi16(lo, 4);
     lo = _mm256_and_si256(lo, low4);
     const __m256i qh = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 128 + 32 * h));
     const __m256i hi = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * g)), _mm256_set1_epi8(3));
-    out.q = _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
-    const int8_t* scales = reinterpret_cast<const int8_t*>(b + 192);
-    out.pair_weights = _mm256_set_m128i(_mm_set1_epi16(scales[2 * unit + 1]), _mm_set1_epi16(scales[2 * unit]));
-    out.scale = F16(b + 208);
+    return _mm256_sub_epi8(_mm256_or_si256(lo, _mm256_slli_epi16(hi, 4)), _mm256_set1_epi8(32));
   }
-  return out;
 }
 
 constexpr bool Signed(WeightFormat f) { return f != WeightFormat::Q4_K && f != WeightFormat::Q5_K; }
@@ -116,40 +129,49 @@ constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 // sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows from row r0.
 template <WeightFormat F, int NT, int NR>
 ROTARY_BLOCKS_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
+  constexpr int kUnits = BlockScales<F>::kUnits;
+  constexpr int64_t kBytes = weight_block_bytes(F);
   __m256 acc[NT][NR];
   float min_sum[NT][NR] = {};
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
   const uint8_t* rows[NR];
   for (int r = 0; r < NR; ++r) rows[r] = block_row(F, j.w, j.row_stride, r0 + r);
-  const int64_t units = j.cols / kUnit;
-  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
-  for (int64_t u = 0; u < units; ++u) {
-    Unit w[NR];
-    for (int r = 0; r < NR; ++r) w[r] = Unpack<F>(rows[r], u);
-    for (int t = 0; t < NT; ++t) {
-      const int64_t at = (t0 + t) * j.xq.stride + u * kUnit;
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.xq.quants + at));
-      const float sx = j.xq.scales[(t0 + t) * j.xq.blocks + u];
-      if constexpr (Signed(F)) {
-        const __m256i xa = _mm256_abs_epi8(xv);
-        for (int r = 0; r < NR; ++r) {
-          const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w[r].q, xv));
-          const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, w[r].pair_weights));
-          acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(w[r].scale * sx), acc[t][r]);
-        }
-      } else {
-        // sx times the sum of the unit's x quants: the min term's activation side
-        const __m256i xsum8 = _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, xv), ones16);
-        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(xsum8), _mm256_extracti128_si256(xsum8, 1));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4E));
-        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xB1));
-        const float xs = sx * float(_mm_cvtsi128_si32(s4));
-        for (int r = 0; r < NR; ++r) {
-          const __m256i pairs = _mm256_maddubs_epi16(w[r].q, xv);
-          const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones16));
-          acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(w[r].scale * sx), acc[t][r]);
-          min_sum[t][r] = std::fma(w[r].min, xs, min_sum[t][r]);
+  const int64_t blocks = j.cols / weight_block_size(F);
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    BlockScales<F> scales[NR];
+    for (int r = 0; r < NR; ++r) DecodeScales<F>(rows[r] + b * kBytes, scales[r]);
+    for (int i = 0; i < kUnits; ++i) {
+      const int64_t u = b * kUnits + i;  // the unit's index along the row: x's block
+      __m256i q[NR], pair_weights[NR];
+      for (int r = 0; r < NR; ++r) {
+        q[r] = UnpackQuants<F>(rows[r] + b * kBytes, i);
+        if constexpr (F == WeightFormat::Q6_K)
+          pair_weights[r] = _mm256_set_m128i(_mm_set1_epi16(scales[r].sub_scales[2 * i + 1]),
+                                             _mm_set1_epi16(scales[r].sub_scales[2 * i]));
+        else
+          pair_weights[r] = ones16;
+      }
+      for (int t = 0; t < NT; ++t) {
+        const int64_t at = (t0 + t) * j.xq.stride + u * kUnit;
+        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.xq.quants + at));
+        const float sx = j.xq.scales[(t0 + t) * j.xq.blocks + u];
+        if constexpr (Signed(F)) {
+          const __m256i xa = _mm256_abs_epi8(xv);
+          for (int r = 0; r < NR; ++r) {
+            const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(q[r], xv));
+            const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pair_weights[r]));
+            acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
+          }
+        } else {
+          const float xs = j.xq.scaled_sums[(t0 + t) * j.xq.blocks + u];  // the min term's activation side
+          for (int r = 0; r < NR; ++r) {
+            const __m256i pairs = _mm256_maddubs_epi16(q[r], xv);
+            const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones16));
+            acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
+            min_sum[t][r] = std::fma(scales[r].min[i], xs, min_sum[t][r]);
+          }
         }
       }
     }

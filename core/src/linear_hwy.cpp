@@ -382,6 +382,11 @@ void QuantizeToken(const float* x, int64_t cols, const Q8Activations& xq, int64_
   }
   for (int64_t i = xq.blocks * kQ8Block; i < xs; ++i) q[i] = 0;  // the pair's padding
   // The int8 kernel's operands per pair of blocks (Q8Activations).
+  for (int64_t b = 0; b < xq.blocks; ++b) {  // the k-quants' min term (linear_blocks_avx2.cpp)
+    int32_t sum = 0;
+    for (int64_t i = 0; i < kQ8Block; ++i) sum += q[b * kQ8Block + i];
+    xq.scaled_sums[t * xq.blocks + b] = xq.scales[t * xq.blocks + b] * float(sum);
+  }
   int32_t* corrections = xq.corrections + t * xs / 4;
   float* pairs = xq.scale_pairs + t * xs / 4;
   for (int64_t i = 0; i < xs / 4; ++i) {

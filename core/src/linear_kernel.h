@@ -35,6 +35,8 @@ struct Q8Activations {
   int32_t* corrections = nullptr;   // [tokens, stride / 4]: lane i of a pair, -128 (q[4i] + ... + q[4i + 3])
   float* scale_pairs = nullptr;     // [tokens, stride / 4]: lanes 0-7 the pair's first block's scale, 8-15 its second's
   float* scales = nullptr;          // [tokens, blocks]
+  float* scaled_sums = nullptr;     // [tokens, blocks]: scale x the sum of the block's quants (one rounding), the
+                                    // k-quants' min term's activation side
   int64_t blocks = 0;
   int64_t stride = 0;  // quants between tokens: blocks rounded up to even, times kQ8Block
 };
