@@ -213,16 +213,15 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
 }
 
 // Whether the tokens a block leaves past its whole tiles (decode's one, or a batch of 2-3 sequences) run kRows rows
-// at a time - kRows x tokens independent sums, which hide the multiply-add's latency - or row by row (one sum per
-// token, a single sequential stream per thread). With 8 float lanes (AVX2 and below) one sum per row waits on its
-// multiply-adds: a 896-wide bf16 row is 112 of them in a chain, so rows together are faster at any width (Zen 3, one
-// thread, 1024x896 bf16 in cache: one token 135-163 -> 77-86 us, two 155-177 -> 100 us of CPU time). With 16 lanes (AVX-512) short rows stream faster one at a time
-// (docs/engine.md: Zen 4, 896-wide rows 20 -> 33 GB/s row by row), long ones together (kLongRowBytes). Either way
-// each (token, row) sum is the same chain of operations, so the choice changes no bit.
+// at a time or row by row. Row by row each thread's weights are one sequential stream, which the hardware
+// prefetcher follows at the bus's speed; kRows rows at a time are kRows short streams a row apart, which it follows
+// badly - on Zen 4 (docs/engine.md: 896-wide bf16 rows 20 -> 33 GB/s row by row) and on Zen 3 alike (2026-11-28,
+// one thread, 4864x896 bf16 past the caches: one token 1860 -> 1320 us, two 1950-2270 -> 1370-1750 us). Only rows
+// longer than kLongRowBytes, whose single multiply-add chain bounds them, go kRows at a time. Each (token, row) sum
+// is the same chain of operations either way, so the choice changes no bit.
 template <class T>
-HWY_INLINE bool RowsTogether(const Job& j, int64_t left) {
-  if (left > 1) return true;  // 2-3 tokens: the sums double or triple
-  return HWY_MAX_BYTES < 64 || j.cols * int64_t(sizeof(T)) > kLongRowBytes;
+HWY_INLINE bool RowsTogether(const Job& j) {
+  return j.cols * int64_t(sizeof(T)) > kLongRowBytes;
 }
 
 // Tokens [t0, t1) left past the whole tiles (fewer than kTokens) against rows [r, r + NR).
@@ -231,7 +230,7 @@ HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
   switch (t1 - t0) {
     case 1: return TileAt<1, NR, T>(j, t0, r);
     case 2: return TileAt<2, NR, T>(j, t0, r);
-    case 3:  // as 2 + 1: a 3 x 4 tile's 12 sums and 4 weight vectors spill AVX2's 16 registers (slower than the two)
+    case 3:  // as 2 + 1: a 3 x 4 tile's 12 sums and 4 weight vectors spill AVX2's 16 registers
       TileAt<2, NR, T>(j, t0, r);
       return TileAt<1, NR, T>(j, t0 + 2, r);
     default: return;
@@ -239,7 +238,8 @@ HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
 }
 
 // Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (decode's one, a
-// small batch's 2-3) kRows rows at a time or row by row (RowsTogether).
+// small batch's 2-3: all of them at once against each row, while it is in L1) row by row, or kRows rows at a time
+// for long rows (RowsTogether).
 template <class T>
 HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   static_assert(kTokens == 4, "LeftTokens takes up to 3 tokens");
@@ -251,7 +251,7 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
   if (tiled == t1) return;
   r = r0;
-  if (RowsTogether<T>(j, t1 - tiled))
+  if (RowsTogether<T>(j))
     for (; r + kRows <= r1; r += kRows) LeftTokens<kRows, T>(j, tiled, t1, r);
   for (; r < r1; ++r) LeftTokens<1, T>(j, tiled, t1, r);
 }
