@@ -14,7 +14,7 @@ seconds="${1:-20}"
 [[ "$seconds" =~ ^[1-9][0-9]*$ ]] || { echo "fuzz.sh: seconds-per-target = '$seconds' is invalid; allowed: an integer >= 1" >&2; exit 2; }
 shift $(($# > 0 ? 1 : 0))
 all=(hf_config hf_model train_config_toml train_config_json checkpoint task_vocab text_cache safetensors gguf
-     tokenizer_json spm_model kv_memory memory_pages memory_graph kv_cache context_manifest chat_template server_request)
+     gguf_model tokenizer_json spm_model kv_memory memory_pages memory_graph kv_cache context_manifest chat_template server_request)
 targets=("${@:-${all[@]}}")
 for t in "${targets[@]}"; do
   [[ " ${all[*]} " == *" $t "* ]] || { echo "fuzz.sh: target = '$t' is invalid; allowed: ${all[*]}" >&2; exit 2; }
@@ -35,10 +35,11 @@ cmake --build "$build" -j "$jobs" --target "${targets[@]/#/fuzz_}"
 
 # Seeds: the checked-in corpus of each target, plus the real files of that kind in the repository.
 seeds() {
-  echo "$root/fuzz/corpus/$1"
+  [[ "$1" == gguf_model ]] || echo "$root/fuzz/corpus/$1"  # gguf_model reads the gguf target's corpus (below)
   case "$1" in
     hf_config) echo "$root/tests/data/hf_configs" ;;
     train_config_toml) echo "$root/examples/runs" ;;
+    gguf_model) echo "$root/fuzz/corpus/gguf" ;;  # GGUF files with llama metadata and a tokenizer
     tokenizer_json) echo "$root/tests/data/hf_tokenizers/llama3_style $root/tests/data/hf_tokenizers/gpt2_style" ;;
   esac
 }
@@ -59,6 +60,7 @@ fuzz_one() {
   mkdir -p "$work"  # what the fuzzer adds to the corpus; the checked-in seeds stay as they are
   local dict=()
   [[ -f "$root/fuzz/dict/$t.dict" ]] && dict=(-dict="$root/fuzz/dict/$t.dict")
+  [[ "$t" == gguf_model ]] && dict=(-dict="$root/fuzz/dict/gguf.dict")  # the same format's tokens
   "$build/fuzz/fuzz_$t" -max_total_time="$seconds" -rss_limit_mb=2048 -max_len="$(max_len "$t")" -timeout=10 \
     -print_final_stats=1 -artifact_prefix="$build/artifacts/$t-" "${dict[@]}" "$work" $(seeds "$t") \
     >"$log" 2>&1 || rc=$?

@@ -13,10 +13,14 @@ ffn_norm / ffn_gate / ffn_up / ffn_down, output_norm, output unless the head is 
 (bf16: the stored bf16 bits copied, or f32/f16 rounded to bf16; f32; q8_0: blocks of 32 int8 with an f16 scale,
 gguf-py's quantizer), 1-D tensors (norms, biases) always f32. For llama, q_proj and k_proj rows (and biases) are
 reordered per head from Hugging Face's rotate-half layout to ggml's interleaved-pair rope (llama.cpp's converter
-does the same); qwen2 runs ggml's NEOX rope and is written unchanged. rope_scaling other than none is refused.
+does the same); qwen2 runs ggml's NEOX rope and is written unchanged. rope_scaling: linear and yarn as
+rope.scaling.* keys, llama3 as llama.cpp's rope_freqs tensor (the per-pair frequency divisors, float32); others are
+refused.
 
 The tokenizer is the directory's tokenizer.json, copied into GGUF as tokenizer.ggml.model "gpt2" (byte-level BPE:
-tokens, token types, merges, BOS/EOS from tokenizer_config.json). A directory with no tokenizer (random weights from
+tokens, token types, merges, BOS/EOS from tokenizer_config.json, tokenizer.ggml.pre from the file's split regex:
+llama-bpe for Llama 3's, qwen2 for Qwen2's, gpt-2 for ByteLevel's own), and tokenizer_config.json's chat_template
+as tokenizer.chat_template. A directory with no tokenizer (random weights from
 scripts/make_random_checkpoint.py) gets one with --add-byte-tokenizer: a byte-level BPE tokenizer.json whose first
 256 ids are the 256 bytes (GPT-2's byte-to-character map), then a few merges' results (" t", "he", " the", ...),
 then filler tokens "[<id>]" up to vocab_size - 2, and "<|endoftext|>" (EOS, special) as the last id, plus a
@@ -37,6 +41,44 @@ import numpy as np
 BYTE_LEVEL_MERGES = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("i", "n"), ("e", "r"), ("Ġ", "a"), ("o", "n"),
                      ("r", "e"), ("Ġ", "s"), ("a", "t"), ("e", "n"), ("o", "r")]
 EOS_TEXT = "<|endoftext|>"
+# The split regexes of the pre-tokenizers llama.cpp names (tokenizer.ggml.pre), as the models' tokenizer.json has them.
+PRE_TOKENIZER_REGEX = {
+    "llama-bpe": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+    "qwen2": r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+",
+}
+
+
+def pre_tokenizer_name(pre):
+    """tokenizer.ggml.pre for a tokenizer.json pre_tokenizer: the name of its split regex, or gpt-2 for ByteLevel's."""
+    steps = pre.get("pretokenizers", [pre]) if pre else []
+    for step in steps:
+        regex = (step.get("pattern") or {}).get("Regex") if step.get("type") == "Split" else None
+        if regex is not None:
+            for name, known in PRE_TOKENIZER_REGEX.items():
+                if regex == known:
+                    return name
+            sys.exit(f"tokenizer.json: split regex {regex!r} is not one of llama.cpp's named pre-tokenizers here "
+                     f"({', '.join(PRE_TOKENIZER_REGEX)}, gpt-2)")
+    return "gpt-2"
+
+
+def llama3_rope_factors(cfg, head_dim):
+    """llama.cpp's rope_freqs for rope_type llama3: each pair's frequency divisor (float32)."""
+    rs = cfg["rope_scaling"]
+    base = float(cfg.get("rope_theta", 10000.0))
+    factor, low, high = rs.get("factor", 8.0), rs.get("low_freq_factor", 1.0), rs.get("high_freq_factor", 4.0)
+    old = rs.get("original_max_position_embeddings", 8192)
+    out = []
+    for i in range(0, head_dim, 2):
+        wavelen = 2 * np.pi * base ** (i / head_dim)
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
 
 
 def bytes_to_unicode():
@@ -132,7 +174,12 @@ def read_tokenizer(model_dir, vocab_size):
             return None
         return tokens.index(v)
 
-    return tokens, types, merges, token_id("bos_token"), token_id("eos_token"), bool(cfg.get("add_bos_token", False))
+    add_bos = cfg.get("add_bos_token")
+    if add_bos is None:  # a TemplateProcessing post-processor that puts a special token first (Llama 3)
+        single = (tok.get("post_processor") or {}).get("single") or []
+        add_bos = bool(single) and "SpecialToken" in single[0]
+    return (tokens, types, merges, token_id("bos_token"), token_id("eos_token"), bool(add_bos),
+            pre_tokenizer_name(tok.get("pre_tokenizer")), cfg.get("chat_template"))
 
 
 class Safetensors:
@@ -250,8 +297,10 @@ def main():
     arch = cfg.get("model_type")
     if arch not in ("llama", "qwen2"):
         sys.exit(f"config.json: model_type {arch!r}; only llama and qwen2 are converted")
-    if cfg.get("rope_scaling"):
-        sys.exit(f"config.json: rope_scaling {cfg['rope_scaling']} is not converted (only unscaled rope)")
+    scaling = cfg.get("rope_scaling") or {}
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if scaling and rope_type not in ("linear", "yarn", "llama3"):
+        sys.exit(f"config.json: rope_scaling {scaling} is not converted (none, linear, yarn, llama3)")
     if cfg.get("hidden_act", "silu") != "silu":
         sys.exit(f"config.json: hidden_act {cfg['hidden_act']!r}; llama/qwen2 use silu")
     if arch == "qwen2" and cfg.get("use_sliding_window"):
@@ -264,7 +313,7 @@ def main():
         write_byte_tokenizer(args.model_dir, vocab_size)
     elif not os.path.exists(os.path.join(args.model_dir, "tokenizer.json")):
         sys.exit("only tokenizer.json (byte-level BPE) is written to GGUF; this directory has tokenizer.model only")
-    tokens, types, merges, bos, eos, add_bos = read_tokenizer(args.model_dir, vocab_size)
+    tokens, types, merges, bos, eos, add_bos, pre, chat_template = read_tokenizer(args.model_dir, vocab_size)
 
     st = Safetensors(args.model_dir)
     plan = tensor_plan(cfg, st)
@@ -293,11 +342,18 @@ def main():
     if arch == "llama":
         w.add_vocab_size(vocab_size)
         w.add_rope_dimension_count(head_dim)
+    if rope_type in ("linear", "yarn"):
+        w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR if rope_type == "linear" else gguf.RopeScalingType.YARN)
+        w.add_rope_scaling_factor(float(scaling["factor"]))
+        if rope_type == "yarn":
+            w.add_rope_scaling_orig_ctx_len(int(scaling["original_max_position_embeddings"]))
     w.add_file_type(ftype)
     if args.outtype == "q8_0":
         w.add_quantization_version(gguf.GGML_QUANT_VERSION)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt-2")
+    w.add_tokenizer_pre(pre)
+    if isinstance(chat_template, str):
+        w.add_chat_template(chat_template)
     w.add_token_list(tokens)
     w.add_token_types(types)
     if not merges:  # llama.cpp requires the key and gguf-py writes no empty array
@@ -316,6 +372,9 @@ def main():
     def out_type(hf):
         return qtype if len(st.shape(hf)) == 2 else gguf.GGMLQuantizationType.F32
 
+    rope_freqs = llama3_rope_factors(cfg, head_dim) if rope_type == "llama3" else None
+    if rope_freqs is not None:
+        w.add_tensor_info("rope_freqs.weight", rope_freqs.shape, np.dtype(np.float32), rope_freqs.nbytes)
     for name, hf, _ in plan:
         shape = st.shape(hf)
         t = out_type(hf)
@@ -329,6 +388,8 @@ def main():
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
+    if rope_freqs is not None:
+        w.write_tensor_data(rope_freqs)
     for k, (name, hf, heads) in enumerate(plan):
         x = st.raw(hf)
         if heads is not None:

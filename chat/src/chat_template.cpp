@@ -7,6 +7,7 @@
 #include "rotary/error.h"
 #include "rotary/hf_config.h"
 #include "rotary/files.h"
+#include "rotary/gguf.h"
 #include "rotary/json_guard.h"
 
 namespace rotary::chat {
@@ -25,9 +26,54 @@ std::string excerpt(const nlohmann::ordered_json& v) { return json_excerpt(nlohm
 
 }  // namespace
 
+namespace {
+
+// --template FILE, which overrides a model's own template (a directory's or a GGUF file's): true when given.
+bool take_template_file(ChatTemplate& out, const std::string& template_file, const std::string& template_name) {
+  if (template_file.empty()) return false;
+  if (!template_name.empty())
+    fail("--template-name", quoted_text(template_name), "no name with --template FILE (the file is the template)");
+  out.source = read_regular_file(template_file, "--template");
+  out.origin = template_file;
+  return true;
+}
+
+// A GGUF file's template (llama.cpp's converter writes tokenizer_config.json's chat_template there, a named one as
+// tokenizer.chat_template.<name>) and its BOS / EOS tokens' texts.
+ChatTemplate gguf_chat_template(const std::string& path, const std::string& template_file,
+                                const std::string& template_name) {
+  const GgufFile f = GgufFile::open(path);
+  ChatTemplate out;
+  const std::vector<std::string_view> tokens =
+      f.find("tokenizer.ggml.tokens") ? f.get_strings("tokenizer.ggml.tokens") : std::vector<std::string_view>{};
+  for (const auto& [key, text] : {std::pair{"tokenizer.ggml.bos_token_id", &out.bos_token},
+                                  std::pair{"tokenizer.ggml.eos_token_id", &out.eos_token}}) {
+    const std::optional<uint32_t> id = f.get_optional<uint32_t>(key);
+    if (!id) continue;
+    if (*id >= tokens.size())
+      fail(f.source() + ": metadata " + key, std::to_string(*id),
+           "a token id in [0, " + std::to_string(tokens.size()) + ") (tokenizer.ggml.tokens)");
+    *text = std::string(tokens[*id]);
+  }
+  if (take_template_file(out, template_file, template_name)) return out;
+  const std::string key = "tokenizer.chat_template" + (template_name.empty() ? "" : "." + template_name);
+  const std::optional<std::string_view> text = f.get_optional_string(key);
+  if (!text)
+    fail("chat template of " + path, "(none: no metadata " + key + ")",
+         "a GGUF file with a chat template, or --template FILE");
+  out.source = std::string(*text);
+  out.origin = f.source() + " " + key;
+  return out;
+}
+
+}  // namespace
+
 ChatTemplate load_chat_template(const std::string& model_dir, const std::string& template_file,
                                 const std::string& template_name, bool with_tools) {
   namespace fs = std::filesystem;
+  std::error_code gguf_ec;
+  if (fs::path(model_dir).extension() == ".gguf" && !fs::is_directory(model_dir, gguf_ec))
+    return gguf_chat_template(model_dir, template_file, template_name);
   ChatTemplate out;
   const std::string config_path = (fs::path(model_dir) / "tokenizer_config.json").string();
   std::optional<nlohmann::ordered_json> config;
@@ -38,13 +84,7 @@ ChatTemplate load_chat_template(const std::string& model_dir, const std::string&
     out.bos_token = hf_special_token(nlohmann::json(*config), "bos_token", config_path);
     out.eos_token = hf_special_token(nlohmann::json(*config), "eos_token", config_path);
   }
-  if (!template_file.empty()) {
-    if (!template_name.empty())
-      fail("--template-name", quoted_text(template_name), "no name with --template FILE (the file is the template)");
-    out.source = read_regular_file(template_file, "--template");
-    out.origin = template_file;
-    return out;
-  }
+  if (take_template_file(out, template_file, template_name)) return out;
   const std::string jinja_path = (fs::path(model_dir) / "chat_template.jinja").string();
   if (fs::exists(jinja_path, ec) && template_name.empty()) {
     out.source = read_regular_file(jinja_path, "chat_template.jinja");

@@ -10,6 +10,7 @@
 #include "rotary/error.h"
 #include "rotary/hf_config.h"
 #include "rotary/json_guard.h"
+#include "tensor_names.h"
 
 namespace rotary::engine {
 namespace {
@@ -70,22 +71,15 @@ std::string model_types() {
   return s;
 }
 
-// One family's tensor names: the module of each slot part, outside the blocks and inside them (after
-// `layer_prefix` and the block's index); a slot's stored name is the module + ".weight" or ".bias".
-struct HfNameTable {
-  std::string_view layer_prefix;
-  std::map<std::string_view, std::string_view> parts;
-};
-
-const HfNameTable& name_table(const std::string& model_type) {
+const TensorNameTable& name_table(const std::string& model_type) {
   // Llama, Mistral and Qwen2 store their tensors alike (LlamaForCausalLM's module names).
-  static const HfNameTable kLlama = {
+  static const TensorNameTable kLlama = {
       "model.layers.",
       {{"embed", "model.embed_tokens"}, {"final_norm", "model.norm"}, {"lm_head", "lm_head"},
        {"attn_norm", "input_layernorm"}, {"q", "self_attn.q_proj"}, {"k", "self_attn.k_proj"},
        {"v", "self_attn.v_proj"}, {"o", "self_attn.o_proj"}, {"mlp_norm", "post_attention_layernorm"},
        {"gate", "mlp.gate_proj"}, {"up", "mlp.up_proj"}, {"down", "mlp.down_proj"}}};
-  static const HfNameTable kGptNeox = {
+  static const TensorNameTable kGptNeox = {
       "gpt_neox.layers.",
       {{"embed", "gpt_neox.embed_in"}, {"final_norm", "gpt_neox.final_layer_norm"}, {"lm_head", "embed_out"},
        {"attn_norm", "input_layernorm"}, {"qkv", "attention.query_key_value"}, {"o", "attention.dense"},
@@ -144,16 +138,19 @@ HfModelDescription read_hf_model_file(const std::string& path) {
   return read_hf_model(text, where);
 }
 
-std::vector<HfTensorName> hf_tensor_names(const HfModelDescription& model) {
-  const HfNameTable& table = name_table(model.model_type);
+std::vector<HfTensorName> named_slots(const TensorNameTable& table, const Architecture& arch) {
   std::vector<HfTensorName> out;
-  for (TensorSlot& slot : tensor_slots(model.arch)) {
+  for (TensorSlot& slot : tensor_slots(arch)) {
     std::string stored;
     if (slot.layer >= 0) stored = std::string(table.layer_prefix) + std::to_string(slot.layer) + ".";
     stored += std::string(table.parts.at(slot.part)) + (slot.bias ? ".bias" : ".weight");
     out.push_back({std::move(slot), std::move(stored)});
   }
   return out;
+}
+
+std::vector<HfTensorName> hf_tensor_names(const HfModelDescription& model) {
+  return named_slots(name_table(model.model_type), model.arch);
 }
 
 bool hf_ignored_tensor(std::string_view name) {
@@ -163,23 +160,28 @@ bool hf_ignored_tensor(std::string_view name) {
          name.ends_with(".attention.masked_bias");
 }
 
-void check_hf_tensors_used(const HfModelDescription& model, const std::vector<std::string>& names,
-                           const std::set<std::string>& used, const std::string& model_dir) {
+void check_tensors_used(const std::vector<std::string>& names, const std::set<std::string>& used,
+                        const std::function<bool(const std::string&)>& allowed, const std::string& where,
+                        const std::string& expected) {
   std::vector<std::string> unexpected;
-  for (const std::string& name : names) {
-    if (used.count(name) || hf_ignored_tensor(name)) continue;
-    // A tied model's head is the embedding (Hugging Face ties them after loading); a stored copy is not read.
-    if (model.arch.tie_embeddings && name == "lm_head.weight") continue;
-    unexpected.push_back(name);
-  }
+  for (const std::string& name : names)
+    if (!used.count(name) && !allowed(name)) unexpected.push_back(name);
   if (unexpected.empty()) return;
   std::string list;
   for (size_t i = 0; i < unexpected.size() && i < 5; ++i) list += (i ? ", " : "") + unexpected[i];
   if (unexpected.size() > 5) list += ", ... (" + std::to_string(unexpected.size()) + " in all)";
-  fail(model_dir + ": tensors", list,
-       "only the tensors of a " + model.model_type + " model as its config.json describes it (is the config from "
-       "another checkpoint?)");
+  fail(where + ": tensors", list, expected);
 }
 
+void check_hf_tensors_used(const HfModelDescription& model, const std::vector<std::string>& names,
+                           const std::set<std::string>& used, const std::string& model_dir) {
+  // A tied model's head is the embedding (Hugging Face ties them after loading); a stored copy is not read.
+  const auto allowed = [&](const std::string& name) {
+    return hf_ignored_tensor(name) || (model.arch.tie_embeddings && name == "lm_head.weight");
+  };
+  check_tensors_used(names, used, allowed, model_dir,
+                     "only the tensors of a " + model.model_type + " model as its config.json describes it (is the "
+                     "config from another checkpoint?)");
+}
 
 }  // namespace rotary::engine

@@ -30,6 +30,20 @@ int64_t elements(const StoredTensor& t) {
   for (int64_t d : t.shape) n *= d;
   return n;
 }
+// The bytes a stored tensor occupies: its elements, or Q8_0's 34 bytes per 32 weights.
+int64_t stored_bytes(const StoredTensor& t) {
+  return t.q8_0_blocks ? elements(t) / kQ8Block * kQ8_0BlockBytes : elements(t) * int64_t(dtype_size(t.dtype));
+}
+// Element i (row-major) of a stored tensor as a double: a Q8_0 element is its block's f16 scale times its quant
+// (the product is exact in double).
+double stored_value(const StoredTensor& t, int64_t i) {
+  if (!t.q8_0_blocks) return load_as_double(t.data, t.dtype, i);
+  const uint8_t* block = static_cast<const uint8_t*>(t.data) + i / kQ8Block * kQ8_0BlockBytes;
+  uint16_t scale;
+  std::memcpy(&scale, block, 2);
+  return double(f16_to_float(scale)) * double(int8_t(block[2 + i % kQ8Block]));
+}
+std::string stored_type_name(const StoredTensor& t) { return t.q8_0_blocks ? "q8_0" : dtype_name(t.dtype); }
 
 class Loader {
  public:
@@ -40,6 +54,9 @@ class Loader {
     StoredTensor t = lookup_(name);
     if (t.shape != shape) fail("tensor " + name + ".shape", shape_text(t.shape), shape_text(shape));
     if (t.data == nullptr) fail("tensor " + name + ".data", "null", "the tensor's bytes");
+    if (t.q8_0_blocks && (t.shape.empty() || t.shape.back() % kQ8Block != 0))
+      fail("tensor " + (t.source.empty() ? name : t.source) + ".shape", shape_text(t.shape),
+           "rows of whole Q8_0 blocks (a multiple of 32 columns)");
     check_finite(name, t);
     hash_stored(name, t);
     return t;
@@ -48,19 +65,23 @@ class Loader {
   void hash_stored(const std::string& name, const StoredTensor& t) const {
     uint64_t& h = m_.weights_hash;
     h = content_hash64(name.data(), name.size(), h);
-    h = content_hash_mix(h, uint64_t(t.dtype));
+    h = content_hash_mix(h, t.q8_0_blocks ? uint64_t(0x51385f30) : uint64_t(t.dtype));  // "Q8_0" apart from dtypes
     for (int64_t d : t.shape) h = content_hash_mix(h, uint64_t(d));
-    h = content_hash64(t.data, size_t(elements(t)) * dtype_size(t.dtype), h, threads_);
+    h = content_hash64(t.data, size_t(stored_bytes(t)), h, threads_);
   }
   // A NaN or Inf weight would poison every logit after it: refused by name and element, before any work (one
   // read of the weights, which the first forward would make anyway).
+  // (Q8_0: a block's quants are integers, so only its scale can be non-finite.)
   void check_finite(const std::string& name, const StoredTensor& t) const {
     const int64_t n = elements(t);
     int64_t bad = n;
 #pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : bad)
     for (int64_t i = 0; i < n; ++i) {
       bool finite = true;
-      switch (t.dtype) {
+      if (t.q8_0_blocks) {
+        const uint8_t* block = static_cast<const uint8_t*>(t.data) + i / kQ8Block * kQ8_0BlockBytes;
+        finite = (uint16_t(block[0] | block[1] << 8) & 0x7c00u) != 0x7c00u;
+      } else switch (t.dtype) {
         case DType::BF16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7f80u) != 0x7f80u; break;
         case DType::F16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7c00u) != 0x7c00u; break;
         case DType::F32: finite = std::isfinite(static_cast<const float*>(t.data)[i]); break;
@@ -70,16 +91,20 @@ class Loader {
     }
     if (bad < n)
       fail("tensor " + (t.source.empty() ? name : t.source),
-           "non-finite (element " + std::to_string(bad) + " is " + to_text(load_as_double(t.data, t.dtype, bad)) + ")",
+           "non-finite (element " + std::to_string(bad) + " is " + to_text(stored_value(t, bad)) + ")",
            "finite weights");
   }
   // A [rows, cols] matrix in `format`: in place when stored so, else converted into storage the model owns.
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<WeightFormat> want) {
     const StoredTensor t = get(name, {rows, cols});
-    const WeightFormat f = want ? *want : t.dtype == DType::F64 ? WeightFormat::F32 : weight_format_of(t.dtype);
+    // As stored unless asked otherwise: Q8_0 blocks as the engine's q8 (the same numbers), f64 as f32.
+    const WeightFormat f = want                ? *want
+                           : t.q8_0_blocks     ? WeightFormat::Q8
+                           : t.dtype == DType::F64 ? WeightFormat::F32
+                                                   : weight_format_of(t.dtype);
     WeightMatrix w;
     w.format = f, w.rows = rows, w.cols = cols, w.row_stride = cols;
-    if (t.dtype != DType::F64 && f == weight_format_of(t.dtype)) {
+    if (!t.q8_0_blocks && t.dtype != DType::F64 && f == weight_format_of(t.dtype)) {
       w.data = t.data;
       return w;
     }
@@ -88,7 +113,10 @@ class Loader {
     if (f == WeightFormat::Q8) {
       std::vector<uint16_t>& scales = m_.owned_halves.emplace_back(size_t(rows * q8_blocks(cols)));
       m_.owned_bytes += int64_t(scales.size()) * 2;
-      quantize_q8(t.data, t.dtype, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()), scales.data(), threads_);
+      if (t.q8_0_blocks)
+        split_q8_0_blocks(t, rows * cols / kQ8Block, reinterpret_cast<int8_t*>(bytes.data()), scales.data());
+      else
+        quantize_q8(t.data, t.dtype, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()), scales.data(), threads_);
       w.scales = scales.data(), w.scale_stride = q8_blocks(cols);
     } else {
       const DType to = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
@@ -99,13 +127,13 @@ class Loader {
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t c = 0; c < cols; ++c) {
           const int64_t i = r * cols + c;
-          store_from_double(bytes.data(), to, i, load_as_double(t.data, t.dtype, i));
+          store_from_double(bytes.data(), to, i, stored_value(t, i));
           if (!std::isfinite(load_as_double(bytes.data(), to, i)) && i < overflow) overflow = i;
         }
       if (overflow < rows * cols)
         fail("tensor " + (t.source.empty() ? name : t.source),
              "element " + std::to_string(overflow) + " (row " + std::to_string(overflow / cols) + ", column " +
-                 std::to_string(overflow % cols) + ") = " + to_text(load_as_double(t.data, t.dtype, overflow)) +
+                 std::to_string(overflow % cols) + ") = " + to_text(stored_value(t, overflow)) +
                  ", past " + weight_format_name(f) + "'s range",
              std::string("|w| <= ") +
                  (to == DType::F16    ? "65504, f16's largest finite value (--weights bf16 or f32 keep such weights)"
@@ -116,15 +144,24 @@ class Loader {
     release_pages(t);
     return w;
   }
+  // Q8_0 blocks (34 bytes: f16 scale, 32 quants) into the engine's q8 arrays: the same quants and scale bits, so a
+  // Q8_0 matrix runs exactly the numbers llama.cpp stored (rows are whole blocks: `blocks` in all, row after row).
+  void split_q8_0_blocks(const StoredTensor& t, int64_t blocks, int8_t* quants, uint16_t* scales) const {
+    const uint8_t* in = static_cast<const uint8_t*>(t.data);
+#pragma omp parallel for schedule(static) num_threads(threads_)
+    for (int64_t b = 0; b < blocks; ++b) {
+      std::memcpy(&scales[b], in + b * kQ8_0BlockBytes, 2);
+      std::memcpy(quants + b * kQ8Block, in + b * kQ8_0BlockBytes + 2, kQ8Block);
+    }
+  }
   // A converted tensor's stored bytes are not read again: their pages (of a mapped file, read once by the
   // conversion) are handed back, so that a model converted to q8 holds its q8 bytes, not also the file it came from
   // (Llama-2-13B: 14.6 GB of q8 beside a 26 GB bf16 file). MADV_PAGEOUT only reclaims - it never changes contents -
   // so it is safe whatever memory the lookup returned; whole pages inside the tensor only.
   static void release_pages(const StoredTensor& t) {
-    const int64_t n = elements(t);
     const uintptr_t page = uintptr_t(sysconf(_SC_PAGESIZE));
     const uintptr_t begin = (reinterpret_cast<uintptr_t>(t.data) + page - 1) / page * page;
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + uintptr_t(n) * dtype_size(t.dtype)) / page * page;
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(t.data) + uintptr_t(stored_bytes(t))) / page * page;
 #ifdef MADV_PAGEOUT
     if (end > begin) madvise(reinterpret_cast<void*>(begin), end - begin, MADV_PAGEOUT);  // advice: failure is harmless
 #endif
@@ -134,7 +171,7 @@ class Loader {
     const StoredTensor t = get(name, {n});
     std::vector<float>& v = m_.owned_floats.emplace_back(size_t(n));
     m_.owned_bytes += n * 4;
-    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(load_as_double(t.data, t.dtype, i));
+    for (int64_t i = 0; i < n; ++i) v[size_t(i)] = float(stored_value(t, i));
     return v.data();
   }
   Linear linear(const std::string& n, int64_t rows, int64_t cols, bool bias) {
@@ -199,7 +236,8 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
     fail("activations", std::string(activation_format_name(options.activations)) + " with " + what,
          bf16 ? "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 "
                 "activations"
-              : "q8 activations with q8 weights (--weights q8 converts them at load), or f32 activations");
+              : "q8 activations with q8 weights (--weights q8 converts them at load; a GGUF file's Q8_0 weights are "
+                "q8 as stored), or f32 activations");
   };
   if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16 &&
       options.activations != ActivationFormat::Q8)
@@ -208,15 +246,16 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
   // (the embedding only when it is also the head).
   if (options.activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
     refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
-  if (options.activations == ActivationFormat::Q8 && options.weights != WeightFormat::Q8)
-    refuse(options.weights ? std::string("weights converted to ") + weight_format_name(*options.weights)
-                           : std::string("weights as stored (no checkpoint stores q8)"));
-  if (options.activations == ActivationFormat::BF16 && !options.weights)
+  if (options.activations == ActivationFormat::Q8 && options.weights && *options.weights != WeightFormat::Q8)
+    refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
+  // As stored, every matrix must be bf16 for bf16 activations, Q8_0 (a GGUF file's, run as q8) for q8 activations.
+  if (options.activations != ActivationFormat::F32 && !options.weights)
     for (const TensorSlot& s : tensor_slots(arch)) {
       if (s.shape.size() != 2 || (s.name == "embed" && !arch.tie_embeddings)) continue;
       const StoredTensor t = lookup(s.name);
-      if (t.dtype != DType::BF16)
-        refuse("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + dtype_name(t.dtype));
+      const bool fits = options.activations == ActivationFormat::BF16 ? !t.q8_0_blocks && t.dtype == DType::BF16
+                                                                      : t.q8_0_blocks;
+      if (!fits) refuse("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + stored_type_name(t));
     }
   auto m = std::make_unique<Impl>();
   m->arch = arch;

@@ -1,29 +1,93 @@
-// A Hugging Face model directory opened by the engine: each engine slot read from the stored tensor the family's
-// table names, the safetensors kept mapped while the model lives.
+// The model files the engine opens - a Hugging Face directory's safetensors, a GGUF file - through one loading path:
+// each engine slot read from the stored tensor the format's table names (load_named_tensors), the files kept mapped
+// while the model lives, every stored tensor read or named as unused.
+#include <filesystem>
 #include <map>
 #include <set>
 
+#include "rotary/error.h"
+#include "rotary/gguf.h"
 #include "rotary/safetensors.h"
+#include "rotary_engine/gguf_model.h"
 #include "rotary_engine/hf_model.h"
+#include "tensor_names.h"
 
 namespace rotary::engine {
+
+std::shared_ptr<const Model> load_named_tensors(const Architecture& arch, const std::vector<HfTensorName>& names,
+                                                const FindStoredTensor& find, const LoadOptions& options,
+                                                std::shared_ptr<const void> keep_alive, std::set<std::string>& used) {
+  std::map<std::string, const HfTensorName*> by_slot;
+  for (const HfTensorName& n : names) by_slot.emplace(n.slot.name, &n);
+  auto lookup = [&](const std::string& slot) {
+    const HfTensorName& n = *by_slot.at(slot);
+    StoredTensor t = find(n.stored, n.slot.shape);
+    t.source = n.stored;
+    used.insert(n.stored);
+    return t;
+  };
+  return Model::load(arch, lookup, options, std::move(keep_alive));
+}
 
 HfModel open_hf_model(const std::string& model_dir, const LoadOptions& options) {
   HfModel out;
   out.description = read_hf_model_file(model_dir);
   auto weights = std::make_shared<const SafetensorsCheckpoint>(SafetensorsCheckpoint::open(model_dir));
-  std::map<std::string, HfTensorName> by_slot;
-  for (HfTensorName& n : hf_tensor_names(out.description)) by_slot.emplace(n.slot.name, std::move(n));
   std::set<std::string> used;
-  auto lookup = [&](const std::string& slot) {
-    const HfTensorName& n = by_slot.at(slot);
-    const SafetensorsTensor& t = weights->get(n.stored, n.slot.shape);
-    used.insert(n.stored);
-    return StoredTensor{t.dtype, t.data, t.shape, n.stored};
+  const auto find = [&](const std::string& stored, const std::vector<int64_t>& shape) {
+    const SafetensorsTensor& t = weights->get(stored, shape);
+    return StoredTensor{t.dtype, t.data, t.shape, stored};
   };
-  out.model = Model::load(out.description.arch, lookup, options, weights);
+  out.model = load_named_tensors(out.description.arch, hf_tensor_names(out.description), find, options, weights, used);
   check_hf_tensors_used(out.description, weights->names(), used, model_dir);
   return out;
+}
+
+namespace {
+
+// A GGUF tensor as the engine reads it: the float types in place, Q8_0 as its blocks (split into q8 at load).
+StoredTensor gguf_stored(const GgufTensor& t, const std::string& source) {
+  StoredTensor s;
+  s.data = t.data, s.shape = t.shape();
+  switch (t.type) {
+    case GgmlType::F32: s.dtype = DType::F32; break;
+    case GgmlType::F16: s.dtype = DType::F16; break;
+    case GgmlType::BF16: s.dtype = DType::BF16; break;
+    case GgmlType::Q8_0: s.q8_0_blocks = true; break;
+    default:
+      fail(source + ": tensor " + t.name + ".type", ggml_type_name(t.type),
+           "F32, F16, BF16, Q8_0 (the types the engine reads from GGUF so far)");
+  }
+  return s;
+}
+
+}  // namespace
+
+HfModel open_gguf_model(const std::string& path, const LoadOptions& options) {
+  auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  HfModel out;
+  out.description = read_gguf_model(*file);
+  std::set<std::string> used;
+  const auto find = [&](const std::string& stored, const std::vector<int64_t>& shape) {
+    return gguf_stored(file->get_tensor(stored, shape), file->source());
+  };
+  out.model = load_named_tensors(out.description.arch, gguf_tensor_names(out.description), find, options, file, used);
+  // rope_freqs.weight is read into the description's RopeSpec (Llama 3.1's scaling).
+  std::vector<std::string> names;
+  for (const GgufTensor& t : file->tensors()) names.push_back(t.name);
+  check_tensors_used(names, used, [](const std::string& name) { return name == "rope_freqs.weight"; },
+                     file->source(),
+                     "only the tensors of a " + out.description.model_type + " model as its metadata describes it");
+  return out;
+}
+
+bool is_gguf_path(const std::string& path) {
+  std::error_code ec;
+  return std::filesystem::path(path).extension() == ".gguf" && !std::filesystem::is_directory(path, ec);
+}
+
+HfModel open_model(const std::string& path, const LoadOptions& options) {
+  return is_gguf_path(path) ? open_gguf_model(path, options) : open_hf_model(path, options);
 }
 
 }  // namespace rotary::engine

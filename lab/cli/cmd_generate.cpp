@@ -11,6 +11,7 @@
 #include "cli/command.h"
 #include "cli/override_flags.h"
 #include "common/files.h"
+#include "rotary_engine/hf_model.h"
 #include "rotary_tokenizers/tokenizer.h"
 #ifdef ROTARY_HAVE_TORCH  // a lab run (checkpoint.pt) runs on the nn model
 #include "cli/torch/load_model.h"
@@ -57,6 +58,7 @@ struct GenerateCommand {
   static bool is_hf_model(const std::string& where) {
     namespace fs = std::filesystem;
     std::error_code ec;
+    if (engine::is_gguf_path(where)) return true;  // a GGUF file: the model and its tokenizer in one file
     const fs::path dir(where);
     if (!fs::is_directory(dir, ec) || !fs::exists(dir / "config.json", ec) || fs::exists(dir / "checkpoint.pt", ec))
       return false;

@@ -214,6 +214,9 @@ CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointR
   m.threads = lab::resolve_threads(options.threads);
   omp_set_num_threads(m.threads);
   if (options.engine == "torch") {
+    if (engine::is_gguf_path(model_dir))
+      fail("--engine", "torch with the GGUF file " + model_dir,
+           "engine for a GGUF file (the nn model reads Hugging Face model directories)");
     m.torch_model = torch_checkpoint_loader()(model_dir, m.threads);
     m.spec = m.torch_model->spec();
   } else {

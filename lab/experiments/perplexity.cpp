@@ -15,6 +15,7 @@
 #include "rotary/error.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
+#include "rotary_engine/hf_model.h"
 #include "rotary_tokenizers/tokenizer.h"
 #include "common/progress.h"
 #include "common/stop_signal.h"
@@ -187,7 +188,7 @@ void write_report(const PerplexitySpec& spec, const std::vector<Method>& methods
 }  // namespace
 
 void validate(const PerplexitySpec& spec) {
-  check(!spec.model_dir.empty(), "model", "(empty)", "a Hugging Face model directory");
+  check(!spec.model_dir.empty(), "model", "(empty)", "a Hugging Face model directory or a GGUF file");
   check(spec.text_file.empty() != spec.tokens_file.empty(), "--text / --tokens",
         spec.text_file.empty() ? "neither" : "both", "exactly one: a text file or a token-id file");
   for (const std::string& m : spec.methods) check_method_name(m, "methods", /*checkpoint=*/true);
@@ -302,7 +303,16 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       ckpt.set_memory(memory_of(m, spec, r.train_len));  // a memory the method's encoding cannot run with
       ckpt.check_memory(longest, CheckpointModel::RunKind::Score, "--lengths");  // the longest window, before the first cell
     }
-  const std::string model_key = lab::read_file(lab::join_path(spec.model_dir, "config.json"));
+  // What describes the model beside its weights: config.json's text, or a GGUF file's description (its metadata
+  // is its config; the weights hash covers its tensors).
+  const std::string model_key = [&] {
+    if (!engine::is_gguf_path(spec.model_dir)) return lab::read_file(lab::join_path(spec.model_dir, "config.json"));
+    const nn::HfModelSpec& d = ckpt.spec();
+    return fmt::format("gguf {} vocab {} d {} layers {} heads {}/{} head_dim {} d_ff {} eps {} tied {} {} ctx {}",
+                       d.model_type, d.arch.vocab_size, d.arch.d_model, d.arch.n_layers, d.arch.n_heads,
+                       d.arch.n_kv_heads, d.arch.head_dim, d.arch.d_ff, d.arch.norm_eps, d.arch.tie_embeddings,
+                       d.rope.describe(), d.trained_context);
+  }();
   const uint64_t weights_key = ckpt.weights_hash();  // by content: a copy or a switched symlink is no stale cell
   const uint64_t stream_hash = lab::fnv1a64(std::string_view(reinterpret_cast<const char*>(stream.data()),
                                                              stream.size() * sizeof(int64_t)));

@@ -1,5 +1,5 @@
-// A Hugging Face checkpoint for the engine as the lab runs it: the engine opens the directory itself
-// (engine::open_hf_model); the nn spec of the same description gives the lab its config and overrides.
+// A Hugging Face checkpoint for the engine as the lab runs it: the engine opens the directory (or a GGUF file) itself
+// (engine::open_model); the nn spec of the same description gives the lab its config and overrides.
 #include "rotary_nn/hf_engine.h"
 
 #include "rotary/error.h"
@@ -19,7 +19,7 @@ engine::PositionMethod engine_positions(const EncodingConfig& e) {
 }
 
 HfEngineCheckpoint load_hf_engine(const std::string& model_dir, const engine::LoadOptions& options) {
-  engine::HfModel opened = engine::open_hf_model(model_dir, options);
+  engine::HfModel opened = engine::open_model(model_dir, options);
   return {hf_model_spec(opened.description, model_dir), std::move(opened.model)};
 }
 

@@ -178,11 +178,11 @@ TEST(HfEngine, RefusesBadTensorsAndBadInputByName) {
                {"activations = bf16 with weights converted to q8", "bf16 weights throughout"});
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::BF16}, nullptr); },
                {"activations = bf16 with tensor ", "stored as f32", "--weights bf16"});
-  // q8 activations need q8 matrices, which only a conversion at load makes.
+  // q8 activations need q8 matrices: a conversion at load makes them, and a GGUF file's Q8_0 blocks are them.
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = WeightFormat::BF16, .activations = ActivationFormat::Q8}, nullptr); },
                {"activations = q8 with weights converted to bf16", "--weights q8"});
   expect_error([&] { engine::Model::load(arch, lookup_with("", {}), {.weights = std::nullopt, .activations = ActivationFormat::Q8}, nullptr); },
-               {"activations = q8 with weights as stored", "--weights q8"});
+               {"activations = q8 with tensor ", "stored as f32", "--weights q8"});
 
   engine::SessionOptions o;
   o.capacity = 8, o.positions = spec.positions();

@@ -117,8 +117,11 @@ struct Piece {
 class SentencePieceModelTokenizer final : public Tokenizer {
  public:
   SentencePieceModelTokenizer(std::string_view bytes, const std::string& source);
+  // A vocabulary given as arrays (a GGUF file's "llama" tokenizer): BPE, the same checks as a ModelProto's.
+  SentencePieceModelTokenizer(const SentencePieceVocab& vocab, const std::string& source);
 
   std::vector<int64_t> encode(std::string_view text) const override;
+  std::vector<int64_t> encode_fragment(std::string_view text) const;  // one text without special pieces in it
   std::string decode(const std::vector<int64_t>& ids) const override;
   int64_t vocab_size() const override { return int64_t(pieces_.size()); }
   std::string kind() const override { return "sentencepiece_model_bpe"; }
@@ -138,12 +141,14 @@ class SentencePieceModelTokenizer final : public Tokenizer {
   void read_piece(std::string_view bytes, size_t base);
   void read_trainer_spec(std::string_view bytes, size_t base);
   void read_normalizer_spec(std::string_view bytes, size_t base);
+  void check_pieces();  // the checks of the pieces and specs, and the ids they give
 
   std::string source_;
   std::vector<Piece> pieces_;
   std::unordered_map<std::string, int> mergeable_;  // NORMAL, USER_DEFINED, UNUSED: what merges may produce
   std::unordered_map<std::string, int> reserved_;   // CONTROL, UNKNOWN, BYTE
   std::vector<std::string> user_defined_;           // matched whole in the text
+  std::vector<std::string> special_in_text_;        // CONTROL / UNKNOWN pieces matched in the raw text (GGUF)
   int unk_id_ = -1;
   int byte_id_[256];
   // trainer_spec and normalizer_spec, with the proto's defaults where a field is absent.
@@ -266,6 +271,30 @@ SentencePieceModelTokenizer::SentencePieceModelTokenizer(std::string_view bytes,
       in.skip(wire, number);
     }
   }
+  check_pieces();
+}
+
+SentencePieceModelTokenizer::SentencePieceModelTokenizer(const SentencePieceVocab& vocab, const std::string& source)
+    : source_(source) {
+  model_type_ = 2;  // BPE
+  byte_fallback_ = vocab.byte_fallback;
+  add_dummy_prefix_ = vocab.add_dummy_prefix;
+  remove_extra_whitespaces_ = vocab.remove_extra_whitespaces;
+  spec_bos_id_ = vocab.bos_id, spec_eos_id_ = vocab.eos_id;
+  for (size_t i = 0; i < vocab.pieces.size(); ++i) {
+    const int type = vocab.types[i];
+    if (type < 1 || type > 6)
+      fail(source_ + ": pieces[" + std::to_string(i) + "].type", std::to_string(type),
+           "1 to 6 (NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE)");
+    pieces_.push_back({vocab.pieces[i], vocab.scores[i], type});
+  }
+  check_pieces();
+  if (vocab.special_in_text)
+    for (const Piece& p : pieces_)
+      if (p.type == kControl || p.type == kUnknown) special_in_text_.push_back(p.text);
+}
+
+void SentencePieceModelTokenizer::check_pieces() {
   if (pieces_.empty()) fail(source_ + ": pieces", "none", "a sentencepiece ModelProto with pieces");
   if (model_type_ != 2) {
     const char* names[] = {"?", "UNIGRAM", "BPE", "WORD", "CHAR"};
@@ -334,6 +363,35 @@ std::string SentencePieceModelTokenizer::normalize(std::string_view input) const
 
 std::vector<int64_t> SentencePieceModelTokenizer::encode(std::string_view text) const {
   check_utf8(text, "text");
+  if (special_in_text_.empty()) return encode_fragment(text);
+  // Special pieces written in the text are their ids, and the text between them is encoded fragment by fragment,
+  // each normalized as a text of its own (a dummy prefix after a special piece too), as llama.cpp's SPM tokenizer
+  // (and Hugging Face's tokenizer.json of the same model, through its added tokens) does.
+  std::vector<int64_t> ids;
+  size_t start = 0;
+  for (size_t at = 0; at < text.size();) {
+    const std::string* match = nullptr;
+    for (const std::string& piece : special_in_text_)
+      if ((!match || piece.size() > match->size()) && text.substr(at, piece.size()) == piece) match = &piece;
+    if (!match) {
+      ++at;
+      continue;
+    }
+    if (at > start) {
+      const std::vector<int64_t> part = encode_fragment(text.substr(start, at - start));
+      ids.insert(ids.end(), part.begin(), part.end());
+    }
+    ids.push_back(piece_id(*match));
+    at += match->size(), start = at;
+  }
+  if (start < text.size()) {
+    const std::vector<int64_t> part = encode_fragment(text.substr(start));
+    ids.insert(ids.end(), part.begin(), part.end());
+  }
+  return ids;
+}
+
+std::vector<int64_t> SentencePieceModelTokenizer::encode_fragment(std::string_view text) const {
   const std::string normalized = normalize(text);
   struct Symbol {
     int prev, next;
@@ -434,6 +492,12 @@ std::string SentencePieceModelTokenizer::decode(const std::vector<int64_t>& ids)
     bytes.clear();
     if (start_space_seen || !text.empty()) at_start = false;
     start_space_seen = false;
+    // Special pieces matched in text decode back to that text (the round trip of encode, as llama.cpp renders
+    // special tokens and Hugging Face decodes added tokens); sentencepiece itself drops CONTROL pieces.
+    if (!special_in_text_.empty() && (piece.type == kControl || piece.type == kUnknown)) {
+      text += piece.text;
+      continue;
+    }
     if (piece.type == kControl) continue;
     if (piece.type == kUnknown) {
       text += unk_surface_;
@@ -460,6 +524,10 @@ std::string SentencePieceModelTokenizer::decode(const std::vector<int64_t>& ids)
 
 std::unique_ptr<Tokenizer> parse_sentencepiece_model(std::string_view model_bytes, const std::string& source) {
   return std::make_unique<SentencePieceModelTokenizer>(model_bytes, source);
+}
+
+std::unique_ptr<Tokenizer> sentencepiece_from_vocab(const SentencePieceVocab& vocab, const std::string& source) {
+  return std::make_unique<SentencePieceModelTokenizer>(vocab, source);
 }
 
 }  // namespace rotary::tokenizers

@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rotary/error.h"
+#include "rotary/gguf.h"
 #include "rotary/hf_config.h"
 #include "rotary/files.h"
 #include "rotary/json_guard.h"
@@ -62,6 +63,9 @@ std::string Tokenizer::decode_continuation(const std::vector<int64_t>& prefix,
 }
 
 std::unique_ptr<Tokenizer> load_tokenizer(const fs::path& model_dir) {
+  std::error_code ec;
+  if (model_dir.extension() == ".gguf" && !fs::is_directory(model_dir, ec))
+    return gguf_tokenizer(GgufFile::open(model_dir.string()));
   const fs::path json_path = model_dir / "tokenizer.json";
   const fs::path model_path = model_dir / "tokenizer.model";
   const fs::path config_path = model_dir / "tokenizer_config.json";

@@ -26,6 +26,25 @@ std::vector<std::string> json_pre_tokens(const Tokenizer& tokenizer, std::string
 // tokenizer.model bytes (a serialized sentencepiece ModelProto) -> its tokenizer. `source` names the file.
 std::unique_ptr<Tokenizer> parse_sentencepiece_model(std::string_view model_bytes, const std::string& source);
 
+// A sentencepiece BPE vocabulary given as arrays, as a GGUF file's "llama" tokenizer holds it (gguf_tokenizer.cpp):
+// pieces with their scores and types (sentencepiece's numbering: 1 NORMAL, 2 UNKNOWN, 3 CONTROL, 4 USER_DEFINED,
+// 5 UNUSED, 6 BYTE), the normalizer's two switches, byte fallback, and the BOS / EOS ids (-1: none).
+struct SentencePieceVocab {
+  std::vector<std::string> pieces;
+  std::vector<float> scores;
+  std::vector<int32_t> types;
+  bool add_dummy_prefix = true;
+  bool remove_extra_whitespaces = false;
+  bool byte_fallback = false;
+  int64_t bos_id = -1, eos_id = -1;
+  // CONTROL and UNKNOWN pieces written in the text are their ids (llama.cpp's parse_special, and what the model's
+  // tokenizer.json does with them as added tokens); a tokenizer.model leaves them as text, as sentencepiece does.
+  bool special_in_text = false;
+};
+// The same tokenizer as parse_sentencepiece_model makes of a ModelProto with these pieces and settings, and the
+// same checks (an UNKNOWN piece, the 256 byte pieces with byte_fallback, ...). `source` names the vocabulary.
+std::unique_ptr<Tokenizer> sentencepiece_from_vocab(const SentencePieceVocab& vocab, const std::string& source);
+
 // tokenizer_config.json text applied to a loaded tokenizer: add_bos_token / add_eos_token (booleans) and
 // bos_token / eos_token (a string, an object with "content", or null) looked up with token_id.
 void apply_tokenizer_config(Tokenizer& tokenizer, std::string_view json_text, const std::string& source);

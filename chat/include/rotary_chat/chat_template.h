@@ -22,6 +22,9 @@ struct ChatTemplate {
 // else tokenizer_config.json's chat_template - a string, or a list of {"name", "template"} from which
 // `template_name` (or "tool_use" when `with_tools` and it exists, or "default") is taken; a name not there is an
 // Error listing the names. A directory with no template is an Error naming --template FILE.
+// `model_dir` may be a GGUF file (a regular file named *.gguf) instead: its metadata tokenizer.chat_template (a
+// name: tokenizer.chat_template.<name>), with bos_token / eos_token the texts of its tokenizer.ggml.bos_token_id /
+// eos_token_id tokens.
 ChatTemplate load_chat_template(const std::string& model_dir, const std::string& template_file = "",
                                 const std::string& template_name = "", bool with_tools = false);
 

@@ -77,4 +77,9 @@ struct HfModel {
 };
 HfModel open_hf_model(const std::string& model_dir, const LoadOptions& options = {});
 
+// A model path as the commands take it: a GGUF file (a regular file named *.gguf: open_gguf_model,
+// rotary_engine/gguf_model.h), else a Hugging Face model directory (open_hf_model).
+bool is_gguf_path(const std::string& path);
+HfModel open_model(const std::string& path, const LoadOptions& options = {});
+
 }  // namespace rotary::engine

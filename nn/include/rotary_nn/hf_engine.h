@@ -20,6 +20,7 @@ struct HfEngineCheckpoint {
 
 // rotary::Error naming the directory, tensor and field for everything load_hf_checkpoint refuses (a missing or
 // mis-shaped tensor, a tensor the architecture does not use, ...).
+// `model_dir`: a model directory or a GGUF file (engine::open_model).
 HfEngineCheckpoint load_hf_engine(const std::string& model_dir, const engine::LoadOptions& options = {});
 
 // The position method of a resolved encoding (rope.head_dim and rotary_dim filled; ModelConfig::resolved_encoding

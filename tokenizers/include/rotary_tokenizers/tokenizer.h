@@ -21,6 +21,10 @@
 #include <string_view>
 #include <vector>
 
+namespace rotary {
+class GgufFile;  // rotary/gguf.h
+}
+
 namespace rotary::tokenizers {
 
 class Tokenizer {
@@ -65,7 +69,16 @@ class Tokenizer {
 // or tokenizer.model (+ tokenizer_config.json) when there is no tokenizer.json. A missing, malformed or
 // unsupported file is a rotary::Error naming the file and the field, e.g.
 // "rotary: <dir>/tokenizer.json: model.type = WordPiece is invalid; allowed: BPE".
+// A GGUF file (a regular file named *.gguf) in place of the directory: the tokenizer its metadata holds
+// (gguf_tokenizer).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::filesystem::path& model_dir);
+
+// The tokenizer a GGUF file's metadata holds (tokenizer.ggml.*, as llama.cpp's converter writes it): model "gpt2"
+// (byte-level BPE; tokenizer.ggml.pre names the pre-tokenizer: default / gpt-2, llama-bpe, qwen2) or "llama"
+// (sentencepiece BPE: pieces, scores, types); BOS / EOS ids and add_bos / add_eos from the file. rotary::Error naming
+// the file and the key for a missing or malformed key and for a model or pre-tokenizer it does not know (listing
+// those it does).
+std::unique_ptr<Tokenizer> gguf_tokenizer(const GgufFile& file);
 
 // For users whose checkpoint has no supported tokenizer: a text file of token ids, decimal numbers separated by
 // any whitespace (spaces, newlines), each checked to be in [0, vocab_size). Anything else is a rotary::Error
