@@ -176,6 +176,17 @@ def spread(rt, w, metric):
 def rss(rt, w):
     v = [r["rss_kb"] for r in rows if r["runtime"] == rt and r["weights"] == w and r["tag"].startswith("r")]
     return f"{max(v) / 1024 / 1024:.2f} GB" if v else "-"
+def cpu_description():  # the model name and the SIMD flags the kernels dispatch on: a speed means little without
+    model, flags = "unknown", []
+    for line in open("/proc/cpuinfo"):
+        if line.startswith("model name") and model == "unknown":
+            model = line.split(":", 1)[1].strip()
+        elif line.startswith("flags"):
+            have = set(line.split(":", 1)[1].split())
+            flags = [f for f in ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16") if f in have]
+            break
+    return f"{model} [{' '.join(flags)}]"
+print(f"cpu: {cpu_description()}")
 print("| runtime, weights | prefill 512 tok/s | prefill 4096 tok/s | decode tok/s (128 after 512) | peak RSS (512/128) |")
 print("| --- | ---: | ---: | ---: | ---: |")
 names = {"bf16": "bf16", "q8_0": "q8", "bf16a": "bf16, activations bf16", "q8a": "q8, activations q8"}

@@ -11,6 +11,7 @@
 
 #include "model_impl.h"
 #include "rotary/content_hash.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/error.h"
 #include "rotary_engine/model.h"
 
@@ -30,20 +31,39 @@ int64_t elements(const StoredTensor& t) {
   for (int64_t d : t.shape) n *= d;
   return n;
 }
-// The bytes a stored tensor occupies: its elements, or Q8_0's 34 bytes per 32 weights.
+// The bytes a stored tensor occupies: its elements, or its blocks.
 int64_t stored_bytes(const StoredTensor& t) {
-  return t.q8_0_blocks ? elements(t) / kQ8Block * kQ8_0BlockBytes : elements(t) * int64_t(dtype_size(t.dtype));
+  return t.blocks ? weight_row_bytes(*t.blocks, elements(t)) : elements(t) * int64_t(dtype_size(t.dtype));
 }
-// Element i (row-major) of a stored tensor as a double: a Q8_0 element is its block's f16 scale times its quant
-// (the product is exact in double).
+// Elements [first, first + n) (row-major; a block format: whole blocks) of a stored tensor as doubles, exactly (a
+// block's values by ggml_dequantize_reference).
+void stored_values(const StoredTensor& t, int64_t first, int64_t n, double* out) {
+  if (!t.blocks) {
+    for (int64_t i = 0; i < n; ++i) out[i] = load_as_double(t.data, t.dtype, first + i);
+    return;
+  }
+  ggml_dequantize_reference(ggml_type_of(*t.blocks), static_cast<const uint8_t*>(t.data) + weight_row_bytes(*t.blocks, first),
+                            n, out);
+}
+// Element i (row-major) of a stored tensor as a double (a block format: its block decoded).
 double stored_value(const StoredTensor& t, int64_t i) {
-  if (!t.q8_0_blocks) return load_as_double(t.data, t.dtype, i);
-  const uint8_t* block = static_cast<const uint8_t*>(t.data) + i / kQ8Block * kQ8_0BlockBytes;
-  uint16_t scale;
-  std::memcpy(&scale, block, 2);
-  return double(f16_to_float(scale)) * double(int8_t(block[2 + i % kQ8Block]));
+  if (!t.blocks) return load_as_double(t.data, t.dtype, i);
+  const int64_t block = weight_block_size(*t.blocks);
+  std::vector<double> values(static_cast<size_t>(block));
+  stored_values(t, i / block * block, block, values.data());
+  return values[size_t(i % block)];
 }
-std::string stored_type_name(const StoredTensor& t) { return t.q8_0_blocks ? "q8_0" : dtype_name(t.dtype); }
+std::string stored_type_name(const StoredTensor& t) { return t.blocks ? weight_format_name(*t.blocks) : dtype_name(t.dtype); }
+// The byte offsets of a block format's f16 scales within a block: a non-finite scale is the only way its weights
+// can be non-finite (the quants are integers).
+std::vector<int> block_scale_offsets(WeightFormat f) {
+  switch (f) {
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K: return {0, 2};  // d, dmin
+    case WeightFormat::Q6_K: return {208};   // d, after the quants and sub-block scales
+    default: return {0};                     // Q8_0, Q4_0: d
+  }
+}
 
 class Loader {
  public:
@@ -54,9 +74,10 @@ class Loader {
     StoredTensor t = lookup_(name);
     if (t.shape != shape) fail("tensor " + name + ".shape", shape_text(t.shape), shape_text(shape));
     if (t.data == nullptr) fail("tensor " + name + ".data", "null", "the tensor's bytes");
-    if (t.q8_0_blocks && (t.shape.empty() || t.shape.back() % kQ8Block != 0))
+    if (t.blocks && (t.shape.empty() || t.shape.back() % weight_block_size(*t.blocks) != 0))
       fail("tensor " + (t.source.empty() ? name : t.source) + ".shape", shape_text(t.shape),
-           "rows of whole Q8_0 blocks (a multiple of 32 columns)");
+           std::string("rows of whole ") + weight_format_name(*t.blocks) + " blocks (a multiple of " +
+               std::to_string(weight_block_size(*t.blocks)) + " columns)");
     check_finite(name, t);
     hash_stored(name, t);
     return t;
@@ -65,23 +86,39 @@ class Loader {
   void hash_stored(const std::string& name, const StoredTensor& t) const {
     uint64_t& h = m_.weights_hash;
     h = content_hash64(name.data(), name.size(), h);
-    h = content_hash_mix(h, t.q8_0_blocks ? uint64_t(0x51385f30) : uint64_t(t.dtype));  // "Q8_0" apart from dtypes
+    // (a block format's id apart from the dtypes': "Q8_0" was 0x51385f30, kept so Q8_0 files hash as before)
+    h = content_hash_mix(h, !t.blocks                        ? uint64_t(t.dtype)
+                            : *t.blocks == WeightFormat::Q8_0 ? uint64_t(0x51385f30)
+                                                              : uint64_t(0x424c4b00) + uint64_t(*t.blocks));
     for (int64_t d : t.shape) h = content_hash_mix(h, uint64_t(d));
     h = content_hash64(t.data, size_t(stored_bytes(t)), h, threads_);
   }
   // A NaN or Inf weight would poison every logit after it: refused by name and element, before any work (one
   // read of the weights, which the first forward would make anyway).
-  // (Q8_0: a block's quants are integers, so only its scale can be non-finite.)
+  // (A block format: its quants are integers, so only its f16 scales can be non-finite.)
   void check_finite(const std::string& name, const StoredTensor& t) const {
     const int64_t n = elements(t);
     int64_t bad = n;
+    if (t.blocks) {
+      const int64_t block = weight_block_size(*t.blocks), bytes = weight_block_bytes(*t.blocks);
+      const std::vector<int> offsets = block_scale_offsets(*t.blocks);
+#pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : bad)
+      for (int64_t b = 0; b < n / block; ++b) {
+        const uint8_t* p = static_cast<const uint8_t*>(t.data) + b * bytes;
+        for (int o : offsets)
+          if ((uint16_t(p[o] | p[o + 1] << 8) & 0x7c00u) == 0x7c00u && b * block < bad) bad = b * block;
+      }
+      if (bad < n)
+        fail("tensor " + (t.source.empty() ? name : t.source),
+             "non-finite (the block of elements " + std::to_string(bad) + ".." + std::to_string(bad + block - 1) +
+                 " has a non-finite f16 scale)",
+             "finite weights");
+      return;
+    }
 #pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : bad)
     for (int64_t i = 0; i < n; ++i) {
       bool finite = true;
-      if (t.q8_0_blocks) {
-        const uint8_t* block = static_cast<const uint8_t*>(t.data) + i / kQ8Block * kQ8_0BlockBytes;
-        finite = (uint16_t(block[0] | block[1] << 8) & 0x7c00u) != 0x7c00u;
-      } else switch (t.dtype) {
+      switch (t.dtype) {
         case DType::BF16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7f80u) != 0x7f80u; break;
         case DType::F16: finite = (static_cast<const uint16_t*>(t.data)[i] & 0x7c00u) != 0x7c00u; break;
         case DType::F32: finite = std::isfinite(static_cast<const float*>(t.data)[i]); break;
@@ -97,26 +134,40 @@ class Loader {
   // A [rows, cols] matrix in `format`: in place when stored so, else converted into storage the model owns.
   WeightMatrix matrix(const std::string& name, int64_t rows, int64_t cols, std::optional<WeightFormat> want) {
     const StoredTensor t = get(name, {rows, cols});
-    // As stored unless asked otherwise: Q8_0 blocks as the engine's q8 (the same numbers), f64 as f32.
+    // As stored unless asked otherwise (a block format in place; f64 as f32).
     const WeightFormat f = want                ? *want
-                           : t.q8_0_blocks     ? WeightFormat::Q8
+                           : t.blocks          ? *t.blocks
                            : t.dtype == DType::F64 ? WeightFormat::F32
                                                    : weight_format_of(t.dtype);
     WeightMatrix w;
     w.format = f, w.rows = rows, w.cols = cols, w.row_stride = cols;
-    if (!t.q8_0_blocks && t.dtype != DType::F64 && f == weight_format_of(t.dtype)) {
+    if (t.blocks ? f == *t.blocks : t.dtype != DType::F64 && f == weight_format_of(t.dtype)) {
       w.data = t.data;
       return w;
     }
+    if (is_block_format(f)) fail("tensor " + (t.source.empty() ? name : t.source), stored_type_name(t),
+                                 std::string("stored as ") + weight_format_name(f) +
+                                     " to run as it (converting to a block format at load is not built yet)");
     std::vector<uint8_t>& bytes = m_.owned.emplace_back(size_t(rows * cols * weight_element_size(f)));
     m_.owned_bytes += int64_t(bytes.size());
     if (f == WeightFormat::Q8) {
       std::vector<uint16_t>& scales = m_.owned_halves.emplace_back(size_t(rows * q8_blocks(cols)));
       m_.owned_bytes += int64_t(scales.size()) * 2;
-      if (t.q8_0_blocks)
+      if (t.blocks == WeightFormat::Q8_0) {
         split_q8_0_blocks(t, rows * cols / kQ8Block, reinterpret_cast<int8_t*>(bytes.data()), scales.data());
-      else
+      } else if (t.blocks) {  // decoded row by row (exact floats), then quantized as any float matrix
+        std::vector<float> values(size_t(rows * cols));
+#pragma omp parallel for schedule(static) num_threads(threads_)
+        for (int64_t r = 0; r < rows; ++r) {
+          std::vector<double> row(static_cast<size_t>(cols));
+          stored_values(t, r * cols, cols, row.data());
+          for (int64_t c = 0; c < cols; ++c) values[size_t(r * cols + c)] = float(row[size_t(c)]);
+        }
+        quantize_q8(values.data(), DType::F32, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()),
+                    scales.data(), threads_);
+      } else {
         quantize_q8(t.data, t.dtype, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()), scales.data(), threads_);
+      }
       w.scales = scales.data(), w.scale_stride = q8_blocks(cols);
     } else {
       const DType to = f == WeightFormat::F32 ? DType::F32 : f == WeightFormat::F16 ? DType::F16 : DType::BF16;
@@ -124,12 +175,15 @@ class Loader {
       // scale overflow is: an Inf weight would only show later as non-finite logits.
       int64_t overflow = rows * cols;
 #pragma omp parallel for schedule(static) num_threads(threads_) reduction(min : overflow)
-      for (int64_t r = 0; r < rows; ++r)
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<double> row(static_cast<size_t>(cols));
+        stored_values(t, r * cols, cols, row.data());
         for (int64_t c = 0; c < cols; ++c) {
           const int64_t i = r * cols + c;
-          store_from_double(bytes.data(), to, i, stored_value(t, i));
+          store_from_double(bytes.data(), to, i, row[size_t(c)]);
           if (!std::isfinite(load_as_double(bytes.data(), to, i)) && i < overflow) overflow = i;
         }
+      }
       if (overflow < rows * cols)
         fail("tensor " + (t.source.empty() ? name : t.source),
              "element " + std::to_string(overflow) + " (row " + std::to_string(overflow / cols) + ", column " +
@@ -150,8 +204,8 @@ class Loader {
     const uint8_t* in = static_cast<const uint8_t*>(t.data);
 #pragma omp parallel for schedule(static) num_threads(threads_)
     for (int64_t b = 0; b < blocks; ++b) {
-      std::memcpy(&scales[b], in + b * kQ8_0BlockBytes, 2);
-      std::memcpy(quants + b * kQ8Block, in + b * kQ8_0BlockBytes + 2, kQ8Block);
+      std::memcpy(&scales[b], in + b * weight_block_bytes(WeightFormat::Q8_0), 2);
+      std::memcpy(quants + b * kQ8Block, in + b * weight_block_bytes(WeightFormat::Q8_0) + 2, kQ8Block);
     }
   }
   // A converted tensor's stored bytes are not read again: their pages (of a mapped file, read once by the
@@ -236,8 +290,8 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
     fail("activations", std::string(activation_format_name(options.activations)) + " with " + what,
          bf16 ? "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 "
                 "activations"
-              : "q8 activations with q8 weights (--weights q8 converts them at load; a GGUF file's Q8_0 weights are "
-                "q8 as stored), or f32 activations");
+              : "q8 activations with q8 weights (--weights q8 converts them at load) or a GGUF file's block-format "
+                "weights as stored (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or f32 activations");
   };
   if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16 &&
       options.activations != ActivationFormat::Q8)
@@ -248,13 +302,13 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
     refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
   if (options.activations == ActivationFormat::Q8 && options.weights && *options.weights != WeightFormat::Q8)
     refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
-  // As stored, every matrix must be bf16 for bf16 activations, Q8_0 (a GGUF file's, run as q8) for q8 activations.
+  // As stored, every matrix must be bf16 for bf16 activations, a block format (a GGUF file's) for q8 activations.
   if (options.activations != ActivationFormat::F32 && !options.weights)
     for (const TensorSlot& s : tensor_slots(arch)) {
       if (s.shape.size() != 2 || (s.name == "embed" && !arch.tie_embeddings)) continue;
       const StoredTensor t = lookup(s.name);
-      const bool fits = options.activations == ActivationFormat::BF16 ? !t.q8_0_blocks && t.dtype == DType::BF16
-                                                                      : t.q8_0_blocks;
+      const bool fits = options.activations == ActivationFormat::BF16 ? !t.blocks && t.dtype == DType::BF16
+                                                                      : t.blocks.has_value();
       if (!fits) refuse("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + stored_type_name(t));
     }
   auto m = std::make_unique<Impl>();

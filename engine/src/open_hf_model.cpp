@@ -45,7 +45,7 @@ HfModel open_hf_model(const std::string& model_dir, const LoadOptions& options) 
 
 namespace {
 
-// A GGUF tensor as the engine reads it: the float types in place, Q8_0 as its blocks (split into q8 at load).
+// A GGUF tensor as the engine reads it: the float types and the block formats in place.
 StoredTensor gguf_stored(const GgufTensor& t, const std::string& source) {
   StoredTensor s;
   s.data = t.data, s.shape = t.shape();
@@ -53,10 +53,14 @@ StoredTensor gguf_stored(const GgufTensor& t, const std::string& source) {
     case GgmlType::F32: s.dtype = DType::F32; break;
     case GgmlType::F16: s.dtype = DType::F16; break;
     case GgmlType::BF16: s.dtype = DType::BF16; break;
-    case GgmlType::Q8_0: s.q8_0_blocks = true; break;
+    case GgmlType::Q8_0: s.blocks = WeightFormat::Q8_0; break;
+    case GgmlType::Q4_0: s.blocks = WeightFormat::Q4_0; break;
+    case GgmlType::Q4_K: s.blocks = WeightFormat::Q4_K; break;
+    case GgmlType::Q5_K: s.blocks = WeightFormat::Q5_K; break;
+    case GgmlType::Q6_K: s.blocks = WeightFormat::Q6_K; break;
     default:
       fail(source + ": tensor " + t.name + ".type", ggml_type_name(t.type),
-           "F32, F16, BF16, Q8_0 (the types the engine reads from GGUF so far)");
+           "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (the types the engine reads from GGUF)");
   }
   return s;
 }

@@ -26,7 +26,8 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
           app.add_option("--activations", o.activations,
                  "engine: the linear layers' activations f32 (default); bf16 - rounded to bf16 as llama.cpp's "
                  "bf16 products do, for the CPU's bf16 dot products (bf16 weights only); or q8 - quantized per block "
-                 "of 32 as llama.cpp's Q8_0 products do, for the CPU's int8 dot products (--weights q8 only)")};
+                 "of 32 as llama.cpp's Q8_0 products do, for the CPU's integer products (--weights q8, or a GGUF file's "
+                 "Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks as stored)")};
 }
 
 // The memory flags, kept for the checks that need to know which were given.

@@ -100,7 +100,7 @@ expect_error "perplexity --activations bf16 --weights q8" 2 "--activations = bf1
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q8 --activations bf16 --out "$W/x"
 expect_error "perplexity --activations q8 --weights bf16" 2 "--activations = q8 with --weights bf16" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights bf16 --activations q8 --out "$W/x"
-expect_error "perplexity --activations q8 as stored" 2 "--activations = q8 with the weights as stored" -- \
+expect_error "perplexity --activations q8 as stored" 2 "q8 with tensor" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations q8 --out "$W/x"
 expect_error "perplexity --activations f16" 2 "--activations = \"f16\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --activations f16 --out "$W/x"

@@ -17,6 +17,7 @@
 #include "expect_error.h"
 #include "hf_fixtures.h"
 #include "rotary/dtype.h"
+#include "rotary/ggml_quants.h"
 #include "rotary/gguf.h"
 #include "rotary/linear.h"
 #include "rotary/safetensors.h"
@@ -87,7 +88,9 @@ class GgufWriter {
 // engine's own quantize_q8, so that the file holds exactly the quants --weights q8 makes of the directory). The
 // matrices the engine converts with --weights (every 2-D tensor but an untied embedding) take the type; vectors and
 // an untied embedding stay as stored.
-enum class Written { AsStored, Bf16, Q8_0 };
+// Q4_0: llama.cpp's 4-bit blocks (ggml_quantize, its quantizer's bytes); Q4_0Values: f32 tensors holding exactly the
+// values those blocks decode to (ggml_dequantize_reference).
+enum class Written { AsStored, Bf16, Q8_0, Q4_0, Q4_0Values };
 
 // ggml's order of a llama q or k matrix's rows (or bias) per head: the pairs (i, i + d/2) adjacent, as llama.cpp's
 // converter writes them for its interleaved rope.
@@ -166,6 +169,26 @@ GgufWriter fixture_gguf(const std::string& family, Written written) {
         std::memcpy(&bytes[size_t(b * 34 + 2)], &quants[size_t(b * kQ8Block)], kQ8Block);
       }
       type = GgmlType::Q8_0;
+    }
+    if (converted && (written == Written::Q4_0 || written == Written::Q4_0Values)) {
+      const int64_t cols = t.shape[1];
+      std::vector<float> row(static_cast<size_t>(cols));
+      std::string blocks(size_t(ggml_row_bytes(GgmlType::Q4_0, cols)), '\0'), out;
+      std::vector<double> values(static_cast<size_t>(cols));
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = float(load_as_double(t.data, t.dtype, r * cols + c));
+        ggml_quantize(GgmlType::Q4_0, row.data(), cols, blocks.data());
+        if (written == Written::Q4_0) {
+          out += blocks;
+          continue;
+        }
+        ggml_dequantize_reference(GgmlType::Q4_0, blocks.data(), cols, values.data());
+        for (double v : values) {
+          const float f = float(v);
+          out.append(reinterpret_cast<const char*>(&f), 4);
+        }
+      }
+      bytes = out, type = written == Written::Q4_0 ? GgmlType::Q4_0 : GgmlType::F32;
     }
     const std::string& part = hf[i].slot.part;
     if (arch == "llama" && (part == "q" || part == "k"))
@@ -259,7 +282,10 @@ void expect_same_logits(const std::string& family, Written written, const engine
     const double err = relative_error(got, want);
     EXPECT_LT(err, kTolF32Pair) << name;
   }
-  EXPECT_EQ(gguf.model->matrix_format(), dir.model->matrix_format()) << name;
+  // (Q8_0 runs in place as its blocks unless asked to convert; the same numbers as the directory's q8)
+  EXPECT_EQ(gguf.model->matrix_format(), written == Written::Q8_0 && !gguf_options.weights ? WeightFormat::Q8_0
+                                                                                            : dir.model->matrix_format())
+      << name;
 }
 
 TEST_P(GgufFixture, StoredTypesGiveTheDirectorysLogits) {
@@ -285,6 +311,27 @@ TEST_P(GgufFixture, Q8_0GivesTheDirectorysQ8Logits) {
   const engine::HfModel f32 = engine::open_model(write_file(fixture_gguf(family, Written::Q8_0), family + "_f.gguf"),
                                                  {.weights = WeightFormat::F32});
   EXPECT_EQ(f32.model->matrix_format(), WeightFormat::F32);
+}
+
+// Q4_0 blocks run in place (WeightFormat::Q4_0): with f32 activations each row is its blocks' exact values, so the
+// logits equal bit for bit those of a file holding those values as f32; with q8 activations (the integer products)
+// they are within the activations' 8-bit rounding of them.
+TEST_P(GgufFixture, Q4_0BlocksRunInPlaceAsTheirValues) {
+  const std::string family = GetParam();
+  const engine::HfModel q4 = engine::open_model(write_file(fixture_gguf(family, Written::Q4_0), family + "_q4_0.gguf"));
+  const engine::HfModel values =
+      engine::open_model(write_file(fixture_gguf(family, Written::Q4_0Values), family + "_q4_0_values.gguf"));
+  const engine::HfModel q4_q8 = engine::open_model(write_file(fixture_gguf(family, Written::Q4_0), family + "_q4_0b.gguf"),
+                                                   {.activations = ActivationFormat::Q8});
+  EXPECT_EQ(q4.model->matrix_format(), WeightFormat::Q4_0);
+  EXPECT_EQ(values.model->matrix_format(), WeightFormat::F32);
+  const std::vector<int64_t> tokens = read_expected(kFixtures / family).tokens;
+  const std::vector<double> want = engine_logits(values.model, values.description.positions(), tokens, 5);
+  EXPECT_EQ(engine_logits(q4.model, q4.description.positions(), tokens, 5), want);
+  const std::vector<double> q8 = engine_logits(q4_q8.model, q4_q8.description.positions(), tokens, 5);
+  ASSERT_EQ(q8.size(), want.size());
+  EXPECT_LT(relative_error(q8, want), 0.05);
+  EXPECT_GT(relative_error(q8, want), 0.0);  // the q8 activations did run (rounded x)
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufFixture, ::testing::ValuesIn(kGgufFamilies));
@@ -326,8 +373,8 @@ TEST(GgufModel, RefusesNamingTheKeyOrTensor) {
   {
     GgufWriter w = fixture_gguf("qwen2", Written::AsStored);
     w.remove_tensor("blk.0.ffn_up.weight");
-    w.add_tensor("blk.0.ffn_up.weight", GgmlType::Q4_0, {64, 32}, std::string(64 * 18, '\0'));
-    expect_refused(w, "type.gguf", {"tensor blk.0.ffn_up.weight.type = Q4_0", "F32, F16, BF16, Q8_0"});
+    w.add_tensor("blk.0.ffn_up.weight", GgmlType::Q5_0, {64, 32}, std::string(64 * 22, '\0'));
+    expect_refused(w, "type.gguf", {"tensor blk.0.ffn_up.weight.type = Q5_0", "F32, F16, BF16, Q8_0, Q4_0, Q4_K"});
   }
   {
     GgufWriter w = fixture_gguf("qwen2", Written::AsStored);
@@ -352,7 +399,7 @@ TEST(GgufModel, RefusesNamingTheKeyOrTensor) {
     bad[34 * 3] = '\x00', bad[34 * 3 + 1] = '\x7e';  // f16 0x7e00: NaN
     w.remove_tensor("blk.0.ffn_gate.weight");
     w.add_tensor("blk.0.ffn_gate.weight", GgmlType::Q8_0, {64, 32}, bad);
-    expect_refused(w, "nan.gguf", {"tensor blk.0.ffn_gate.weight", "non-finite (element 96"});
+    expect_refused(w, "nan.gguf", {"tensor blk.0.ffn_gate.weight", "elements 96..127", "non-finite f16 scale"});
   }
 }
 

@@ -21,9 +21,9 @@
 // same numbers as the directory's half-split layout; the attention kernels sum q.k in another feature order, so
 // logits agree to float32 rounding, not bit for bit); qwen2's is HalfSplit as its config.json's.
 //
-// Tensor types: F32, F16, BF16 read in place as safetensors' are; Q8_0 (llama.cpp's blocks of 32 int8 with an f16
-// scale) split at load into the engine's q8 arrays, bit for bit (StoredTensor::q8_0_blocks: kernels that read the
-// interleaved blocks in place come later). Any other type is refused naming the tensor, its type and this list.
+// Tensor types: F32, F16, BF16 read in place as safetensors' are; Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (llama.cpp's block
+// formats) used in place by the linear layers (StoredTensor::blocks; --activations q8 runs them on integer products).
+// Any other type is refused naming the tensor, its type and this list.
 #pragma once
 
 #include <string>

@@ -52,13 +52,11 @@ struct StoredTensor {
   const void* data = nullptr;
   std::vector<int64_t> shape;
   std::string source;  // where it is stored (a checkpoint's tensor name), for messages; empty: the slot's name
-  // llama.cpp's Q8_0 blocks (a GGUF file's tensor; `dtype` is unused): each row of the shape is cols / 32 blocks of
-  // 34 bytes, an f16 scale d then 32 int8 quants, weight = d x quant. The engine's q8 holds the same numbers in two
-  // arrays (quants, scales), so such a matrix is split into them at load, bit for bit (Loader::matrix); kernels that
-  // read ggml's interleaved blocks in place come later.
-  bool q8_0_blocks = false;
+  // llama.cpp's block format (a GGUF file's Q8_0, Q4_0, Q4_K, Q5_K or Q6_K tensor; `dtype` is unused): each row of
+  // the shape is whole blocks (rotary/ggml_quants.h), used in place by the linear layers (rotary/linear.h); Q8_0 is
+  // split into the engine's q8 arrays, bit for bit, when --weights q8 asks for it.
+  std::optional<WeightFormat> blocks;
 };
-inline constexpr int64_t kQ8_0BlockBytes = 34;  // Q8_0: f16 scale + 32 int8 quants
 
 // One tensor the engine reads: its name in the engine's terms ("embed", "layers.3.q.weight", ...) and shape, and
 // the same name in parts, so that a table of a format's names (rotary_engine/hf_model.h) or of another model's
