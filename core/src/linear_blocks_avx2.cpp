@@ -25,34 +25,17 @@
 #include "block_weights.h"
 #include "linear_kernel.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ROTARY_LINEAR_BLOCKS_AVX2 1
-#else
-#define ROTARY_LINEAR_BLOCKS_AVX2 0
-#endif
+#include "byte_products_avx2.h"
 
 namespace rotary::linear_detail {
 
-#if ROTARY_LINEAR_BLOCKS_AVX2
+#if ROTARY_BYTE_PRODUCTS_AVX2
 
 namespace {
 
-#define ROTARY_BLOCKS_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+using namespace avx2;
 
-// Tiles: kTokens tokens x kRows rows (8 accumulators + 4 unpacked units + x's two vectors of 16 registers) for prefill
-// chunks, kTokens x 1 for small batches (Block).
-constexpr int kRows = 4, kTokens = 2;
-constexpr int64_t kSmallBatch = 8;  // tokens up to which a block runs row by row
-
-ROTARY_BLOCKS_AVX2_TARGET inline float SumOfLanes(__m256 v) {
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  return _mm_cvtss_f32(q);
-}
-
-ROTARY_BLOCKS_AVX2_TARGET inline float F16(const uint8_t* p) {
+ROTARY_AVX2_TARGET inline float F16(const uint8_t* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);
   return _cvtsh_ss(h);
@@ -68,7 +51,7 @@ struct BlockScales {
 };
 
 template <WeightFormat F>
-ROTARY_BLOCKS_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& s) {
+ROTARY_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& s) {
   if constexpr (F == WeightFormat::Q8_0 || F == WeightFormat::Q4_0) {
     s.scale[0] = F16(b);
   } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
@@ -96,7 +79,7 @@ ROTARY_BLOCKS_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales
 
 // Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q6_K, unsigned for Q4_K / Q5_K).
 template <WeightFormat F>
-ROTARY_BLOCKS_AVX2_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
+ROTARY_AVX2_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (F == WeightFormat::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
@@ -131,7 +114,7 @@ constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 
 // sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows from row r0.
 template <WeightFormat F, int NT, int NR>
-ROTARY_BLOCKS_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
+ROTARY_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
   constexpr int kUnits = BlockScales<F>::kUnits;
   constexpr int64_t kBytes = weight_block_bytes(F);
   __m256 acc[NT][NR];
@@ -163,9 +146,8 @@ ROTARY_BLOCKS_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0,
         if constexpr (Signed(F)) {
           const __m256i xa = _mm256_abs_epi8(xv);
           for (int r = 0; r < NR; ++r) {
-            const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(q[r], xv));
-            const __m256 lanes = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pair_weights[r]));
-            acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
+            acc[t][r] = _mm256_fmadd_ps(SignedSums(q[r], xa, xv, pair_weights[r]),
+                                        _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
           }
         } else {
           const float xs = j.xq.scaled_sums[(t0 + t) * j.xq.blocks + u];  // the min term's activation side
@@ -185,35 +167,20 @@ ROTARY_BLOCKS_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0,
 }
 
 template <WeightFormat F, int NT, int NR>
-ROTARY_BLOCKS_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
+ROTARY_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
   float sums[NT * NR];
   Tile<F, NT, NR>(j, t0, r0, sums);
   store_tile(j, t0, r0, NT, NR, sums);
 }
 
 template <WeightFormat F>
-ROTARY_BLOCKS_AVX2_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  // A small batch (decode's one token, a few sequences' steps) row by row: each thread's weights one sequential
-  // stream, which the prefetcher follows (2026-11-28, Zen 3, one thread, 4864x1024 past the caches, q8 / q4_k: one
-  // token 1070-1400 -> 820-890 / 1100-1430 -> 500-600 us, four tokens 1920-1960 -> 1160-1560 / 2360-2480 -> 1680-1700
-  // us, kRows rows at a time -> row by row). Larger chunks reuse each unpacked unit for kTokens x kRows sums.
-  const bool rows_apart = t1 - t0 <= kSmallBatch;
-  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
-  int64_t r = r0;
-  if (!rows_apart)
-    for (; r + kRows <= r1; r += kRows) {
-      for (int64_t t = t0; t < tiled; t += kTokens) TileAt<F, kTokens, kRows>(j, t, r);
-      for (int64_t t = tiled; t < t1; ++t) TileAt<F, 1, kRows>(j, t, r);
-    }
-  for (; r < r1; ++r) {
-    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<F, kTokens, 1>(j, t, r);
-    for (int64_t t = tiled; t < t1; ++t) TileAt<F, 1, 1>(j, t, r);
-  }
+ROTARY_AVX2_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  Tiles(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<F, NT, NR>(j, t, r); });
 }
 
 }  // namespace
 
-ROTARY_BLOCKS_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+ROTARY_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   switch (j.format) {
     case WeightFormat::Q8_0: return Block<WeightFormat::Q8_0>(j, t0, t1, r0, r1);
     case WeightFormat::Q4_0: return Block<WeightFormat::Q4_0>(j, t0, t1, r0, r1);

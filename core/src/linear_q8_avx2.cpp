@@ -23,45 +23,22 @@
 
 #include "linear_kernel.h"
 
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define ROTARY_LINEAR_Q8_AVX2 1
-#else
-#define ROTARY_LINEAR_Q8_AVX2 0
-#endif
+#include "byte_products_avx2.h"
 
 namespace rotary::linear_detail {
 
-#if ROTARY_LINEAR_Q8_AVX2
+#if ROTARY_BYTE_PRODUCTS_AVX2
 
 namespace {
 
-#define ROTARY_Q8_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+using namespace avx2;
 
-// Tiles: kTokens tokens x kRows rows of accumulators (8 + 4 weight vectors + 2 |x| vectors + ones of 16 registers)
-// for prefill chunks, kTokens x 1 for small batches (q8_avx2_block).
-constexpr int kRows = 4, kTokens = 2;
-constexpr int64_t kSmallBatch = 8;  // tokens up to which a block runs row by row
 constexpr int kScaleGroup = 8;  // blocks whose scale products are made in one vector
-
-// The 8 lanes' sum, in a fixed order of adds.
-ROTARY_Q8_AVX2_TARGET inline float SumOfLanes(__m256 v) {
-  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-  return _mm_cvtss_f32(q);
-}
-
-// The exact sums of the products of one block, lane i: columns 4i..4i+3. xa = |x|, xv = x.
-ROTARY_Q8_AVX2_TARGET inline __m256 BlockSums(__m256i w, __m256i xa, __m256i xv) {
-  const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xv));
-  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, _mm256_set1_epi16(1)));
-}
 
 // sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows at w + r * ws, their scales (f16 bits) at
 // scales + r * ss; K columns.
 template <int NT, int NR>
-ROTARY_Q8_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16_t* scales, int64_t ss,
+ROTARY_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16_t* scales, int64_t ss,
                                        const Q8Activations& xq, int64_t t0, int64_t K, float* sums) {
   __m256 acc[NT][NR];
   for (int t = 0; t < NT; ++t)
@@ -112,7 +89,7 @@ ROTARY_Q8_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.quants + (t0 + t) * xq.stride + c));
         const __m256i xa = _mm256_abs_epi8(xv);
         for (int r = 0; r < NR; ++r)
-          acc[t][r] = _mm256_fmadd_ps(BlockSums(wv[r], xa, xv), _mm256_broadcast_ss(&scale[t][r][b - g]), acc[t][r]);
+          acc[t][r] = _mm256_fmadd_ps(SignedSums(wv[r], xa, xv, _mm256_set1_epi16(1)), _mm256_broadcast_ss(&scale[t][r][b - g]), acc[t][r]);
       }
     }
   }
@@ -121,7 +98,7 @@ ROTARY_Q8_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16
 }
 
 template <int NT, int NR>
-ROTARY_Q8_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
+ROTARY_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
   float sums[NT * NR];
   Tile<NT, NR>(static_cast<const int8_t*>(j.w) + r0 * j.row_stride, j.row_stride, j.scales + r0 * j.scale_stride,
                j.scale_stride, j.xq, t0, j.cols, sums);
@@ -136,23 +113,8 @@ bool q8_avx2_supported() {
   return has;
 }
 
-ROTARY_Q8_AVX2_TARGET void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  // A small batch (decode's one token, a few sequences' steps) row by row: each thread's weights one sequential
-  // stream, which the prefetcher follows (2026-11-28, Zen 3, one thread, 4864x1024 past the caches, q8 / q4_k: one
-  // token 1070-1400 -> 820-890 / 1100-1430 -> 500-600 us, four tokens 1920-1960 -> 1160-1560 / 2360-2480 -> 1680-1700
-  // us, kRows rows at a time -> row by row). Larger chunks reuse each unpacked unit for kTokens x kRows sums.
-  const bool rows_apart = t1 - t0 <= kSmallBatch;
-  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
-  int64_t r = r0;
-  if (!rows_apart)
-    for (; r + kRows <= r1; r += kRows) {
-      for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, kRows>(j, t, r);
-      for (int64_t t = tiled; t < t1; ++t) TileAt<1, kRows>(j, t, r);
-    }
-  for (; r < r1; ++r) {
-    for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1>(j, t, r);
-    for (int64_t t = tiled; t < t1; ++t) TileAt<1, 1>(j, t, r);
-  }
+ROTARY_AVX2_TARGET void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  Tiles(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<NT, NR>(j, t, r); });
 }
 
 #else

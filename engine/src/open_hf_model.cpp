@@ -36,7 +36,7 @@ HfModel open_hf_model(const std::string& model_dir, const LoadOptions& options) 
   std::set<std::string> used;
   const auto find = [&](const std::string& stored, const std::vector<int64_t>& shape) {
     const SafetensorsTensor& t = weights->get(stored, shape);
-    return StoredTensor{t.dtype, t.data, t.shape, stored};
+    return StoredTensor{t.dtype, t.data, t.shape, stored, std::nullopt};
   };
   out.model = load_named_tensors(out.description.arch, hf_tensor_names(out.description), find, options, weights, used);
   check_hf_tensors_used(out.description, weights->names(), used, model_dir);

@@ -115,7 +115,7 @@ struct RandomWeights {
         const double u = double(z >> 11) * 0x1p-53 * 2 - 1;  // [-1, 1): std 1/sqrt3
         store_from_double(b.data(), dtype, i, ones ? 1.0 : u * 0.02 * 1.7320508075688772);
       }
-      tensors[slot.name] = {dtype, b.data(), slot.shape, slot.name};
+      tensors[slot.name] = {dtype, b.data(), slot.shape, slot.name, std::nullopt};
     }
   }
 };

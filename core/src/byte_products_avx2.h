@@ -1,0 +1,61 @@
+// core/src/byte_products_avx2.h (internal): what the two AVX2 byte-product kernels share - linear_q8_avx2.cpp (q8
+// weights) and linear_blocks_avx2.cpp (llama.cpp's block formats), both with q8 activations: the target they are
+// compiled for, their tile shapes, a block's exact integer sums and the fixed-order lane sum. x86-64 with GCC or
+// Clang only (ROTARY_BYTE_PRODUCTS_AVX2); elsewhere the kernels compile to nothing and are never called.
+#pragma once
+
+#include <cstdint>
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define ROTARY_BYTE_PRODUCTS_AVX2 1
+#define ROTARY_AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
+
+namespace rotary::linear_detail::avx2 {
+
+// Tiles: kTokens tokens x kRows rows of accumulators (8 + 4 weight vectors + x's two vectors of 16 registers) for
+// prefill chunks; a small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens) row by row,
+// each thread's weights one sequential stream, which the prefetcher follows (2026-11-28, Zen 3, one thread, 4864x1024
+// past the caches, q8 / q4_k: one token 1070-1400 -> 820-890 / 1100-1430 -> 500-600 us, four tokens 1920-1960 ->
+// 1160-1560 / 2360-2480 -> 1680-1700 us, kRows rows at a time -> row by row).
+constexpr int kRows = 4, kTokens = 2;
+constexpr int64_t kSmallBatch = 8;
+
+// The 8 lanes' sum, in a fixed order of adds.
+ROTARY_AVX2_TARGET inline float SumOfLanes(__m256 v) {
+  __m128 q = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  q = _mm_add_ps(q, _mm_movehl_ps(q, q));
+  q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
+  return _mm_cvtss_f32(q);
+}
+
+// The exact sums of signed weight bytes w times x's quants xv (xa = |xv|), lane i: the products at bytes 4i..4i+3,
+// each pair of neighbours weighted by pair_weights' int16 lane (ones, or Q6_K's sub-block scales). vpmaddubsw takes
+// an unsigned left operand, so x enters as |x| and w takes x's sign; pairs stay below int16's saturation.
+ROTARY_AVX2_TARGET inline __m256 SignedSums(__m256i w, __m256i xa, __m256i xv, __m256i pair_weights) {
+  const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xv));
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pair_weights));
+}
+
+// Tokens [t0, t1) x rows [r0, r1) through tile(t, r, NT, NR) calls: kTokens x kRows tiles for a prefill chunk, the
+// tokens left one at a time; a small batch row by row (kTokens x 1 and 1 x 1).
+template <class TileAt>
+ROTARY_AVX2_TARGET inline void Tiles(int64_t t0, int64_t t1, int64_t r0, int64_t r1, TileAt tile) {
+  const bool rows_apart = t1 - t0 <= kSmallBatch;
+  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
+  int64_t r = r0;
+  if (!rows_apart)
+    for (; r + kRows <= r1; r += kRows) {
+      for (int64_t t = t0; t < tiled; t += kTokens) tile.template operator()<kTokens, kRows>(t, r);
+      for (int64_t t = tiled; t < t1; ++t) tile.template operator()<1, kRows>(t, r);
+    }
+  for (; r < r1; ++r) {
+    for (int64_t t = t0; t < tiled; t += kTokens) tile.template operator()<kTokens, 1>(t, r);
+    for (int64_t t = tiled; t < t1; ++t) tile.template operator()<1, 1>(t, r);
+  }
+}
+
+}  // namespace rotary::linear_detail::avx2
+#else
+#define ROTARY_BYTE_PRODUCTS_AVX2 0
+#endif
