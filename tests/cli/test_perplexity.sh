@@ -96,6 +96,8 @@ expect_error "perplexity --engine torch --kv-dtype bf16" 2 "--kv-dtype = bf16" -
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --engine torch --kv-dtype bf16 --out "$W/x"
 expect_error "perplexity --weights int4" 2 "--weights = \"int4\"" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights int4 --out "$W/x"
+expect_error "perplexity --weights q4_k" 2 "converting to llama.cpp's block formats at load is not built yet" -- \
+  "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q4_k --out "$W/x"
 expect_error "perplexity --activations bf16 --weights q8" 2 "--activations = bf16 with --weights q8" -- \
   "$ROTARY" perplexity "$FIX/llama3" --text "$W/text.txt" --lengths 16 --weights q8 --activations bf16 --out "$W/x"
 expect_error "perplexity --activations q8 --weights bf16" 2 "--activations = q8 with --weights bf16" -- \

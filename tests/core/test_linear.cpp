@@ -310,6 +310,9 @@ TEST(linear_forward, RefusesBadParamsByName) {
   expect_error_naming([&] {
     block_call([&](LinearParams& p) { p.y = reinterpret_cast<float*>(blocks.data.data() + 3 * 288 + 100); });
   }, "y");
+  // An element format has no GGUF block type.
+  expect_error_naming([] { ggml_type_of(WeightFormat::BF16); }, "format");
+  EXPECT_EQ(ggml_type_of(WeightFormat::Q4_K), GgmlType::Q4_K);
   // Nothing written by a refused call.
   std::vector<float> before = y;
   LinearParams p = good();
