@@ -3,11 +3,18 @@
 
 #include <httplib.h>
 
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
-#include <unistd.h>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -35,6 +42,56 @@ using Clock = std::chrono::steady_clock;
 // sent as U+FFFD, as Hugging Face's decode(errors="replace") shows them, never as invalid JSON or an error.
 std::string json_text(const nlohmann::ordered_json& j) {
   return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+// The socket of a request's connection, found by its two ends (cpp-httplib 0.11, Debian 12's, gives a handler no
+// socket and no "connection closed" test: a non-streamed answer would otherwise run to its end for a client long
+// gone). -1 when none matches (an address family or form not compared here: the answer then runs to its end).
+int connection_socket(const httplib::Request& req) {
+  const auto same_end = [](const sockaddr_storage& a, const std::string& addr, int port) {
+    char text[INET6_ADDRSTRLEN] = {};
+    int p = -1;
+    if (a.ss_family == AF_INET) {
+      const auto& v4 = reinterpret_cast<const sockaddr_in&>(a);
+      inet_ntop(AF_INET, &v4.sin_addr, text, sizeof text), p = ntohs(v4.sin_port);
+    } else if (a.ss_family == AF_INET6) {
+      const auto& v6 = reinterpret_cast<const sockaddr_in6&>(a);
+      inet_ntop(AF_INET6, &v6.sin6_addr, text, sizeof text), p = ntohs(v6.sin6_port);
+    } else {
+      return false;
+    }
+    return p == port && addr == text;
+  };
+  DIR* fds = opendir("/proc/self/fd");
+  if (fds == nullptr) return -1;
+  int found = -1;
+  while (const dirent* e = readdir(fds)) {
+    char* end = nullptr;
+    const long fd = std::strtol(e->d_name, &end, 10);
+    if (end == e->d_name || *end != '\0' || fd == dirfd(fds)) continue;
+    sockaddr_storage peer{}, local{};
+    socklen_t peer_len = sizeof peer, local_len = sizeof local;
+    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;  // not a connected socket
+    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    if (same_end(peer, req.remote_addr, req.remote_port) && same_end(local, req.local_addr, req.local_port)) {
+      found = int(fd);
+      break;
+    }
+  }
+  closedir(fds);
+  return found;
+}
+
+// Whether the client closed its end of `fd` (an end of stream waits to be read, or the connection is gone). An HTTP
+// client does not half-close a connection it awaits an answer on, so this is a client that left. A pipelined next
+// request (bytes waiting) is not a close.
+bool peer_closed(int fd) {
+  if (fd < 0) return false;
+  pollfd p{fd, POLLIN | POLLRDHUP, 0};
+  if (poll(&p, 1, 0) <= 0) return false;
+  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return true;
+  char byte;
+  return (p.revents & POLLIN) && recv(fd, &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
 void send_error(httplib::Response& res, const ApiError& e) {
@@ -173,11 +230,14 @@ void complete(Front& f, const httplib::Request& req, httplib::Response& res, End
 
   const ReplyHeader h{f.new_id(endpoint), f.options.model_id, unix_seconds(), endpoint};
   if (!r.stream) {
+    // A client gone before its answer frees its slot within a step or two, as a stream's does.
+    const int socket = connection_socket(req);
     std::string text;
     Job::Update u;
     do {
-      u = job->next(std::chrono::milliseconds(200));
+      u = job->next(std::chrono::milliseconds(100));
       text += u.text;
+      if (!u.finished && peer_closed(socket)) job->cancel();
     } while (!u.finished);
     if (u.error) throw *u.error;
     res.set_content(json_text(completion_json(h, text, u.finish, u.usage)), "application/json");

@@ -11,7 +11,8 @@
 #   - the SDK's errors: a wrong key (--api-key) AuthenticationError 401, an unknown model NotFoundError 404,
 #     temperature 5 BadRequestError 400 with param "temperature";
 #   - --parallel 1 --queue 1 and three long requests: one 503 with Retry-After;
-#   - a client gone mid-stream: rotary_requests_total{outcome="cancelled"} 1 and /health's slots_busy back to 0;
+#   - a client gone mid-stream: rotary_requests_total{outcome="cancelled"} 1 and /health's slots_busy back to 0; and
+#     one gone before its non-streamed answer (curl --max-time) alike;
 #   - SIGTERM during 2 streams: both end cleanly (finished, or an error event then [DONE]), the process exits 0 within
 #     --drain, a request after SIGTERM is refused;
 #   - answers whose bytes are not UTF-8 (this tiny model's usual output): U+FFFD for each stray byte, whole and
@@ -231,6 +232,25 @@ ok(st[:1] == [200] and sorted(st) == [200, 200, 503] and len(refused) == 1,
 ok(len(refused) == 1 and (o["retry_after"][refused[0]] or "").strip().isdigit() and
    o["codes"][refused[0]] == "queue_full", "the 503 has a Retry-After header (seconds) and code queue_full", o)
 PY
+# ---- a client gone before its non-streamed answer: counted cancelled, its slot freed (curl gives up after 0.5 s of
+# an 8000-token answer, several seconds on this model).
+metric() { curl -s "http://127.0.0.1:$O_PORT/metrics" | awk -v m="$1" '$1 == m {print $2}'; }
+for _ in $(seq 100); do  # the overload's aborted streams gone first (up to 5 s)
+  [ "$(metric rotary_slots_busy)" = 0 ] && [ "$(metric rotary_queue_length)" = 0 ] && break
+  sleep 0.05
+done
+before=$(metric 'rotary_requests_total{outcome="cancelled"}')
+curl -s -o /dev/null --max-time 0.5 -H "Content-Type: application/json" \
+  -d '{"prompt": "tell a long story", "temperature": 0, "max_tokens": 8000}' "http://127.0.0.1:$O_PORT/v1/completions"
+gone_at=$(date +%s%N)
+for _ in $(seq 40); do  # up to 2 s
+  cancelled=$(metric 'rotary_requests_total{outcome="cancelled"}') busy=$(metric rotary_slots_busy)
+  [ "$cancelled" = $((before + 1)) ] && [ "$busy" = 0 ] && break
+  sleep 0.05
+done
+[ "$cancelled" = $((before + 1)) ] && [ "$busy" = 0 ] \
+  && pass "a non-streamed request whose client left: counted cancelled, slot freed $(( ($(date +%s%N) - gone_at) / 1000000 )) ms after" \
+  || fail "a non-streamed request whose client left: cancelled $cancelled (want $((before + 1))), slots busy $busy after 2 s"
 kill_server "$O_PID"
 
 # ---- SIGTERM during 2 running streams.
