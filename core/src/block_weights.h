@@ -1,9 +1,10 @@
-// core/src/block_weights.h (internal): llama.cpp's block formats (WeightFormat::Q8_0 ... Q6_K; their bytes in
+// core/src/block_weights.h (internal): llama.cpp's block formats (WeightFormat::Q8_0 ... Q5_1; their bytes in
 // rotary/ggml_quants.h) read by the linear layers' portable paths - weight_row (an embedding's row) and the float32
 // kernel of linear_hwy.cpp (targets below AVX2, and float32 or bf16 activations). A block is read in units of 32
 // weights (the k-quants' 256 are 8 units), each as its float32 values. Each value is the format's formula taken in
-// float, which is exact here but for one rounding (d x sc x q is at most 11 + 8 + 6 significant bits; Q4_K's and
-// Q5_K's d sc q - dmin m rounds once, in the subtraction): the same float as the float64 reference rounded once
+// float, which is exact here but for one rounding (d x sc x q is at most 11 + 8 + 6 significant bits; Q4_1's and
+// Q5_1's d q + m and Q4_K's and Q5_K's d sc q - dmin m round once, in the addition or subtraction; so a compiler
+// contracting them into a fused multiply-add changes no bit): the same float as the float64 reference rounded once
 // (ggml_dequantize_reference), and as llama.cpp's dequantize_row_*. The AVX2 kernel (linear_blocks_avx2.cpp) reads
 // the same bytes as integers.
 #pragma once
@@ -55,6 +56,34 @@ inline void unit_values(WeightFormat f, const uint8_t* row, int64_t u, float* ou
       for (int i = 0; i < 16; ++i) {
         out[i] = d * float((b[2 + i] & 0x0F) - 8);
         out[i + 16] = d * float((b[2 + i] >> 4) - 8);
+      }
+      return;
+    }
+    case WeightFormat::Q4_1: {
+      const uint8_t* b = row + u * 20;
+      const float d = f16_at(b), m = f16_at(b + 2);
+      for (int i = 0; i < 16; ++i) {
+        out[i] = d * float(b[4 + i] & 0x0F) + m;
+        out[i + 16] = d * float(b[4 + i] >> 4) + m;
+      }
+      return;
+    }
+    case WeightFormat::Q5_0:
+    case WeightFormat::Q5_1: {
+      // Q5_0: d, qh[4], qs[16], x = d (q - 16); Q5_1: d, m, qh[4], qs[16], x = d q + m. The fifth bit of value i
+      // is bit i of qh as a little-endian uint32.
+      const bool with_min = f == WeightFormat::Q5_1;
+      const uint8_t* b = row + u * (with_min ? 24 : 22);
+      const float d = f16_at(b), m = with_min ? f16_at(b + 2) : 0.0f;
+      const uint8_t* qh = b + (with_min ? 4 : 2);
+      const uint8_t* qs = qh + 4;
+      const uint32_t high = uint32_t(qh[0]) | uint32_t(qh[1]) << 8 | uint32_t(qh[2]) << 16 | uint32_t(qh[3]) << 24;
+      for (int i = 0; i < 16; ++i) {
+        const int q0 = (qs[i] & 0x0F) | int((high >> i) & 1) << 4;
+        const int q1 = (qs[i] >> 4) | int((high >> (i + 16)) & 1) << 4;
+        // (Q5_0 adds no zero min: d x 0 keeps d's sign, as the reference's value does)
+        out[i] = with_min ? d * float(q0) + m : d * float(q0 - 16);
+        out[i + 16] = with_min ? d * float(q1) + m : d * float(q1 - 16);
       }
       return;
     }

@@ -29,11 +29,14 @@ ROTARY_AVX2_TARGET inline float SumOfLanes(__m256 v) {
   return _mm_cvtss_f32(q);
 }
 
-// The exact sums of signed weight bytes w times x's quants xv (xa = |xv|), lane i: the products at bytes 4i..4i+3,
-// each pair of neighbours weighted by pair_weights' int16 lane (ones, or Q6_K's sub-block scales). vpmaddubsw takes
-// an unsigned left operand, so x enters as |x| and w takes x's sign; pairs stay below int16's saturation.
-ROTARY_AVX2_TARGET inline __m256 SignedSums(__m256i w, __m256i xa, __m256i xv, __m256i pair_weights) {
-  const __m256i pairs = _mm256_maddubs_epi16(xa, _mm256_sign_epi8(w, xv));
+// The exact sums of signed weight bytes w (wa = |w|, made once per row) times x's quants xv, lane i: the products at
+// bytes 4i..4i+3, each pair of neighbours weighted by pair_weights' int16 lane (ones, or Q6_K's sub-block scales).
+// vpmaddubsw takes an unsigned left operand, so w enters as |w| and x takes w's sign (vpsignb: w x = |w| (x sign(w))).
+// That way round every weight byte is exact, -128 included (|-128| is 128 unsigned; a GGUF file's Q8_0 quants may
+// hold it, though llama.cpp's quantizer never writes it), and x, our own quantizer's, is within +-127, so its
+// negation never overflows. A pair's sum is at most 2 x 128 x 127 = 32512, below int16's saturation.
+ROTARY_AVX2_TARGET inline __m256 SignedSums(__m256i wa, __m256i w, __m256i xv, __m256i pair_weights) {
+  const __m256i pairs = _mm256_maddubs_epi16(wa, _mm256_sign_epi8(xv, w));
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pair_weights));
 }
 

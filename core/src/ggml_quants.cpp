@@ -6,6 +6,7 @@
 // and so the bytes. core/CMakeLists.txt compiles this file with -ffp-contract=off for that reason. Expressions such
 // as (w * l) * x below keep their parentheses implicit on purpose: left to right, as C evaluates them.
 #include <algorithm>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -33,8 +34,9 @@ int nearest_int(float x) {
 }
 
 // float32 -> int8 as x86's scalar conversion does it (cvttss2si: truncation, INT32_MIN for NaN and out-of-range),
-// keeping the low byte: llama.cpp's (int8_t) casts of a Q8_0 / Q4_0 quant. Only a block whose scale's reciprocal
-// overflowed (ggml_quants.h) reaches the out-of-range case.
+// keeping the low byte: llama.cpp's (int8_t) casts of a Q8_0 / Q4_0 / Q4_1 / Q5_0 quant, and its (uint8_t) cast of a
+// Q5_1 quant (the same low byte). Only a block whose scale's reciprocal overflowed (ggml_quants.h) reaches the
+// out-of-range case.
 int8_t to_int8_like_x86(float v) {
   const int32_t i = (v > -2147483648.f && v < 2147483648.f) ? int32_t(v) : INT32_MIN;
   return int8_t(uint8_t(uint32_t(i) & 0xffu));
@@ -58,8 +60,9 @@ void quantize_q8_0_block(const float* x, uint8_t* block) {
   for (int j = 0; j < 32; ++j) block[2 + j] = uint8_t(to_int8_like_x86(std::round(x[j] * id)));
 }
 
-void quantize_q4_0_block(const float* x, uint8_t* block) {
-  // The value of largest magnitude, with its sign (the first such one): it maps to q = 0, i.e. -8 d.
+// The value of largest magnitude among a block's 32, with its sign (the first such one): Q4_0 and Q5_0 map it to
+// their lowest level, q = 0 (-8 d, -16 d).
+float signed_max(const float* x) {
   float amax = 0.0f, max = 0.0f;
   for (int j = 0; j < 32; ++j) {
     if (amax < std::fabs(x[j])) {
@@ -67,7 +70,11 @@ void quantize_q4_0_block(const float* x, uint8_t* block) {
       max = x[j];
     }
   }
-  const float d = max / -8;
+  return max;
+}
+
+void quantize_q4_0_block(const float* x, uint8_t* block) {
+  const float d = signed_max(x) / -8;
   const float id = d != 0.0f ? 1.0f / d : 0.0f;
   put_half(block, d);
   for (int j = 0; j < 16; ++j) {
@@ -75,6 +82,74 @@ void quantize_q4_0_block(const float* x, uint8_t* block) {
     const int hi = std::min<int>(15, to_int8_like_x86(x[j + 16] * id + 8.5f));
     block[2 + j] = uint8_t(uint8_t(lo) | (uint8_t(hi) << 4));
   }
+}
+
+// ---- Q4_1, Q5_0, Q5_1: one scale (and a min) per 32 values, 4 or 5 bits ---------------------------------------
+
+// The smallest and largest of a block's 32 values (the first of equals: -0 and +0 kept as met, as llama.cpp's
+// `if (v < min)` does), from FLT_MAX / -FLT_MAX as llama.cpp starts.
+void block_min_max(const float* x, float* min, float* max) {
+  *min = FLT_MAX, *max = -FLT_MAX;
+  for (int j = 0; j < 32; ++j) {
+    if (x[j] < *min) *min = x[j];
+    if (x[j] > *max) *max = x[j];
+  }
+}
+
+// Q4_1's and Q5_1's scale and min: d = (max - min) / levels and the block's min, stored as the f16 d and m of the
+// block's first 4 bytes; returns the reciprocal the quants are made with (of the unrounded d; 0 for d = 0) and sets
+// *min (unrounded, as the quants take it).
+float put_scale_and_min(const float* x, int levels, uint8_t* block, float* min) {
+  float max = 0;
+  block_min_max(x, min, &max);
+  const float d = (max - *min) / float(levels);
+  put_half(block, d);
+  put_half(block + 2, *min);
+  return d != 0.0f ? 1.0f / d : 0.0f;
+}
+
+// Q4_1: d = (max - min) / 15, the min stored as it is; quants against the unrounded d and min, truncated after
+// adding 1/2 (llama.cpp's (int8_t)(x + 0.5f), then MIN(15, ...)).
+void quantize_q4_1_block(const float* x, uint8_t* block) {
+  float min = 0;
+  const float id = put_scale_and_min(x, 15, block, &min);
+  for (int j = 0; j < 16; ++j) {
+    const float x0 = (x[j] - min) * id;
+    const float x1 = (x[j + 16] - min) * id;
+    const uint8_t lo = uint8_t(std::min<int>(15, to_int8_like_x86(x0 + 0.5f)));
+    const uint8_t hi = uint8_t(std::min<int>(15, to_int8_like_x86(x1 + 0.5f)));
+    block[4 + j] = uint8_t(lo | (hi << 4));
+  }
+}
+
+// The fifth bits of a Q5_0 / Q5_1 block's 32 quants as qh's 4 bytes: bit j of the little-endian uint32 is value j's.
+void put_fifth_bits(uint8_t* qh, const uint8_t* q) {
+  uint32_t bits = 0;
+  for (int j = 0; j < 32; ++j) bits |= uint32_t((q[j] & 0x10u) >> 4) << j;
+  for (int i = 0; i < 4; ++i) qh[i] = uint8_t(bits >> (8 * i));
+}
+
+// Q5_0: as Q4_0 with 32 levels - d = max / -16 (max: the value of largest magnitude, the first such), quants
+// MIN(31, (int8_t)(x / d + 16.5f)); the low four bits in the nibbles, the fifth in qh.
+void quantize_q5_0_block(const float* x, uint8_t* block) {
+  const float d = signed_max(x) / -16;
+  const float id = d != 0.0f ? 1.0f / d : 0.0f;
+  put_half(block, d);
+  uint8_t q[32];
+  for (int j = 0; j < 32; ++j) q[j] = uint8_t(std::min<int>(31, to_int8_like_x86(x[j] * id + 16.5f)));
+  put_fifth_bits(block + 2, q);
+  for (int j = 0; j < 16; ++j) block[6 + j] = uint8_t((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
+}
+
+// Q5_1: as Q4_1 with 32 levels, d = (max - min) / 31; llama.cpp casts x + 1/2 to uint8_t without a clamp (its
+// largest level is 31 + 1/2 up to rounding, so 31), which on x86 is the low byte of the int32 truncation.
+void quantize_q5_1_block(const float* x, uint8_t* block) {
+  float min = 0;
+  const float id = put_scale_and_min(x, 31, block, &min);
+  uint8_t q[32];
+  for (int j = 0; j < 32; ++j) q[j] = uint8_t(to_int8_like_x86((x[j] - min) * id + 0.5f));
+  put_fifth_bits(block + 4, q);
+  for (int j = 0; j < 16; ++j) block[8 + j] = uint8_t((q[j] & 0x0F) | ((q[j + 16] & 0x0F) << 4));
 }
 
 // ---- Q4_K and Q5_K: 8 sub-blocks of 32 with a scale and a min each ---------------------------------------------
@@ -310,7 +385,7 @@ void quantize_q6_k_block(const float* x, uint8_t* block) {
 
 }  // namespace
 
-const char* ggml_quants_types() { return "Q4_0, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16"; }
+const char* ggml_quants_types() { return "Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, F32, F16, BF16"; }
 
 int64_t ggml_row_bytes(GgmlType type, int64_t n) {
   const GgmlTypeInfo* info = ggml_type_info(uint32_t(type));
@@ -327,6 +402,8 @@ void ggml_quantize(GgmlType type, const float* x, int64_t n, void* blocks) {
   };
   static constexpr BlockQuantizer kQuantizers[] = {
       {GgmlType::Q8_0, quantize_q8_0_block}, {GgmlType::Q4_0, quantize_q4_0_block},
+      {GgmlType::Q4_1, quantize_q4_1_block}, {GgmlType::Q5_0, quantize_q5_0_block},
+      {GgmlType::Q5_1, quantize_q5_1_block},
       {GgmlType::Q4_K, quantize_q4_k_block}, {GgmlType::Q5_K, quantize_q5_k_block},
       {GgmlType::Q6_K, quantize_q6_k_block}, {GgmlType::F32, nullptr}, {GgmlType::F16, nullptr},
       {GgmlType::BF16, nullptr}};
@@ -363,12 +440,15 @@ GgmlType ggml_type_of(WeightFormat format) {
   switch (format) {
     case WeightFormat::Q8_0: return GgmlType::Q8_0;
     case WeightFormat::Q4_0: return GgmlType::Q4_0;
+    case WeightFormat::Q4_1: return GgmlType::Q4_1;
+    case WeightFormat::Q5_0: return GgmlType::Q5_0;
+    case WeightFormat::Q5_1: return GgmlType::Q5_1;
     case WeightFormat::Q4_K: return GgmlType::Q4_K;
     case WeightFormat::Q5_K: return GgmlType::Q5_K;
     case WeightFormat::Q6_K: return GgmlType::Q6_K;
     default: break;
   }
-  fail("format", weight_format_name(format), "a block format: q8_0, q4_0, q4_k, q5_k, q6_k");
+  fail("format", weight_format_name(format), "a block format: q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k");
 }
 
 }  // namespace rotary

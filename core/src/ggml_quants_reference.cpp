@@ -52,6 +52,29 @@ double q4_0_value(const uint8_t* block, int e) {
   return half_value(block) * double(nibble - 8);
 }
 
+// Q4_1: Q4_0's nibbles, unsigned, plus the min m (the f16 after d).
+double q4_1_value(const uint8_t* block, int e) {
+  const uint8_t byte = block[4 + e % 16];
+  const int nibble = e < 16 ? (byte & 15) : (byte >> 4);
+  return half_value(block) * double(nibble) + half_value(block + 2);
+}
+
+// Q5_0 / Q5_1: value e's low four bits as Q4_0's nibbles (from qs), its fifth bit at bit e of the little-endian
+// uint32 qh - byte e / 8, bit e % 8.
+int q5_quant(const uint8_t* qh, const uint8_t* qs, int e) {
+  const uint8_t byte = qs[e % 16];
+  const int nibble = e < 16 ? (byte & 15) : (byte >> 4);
+  return nibble | (((qh[e / 8] >> (e % 8)) & 1) << 4);
+}
+// Q5_0: f16 d, qh[4], qs[16]; x = d (q - 16).
+double q5_0_value(const uint8_t* block, int e) {
+  return half_value(block) * double(q5_quant(block + 2, block + 6, e) - 16);
+}
+// Q5_1: f16 d, f16 m, qh[4], qs[16]; x = d q + m.
+double q5_1_value(const uint8_t* block, int e) {
+  return half_value(block) * double(q5_quant(block + 4, block + 8, e)) + half_value(block + 2);
+}
+
 // The 6-bit scale and min of sub-block j (0..7) of a Q4_K / Q5_K block, from its 12 packed bytes.
 void k_scale_min(const uint8_t* packed, int j, int* scale, int* min) {
   if (j < 4) {
@@ -104,6 +127,9 @@ void ggml_dequantize_reference(GgmlType type, const void* blocks, int64_t n, dou
     case GgmlType::BF16: value = bf16_value; break;
     case GgmlType::Q8_0: value = q8_0_value; break;
     case GgmlType::Q4_0: value = q4_0_value; break;
+    case GgmlType::Q4_1: value = q4_1_value; break;
+    case GgmlType::Q5_0: value = q5_0_value; break;
+    case GgmlType::Q5_1: value = q5_1_value; break;
     case GgmlType::Q4_K: value = q4_k_value; break;
     case GgmlType::Q5_K: value = q5_k_value; break;
     case GgmlType::Q6_K: value = q6_k_value; break;

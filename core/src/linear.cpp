@@ -31,15 +31,20 @@ const char* weight_format_name(WeightFormat f) {
     case WeightFormat::Q4_K: return "q4_k";
     case WeightFormat::Q5_K: return "q5_k";
     case WeightFormat::Q6_K: return "q6_k";
+    case WeightFormat::Q4_1: return "q4_1";
+    case WeightFormat::Q5_0: return "q5_0";
+    case WeightFormat::Q5_1: return "q5_1";
   }
   return "?";
 }
 
 namespace {
+// (listed by family, not in the enum's order: rotary/linear.h says why Q4_1 ... Q5_1 come last there)
 constexpr WeightFormat kWeightFormats[] = {WeightFormat::F32,  WeightFormat::F16,  WeightFormat::BF16,
                                            WeightFormat::Q8,   WeightFormat::Q8_0, WeightFormat::Q4_0,
+                                           WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1,
                                            WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K};
-constexpr const char* kWeightFormatList = "f32, f16, bf16, q8, q8_0, q4_0, q4_k, q5_k, q6_k";
+constexpr const char* kWeightFormatList = "f32, f16, bf16, q8, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k";
 }  // namespace
 
 WeightFormat parse_weight_format(std::string_view name, std::string_view field) {
@@ -123,7 +128,7 @@ void check_extent(int64_t n, int64_t stride, int64_t row, std::string_view field
 
 void linear_detail::validate(const LinearParams& p) {
   const WeightMatrix& w = p.w;
-  if (w.format > WeightFormat::Q6_K) fail("w.format", std::to_string(int(w.format)), kWeightFormatList);
+  if (w.format > kLastWeightFormat) fail("w.format", std::to_string(int(w.format)), kWeightFormatList);
   check(w.rows >= 1, "w.rows", w.rows, ">= 1");
   check(w.cols >= 1, "w.cols", w.cols, ">= 1");
   if (w.data == nullptr) fail("w.data", "null", "a non-null pointer");

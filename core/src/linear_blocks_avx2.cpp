@@ -1,23 +1,28 @@
 // core/src/linear_blocks_avx2.cpp: linear_forward's products of llama.cpp's block formats (WeightFormat::Q8_0, Q4_0,
-// Q4_K, Q5_K, Q6_K, read in place) with q8 activations, on AVX2's byte products (x86 targets from AVX2 up; AVX-512
-// CPUs run it too). As llama.cpp's own CPU products do: the weights stay in their blocks, each unit of 32 weights is
-// unpacked into 32 bytes in registers (nibbles masked and shifted, Q5_K's and Q6_K's high bits merged), and its
-// products with x's quants are summed exactly as integers (vpmaddubsw into int16 pairs, vpmaddwd into 8 int32 lanes),
-// then scaled in float. Highway 1.0.3 has no op for the byte products, so this file uses the intrinsics in functions
-// compiled for AVX2.
+// Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, read in place) with q8 activations, on AVX2's byte products (x86 targets from
+// AVX2 up; AVX-512 CPUs run it too). As llama.cpp's own CPU products do: the weights stay in their blocks, each unit
+// of 32 weights is unpacked into 32 bytes in registers (nibbles masked and shifted, Q5_0's, Q5_1's, Q5_K's and
+// Q6_K's high bits merged), and its products with x's quants are summed exactly as integers (vpmaddubsw into int16
+// pairs, vpmaddwd into 8 int32 lanes), then scaled in float. Highway 1.0.3 has no op for the byte products, so this
+// file uses the intrinsics in functions compiled for AVX2.
 //
 // Per unit u of a row and token t (x = sx qx, block u of x's q8 quants):
-//   Q8_0, Q4_0   w = d q (Q4_0: q = nibble - 8):        sum w x = (d sx) sum q qx
-//   Q4_K, Q5_K   w = (d sc) q - (dmin m), q >= 0:       sum w x = (d sc sx) sum q qx - (dmin m) (sx sum qx)
-//   Q6_K         w = d sc_s (q - 32), two sub-blocks s: sum w x = (d sx) sum_s sc_s sum q qx
-// Signed quants (Q8_0, Q4_0, Q6_K) enter vpmaddubsw as |qx| against q with qx's sign; unsigned ones (the k-quants'
-// 4- and 5-bit q) as they are, against qx. Every pair sum is below int16's saturation (2 x 127 x 128), every lane
-// sum below 2^24 (Q6_K's sub-block scales enter through vpmaddwd's second operand: |sum| <= 2 x 8128 x 128), so the
-// integer sums are exact and convert to float exactly. Each unit's lanes are then multiplied by the unit's scale
-// product (one rounding) and added into the (token, row)'s accumulator (one more); the k-quants' min term is
-// summed apart, one fused multiply-add per unit. The same sequence of operations for every tile shape, so what else
-// is batched changes no bit; the terms are those of the float64 reference, so results differ from it only in
-// rounding (tests/core/cases_linear.cpp).
+//   Q8_0, Q4_0, Q5_0  w = d q (Q4_0: q = nibble - 8; Q5_0: q = nibble + 16 x fifth bit - 16):
+//                                                        sum w x = (d sx) sum q qx
+//   Q4_1, Q5_1        w = d q + m, q >= 0:               sum w x = (d sx) sum q qx + m (sx sum qx)
+//   Q4_K, Q5_K        w = (d sc) q - (dmin m), q >= 0:   sum w x = (d sc sx) sum q qx - (dmin m) (sx sum qx)
+//   Q6_K              w = d sc_s (q - 32), two sub-blocks s: sum w x = (d sx) sum_s sc_s sum q qx
+// Signed quants (Q8_0, Q4_0, Q5_0, Q6_K) enter vpmaddubsw as |q| against qx with q's sign (exact for a Q8_0 quant
+// of -128 too: byte_products_avx2.h SignedSums); unsigned ones (Q4_1's
+// and Q5_1's, the k-quants' 4- and 5-bit q, all <= 31) as they are, against qx. Every pair sum is below int16's
+// saturation (2 x 127 x 128; unsigned: 2 x 31 x 127), every lane sum below 2^24 (Q6_K's sub-block scales enter
+// through vpmaddwd's second operand: |sum| <= 2 x 8128 x 128), so the integer sums are exact and convert to float
+// exactly. Each unit's lanes are then multiplied by the unit's scale product (one rounding) and added into the
+// (token, row)'s accumulator (one more); the min term of the formats with one (Q4_1, Q5_1, Q4_K, Q5_K) is summed
+// apart, one fused multiply-add per unit, and subtracted at the end - the unit's min is dmin m for the k-quants and
+// -m for Q4_1 / Q5_1, whose min is added. The same sequence of operations for every tile shape, so what else is
+// batched changes no bit; the terms are those of the float64 reference, so results differ from it only in rounding
+// (tests/core/cases_linear.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -41,8 +46,9 @@ ROTARY_AVX2_TARGET inline float F16(const uint8_t* p) {
   return _cvtsh_ss(h);
 }
 
-// A block's scales, decoded once for its units: unit i's integer sums are multiplied by scale[i]; the k-quants' unit
-// i has min[i] (Q4_K, Q5_K); Q6_K's 16 sub-block scales stay as int8 (sub_scales) for vpmaddwd.
+// A block's scales, decoded once for its units: unit i's integer sums are multiplied by scale[i]; the formats with a
+// min have min[i], subtracted times x's block sum (Q4_K, Q5_K: dmin m; Q4_1, Q5_1: -m); Q6_K's 16 sub-block scales
+// stay as int8 (sub_scales) for vpmaddwd.
 template <WeightFormat F>
 struct BlockScales {
   static constexpr int kUnits = int(weight_block_size(F) / kUnit);
@@ -52,8 +58,11 @@ struct BlockScales {
 
 template <WeightFormat F>
 ROTARY_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& s) {
-  if constexpr (F == WeightFormat::Q8_0 || F == WeightFormat::Q4_0) {
+  if constexpr (F == WeightFormat::Q8_0 || F == WeightFormat::Q4_0 || F == WeightFormat::Q5_0) {
     s.scale[0] = F16(b);
+  } else if constexpr (F == WeightFormat::Q4_1 || F == WeightFormat::Q5_1) {
+    s.scale[0] = F16(b);
+    s.min[0] = -F16(b + 2);  // the min term is subtracted (the k-quants' sign): -m adds m
   } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
     // The 12 packed bytes as three words, rearranged into the 8 scales (words 0-1) and 8 mins (words 2-3) as bytes,
     // a few word operations instead of 16 scalar unpackings (k_scale_min's packing: low six bits of bytes 0-7, the
@@ -77,16 +86,41 @@ ROTARY_AVX2_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& s)
   }
 }
 
-// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q6_K, unsigned for Q4_K / Q5_K).
+// The 32 nibbles of a 32-value block's qs[16] as bytes: value j < 16 the low nibble of qs[j], value j + 16 its high
+// one (Q4_0, Q4_1, Q5_0, Q5_1).
+ROTARY_AVX2_TARGET inline __m256i Nibbles32(const uint8_t* qs) {
+  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  const __m128i low4 = _mm_set1_epi8(0x0F);
+  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+}
+
+// Q5_0's and Q5_1's fifth bits as 16 or 0 in byte j, from qh's 4 bytes (bit j of the little-endian uint32 is value
+// j's): each byte j gets qh's byte j / 8 (a shuffle within each 128-bit half of the broadcast word), keeps its bit
+// j % 8, and is compared with that bit (0xFF where set), then masked to 0x10.
+ROTARY_AVX2_TARGET inline __m256i FifthBits(const uint8_t* qh) {
+  uint32_t bits;
+  std::memcpy(&bits, qh, 4);
+  const __m256i byte_of = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(int32_t(bits)), byte_of);
+  const __m256i bit = _mm256_set1_epi64x(int64_t(0x8040201008040201));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+}
+
+// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q5_0 / Q6_K, unsigned for Q4_1 / Q5_1 / Q4_K /
+// Q5_K).
 template <WeightFormat F>
 ROTARY_AVX2_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (F == WeightFormat::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   } else if constexpr (F == WeightFormat::Q4_0) {
-    const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 2));
-    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x0F)), hi = _mm_and_si128(_mm_srli_epi16(v, 4), _mm_set1_epi8(0x0F));
-    return _mm256_sub_epi8(_mm256_set_m128i(hi, lo), _mm256_set1_epi8(8));
+    return _mm256_sub_epi8(Nibbles32(b + 2), _mm256_set1_epi8(8));
+  } else if constexpr (F == WeightFormat::Q4_1) {
+    return Nibbles32(b + 4);
+  } else if constexpr (F == WeightFormat::Q5_0) {  // f16 d, qh[4], qs[16]
+    return _mm256_sub_epi8(_mm256_or_si256(Nibbles32(b + 6), FifthBits(b + 2)), _mm256_set1_epi8(16));
+  } else if constexpr (F == WeightFormat::Q5_1) {  // f16 d, f16 m, qh[4], qs[16]
+    return _mm256_or_si256(Nibbles32(b + 8), FifthBits(b + 4));
   } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
     constexpr bool kFive = F == WeightFormat::Q5_K;
     __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + (kFive ? 48 : 16) + 32 * (i / 2)));
@@ -109,7 +143,9 @@ ROTARY_AVX2_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   }
 }
 
-constexpr bool Signed(WeightFormat f) { return f != WeightFormat::Q4_K && f != WeightFormat::Q5_K; }
+constexpr bool Signed(WeightFormat f) {
+  return f != WeightFormat::Q4_1 && f != WeightFormat::Q5_1 && f != WeightFormat::Q4_K && f != WeightFormat::Q5_K;
+}
 constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 
 // sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows from row r0.
@@ -130,9 +166,10 @@ ROTARY_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float*
     for (int r = 0; r < NR; ++r) DecodeScales<F>(rows[r] + b * kBytes, scales[r]);
     for (int i = 0; i < kUnits; ++i) {
       const int64_t u = b * kUnits + i;  // the unit's index along the row: x's block
-      __m256i q[NR], pair_weights[NR];
+      __m256i q[NR], qa[NR], pair_weights[NR];
       for (int r = 0; r < NR; ++r) {
         q[r] = UnpackQuants<F>(rows[r] + b * kBytes, i);
+        if constexpr (Signed(F)) qa[r] = _mm256_abs_epi8(q[r]);
         if constexpr (F == WeightFormat::Q6_K)
           pair_weights[r] = _mm256_set_m128i(_mm_set1_epi16(scales[r].sub_scales[2 * i + 1]),
                                              _mm_set1_epi16(scales[r].sub_scales[2 * i]));
@@ -144,9 +181,8 @@ ROTARY_AVX2_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float*
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.xq.quants + at));
         const float sx = j.xq.scales[(t0 + t) * j.xq.blocks + u];
         if constexpr (Signed(F)) {
-          const __m256i xa = _mm256_abs_epi8(xv);
           for (int r = 0; r < NR; ++r) {
-            acc[t][r] = _mm256_fmadd_ps(SignedSums(q[r], xa, xv, pair_weights[r]),
+            acc[t][r] = _mm256_fmadd_ps(SignedSums(qa[r], q[r], xv, pair_weights[r]),
                                         _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
           }
         } else {
@@ -184,6 +220,9 @@ ROTARY_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, 
   switch (j.format) {
     case WeightFormat::Q8_0: return Block<WeightFormat::Q8_0>(j, t0, t1, r0, r1);
     case WeightFormat::Q4_0: return Block<WeightFormat::Q4_0>(j, t0, t1, r0, r1);
+    case WeightFormat::Q4_1: return Block<WeightFormat::Q4_1>(j, t0, t1, r0, r1);
+    case WeightFormat::Q5_0: return Block<WeightFormat::Q5_0>(j, t0, t1, r0, r1);
+    case WeightFormat::Q5_1: return Block<WeightFormat::Q5_1>(j, t0, t1, r0, r1);
     case WeightFormat::Q4_K: return Block<WeightFormat::Q4_K>(j, t0, t1, r0, r1);
     case WeightFormat::Q5_K: return Block<WeightFormat::Q5_K>(j, t0, t1, r0, r1);
     case WeightFormat::Q6_K: return Block<WeightFormat::Q6_K>(j, t0, t1, r0, r1);

@@ -256,8 +256,8 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
   for (; r < r1; ++r) LeftTokens<1, T>(j, tiled, t1, r);
 }
 
-// A block format's rows (WeightFormat::Q8_0 ... Q6_K) in float32 lanes: each row decoded to its float values once
-// per token chunk (block_weights.h: the exact values, but Q4_K's and Q5_K's one rounding), q8 activations decoded to
+// A block format's rows (WeightFormat::Q8_0 ... Q5_1) in float32 lanes: each row decoded to its float values once
+// per token chunk (block_weights.h: the exact values, but a min's one rounding), q8 activations decoded to
 // quant x scale (exact in float), then the float tiles row by row. The portable path: AVX2 and up run the integer
 // kernel of linear_blocks_avx2.cpp for q8 activations.
 HWY_INLINE void BlockFormatBlock(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
@@ -382,7 +382,7 @@ void QuantizeToken(const float* x, int64_t cols, const Q8Activations& xq, int64_
   }
   for (int64_t i = xq.blocks * kQ8Block; i < xs; ++i) q[i] = 0;  // the pair's padding
   // The int8 kernel's operands per pair of blocks (Q8Activations).
-  for (int64_t b = 0; b < xq.blocks; ++b) {  // the k-quants' min term (linear_blocks_avx2.cpp)
+  for (int64_t b = 0; b < xq.blocks; ++b) {  // the block formats' min term (linear_blocks_avx2.cpp)
     int32_t sum = 0;
     for (int64_t i = 0; i < kQ8Block; ++i) sum += q[b * kQ8Block + i];
     xq.scaled_sums[t * xq.blocks + b] = xq.scales[t * xq.blocks + b] * float(sum);

@@ -36,7 +36,7 @@ struct Q8Activations {
   float* scale_pairs = nullptr;     // [tokens, stride / 4]: lanes 0-7 the pair's first block's scale, 8-15 its second's
   float* scales = nullptr;          // [tokens, blocks]
   float* scaled_sums = nullptr;     // [tokens, blocks]: scale x the sum of the block's quants (one rounding), the
-                                    // k-quants' min term's activation side
+                                    // min term's activation side (Q4_1, Q5_1, Q4_K, Q5_K)
   int64_t blocks = 0;
   int64_t stride = 0;  // quants between tokens: blocks rounded up to even, times kQ8Block
 };
@@ -94,7 +94,7 @@ void q8_dot_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 bool q8_avx2_supported();
 void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
-// The block formats' (Q8_0 ... Q6_K) products with q8 activations on AVX2's byte products
+// The block formats' (Q8_0 and every format after it) products with q8 activations on AVX2's byte products
 // (linear_blocks_avx2.cpp): tokens [t0, t1) x rows [r0, r1) with xq filled. Called where q8_avx2_supported().
 void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 

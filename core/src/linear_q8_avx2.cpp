@@ -6,10 +6,10 @@
 // lanes (linear_hwy.cpp's TileQ8). Highway 1.0.3 has no op for the pair, so this file uses the intrinsics in
 // functions compiled for AVX2; linear_hwy.cpp calls them only at x86 targets from AVX2 up.
 //
-// The arithmetic: the left operand is unsigned, so x's quants enter as |x| and each weight takes x's sign
-// (vpsignb: w x = |x| (w sign(x))); a pair's sum is at most 2 x 127 x 128 = 32512 in magnitude, below int16's
-// saturation, so every lane is exact. (A weight of -128 - which quantize_q8 never makes, |q| <= 127 - would lose
-// its sign under vpsignb: the engine's q8 weights come from quantize_q8.) Lane i of a block holds the exact sum of
+// The arithmetic: the left operand is unsigned, so the weights enter as |w| and x's quants take w's sign (vpsignb:
+// w x = |w| (x sign(w)); byte_products_avx2.h SignedSums): exact for every weight byte, -128 included (a GGUF file's
+// Q8_0 quants, split bit for bit into q8 weights, may hold it; quantize_q8 never makes it). A pair's sum is at most
+// 2 x 128 x 127 = 32512 in magnitude, below int16's saturation, so every lane is exact. Lane i of a block holds the exact sum of
 // the products at columns 4i..4i+3 of the block; it is converted to float (exact, below 2^24), multiplied by the
 // product of the weight block's scale and the activation block's (one rounding, in float) and added into the
 // accumulator (one more). The same terms as the VNNI kernel's lanes within a block; 8 lanes instead of 16, so the
@@ -75,7 +75,7 @@ ROTARY_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16_t*
     }
     for (int64_t b = g; b < g + n; ++b) {
       const int64_t c = b * kQ8Block;
-      __m256i wv[NR];
+      __m256i wv[NR], wa[NR];
       if (b < whole) {
         for (int r = 0; r < NR; ++r) wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + r * ws + c));
       } else {  // the row's last columns
@@ -85,11 +85,11 @@ ROTARY_AVX2_TARGET inline void Tile(const int8_t* w, int64_t ws, const uint16_t*
           wv[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(last[r]));
         }
       }
+      for (int r = 0; r < NR; ++r) wa[r] = _mm256_abs_epi8(wv[r]);
       for (int t = 0; t < NT; ++t) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq.quants + (t0 + t) * xq.stride + c));
-        const __m256i xa = _mm256_abs_epi8(xv);
         for (int r = 0; r < NR; ++r)
-          acc[t][r] = _mm256_fmadd_ps(SignedSums(wv[r], xa, xv, _mm256_set1_epi16(1)), _mm256_broadcast_ss(&scale[t][r][b - g]), acc[t][r]);
+          acc[t][r] = _mm256_fmadd_ps(SignedSums(wa[r], wv[r], xv, _mm256_set1_epi16(1)), _mm256_broadcast_ss(&scale[t][r][b - g]), acc[t][r]);
       }
     }
   }

@@ -54,6 +54,15 @@ double stored_value(const StoredTensor& t, int64_t i) {
   return values[size_t(i % block)];
 }
 std::string stored_type_name(const StoredTensor& t) { return t.blocks ? weight_format_name(*t.blocks) : dtype_name(t.dtype); }
+
+// The block formats the linear layers take ("q8_0, q4_0, ..."), for messages: every WeightFormat from Q8_0 on that
+// has a name, so the list follows rotary/linear.h.
+std::string block_format_list() {
+  std::string list;
+  for (int f = int(WeightFormat::Q8_0); f < 256 && std::string_view(weight_format_name(WeightFormat(f))) != "?"; ++f)
+    list += (list.empty() ? "" : ", ") + std::string(weight_format_name(WeightFormat(f)));
+  return list;
+}
 // The byte offsets of a block format's f16 scales within a block: a non-finite scale is the only way its weights
 // can be non-finite (the quants are integers).
 std::vector<int> block_scale_offsets(WeightFormat f) {
@@ -61,7 +70,9 @@ std::vector<int> block_scale_offsets(WeightFormat f) {
     case WeightFormat::Q4_K:
     case WeightFormat::Q5_K: return {0, 2};  // d, dmin
     case WeightFormat::Q6_K: return {208};   // d, after the quants and sub-block scales
-    default: return {0};                     // Q8_0, Q4_0: d
+    case WeightFormat::Q4_1:
+    case WeightFormat::Q5_1: return {0, 2};  // d, m
+    default: return {0};                     // Q8_0, Q4_0, Q5_0: d
   }
 }
 
@@ -145,9 +156,7 @@ class Loader {
       w.data = t.data;
       return w;
     }
-    if (is_block_format(f)) fail("tensor " + (t.source.empty() ? name : t.source), stored_type_name(t),
-                                 std::string("stored as ") + weight_format_name(f) +
-                                     " to run as it (converting to a block format at load is not built yet)");
+    if (is_block_format(f)) return blocks(t, name, rows, cols, f);
     std::vector<uint8_t>& bytes = m_.owned.emplace_back(size_t(rows * cols * weight_element_size(f)));
     m_.owned_bytes += int64_t(bytes.size());
     if (f == WeightFormat::Q8) {
@@ -195,6 +204,33 @@ class Loader {
                                       : "3.4028e38, f32's largest finite value"));
     }
     w.data = bytes.data();
+    release_pages(t);
+    return w;
+  }
+  // A matrix converted to one of llama.cpp's block formats (--weights q4_k, ...): each row decoded to its exact float
+  // values and written by ggml_quantize, the bytes llama.cpp's reference quantizer writes for the same floats (its
+  // llama-quantize without an importance matrix). Rows must be whole blocks, as llama.cpp requires.
+  WeightMatrix blocks(const StoredTensor& t, const std::string& name, int64_t rows, int64_t cols, WeightFormat f) {
+    const int64_t block = weight_block_size(f);
+    if (cols % block != 0)
+      fail("tensor " + (t.source.empty() ? name : t.source),
+           "rows of " + std::to_string(cols) + " weights to convert to " + weight_format_name(f),
+           "rows of a whole number of " + std::string(weight_format_name(f)) + " blocks (" + std::to_string(block) +
+               " weights; llama.cpp's quantizer takes no other) - another --weights, e.g. q8_0 or q8 (blocks of 32)");
+    const GgmlType type = ggml_type_of(f);
+    const int64_t row_bytes = weight_row_bytes(f, cols);
+    std::vector<uint8_t>& bytes = m_.owned.emplace_back(size_t(rows * row_bytes));
+    m_.owned_bytes += int64_t(bytes.size());
+#pragma omp parallel for schedule(dynamic, 16) num_threads(threads_)
+    for (int64_t r = 0; r < rows; ++r) {
+      std::vector<double> row(static_cast<size_t>(cols));
+      std::vector<float> values(static_cast<size_t>(cols));
+      stored_values(t, r * cols, cols, row.data());
+      for (int64_t c = 0; c < cols; ++c) values[size_t(c)] = float(row[size_t(c)]);
+      ggml_quantize(type, values.data(), cols, bytes.data() + r * row_bytes);
+    }
+    WeightMatrix w;
+    w.format = f, w.rows = rows, w.cols = cols, w.row_stride = cols, w.data = bytes.data();
     release_pages(t);
     return w;
   }
@@ -284,33 +320,49 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
                                          const LoadOptions& options, std::shared_ptr<const void> keep_alive) {
   arch.validate();
   check(options.threads >= 0, "threads", options.threads, ">= 0 (0: OpenMP's default)");
-  // bf16 activations need every matrix in bf16, q8 activations every matrix in q8 (made at load).
+  // Unset, the activations follow the weights (LoadOptions::activations): q8 when every matrix as run is q8 or a
+  // block format. Decided, like the checks below, before any weight is read or converted: from the conversion's
+  // target, or else every matrix's stored type (the embedding only when it is also the head).
+  const auto each_matrix = [&](const std::function<void(const TensorSlot&, const StoredTensor&)>& visit) {
+    for (const TensorSlot& s : tensor_slots(arch)) {
+      if (s.shape.size() != 2) continue;
+      const StoredTensor t = lookup(s.name);  // (the embedding too: a missing tensor is named in slot order)
+      if (s.name != "embed" || arch.tie_embeddings) visit(s, t);
+    }
+  };
+  ActivationFormat activations = ActivationFormat::F32;
+  if (options.activations) {
+    activations = *options.activations;
+  } else if (options.weights) {
+    if (*options.weights == WeightFormat::Q8 || is_block_format(*options.weights)) activations = ActivationFormat::Q8;
+  } else {
+    bool all_blocks = true;
+    each_matrix([&](const TensorSlot&, const StoredTensor& t) { all_blocks = all_blocks && t.blocks.has_value(); });
+    if (all_blocks) activations = ActivationFormat::Q8;
+  }
+  // bf16 activations need every matrix in bf16, q8 activations every matrix in q8 (made at load) or a block format.
   const auto refuse = [&](const std::string& what) {
-    const bool bf16 = options.activations == ActivationFormat::BF16;
-    fail("activations", std::string(activation_format_name(options.activations)) + " with " + what,
+    const bool bf16 = activations == ActivationFormat::BF16;
+    fail("activations", std::string(activation_format_name(activations)) + " with " + what,
          bf16 ? "bf16 activations with bf16 weights throughout (--weights bf16 converts them at load), or f32 "
                 "activations"
               : "q8 activations with q8 weights (--weights q8 converts them at load) or a GGUF file's block-format "
-                "weights as stored (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K), or f32 activations");
+                "weights as stored (" + block_format_list() + "), or f32 activations");
   };
-  if (options.activations != ActivationFormat::F32 && options.activations != ActivationFormat::BF16 &&
-      options.activations != ActivationFormat::Q8)
-    fail("activations", std::to_string(int(options.activations)), "f32, bf16, q8");
-  // Checked before any weight is read or converted: the conversion's target, or else every matrix's stored dtype
-  // (the embedding only when it is also the head).
-  if (options.activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
+  if (activations != ActivationFormat::F32 && activations != ActivationFormat::BF16 &&
+      activations != ActivationFormat::Q8)
+    fail("activations", std::to_string(int(activations)), "f32, bf16, q8");
+  if (activations == ActivationFormat::BF16 && options.weights && *options.weights != WeightFormat::BF16)
     refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
-  if (options.activations == ActivationFormat::Q8 && options.weights && *options.weights != WeightFormat::Q8)
+  if (activations == ActivationFormat::Q8 && options.weights && *options.weights != WeightFormat::Q8 &&
+      !is_block_format(*options.weights))
     refuse(std::string("weights converted to ") + weight_format_name(*options.weights));
   // As stored, every matrix must be bf16 for bf16 activations, a block format (a GGUF file's) for q8 activations.
-  if (options.activations != ActivationFormat::F32 && !options.weights)
-    for (const TensorSlot& s : tensor_slots(arch)) {
-      if (s.shape.size() != 2 || (s.name == "embed" && !arch.tie_embeddings)) continue;
-      const StoredTensor t = lookup(s.name);
-      const bool fits = options.activations == ActivationFormat::BF16 ? !t.blocks && t.dtype == DType::BF16
-                                                                      : t.blocks.has_value();
+  if (activations != ActivationFormat::F32 && !options.weights)
+    each_matrix([&](const TensorSlot& s, const StoredTensor& t) {
+      const bool fits = activations == ActivationFormat::BF16 ? !t.blocks && t.dtype == DType::BF16 : t.blocks.has_value();
       if (!fits) refuse("tensor " + (t.source.empty() ? s.name : t.source) + " stored as " + stored_type_name(t));
-    }
+    });
   auto m = std::make_unique<Impl>();
   m->arch = arch;
   m->keep_alive = std::move(keep_alive);
@@ -338,7 +390,7 @@ std::shared_ptr<const Model> Model::load(const Architecture& arch,
   }
   m->final_norm = load.norm("final_norm", arch.norm, d);
   m->head.w = arch.tie_embeddings ? m->embed : load.matrix("lm_head", arch.vocab_size, d, options.weights);
-  m->activations = options.activations;
+  m->activations = activations;
   return std::shared_ptr<const Model>(new Model(std::move(m)));
 }
 

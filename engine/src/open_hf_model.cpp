@@ -55,12 +55,15 @@ StoredTensor gguf_stored(const GgufTensor& t, const std::string& source) {
     case GgmlType::BF16: s.dtype = DType::BF16; break;
     case GgmlType::Q8_0: s.blocks = WeightFormat::Q8_0; break;
     case GgmlType::Q4_0: s.blocks = WeightFormat::Q4_0; break;
+    case GgmlType::Q4_1: s.blocks = WeightFormat::Q4_1; break;
+    case GgmlType::Q5_0: s.blocks = WeightFormat::Q5_0; break;
+    case GgmlType::Q5_1: s.blocks = WeightFormat::Q5_1; break;
     case GgmlType::Q4_K: s.blocks = WeightFormat::Q4_K; break;
     case GgmlType::Q5_K: s.blocks = WeightFormat::Q5_K; break;
     case GgmlType::Q6_K: s.blocks = WeightFormat::Q6_K; break;
     default:
       fail(source + ": tensor " + t.name + ".type", ggml_type_name(t.type),
-           "F32, F16, BF16, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (the types the engine reads from GGUF)");
+           "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K (the types the engine reads from GGUF)");
   }
   return s;
 }

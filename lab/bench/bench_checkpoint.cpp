@@ -125,7 +125,7 @@ void run_engine(const BenchCheckpointArgs& a) {
   engine::LoadOptions load;
   load.threads = threads;
   if (!a.run.weights.empty()) load.weights = parse_weight_format(a.run.weights, "--weights");
-  load.activations = parse_activation_format(a.run.activations, "--activations");
+  load.activations = a.run.activation_choice();
   std::shared_ptr<const engine::Model> model;
   engine::PositionMethod positions;
   std::string shape;

@@ -166,8 +166,8 @@ void run_bench_linear(const BenchLinearArgs& a) {
     check(x == ActivationFormat::F32 || (x == ActivationFormat::BF16 && w == WeightFormat::BF16) ||
               (x == ActivationFormat::Q8 && (w == WeightFormat::Q8 || is_block_format(w))),
           "--formats", f,
-          "f32, f16, bf16, q8, q8_0, q4_0, q4_k, q5_k, q6_k, bf16:bf16, q8:q8, q4_k:q8, ... (bf16 activations need "
-          "bf16 weights, q8 activations q8 or a block format)");
+          "f32, f16, bf16, q8, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, bf16:bf16, q8:q8, q4_k:q8, ... (bf16 "
+          "activations need bf16 weights, q8 activations q8 or a block format)");
     if (is_block_format(w))
       for (const Shape& sh : shapes)
         check(sh.cols % weight_block_size(w) == 0, "--shapes", fmt::format("{}x{}", sh.rows, sh.cols),

@@ -18,16 +18,20 @@ inline std::vector<CLI::Option*> add_checkpoint_run_flags(CLI::App& app, experim
                  "engine: the torch-free engine, weights used in place (default); torch: the nn model with float32 "
                  "copies of the weights (the reference path)"),
           app.add_option("--weights", o.weights,
-                 "engine: convert the weight matrices at load to f32, f16, bf16 or q8 (int8 blocks of 32 with an "
-                 "f16 scale, llama.cpp's Q8_0: 1.0625 bytes a weight; default: as stored)")
-              ->check(non_empty("f32, f16, bf16, q8 (leave --weights out for the weights as stored)")),
+                 "engine: convert the weight matrices at load to f32, f16, bf16, q8 (int8 blocks of 32 with an "
+                 "f16 scale, llama.cpp's Q8_0 numbers: 1.0625 bytes a weight), or one of llama.cpp's block formats "
+                 "q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (the bytes its quantizer writes; Q4_K 4.5 bits a weight; rows of whole "
+                 "blocks: 32 weights, 256 for the k-quants); default: as stored")
+              ->check(non_empty("f32, f16, bf16, q8, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k (leave --weights out for the "
+                                "weights as stored)")),
           app.add_option("--kv-dtype", o.kv_dtype, "engine: KV cache storage f32, bf16, f16, or q8 (int8 blocks of 32 with a float scale: 1.125 bytes a "
                  "feature; rows stored for decoding, so not perplexity's one-pass scoring; default f32)"),
           app.add_option("--activations", o.activations,
-                 "engine: the linear layers' activations f32 (default); bf16 - rounded to bf16 as llama.cpp's "
-                 "bf16 products do, for the CPU's bf16 dot products (bf16 weights only); or q8 - quantized per block "
-                 "of 32 as llama.cpp's Q8_0 products do, for the CPU's integer products (--weights q8, or a GGUF file's "
-                 "Q8_0 / Q4_0 / Q4_K / Q5_K / Q6_K blocks as stored)")};
+                 "engine: the linear layers' activations: auto (default) - q8 when every matrix is q8 or a block "
+                 "format (as llama.cpp's products take them), f32 otherwise; f32; bf16 - rounded to bf16 as "
+                 "llama.cpp's bf16 products do, for the CPU's bf16 dot products (bf16 weights only); or q8 - "
+                 "quantized per block of 32 as llama.cpp's Q8_0 products do, for the CPU's integer products "
+                 "(--weights q8 or a block format, or a GGUF file's blocks as stored)")};
 }
 
 // The memory flags, kept for the checks that need to know which were given.

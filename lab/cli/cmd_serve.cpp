@@ -108,7 +108,7 @@ struct ServeCommand {
     server::serve(server, served, prompts, scheduler, g_stop, [&](int port) {
       std::fprintf(stderr, "rotary serve: %s as \"%s\" on http://%s:%d (%d slots of %lld tokens; prefix cache %lld MiB; %s)\n",
                    model_dir.c_str(), server.model_id.c_str(), server.host.c_str(), port, slots.slots,
-                   (long long)slots.context, (long long)(slots.prefix_cache_bytes >> 20), run_options.describe().c_str());
+                   (long long)slots.context, (long long)(slots.prefix_cache_bytes >> 20), c->options().describe().c_str());
       std::fflush(stderr);
     });
     sigaction(SIGINT, &old_int, nullptr);

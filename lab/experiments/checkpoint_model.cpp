@@ -26,26 +26,34 @@ void CheckpointRunOptions::validate() const {
   check(engine != "torch" || torch_checkpoints_available(), "--engine", engine,
         "engine (this rotary is built without libtorch, which --engine torch runs the nn model on; a build with "
         "libtorch: scripts/build.sh)");
-  if (!weights.empty() && is_block_format(parse_weight_format(weights, "--weights")))
-    fail("--weights", weights,
-         "f32, f16, bf16, q8 (converting to llama.cpp's block formats at load is not built yet; a GGUF file's "
-         "blocks run as stored when --weights is left out)");
+  const std::optional<WeightFormat> weights_to =
+      weights.empty() ? std::nullopt : std::optional(parse_weight_format(weights, "--weights"));
   // Exactly the names listed (parse_dtype also reads "float16", "half", ...: a result stored under one spelling
   // would not be found under another).
   check(kv_dtype == "f32" || kv_dtype == "bf16" || kv_dtype == "f16" || kv_dtype == "q8", "--kv-dtype", kv_dtype,
         "f32, bf16, f16, q8");
-  const ActivationFormat act = parse_activation_format(activations, "--activations");
   if (engine == "torch") {
     check(weights.empty(), "--weights", weights, "unset with --engine torch (the nn model copies weights to float32)");
     check(kv_dtype == "f32", "--kv-dtype", kv_dtype, "f32 with --engine torch");
-    check(act == ActivationFormat::F32, "--activations", activations, "f32 with --engine torch");
+    check(activations == "auto" || activations == "f32", "--activations", activations, "f32 with --engine torch");
   }
-  if (act == ActivationFormat::BF16 && !weights.empty())
-    check(weights == "bf16", "--activations", activations + " with --weights " + weights,
+  const std::optional<ActivationFormat> act = activation_choice();
+  if (act == ActivationFormat::BF16 && weights_to)
+    check(weights_to == WeightFormat::BF16, "--activations", activations + " with --weights " + weights,
           "bf16 activations with bf16 weights only (--weights bf16 or bf16 as stored), or --activations f32");
-  if (act == ActivationFormat::Q8 && !weights.empty())  // (as stored: the engine checks the file's formats)
-    check(weights == "q8", "--activations", activations + " with --weights " + weights,
-          "q8 activations with --weights q8, or with a GGUF file's block formats as stored, or --activations f32");
+  if (act == ActivationFormat::Q8 && weights_to)  // (as stored: the engine checks the file's formats)
+    check(weights_to == WeightFormat::Q8 || is_block_format(*weights_to), "--activations",
+          activations + " with --weights " + weights,
+          "q8 activations with --weights q8 or a block format (q8_0, q4_k, ...), or with a GGUF file's block formats "
+          "as stored, or --activations f32");
+}
+
+std::optional<ActivationFormat> CheckpointRunOptions::activation_choice() const {
+  if (activations == "auto") return std::nullopt;
+  // (parse_activation_format's list lacks "auto", which this option also takes)
+  for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16, ActivationFormat::Q8})
+    if (activations == activation_format_name(f)) return f;
+  fail("--activations", "\"" + activations + "\"", "auto, f32, bf16, q8");
 }
 
 void CheckpointRunOptions::set_kv_cache(engine::SessionOptions& o) const {
@@ -220,15 +228,17 @@ CheckpointModel::CheckpointModel(const std::string& model_dir, const CheckpointR
       fail("--engine", "torch with the GGUF file " + model_dir,
            "engine for a GGUF file (the nn model reads Hugging Face model directories)");
     m.torch_model = torch_checkpoint_loader()(model_dir, m.threads);
+    m.options.activations = "f32";  // the nn model's float32 products
     m.spec = m.torch_model->spec();
   } else {
     engine::LoadOptions load;
     load.threads = m.threads;
     if (!options.weights.empty()) load.weights = parse_weight_format(options.weights, "--weights");
-    load.activations = parse_activation_format(options.activations, "--activations");
+    load.activations = options.activation_choice();
     nn::HfEngineCheckpoint c = nn::load_hf_engine(model_dir, load);
     m.spec = c.spec;
     m.model = c.model;
+    m.options.activations = activation_format_name(m.model->activations());  // "auto" resolved
     m.mapped_bytes = m.model->weight_bytes_per_token() - m.model->owned_bytes();
   }
   m.active = m.spec.config.resolved_encoding();

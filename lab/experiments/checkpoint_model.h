@@ -21,11 +21,15 @@ namespace rotary::experiments {
 
 struct CheckpointRunOptions {
   std::string engine = "engine";  // engine | torch
-  std::string weights;            // engine: f32, f16, bf16, q8 (empty: as stored)
+  std::string weights;            // engine: f32, f16, bf16, q8, or a block format q8_0, q4_k, ... (empty: as stored)
   std::string kv_dtype = "f32";   // engine: f32, bf16, f16, q8 (int8 blocks of 32 with a scale: KvStorage::Q8)
-  std::string activations = "f32";  // engine: the linear products' activations, f32, bf16 (bf16 weights) or q8 (q8)
+  // engine: the linear products' activations, f32, bf16 (bf16 weights) or q8 (q8 or block weights); "auto": as the
+  // weights choose (engine::LoadOptions::activations), replaced by what they chose once the model is loaded
+  // (CheckpointModel::options()), so that a stored result's key names the activations that computed it.
+  std::string activations = "auto";
   int threads = 0;                // 0: all cores
   void validate() const;          // rotary::Error naming --engine, --weights, --kv-dtype, --activations
+  std::optional<ActivationFormat> activation_choice() const;  // activations parsed; unset for "auto"
   // What changes the numbers a run computes (engine, weights, kv dtype, activations): part of a stored result's
   // key.
   nlohmann::json key() const;

@@ -267,7 +267,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
   r.model_description = fmt::format("{} ({}), d_model {} x {} layers, {} heads ({} kv), vocab {}, {}; {}",
                                     spec.model_dir, ckpt.spec().model_type, mc.d_model, mc.n_layers, mc.n_heads,
                                     mc.kv_heads(), mc.vocab_size, mc.resolved_encoding().rope.describe(),
-                                    run.describe());
+                                    ckpt.options().describe());
   r.lengths = spec.lengths;
   if (r.lengths.empty()) r.lengths = {r.train_len, 2 * r.train_len, 4 * r.train_len};
   std::sort(r.lengths.begin(), r.lengths.end());
@@ -328,7 +328,7 @@ PerplexityResult run_perplexity(const PerplexitySpec& spec, bool progress) {
       c.length = T;
       ckpt.set_override(method_override(m, mc.resolved_encoding(), r.train_len, T));
       ckpt.set_memory(memory_of(m, spec, r.train_len));
-      const nlohmann::json settings{{"run", run.key()},
+      const nlohmann::json settings{{"run", ckpt.options().key()},
                                     {"model_config_json", lab::fnv1a64(model_key)},
                                     {"model_dir", spec.model_dir},
                                     {"weights", weights_key},

@@ -5,7 +5,8 @@
 // (rounded first; the bf16 dot-product instruction at AVX-512 targets where the CPU has it), whose columns end
 // mid-vector of that kernel's 32 as well; q8 weights also with q8 activations (quantized per block first; the int8
 // dot-product instruction at AVX-512 targets where the CPU has AVX512-VNNI), ending mid-block; llama.cpp's block
-// formats (q8_0, q4_0, q4_k, q5_k, q6_k: blocks made by ggml_quantize from uniform weights, rows padded by whole
+// formats (q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k: blocks made by ggml_quantize from uniform weights, rows
+// padded by whole
 // blocks) with q8 activations (AVX2's byte products from AVX2 up) and f32 activations (the float path).
 #include <algorithm>
 #include <cmath>
@@ -263,7 +264,8 @@ OpCases linear_cases() {
   }
   // llama.cpp's block formats: q8 activations (the byte-product kernel's tiles of 2 tokens x 4 rows, leftovers) and
   // f32 activations (the float path); rows padded by whole blocks.
-  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q5_0,
+                         WeightFormat::Q5_1, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
     const int64_t b = weight_block_size(f);
     for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
       auto add = [&](LinearCaseSpec c) {

@@ -51,6 +51,10 @@ double half_of(const uint8_t* p) {
   return (h & 0x8000) ? -mag : mag;
 }
 
+// Every block type the quantizers write.
+constexpr GgmlType kQuantTypes[] = {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0,
+                                    GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K};
+
 std::vector<double> decode(GgmlType type, const std::vector<uint8_t>& blocks, int64_t n) {
   std::vector<double> out(static_cast<size_t>(n), -999.0);
   ggml_dequantize_reference(type, blocks.data(), n, out.data());
@@ -113,6 +117,60 @@ TEST(ggml_quants, DequantizeQ4_0LowNibblesFirstThenHighOnes) {
     EXPECT_EQ(got[16 + j], kHalf_m0_25.value * (hi[j] - 8)) << j;
   }
 }
+
+TEST(ggml_quants, DequantizeQ4_1UnsignedNibblesPlusTheMin) {
+  std::vector<uint8_t> b(2 * 20);
+  put16(b, 0, kHalf_0_5.bits);
+  put16(b, 2, kHalf_m0_25.bits);  // m = -0.25
+  put16(b, 20, kHalf_min_sub.bits);
+  put16(b, 22, kHalf_1_5.bits);
+  int lo[16], hi[16];
+  for (int j = 0; j < 16; ++j) {
+    lo[j] = (3 * j + 1) % 16;
+    hi[j] = 15 - j;
+    b[4 + j] = uint8_t(lo[j] | (hi[j] << 4));
+    b[24 + j] = uint8_t(hi[j] | (lo[j] << 4));
+  }
+  const std::vector<double> got = decode(GgmlType::Q4_1, b, 64);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(got[j], kHalf_0_5.value * lo[j] + kHalf_m0_25.value) << j;
+    EXPECT_EQ(got[16 + j], kHalf_0_5.value * hi[j] + kHalf_m0_25.value) << j;
+    EXPECT_EQ(got[32 + j], kHalf_min_sub.value * hi[j] + kHalf_1_5.value) << j;
+    EXPECT_EQ(got[48 + j], kHalf_min_sub.value * lo[j] + kHalf_1_5.value) << j;
+  }
+}
+
+// Q5_0 / Q5_1's fifth bits: qh's 4 bytes as one little-endian uint32, bit e for value e - every byte of qh carries
+// a different pattern (a lone low bit, a lone high bit, alternating, mixed), so a byte or bit order mistake shows.
+constexpr uint8_t kQh[4] = {0x01, 0x80, 0x5A, 0xC3};
+int fifth_bit(int e) { return (kQh[e / 8] >> (e % 8)) & 1; }
+
+// A Q5_0 (no min) or Q5_1 block with scale d (and min m) built byte by byte - qh = kQh at `qh_at`, the nibbles of
+// qs[16] after it - and decoded: value e must be d (q - offset) + m with q = nibble + 16 x bit e of qh.
+void expect_q5_block(GgmlType type, Half d, const Half* m, int offset) {
+  const int qh_at = m ? 4 : 2;
+  std::vector<uint8_t> b(size_t(qh_at + 4 + 16));
+  put16(b, 0, d.bits);
+  if (m) put16(b, 2, m->bits);
+  std::copy(std::begin(kQh), std::end(kQh), b.begin() + qh_at);
+  int nib[32];
+  for (int j = 0; j < 16; ++j) {
+    nib[j] = (5 * j + 2 + qh_at) % 16;
+    nib[16 + j] = (7 * j + 9) % 16;
+    b[size_t(qh_at + 4 + j)] = uint8_t(nib[j] | (nib[16 + j] << 4));
+  }
+  const std::vector<double> got = decode(type, b, 32);
+  for (int e = 0; e < 32; ++e)
+    EXPECT_EQ(got[e], d.value * (nib[e] + 16 * fifth_bit(e) - offset) + (m ? m->value : 0.0))
+        << ggml_type_name(type) << " " << e;
+}
+
+TEST(ggml_quants, DequantizeQ5_0FifthBitsFromALittleEndianWordMinus16) {
+  expect_q5_block(GgmlType::Q5_0, kHalf_m0_25, nullptr, 16);
+}
+
+// (the largest half as the min: d q + m still exact in float64)
+TEST(ggml_quants, DequantizeQ5_1FifthBitsPlusTheMin) { expect_q5_block(GgmlType::Q5_1, kHalf_0_125, &kHalf_max, 0); }
 
 // Scales and mins whose top two bits differ across all eight sub-blocks (0..3 each), so every field of the 6-bit
 // packing carries something.
@@ -256,40 +314,77 @@ TEST(ggml_quants, QuantizeQ8_0RoundTripWithinHalfAStepPlusScaleRounding) {
   }
 }
 
-// Q4_0: d = max / -8 (max: the value of largest magnitude), q = trunc(x / d + 8.5) clamped to 15, x_hat = d_h (q - 8).
-// t = x / d lies in [-8, 8]; rounding half up gives |x - d (q - 8)| <= |d| / 2, except for t > 7.5 (the opposite
-// sign of max near full magnitude), clamped from 16 to 15: up to |d|. With the f16 scale: |x - x_hat| <= that
-// + 8 |d - d_h| (+ the float32 rounding of t + 8.5, below 32 u32 |d|).
-TEST(ggml_quants, QuantizeQ4_0RoundTripWithinHalfAStepOrOneAtTheClampedEnd) {
-  for (const std::vector<float>& x : sample_rows(32 * 40, 2)) {
-    const std::vector<double> y = decode(GgmlType::Q4_0, encode(GgmlType::Q4_0, x), int64_t(x.size()));
+// Q4_0 (h = 8) and Q5_0 (h = 16): d = max / -h (max: the value of largest magnitude), q = trunc(x / d + h + 0.5)
+// clamped to 2h - 1, x_hat = d_h (q - h). t = x / d lies in [-h, h]; rounding half up gives |x - d (q - h)| <= |d| / 2,
+// except for t > h - 0.5 (the opposite sign of max near full magnitude), clamped from 2h to 2h - 1: up to |d|. With
+// the f16 scale: |x - x_hat| <= that + h |d - d_h| (+ the float32 rounding of t + h + 0.5, below 4h u32 |d|).
+void expect_signed_round_trip(GgmlType type, int h, uint32_t seed) {
+  for (const std::vector<float>& x : sample_rows(32 * 40, seed)) {
+    const std::vector<double> y = decode(type, encode(type, x), int64_t(x.size()));
     for (size_t b = 0; b < x.size() / 32; ++b) {
       double max = 0;
       for (int j = 0; j < 32; ++j)
         if (std::fabs(double(x[32 * b + j])) > std::fabs(max)) max = x[32 * b + j];
-      const double d = std::fabs(max) / 8;
+      const double d = std::fabs(max) / h;
       for (int j = 0; j < 32; ++j) {
-        const double t = max != 0 ? double(x[32 * b + j]) / (max / -8) : 0;
-        const double bound = d * ((t > 7.5 - 1e-5 ? 1 : 0.5) + 32 * kF32Unit) + 8 * std::max(kF16Unit * d, 0x1p-25);
-        ASSERT_LE(std::fabs(double(x[32 * b + j]) - y[32 * b + j]), bound) << "block " << b << " value " << j;
+        const double t = max != 0 ? double(x[32 * b + j]) / (max / -h) : 0;
+        const double step = t > h - 0.5 - 1e-5 ? 1 : 0.5;  // the clamped end: up to a whole step
+        const double bound = d * (step + 4 * h * kF32Unit) + h * std::max(kF16Unit * d, 0x1p-25);
+        ASSERT_LE(std::fabs(double(x[32 * b + j]) - y[32 * b + j]), bound)
+            << ggml_type_name(type) << " block " << b << " value " << j;
+      }
+    }
+  }
+}
+TEST(ggml_quants, QuantizeQ4_0RoundTripWithinHalfAStepOrOneAtTheClampedEnd) {
+  expect_signed_round_trip(GgmlType::Q4_0, 8, 2);
+}
+TEST(ggml_quants, QuantizeQ5_0RoundTripWithinHalfAStepOrOneAtTheClampedEnd) {
+  expect_signed_round_trip(GgmlType::Q5_0, 16, 12);
+}
+
+// Q4_1 (levels = 15) and Q5_1 (31): d = (max - min) / levels, the min stored as m_h = f16(min), q = trunc((x - min) /
+// d + 0.5) - t = (x - min) / d lies in [0, levels], so |t - q| <= 1/2 and no clamp bites - and x_hat = d_h q + m_h.
+// So |x - x_hat| <= d / 2 + levels |d - d_h| + |min - m_h| (+ the float32 roundings of x - min, the reciprocal, the
+// product and the + 0.5: below 4 (levels + 1) u32 d).
+TEST(ggml_quants, QuantizeQ4_1AndQ5_1RoundTripWithinHalfAStepPlusScaleAndMinRounding) {
+  for (const auto& [type, levels] : {std::pair{GgmlType::Q4_1, 15}, std::pair{GgmlType::Q5_1, 31}}) {
+    for (const std::vector<float>& x : sample_rows(32 * 40, 13)) {
+      const std::vector<uint8_t> blocks = encode(type, x);
+      const std::vector<double> y = decode(type, blocks, int64_t(x.size()));
+      const int64_t bytes = ggml_row_bytes(type, 32);
+      for (size_t b = 0; b < x.size() / 32; ++b) {
+        const auto [lo, hi] = std::minmax_element(x.begin() + int64_t(32 * b), x.begin() + int64_t(32 * b + 32));
+        const double min = *lo, d = (double(*hi) - min) / levels;
+        EXPECT_EQ(half_of(&blocks[size_t(int64_t(b) * bytes + 2)]), double(f16_to_float(float_to_f16(float(min)))))
+            << ggml_type_name(type) << " block " << b << ": m is the block's min";
+        const double bound = d * (0.5 + 4 * (levels + 1) * kF32Unit) + levels * std::max(kF16Unit * d, 0x1p-25) +
+                             std::max(kF16Unit * std::fabs(min), 0x1p-25);
+        for (int j = 0; j < 32; ++j)
+          ASSERT_LE(std::fabs(double(x[32 * b + j]) - y[32 * b + j]), bound)
+              << ggml_type_name(type) << " block " << b << " value " << j;
       }
     }
   }
 }
 
-// Values on the grid come back exactly: integers in [-127, 127] with 127 present (d = 1), and in [-8, 7] with -8 the
-// value of largest magnitude (d = 1).
+// Values on the grid come back exactly: integers in [-127, 127] with 127 present (d = 1), in [-8, 7] with -8 the
+// value of largest magnitude (d = 1), in [-16, 15] with -16 so (Q5_0, d = 1), and for the formats with a min, the
+// integers min .. min + levels with both ends in every block (Q4_1: -3 .. 12, Q5_1: -10 .. 21; d = 1, m = min).
 TEST(ggml_quants, QuantizeGridValuesRoundTripExactly) {
-  std::vector<float> q8(64), q4(64);
+  std::vector<float> q8(64), q4(64), q5(64), q41(64), q51(64);
   for (int i = 0; i < 64; ++i) {
     q8[i] = float(i % 32 == 7 ? 127 : (37 * i) % 255 - 127);
     q4[i] = float(i % 32 == 0 ? -8 : (5 * i) % 16 - 8);
+    q5[i] = float(i % 32 == 0 ? -16 : (7 * i) % 32 - 16);
+    q41[i] = float(i % 32 == 3 ? -3 : i % 32 == 20 ? 12 : (5 * i) % 16 - 3);
+    q51[i] = float(i % 32 == 30 ? -10 : i % 32 == 1 ? 21 : (7 * i) % 32 - 10);
   }
-  const std::vector<double> y8 = decode(GgmlType::Q8_0, encode(GgmlType::Q8_0, q8), 64);
-  const std::vector<double> y4 = decode(GgmlType::Q4_0, encode(GgmlType::Q4_0, q4), 64);
-  for (int i = 0; i < 64; ++i) {
-    EXPECT_EQ(y8[i], q8[i]) << i;
-    EXPECT_EQ(y4[i], q4[i]) << i;
+  for (const auto& [type, x] : {std::pair{GgmlType::Q8_0, &q8}, std::pair{GgmlType::Q4_0, &q4},
+                                std::pair{GgmlType::Q5_0, &q5}, std::pair{GgmlType::Q4_1, &q41},
+                                std::pair{GgmlType::Q5_1, &q51}}) {
+    const std::vector<double> y = decode(type, encode(type, *x), 64);
+    for (int i = 0; i < 64; ++i) EXPECT_EQ(y[i], (*x)[i]) << ggml_type_name(type) << " " << i;
   }
 }
 
@@ -407,7 +502,7 @@ TEST(ggml_quants, QuantizeQ6_KIntegersRoundTripExactly) {
 
 TEST(ggml_quants, QuantizeZerosDecodeToZerosAndAllZeroQ6_KBlocksAreZeroBytes) {
   const std::vector<float> zeros(512, 0.f);
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType type : kQuantTypes) {
     const std::vector<double> y = decode(type, encode(type, zeros), 512);
     for (double v : y) ASSERT_EQ(v, 0.0) << ggml_type_name(type);
   }
@@ -444,7 +539,7 @@ TEST(ggml_quants, QuantizeLargeFiniteValuesAreTaken) {
   const std::vector<uint8_t> q8 = encode(GgmlType::Q8_0, x);
   for (size_t at = 0; at < q8.size(); at += 34) EXPECT_EQ(get16(&q8[at]), 0x7C00) << at;
   for (float& v : x) v *= 1e23f;
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType type : kQuantTypes) {
     std::vector<uint8_t> blocks(static_cast<size_t>(ggml_row_bytes(type, 512)), 0xA5);
     EXPECT_NO_THROW(ggml_quantize(type, x.data(), 512, blocks.data())) << ggml_type_name(type);
   }
@@ -454,7 +549,7 @@ TEST(ggml_quants, QuantizeLargeFiniteValuesAreTaken) {
 
 TEST(ggml_quants, QuantizeBlocksDependOnlyOnTheirOwnValues) {
   const std::vector<float> x = sample_rows(256 * 3, 7)[1];
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K}) {
+  for (GgmlType type : kQuantTypes) {
     const GgmlTypeInfo& info = *ggml_type_info(uint32_t(type));
     const std::vector<uint8_t> whole = encode(type, x);
     for (size_t b = 0; b < x.size() / size_t(info.block_size); ++b) {
@@ -471,6 +566,9 @@ TEST(ggml_quants, RowBytesFromTheLayouts) {
   // Field by field (ggml-common.h): d [+ dmin] + scales + quants.
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q8_0, 96), 3 * (2 + 32));
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_0, 64), 2 * (2 + 32 / 2));
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_1, 64), 2 * (2 + 2 + 32 / 2));
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_0, 96), 3 * (2 + 4 + 32 / 2));
+  EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_1, 32), 2 + 2 + 4 + 32 / 2);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q4_K, 512), 2 * (2 + 2 + 12 + 256 / 2));
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q5_K, 256), 2 + 2 + 12 + 256 / 8 + 256 / 2);
   EXPECT_EQ(ggml_row_bytes(GgmlType::Q6_K, 768), 3 * (256 / 2 + 256 / 4 + 256 / 16 + 2));
@@ -483,6 +581,8 @@ TEST(ggml_quants, LengthsNotWholeBlocksAreRefusedNamingNAndTheBlockSize) {
   std::vector<uint8_t> out(1024);
   std::vector<double> values(600);
   for (const auto& [type, n, block] : {std::tuple{GgmlType::Q4_0, 33, "32"}, std::tuple{GgmlType::Q8_0, 31, "32"},
+                                       std::tuple{GgmlType::Q4_1, 48, "32"}, std::tuple{GgmlType::Q5_0, 1, "32"},
+                                       std::tuple{GgmlType::Q5_1, 65, "32"},
                                        std::tuple{GgmlType::Q4_K, 255, "256"}, std::tuple{GgmlType::Q5_K, 257, "256"},
                                        std::tuple{GgmlType::Q6_K, 100, "256"}, std::tuple{GgmlType::F16, -1, "1"}}) {
     const std::string name = ggml_type_name(type);
@@ -497,7 +597,7 @@ TEST(ggml_quants, OtherTypesAreRefusedNamingTheTypeAndTheList) {
   std::vector<float> x(256, 1.f);
   std::vector<uint8_t> out(1024);
   std::vector<double> values(256);
-  for (GgmlType type : {GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q2_K, GgmlType::Q8_K, GgmlType::I32,
+  for (GgmlType type : {GgmlType::Q2_K, GgmlType::Q3_K, GgmlType::Q8_K, GgmlType::I8, GgmlType::I32,
                         GgmlType(16) /* IQ2_XXS */}) {
     const std::string field = "type = " + ggml_type_name(type);
     expect_error([&] { ggml_quantize(type, x.data(), 256, out.data()); }, {field, ggml_quants_types()});
@@ -507,8 +607,8 @@ TEST(ggml_quants, OtherTypesAreRefusedNamingTheTypeAndTheList) {
 }
 
 TEST(ggml_quants, QuantizeNonFiniteInputIsRefusedNamingTheElementAndNothingIsWritten) {
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K,
-                        GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1,
+                        GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::F16, GgmlType::BF16, GgmlType::F32}) {
     for (const auto& [at, bad, text] : {std::tuple{17, std::numeric_limits<float>::quiet_NaN(), "nan"},
                                         std::tuple{300, -INFINITY, "-inf"}, std::tuple{511, INFINITY, "inf"}}) {
       std::vector<float> x(512, 0.5f);
@@ -522,7 +622,7 @@ TEST(ggml_quants, QuantizeNonFiniteInputIsRefusedNamingTheElementAndNothingIsWri
 }
 
 TEST(ggml_quants, ZeroLengthReadsAndWritesNothing) {
-  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
+  for (GgmlType type : {GgmlType::Q8_0, GgmlType::Q5_1, GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::F16}) {
     ggml_quantize(type, nullptr, 0, nullptr);
     ggml_dequantize_reference(type, nullptr, 0, nullptr);
     EXPECT_EQ(ggml_row_bytes(type, 0), 0) << ggml_type_name(type);

@@ -3,12 +3,15 @@
 // per x in a group, on the bf16 dot products where the CPU has them), and bad input refused by name.
 #include <gtest/gtest.h>
 
+#include <cctype>
+
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -150,6 +153,10 @@ struct Weights {
 };
 
 constexpr WeightFormat kFormats[] = {WeightFormat::F32, WeightFormat::F16, WeightFormat::BF16, WeightFormat::Q8};
+// llama.cpp's block formats, every one the linear layers take.
+constexpr WeightFormat kBlockFormats[] = {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1,
+                                          WeightFormat::Q5_0, WeightFormat::Q5_1, WeightFormat::Q4_K,
+                                          WeightFormat::Q5_K, WeightFormat::Q6_K};
 
 // Every output is one thread's dot product in a fixed order, so neither the thread count nor the batching of tokens
 // (decode one at a time, prefill tiles of four, chunks) changes a bit: the engine's prefill and decode agree exactly.
@@ -193,7 +200,7 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
 TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t T = 71, N = 37, K = 512;
   const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
-  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K})
+  for (WeightFormat f : kBlockFormats)
     for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
       Weights w(f, N, K, 23);
       std::vector<float> one(size_t(T * N)), batch(one.size());
@@ -237,7 +244,7 @@ TEST(weight_row, EqualsTheMatrixTimesAOneHotVector) {
   const int64_t K = 256;
   std::vector<float> row(K), want(3 * K), onehot(K * K, 0.0f);
   for (int64_t c = 0; c < K; ++c) onehot[size_t(c * K + c)] = 1;
-  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+  for (WeightFormat f : kBlockFormats) {
     Weights w(f, 3, K, 42);
     LinearParams p;
     p.w = w.m, p.tokens = K, p.x = onehot.data(), p.x_stride = K, p.y = want.data(), p.y_stride = 3;
@@ -284,7 +291,7 @@ TEST(linear_forward, RefusesBadParamsByName) {
   refused([](LinearParams& p) { p.w.data = nullptr; }, "w.data");
   refused([](LinearParams& p) { p.w.scales = nullptr; }, "w.scales");
   refused([](LinearParams& p) { p.w.scale_stride = 1; }, "w.scale_stride");
-  refused([](LinearParams& p) { p.w.format = WeightFormat(9); }, "w.format");
+  refused([](LinearParams& p) { p.w.format = WeightFormat(int(kLastWeightFormat) + 1); }, "w.format");
   refused([](LinearParams& p) { p.tokens = -1; }, "tokens");
   refused([](LinearParams& p) { p.x = nullptr; }, "x");
   refused([](LinearParams& p) { p.x_stride = 10; }, "x_stride");
@@ -310,6 +317,17 @@ TEST(linear_forward, RefusesBadParamsByName) {
   expect_error_naming([&] {
     block_call([&](LinearParams& p) { p.y = reinterpret_cast<float*>(blocks.data.data() + 3 * 288 + 100); });
   }, "y");
+  // The 32-weight formats likewise: Q5_0 rows of 48 weights are a block and a half.
+  for (WeightFormat f : {WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1}) {
+    Weights small(f, 4, 64, 33);
+    LinearParams p;
+    p.w = small.m, p.tokens = 2, p.x = xb.data(), p.x_stride = 64, p.y = yb.data(), p.y_stride = 4;
+    linear_forward(p);
+    p.w.cols = 48, p.x_stride = 48;
+    expect_error([&] { linear_forward(p); }, {"w.cols = 48", "a multiple of 32", weight_format_name(f)});
+    p.w.cols = 64, p.x_stride = 64, p.w.row_stride = 80;
+    expect_error([&] { linear_forward(p); }, {"w.row_stride = 80", "a multiple of 32"});
+  }
   // An element format has no GGUF block type.
   expect_error_naming([] { ggml_type_of(WeightFormat::BF16); }, "format");
   EXPECT_EQ(ggml_type_of(WeightFormat::Q4_K), GgmlType::Q4_K);
@@ -491,6 +509,41 @@ TEST(linear_forward, Q8ActivationsRoundHalvesAwayFromZeroAtEveryTarget) {
   });
 }
 
+// A weight byte of -128 (a GGUF file's Q8_0 quant may hold it, though llama.cpp's quantizer writes +-127; split bit
+// for bit into q8 weights it reaches the q8 kernels too) multiplies as -128 against negative and positive x alike, at
+// every target: the byte products take |w| as their unsigned operand, never -w.
+TEST(linear_forward, WeightBytesOfMinus128AreExactAtEveryTarget) {
+  const int64_t K = 96, N = 6, T = 11;  // T > 8: the prefill tiles too
+  std::vector<float> x(static_cast<size_t>(T * K));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = (i % 3 == 0 ? -1.0f : 0.5f) * float(1 + i % 7);
+  for (WeightFormat f : {WeightFormat::Q8, WeightFormat::Q8_0}) {
+    Weights w(f, N, K, 73);
+    // Every fifth weight's quant -128 (Q8_0: the quants follow each block's 2-byte scale).
+    for (int64_t i = 0; i < N * K; i += 5) {
+      const int64_t at = f == WeightFormat::Q8 ? i : (i / 32) * 34 + 2 + i % 32;
+      w.data[size_t(at)] = 0x80;
+    }
+    std::vector<float> want(static_cast<size_t>(T * N)), got(want.size()), row(static_cast<size_t>(K));
+    LinearParams p;
+    p.w = w.m, p.tokens = T, p.x = x.data(), p.x_stride = K, p.y = want.data(), p.y_stride = N;
+    p.activations = ActivationFormat::Q8;
+    linear_forward_reference(p);
+    test::for_each_target([&] {
+      std::fill(got.begin(), got.end(), 0.0f);
+      p.y = got.data();
+      linear_forward(p);
+      for (int64_t t = 0; t < T; ++t)
+        for (int64_t r = 0; r < N; ++r) {
+          weight_row(w.m, r, row.data());
+          double scale = 0;
+          for (int64_t c = 0; c < K; ++c) scale += std::fabs(double(row[size_t(c)]) * x[size_t(t * K + c)]);
+          EXPECT_NEAR(got[size_t(t * N + r)], want[size_t(t * N + r)], 1e-5 * scale)
+              << weight_format_name(f) << " at " << detail::linear_simd_target() << ", token " << t << " row " << r;
+        }
+    });
+  }
+}
+
 // The bf16 dot-product instruction runs exactly where it should: at AVX-512 targets of a CPU that has AVX512-BF16,
 // never at a lower target (ROTARY_SIMD_TARGET, or a smaller CPU).
 TEST(linear_forward, Bf16DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
@@ -561,7 +614,27 @@ TEST(linear_forward_group, RefusesBadGroupsByNameBeforeWriting) {
 
 TEST(weight_format, NamesRoundTripAndUnknownNamesListTheChoices) {
   for (WeightFormat f : kFormats) EXPECT_EQ(parse_weight_format(weight_format_name(f)), f);
-  expect_error([] { parse_weight_format("int4", "--weights"); }, {"--weights = \"int4\"", "f32, f16, bf16, q8"});
+  for (WeightFormat f : kBlockFormats) {
+    EXPECT_EQ(parse_weight_format(weight_format_name(f)), f);
+    EXPECT_TRUE(is_block_format(f)) << weight_format_name(f);
+    // The GGUF type of the same name, and its block as gguf.h's table of ggml types has it.
+    const GgmlTypeInfo& info = *ggml_type_info(uint32_t(ggml_type_of(f)));
+    std::string upper = weight_format_name(f);
+    for (char& c : upper) c = c == 'k' ? 'K' : char(std::toupper(static_cast<unsigned char>(c)));
+    EXPECT_EQ(info.name, upper);
+    EXPECT_EQ(weight_block_size(f), info.block_size) << upper;
+    EXPECT_EQ(weight_block_bytes(f), info.type_size) << upper;
+  }
+  for (const auto& [name, f, bytes] : {std::tuple{"q4_1", WeightFormat::Q4_1, 20},
+                                       std::tuple{"q5_0", WeightFormat::Q5_0, 22},
+                                       std::tuple{"q5_1", WeightFormat::Q5_1, 24}}) {
+    EXPECT_EQ(parse_weight_format(name), f);
+    EXPECT_EQ(weight_block_size(f), 32) << name;
+    EXPECT_EQ(weight_block_bytes(f), bytes) << name;
+    EXPECT_EQ(weight_row_bytes(f, 96), 3 * bytes) << name;
+  }
+  expect_error([] { parse_weight_format("int4", "--weights"); },
+               {"--weights = \"int4\"", "f32, f16, bf16, q8, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k"});
   EXPECT_EQ(weight_format_of(DType::BF16), WeightFormat::BF16);
   expect_error([] { weight_format_of(DType::F64); }, "weight dtype = f64");
   for (ActivationFormat f : {ActivationFormat::F32, ActivationFormat::BF16, ActivationFormat::Q8})

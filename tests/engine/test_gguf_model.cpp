@@ -7,11 +7,14 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "expect_error.h"
@@ -88,9 +91,9 @@ class GgufWriter {
 // engine's own quantize_q8, so that the file holds exactly the quants --weights q8 makes of the directory). The
 // matrices the engine converts with --weights (every 2-D tensor but an untied embedding) take the type; vectors and
 // an untied embedding stay as stored.
-// Q4_0: llama.cpp's 4-bit blocks (ggml_quantize, its quantizer's bytes); Q4_0Values: f32 tensors holding exactly the
-// values those blocks decode to (ggml_dequantize_reference).
-enum class Written { AsStored, Bf16, Q8_0, Q4_0, Q4_0Values };
+// Blocks: llama.cpp's blocks of fixture_gguf's `blocks` type (Q4_0, Q4_1, Q5_0, Q5_1: ggml_quantize, its quantizer's
+// bytes); BlockValues: f32 tensors holding exactly the values those blocks decode to (ggml_dequantize_reference).
+enum class Written { AsStored, Bf16, Q8_0, Blocks, BlockValues };
 
 // ggml's order of a llama q or k matrix's rows (or bias) per head: the pairs (i, i + d/2) adjacent, as llama.cpp's
 // converter writes them for its interleaved rope.
@@ -111,8 +114,9 @@ GgmlType ggml_of(DType t) {
   return t == DType::F32 ? GgmlType::F32 : t == DType::F16 ? GgmlType::F16 : GgmlType::BF16;
 }
 
-// The fixture `family` as a GGUF writer (the metadata llama.cpp's converter writes for it), matrices `written`.
-GgufWriter fixture_gguf(const std::string& family, Written written) {
+// The fixture `family` as a GGUF writer (the metadata llama.cpp's converter writes for it), matrices `written`
+// (Blocks, BlockValues: as `blocks`, a 32-value block type - the fixtures' rows are 32 or 64 wide).
+GgufWriter fixture_gguf(const std::string& family, Written written, GgmlType blocks_type = GgmlType::Q4_0) {
   const HfModelDescription d = engine::read_hf_model_file((kFixtures / family).string());
   const SafetensorsCheckpoint st = SafetensorsCheckpoint::open((kFixtures / family).string());
   const std::string arch = d.model_type == "qwen2" ? "qwen2" : "llama";
@@ -170,25 +174,25 @@ GgufWriter fixture_gguf(const std::string& family, Written written) {
       }
       type = GgmlType::Q8_0;
     }
-    if (converted && (written == Written::Q4_0 || written == Written::Q4_0Values)) {
+    if (converted && (written == Written::Blocks || written == Written::BlockValues)) {
       const int64_t cols = t.shape[1];
       std::vector<float> row(static_cast<size_t>(cols));
-      std::string blocks(size_t(ggml_row_bytes(GgmlType::Q4_0, cols)), '\0'), out;
+      std::string blocks(size_t(ggml_row_bytes(blocks_type, cols)), '\0'), out;
       std::vector<double> values(static_cast<size_t>(cols));
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t c = 0; c < cols; ++c) row[size_t(c)] = float(load_as_double(t.data, t.dtype, r * cols + c));
-        ggml_quantize(GgmlType::Q4_0, row.data(), cols, blocks.data());
-        if (written == Written::Q4_0) {
+        ggml_quantize(blocks_type, row.data(), cols, blocks.data());
+        if (written == Written::Blocks) {
           out += blocks;
           continue;
         }
-        ggml_dequantize_reference(GgmlType::Q4_0, blocks.data(), cols, values.data());
+        ggml_dequantize_reference(blocks_type, blocks.data(), cols, values.data());
         for (double v : values) {
           const float f = float(v);
           out.append(reinterpret_cast<const char*>(&f), 4);
         }
       }
-      bytes = out, type = written == Written::Q4_0 ? GgmlType::Q4_0 : GgmlType::F32;
+      bytes = out, type = written == Written::Blocks ? blocks_type : GgmlType::F32;
     }
     const std::string& part = hf[i].slot.part;
     if (arch == "llama" && (part == "q" || part == "k"))
@@ -304,37 +308,131 @@ TEST_P(GgufFixture, Bf16GivesTheDirectorysBf16Logits) {
 // file then runs llama.cpp's own numbers, which is the point of reading it.
 TEST_P(GgufFixture, Q8_0GivesTheDirectorysQ8Logits) {
   const std::string family = GetParam();
-  expect_same_logits(family, Written::Q8_0, {.weights = WeightFormat::Q8}, {}, family + "_q8_0.gguf");
-  expect_same_logits(family, Written::Q8_0, {.weights = WeightFormat::Q8, .activations = ActivationFormat::Q8},
-                     {.activations = ActivationFormat::Q8}, family + "_q8_0_act.gguf");
+  expect_same_logits(family, Written::Q8_0, {.weights = WeightFormat::Q8, .activations = ActivationFormat::F32},
+                     {.activations = ActivationFormat::F32}, family + "_q8_0.gguf");
+  expect_same_logits(family, Written::Q8_0, {.weights = WeightFormat::Q8}, {}, family + "_q8_0_act.gguf");  // q8 (auto)
   // Asked for another format, Q8_0 is dequantized (each weight d x quant, exact) and converted.
   const engine::HfModel f32 = engine::open_model(write_file(fixture_gguf(family, Written::Q8_0), family + "_f.gguf"),
                                                  {.weights = WeightFormat::F32});
   EXPECT_EQ(f32.model->matrix_format(), WeightFormat::F32);
 }
 
-// Q4_0 blocks run in place (WeightFormat::Q4_0): with f32 activations each row is its blocks' exact values, so the
-// logits equal bit for bit those of a file holding those values as f32; with q8 activations (the integer products)
-// they are within the activations' 8-bit rounding of them.
-TEST_P(GgufFixture, Q4_0BlocksRunInPlaceAsTheirValues) {
+// Blocks of 32 values - Q4_0, and Q4_1, Q5_0, Q5_1, which llama-quantize's Q4_K_M / Q5_K_M write where a row is
+// not whole 256-value super-blocks - run in place (WeightFormat::Q4_0 ...): with f32 activations each row is its
+// blocks' exact values, so the logits equal bit for bit those of a file holding those values as f32; with q8
+// activations (the integer products) they are within the activations' 8-bit rounding of them.
+TEST_P(GgufFixture, BlocksOf32RunInPlaceAsTheirValues) {
   const std::string family = GetParam();
-  const engine::HfModel q4 = engine::open_model(write_file(fixture_gguf(family, Written::Q4_0), family + "_q4_0.gguf"));
-  const engine::HfModel values =
-      engine::open_model(write_file(fixture_gguf(family, Written::Q4_0Values), family + "_q4_0_values.gguf"));
-  const engine::HfModel q4_q8 = engine::open_model(write_file(fixture_gguf(family, Written::Q4_0), family + "_q4_0b.gguf"),
-                                                   {.activations = ActivationFormat::Q8});
-  EXPECT_EQ(q4.model->matrix_format(), WeightFormat::Q4_0);
-  EXPECT_EQ(values.model->matrix_format(), WeightFormat::F32);
-  const std::vector<int64_t> tokens = read_expected(kFixtures / family).tokens;
-  const std::vector<double> want = engine_logits(values.model, values.description.positions(), tokens, 5);
-  EXPECT_EQ(engine_logits(q4.model, q4.description.positions(), tokens, 5), want);
-  const std::vector<double> q8 = engine_logits(q4_q8.model, q4_q8.description.positions(), tokens, 5);
-  ASSERT_EQ(q8.size(), want.size());
-  EXPECT_LT(relative_error(q8, want), 0.05);
-  EXPECT_GT(relative_error(q8, want), 0.0);  // the q8 activations did run (rounded x)
+  for (const auto& [type, format] :
+       {std::pair{GgmlType::Q4_0, WeightFormat::Q4_0}, std::pair{GgmlType::Q4_1, WeightFormat::Q4_1},
+        std::pair{GgmlType::Q5_0, WeightFormat::Q5_0}, std::pair{GgmlType::Q5_1, WeightFormat::Q5_1}}) {
+    const std::string name = family + "_" + weight_format_name(format);
+    SCOPED_TRACE(name);
+    const engine::HfModel blocks =
+        engine::open_model(write_file(fixture_gguf(family, Written::Blocks, type), name + ".gguf"),
+                           {.activations = ActivationFormat::F32});
+    const engine::HfModel values =
+        engine::open_model(write_file(fixture_gguf(family, Written::BlockValues, type), name + "_values.gguf"));
+    const engine::HfModel blocks_q8 =
+        engine::open_model(write_file(fixture_gguf(family, Written::Blocks, type), name + "b.gguf"),
+                           {.activations = ActivationFormat::Q8});
+    EXPECT_EQ(blocks.model->matrix_format(), format);
+    EXPECT_EQ(values.model->matrix_format(), WeightFormat::F32);
+    const std::vector<int64_t> tokens = read_expected(kFixtures / family).tokens;
+    const std::vector<double> want = engine_logits(values.model, values.description.positions(), tokens, 5);
+    EXPECT_EQ(engine_logits(blocks.model, blocks.description.positions(), tokens, 5), want);
+    const std::vector<double> q8 = engine_logits(blocks_q8.model, blocks_q8.description.positions(), tokens, 5);
+    ASSERT_EQ(q8.size(), want.size());
+    EXPECT_LT(relative_error(q8, want), 0.05);
+    EXPECT_GT(relative_error(q8, want), 0.0);  // the q8 activations did run (rounded x)
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, GgufFixture, ::testing::ValuesIn(kGgufFamilies));
+
+// A file as llama-quantize's Q4_K_M / Q5_K_M write one for a model whose width is not whole 256-value super-blocks
+// (Qwen2.5-0.5B's 896): the tensors whose rows are d_model wide fall back to 32-value blocks - Q5_0 for Q4_K, Q5_1
+// for Q5_K, Q8_0 for Q6_K - while ffn_down, whose rows are d_ff (whole super-blocks), stays Q4_K / Q6_K; norms and
+// biases F32 (one of each F16 here). A qwen2 model of width 96 (3 blocks of 32) and d_ff 256, random weights; every
+// 32-value type appears (Q4_0, Q4_1 and Q5_1 in layer 1). `as_values`: each block tensor written instead as the f32
+// values its blocks decode to (ggml_dequantize_reference), the other tensors as they are.
+GgufWriter mixed_gguf(bool as_values) {
+  engine::HfModelDescription d;
+  d.model_type = "qwen2";
+  engine::Architecture& a = d.arch;
+  a.vocab_size = 64, a.d_model = 96, a.n_layers = 2, a.n_heads = 2, a.n_kv_heads = 1, a.head_dim = 48, a.d_ff = 256;
+  a.qkv_bias = true;
+  GgufWriter w;
+  w.add_string("general.architecture", "qwen2");
+  w.add_u32("qwen2.context_length", 128);
+  w.add_u32("qwen2.embedding_length", uint32_t(a.d_model));
+  w.add_u32("qwen2.feed_forward_length", uint32_t(a.d_ff));
+  w.add_u32("qwen2.block_count", uint32_t(a.n_layers));
+  w.add_u32("qwen2.attention.head_count", uint32_t(a.n_heads));
+  w.add_u32("qwen2.attention.head_count_kv", uint32_t(a.n_kv_heads));
+  w.add_f32("qwen2.rope.freq_base", 10000.f);
+  w.add_f32("qwen2.attention.layer_norm_rms_epsilon", 1e-6f);
+  const std::map<std::string, GgmlType> types = {
+      {"token_embd.weight", GgmlType::Q5_0},       {"output.weight", GgmlType::Q8_0},
+      {"output_norm.weight", GgmlType::F16},
+      {"blk.0.attn_q.weight", GgmlType::Q5_0},     {"blk.0.attn_k.weight", GgmlType::Q5_0},
+      {"blk.0.attn_v.weight", GgmlType::Q8_0},     {"blk.0.attn_output.weight", GgmlType::Q5_0},
+      {"blk.0.ffn_gate.weight", GgmlType::Q5_0},   {"blk.0.ffn_up.weight", GgmlType::Q5_0},
+      {"blk.0.ffn_down.weight", GgmlType::Q6_K},   {"blk.0.attn_k.bias", GgmlType::F16},
+      {"blk.1.attn_q.weight", GgmlType::Q5_1},     {"blk.1.attn_k.weight", GgmlType::Q4_1},
+      {"blk.1.attn_v.weight", GgmlType::Q8_0},     {"blk.1.attn_output.weight", GgmlType::Q4_0},
+      {"blk.1.ffn_gate.weight", GgmlType::Q5_1},   {"blk.1.ffn_up.weight", GgmlType::Q4_1},
+      {"blk.1.ffn_down.weight", GgmlType::Q4_K}};
+  std::mt19937 rng(896);
+  std::normal_distribution<float> normal;
+  for (const engine::HfTensorName& n : engine::gguf_tensor_names(d)) {
+    const std::vector<int64_t>& shape = n.slot.shape;
+    int64_t count = 1;
+    for (int64_t s : shape) count *= s;
+    const bool norm = n.slot.part == "attn_norm" || n.slot.part == "mlp_norm" || n.slot.part == "final_norm";
+    const float scale = n.slot.part == "embed" ? 1.f : shape.size() == 2 ? 1.f / std::sqrt(float(shape[1])) : 0.05f;
+    std::vector<float> x(static_cast<size_t>(count));
+    for (float& v : x) v = (norm ? 1.f : 0.f) + scale * normal(rng);
+    const auto it = types.find(n.stored);
+    GgmlType type = it == types.end() ? GgmlType::F32 : it->second;
+    std::string bytes(size_t(ggml_row_bytes(type, count)), '\0');
+    ggml_quantize(type, x.data(), count, bytes.data());
+    if (as_values && type != GgmlType::F32 && type != GgmlType::F16) {
+      std::vector<double> values(static_cast<size_t>(count));
+      ggml_dequantize_reference(type, bytes.data(), count, values.data());
+      bytes.clear();
+      for (double v : values) {
+        const float f = float(v);
+        bytes.append(reinterpret_cast<const char*>(&f), 4);
+      }
+      type = GgmlType::F32;
+    }
+    w.add_tensor(n.stored, type, shape, bytes);
+  }
+  return w;
+}
+
+// The mixed file loads and runs: every matrix in place in its own format (the model's matrix_format() is that of
+// the first layer's q, Q5_0); with f32 activations its logits equal bit for bit those of the file of its blocks'
+// values, with q8 activations (each format's integer products) they are within the activations' rounding of them.
+TEST(GgufModel, MixedBlockFormatsAsLlamaQuantizeWritesThemLoadAndRun) {
+  const std::string mixed = write_file(mixed_gguf(false), "mixed.gguf");
+  const engine::HfModel blocks = engine::open_model(mixed, {.activations = ActivationFormat::F32});
+  const engine::HfModel blocks_q8 = engine::open_model(mixed, {.activations = ActivationFormat::Q8});
+  const engine::HfModel values =
+      engine::open_model(write_file(mixed_gguf(true), "mixed_values.gguf"), {.activations = ActivationFormat::F32});
+  EXPECT_EQ(blocks.model->matrix_format(), WeightFormat::Q5_0);
+  EXPECT_EQ(values.model->matrix_format(), WeightFormat::F32);
+  EXPECT_EQ(blocks.model->arch().d_ff, 256);
+  const std::vector<int64_t> tokens = {3, 17, 42, 8, 63, 0, 25, 11};
+  const std::vector<double> want = engine_logits(values.model, values.description.positions(), tokens, 5);
+  EXPECT_EQ(engine_logits(blocks.model, blocks.description.positions(), tokens, 5), want);
+  const std::vector<double> q8 = engine_logits(blocks_q8.model, blocks_q8.description.positions(), tokens, 5);
+  ASSERT_EQ(q8.size(), want.size());
+  for (double v : q8) ASSERT_TRUE(std::isfinite(v));
+  EXPECT_LT(relative_error(q8, want), 0.05);
+  EXPECT_GT(relative_error(q8, want), 0.0);
+}
 
 // A file with one thing changed from the qwen2 fixture's, opened: the error names the key or tensor.
 void expect_refused(GgufWriter w, const std::string& name, std::initializer_list<std::string> parts) {
@@ -373,8 +471,9 @@ TEST(GgufModel, RefusesNamingTheKeyOrTensor) {
   {
     GgufWriter w = fixture_gguf("qwen2", Written::AsStored);
     w.remove_tensor("blk.0.ffn_up.weight");
-    w.add_tensor("blk.0.ffn_up.weight", GgmlType::Q5_0, {64, 32}, std::string(64 * 22, '\0'));
-    expect_refused(w, "type.gguf", {"tensor blk.0.ffn_up.weight.type = Q5_0", "F32, F16, BF16, Q8_0, Q4_0, Q4_K"});
+    w.add_tensor("blk.0.ffn_up.weight", GgmlType::I8, {64, 32}, std::string(64 * 32, '\0'));
+    expect_refused(w, "type.gguf", {"tensor blk.0.ffn_up.weight.type = I8",
+                                    "F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K"});
   }
   {
     GgufWriter w = fixture_gguf("qwen2", Written::AsStored);
@@ -400,6 +499,20 @@ TEST(GgufModel, RefusesNamingTheKeyOrTensor) {
     w.remove_tensor("blk.0.ffn_gate.weight");
     w.add_tensor("blk.0.ffn_gate.weight", GgmlType::Q8_0, {64, 32}, bad);
     expect_refused(w, "nan.gguf", {"tensor blk.0.ffn_gate.weight", "elements 96..127", "non-finite f16 scale"});
+  }
+  // The 32-value formats' f16 fields likewise: Q5_0's d, and Q4_1's and Q5_1's min m (the second f16 of the block),
+  // which is as much a part of every weight (d q + m) as d.
+  for (const auto& [type, block_bytes, at, bits] :
+       {std::tuple{GgmlType::Q5_0, 22, 0, uint16_t(0x7c00)}, std::tuple{GgmlType::Q4_1, 20, 2, uint16_t(0xfc00)},
+        std::tuple{GgmlType::Q5_1, 24, 2, uint16_t(0x7e00)}, std::tuple{GgmlType::Q5_1, 24, 0, uint16_t(0x7c00)}}) {
+    GgufWriter w = fixture_gguf("qwen2", Written::Blocks, type);
+    std::string bad(size_t(block_bytes * 64), '\0');
+    bad[size_t(block_bytes * 5 + at)] = char(bits & 0xff), bad[size_t(block_bytes * 5 + at + 1)] = char(bits >> 8);
+    w.remove_tensor("blk.1.ffn_up.weight");
+    w.add_tensor("blk.1.ffn_up.weight", type, {64, 32}, bad);
+    SCOPED_TRACE(ggml_type_name(type) + " field at " + std::to_string(at));
+    expect_refused(w, "nan_" + ggml_type_name(type) + ".gguf",
+                   {"tensor blk.1.ffn_up.weight", "elements 160..191", "non-finite f16 scale"});
   }
 }
 

@@ -14,6 +14,7 @@
 
 #include "expect_error.h"
 #include "hf_fixtures.h"
+#include "rotary/ggml_quants.h"
 #include "rotary_engine/hf_model.h"
 
 namespace rotary::test {
@@ -122,6 +123,88 @@ INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilie
 
 // --weights f16 of a finite weight past f16's range: refused at load naming the tensor, the element and the limit
 // (was: converted to Inf, then refused at the logits as if the checkpoint's weights were not finite).
+// --weights q4_k and the other block formats convert at load to the bytes llama.cpp's quantizer writes: a model whose
+// matrices are converted computes, bit for bit, what a model given ggml_quantize's blocks as stored computes (the
+// head's logits here: every matrix goes through the same conversion). Unset activations follow the weights: q8 for
+// block formats and q8, f32 for a float matrix among them; rows that are not whole blocks are refused by tensor.
+TEST(EngineLoad, WeightsConvertedToBlockFormatsAreLlamaCppsBytesAndTakeQ8Activations) {
+  engine::Architecture arch;
+  arch.vocab_size = 48, arch.d_model = 256, arch.n_layers = 1, arch.n_heads = 2, arch.n_kv_heads = 1;
+  arch.head_dim = 128, arch.d_ff = 256;
+  const std::vector<engine::TensorSlot> slots = engine::tensor_slots(arch);
+  std::vector<std::vector<float>> values;
+  for (const engine::TensorSlot& slot : slots) {
+    int64_t n = 1;
+    for (int64_t d : slot.shape) n *= d;
+    std::vector<float>& v = values.emplace_back(size_t(n));
+    for (int64_t i = 0; i < n; ++i)
+      v[size_t(i)] = slot.name.ends_with("norm.weight") ? 1.0f
+                                                        : 0.05f * float((i * 7919 + int64_t(values.size()) * 31) % 97 - 48) / 48.0f;
+  }
+  const std::vector<float> hidden = [&] {
+    std::vector<float> h(size_t(3 * arch.d_model));
+    for (size_t i = 0; i < h.size(); ++i) h[i] = float(int(i * 37 % 23) - 11) / 7.0f;
+    return h;
+  }();
+  const auto head_logits = [&](const engine::Model& m) {
+    std::vector<float> out(size_t(3 * arch.vocab_size));
+    m.logits(hidden.data(), 3, out.data(), 1);
+    return out;
+  };
+  const auto floats = [&](const std::string& name) {
+    for (size_t i = 0; i < slots.size(); ++i)
+      if (slots[i].name == name) return engine::StoredTensor{DType::F32, values[i].data(), slots[i].shape};
+    throw Error("rotary: no tensor " + name);
+  };
+  for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q5_0, WeightFormat::Q5_1,
+                         WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
+    SCOPED_TRACE(weight_format_name(f));
+    // The same matrices as llama.cpp's blocks, as a GGUF file would store them (1-D tensors stay f32).
+    std::vector<std::vector<uint8_t>> blocks(slots.size());
+    for (size_t i = 0; i < slots.size(); ++i) {
+      if (slots[i].shape.size() != 2) continue;
+      const int64_t rows = slots[i].shape[0], cols = slots[i].shape[1];
+      blocks[i].resize(size_t(rows * weight_row_bytes(f, cols)));
+      for (int64_t r = 0; r < rows; ++r)
+        ggml_quantize(ggml_type_of(f), values[i].data() + r * cols, cols, blocks[i].data() + r * weight_row_bytes(f, cols));
+    }
+    const auto as_blocks = [&](const std::string& name) {
+      for (size_t i = 0; i < slots.size(); ++i)
+        if (slots[i].name == name) {
+          if (blocks[i].empty()) return engine::StoredTensor{DType::F32, values[i].data(), slots[i].shape};
+          return engine::StoredTensor{DType::F32, blocks[i].data(), slots[i].shape, "", f};
+        }
+      throw Error("rotary: no tensor " + name);
+    };
+    for (std::optional<ActivationFormat> a : {std::optional<ActivationFormat>(), std::optional(ActivationFormat::F32)}) {
+      const auto converted = engine::Model::load(arch, floats, {.weights = f, .activations = a}, nullptr);
+      const auto stored = engine::Model::load(arch, as_blocks, {.activations = a}, nullptr);
+      EXPECT_EQ(converted->matrix_format(), f);
+      EXPECT_EQ(converted->activations(), a.value_or(ActivationFormat::Q8));
+      EXPECT_EQ(stored->activations(), a.value_or(ActivationFormat::Q8));
+      const std::vector<float> got = head_logits(*converted), want = head_logits(*stored);
+      EXPECT_EQ(got, want);
+    }
+  }
+  // Unset activations: q8 for --weights q8, f32 for float weights as stored or converted.
+  EXPECT_EQ(engine::Model::load(arch, floats, {.weights = WeightFormat::Q8}, nullptr)->activations(), ActivationFormat::Q8);
+  EXPECT_EQ(engine::Model::load(arch, floats, {}, nullptr)->activations(), ActivationFormat::F32);
+  EXPECT_EQ(engine::Model::load(arch, floats, {.weights = WeightFormat::BF16}, nullptr)->activations(), ActivationFormat::F32);
+  // Rows that are not whole blocks: refused naming the tensor, its row length and the block.
+  engine::Architecture narrow = arch;
+  narrow.d_model = 96, narrow.head_dim = 48, narrow.d_ff = 80;
+  std::vector<float> zeros(size_t(narrow.vocab_size * 256), 0.0f);
+  const auto narrow_lookup = [&](const std::string& name) {
+    for (const engine::TensorSlot& s : engine::tensor_slots(narrow))
+      if (s.name == name) return engine::StoredTensor{DType::F32, zeros.data(), s.shape};
+    throw Error("rotary: no tensor " + name);
+  };
+  expect_error([&] { engine::Model::load(narrow, narrow_lookup, {.weights = WeightFormat::Q4_K}, nullptr); },
+               {"rows of 96 weights to convert to q4_k", "whole number of q4_k blocks (256 weights"});
+  expect_error([&] { engine::Model::load(narrow, narrow_lookup, {.weights = WeightFormat::Q4_0}, nullptr); },
+               {"rows of 80 weights to convert to q4_0", "(32 weights"});
+}
+
 TEST(HfEngine, AWeightPastF16sRangeIsRefusedAtConversion) {
   const fs::path dir = kFixtures / "llama2";
   const engine::Architecture arch = engine::read_hf_model_file(dir.string()).arch;

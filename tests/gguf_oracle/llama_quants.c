@@ -3,8 +3,9 @@
  * llama.cpp is in this repository) behind ggml_quants_dump's interface:
  *   llama_quants quantize TYPE IN OUT     IN: float32 values; OUT: quantize_row_<type>_ref's blocks
  *   llama_quants dequantize TYPE IN OUT   IN: blocks; OUT: dequantize_row_<type>'s float32 values
- * TYPE: Q4_0, Q8_0, Q4_K, Q5_K, Q6_K. The four ggml.c functions ggml-quants.c refers to outside the reference
- * quantizers (its importance-matrix and IQ paths) are stubbed below; the functions used here never call them. */
+ * TYPE: Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K. The four ggml.c functions ggml-quants.c refers to outside
+ * the reference quantizers (its importance-matrix and IQ paths) are stubbed below; the functions used here never
+ * call them. */
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -37,6 +38,9 @@ struct type_row {
 
 static const struct type_row types[] = {
     {"Q4_0", QK4_0, sizeof(block_q4_0), (quantize_fn) quantize_row_q4_0_ref, (dequantize_fn) dequantize_row_q4_0},
+    {"Q4_1", QK4_1, sizeof(block_q4_1), (quantize_fn) quantize_row_q4_1_ref, (dequantize_fn) dequantize_row_q4_1},
+    {"Q5_0", QK5_0, sizeof(block_q5_0), (quantize_fn) quantize_row_q5_0_ref, (dequantize_fn) dequantize_row_q5_0},
+    {"Q5_1", QK5_1, sizeof(block_q5_1), (quantize_fn) quantize_row_q5_1_ref, (dequantize_fn) dequantize_row_q5_1},
     {"Q8_0", QK8_0, sizeof(block_q8_0), (quantize_fn) quantize_row_q8_0_ref, (dequantize_fn) dequantize_row_q8_0},
     {"Q4_K", QK_K, sizeof(block_q4_K), (quantize_fn) quantize_row_q4_K_ref, (dequantize_fn) dequantize_row_q4_K},
     {"Q5_K", QK_K, sizeof(block_q5_K), (quantize_fn) quantize_row_q5_K_ref, (dequantize_fn) dequantize_row_q5_K},

@@ -3,18 +3,19 @@
 
 1. quantizers: float32 rows (several seeds; normal values, outliers, all-zero blocks, values near and inside f16's
    subnormal range, one sign only, constant blocks, scales near f16's largest, mixed magnitudes) quantized by rotary
-   (tests/gguf_oracle/ggml_quants_dump.cpp) and by gguf-py's gguf.quants.quantize (Q8_0, Q4_0, F16, BF16: the types
-   gguf-py can quantize), byte for byte;
+   (tests/gguf_oracle/ggml_quants_dump.cpp) and by gguf-py's gguf.quants.quantize (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1,
+   F16, BF16: the types gguf-py can quantize), byte for byte;
 2. the float64 dequantization reference: random bytes of every type (f16 / bf16 / f32 fields with their infinity
    and NaN exponents masked out; some scales forced to f16 subnormals, the largest finite half and negatives), and
    the blocks rotary's quantizers wrote, decoded by rotary and by gguf-py's gguf.quants.dequantize (float32):
    rotary's value rounded once to float32 must equal gguf-py's bit for bit (every product in these formats is exact
-   in float32, so gguf-py rounds at most once, in Q4_K / Q5_K's subtraction, and so does the reference's rounding);
+   in float32, so gguf-py rounds at most once, in the min's addition or subtraction of Q4_1 / Q5_1 / Q4_K / Q5_K, and
+   so does the reference's rounding);
 3. llama.cpp's C: the unpacked tree's ggml/src/ggml-quants.c, compiled here with tests/gguf_oracle/llama_quants.c by
    the system C compiler ($CC or cc; -O2 -DNDEBUG -ffp-contract=off, as llama.cpp's release ggml-base builds on
-   x86-64: no asserts, no FMA): quantize_row_{q4_0,q8_0,q4_K,q5_K,q6_K}_ref against rotary's quantizers byte for
-   byte on the rows of part 1, and dequantize_row_* against the reference rounded to float32 bit for bit on the
-   blocks of part 2.
+   x86-64: no asserts, no FMA): quantize_row_{q4_0,q4_1,q5_0,q5_1,q8_0,q4_K,q5_K,q6_K}_ref against rotary's
+   quantizers byte for byte on the rows of part 1, and dequantize_row_* against the reference rounded to float32 bit
+   for bit on the blocks of part 2.
 
     ROTARY_GGUF_PY=/path/to/llama.cpp/gguf-py /usr/bin/python3 tests/gguf_oracle/test_ggml_quants_oracle.py \\
         build/tests/core_ggml_quants_dump
@@ -34,9 +35,9 @@ import tempfile
 
 from gguf_py_setup import start_oracle
 
-QUANT_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
+QUANT_TYPES = ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
 ALL_TYPES = QUANT_TYPES + ["F32", "F16", "BF16"]
-GGUF_PY_QUANTIZES = ["Q8_0", "Q4_0", "F16", "BF16"]
+GGUF_PY_QUANTIZES = ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "F16", "BF16"]
 
 
 def main():
@@ -86,7 +87,7 @@ def main():
         rows["negative"] = -np.abs(normal()) - 0.5
         rows["constant"] = np.repeat(rng.standard_normal(n // 32), 32)  # max == min per sub-block
         rows["large"] = normal() * 3e5                        # k-quant scales past f16's largest half
-        rows["huge"] = normal() * 1e7                         # Q8_0 / Q4_0 scales past it too
+        rows["huge"] = normal() * 1e7                         # Q8_0 / Q4_0 / Q5_0 ... scales past it too
         rows["integers"] = rng.integers(-8, 8, n).astype(np.float64)
         ties = np.zeros(n)
         ties[::32] = 3.0
@@ -119,7 +120,8 @@ def main():
     n_blocks = 512
 
     def f16_fields(qtype):  # byte offsets of the f16 fields in a block
-        return {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "F16": [0]}.get(qtype, [])
+        return {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2],
+                "Q6_K": [208], "F16": [0]}.get(qtype, [])
 
     def random_blocks(qtype):
         block, size = gguf.GGML_QUANT_SIZES[Q[qtype]]

@@ -162,8 +162,12 @@ TEST_P(HfEngineFixture, ConvertedWeightsAndHalfPrecisionCachesStayWithinTheirRou
     const engine::PositionMethod positions = engine_positions(q.spec.config.resolved_encoding());
     const std::vector<double> got = engine_logits(q.model, positions, e.tokens, 4);
     expect_close_to_float32(got, want, V, std::hypot(0x1p-7, 0x1p-7), "q8 weights, q8 activations");
-    const HfEngineCheckpoint w = load_hf_engine(dir.string(), {.weights = WeightFormat::Q8});
+    const HfEngineCheckpoint w = load_hf_engine(dir.string(), {.weights = WeightFormat::Q8,
+                                                               .activations = ActivationFormat::F32});
     EXPECT_NE(got, engine_logits(w.model, positions, e.tokens, 4)) << "activations not quantized";
+    // Unset, the activations follow q8 weights: the same bits as q8 activations asked for.
+    const HfEngineCheckpoint a = load_hf_engine(dir.string(), {.weights = WeightFormat::Q8});
+    EXPECT_EQ(got, engine_logits(a.model, positions, e.tokens, 4)) << "q8 weights without q8 activations by default";
   }
   const HfEngineCheckpoint c = load_hf_engine(dir.string());
   const engine::PositionMethod native = engine_positions(c.spec.config.resolved_encoding());

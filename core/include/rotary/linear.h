@@ -34,27 +34,40 @@
 namespace rotary {
 
 // How a weight matrix is stored. F32 / F16 / BF16: the checkpoint's own elements (safetensors' F32, F16, BF16),
-// used in place. Q8: made at load by quantize_q8 from any of those. Q8_0, Q4_0, Q4_K, Q5_K, Q6_K: llama.cpp's block
-// formats (GGUF files' tensors, used in place; rotary/ggml_quants.h describes their bytes): each row is whole blocks
-// (32 weights for Q8_0 / Q4_0, 256 for the k-quants) of quants with their scales inside the block.
-enum class WeightFormat : uint8_t { F32, F16, BF16, Q8, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K };
+// used in place. Q8: made at load by quantize_q8 from any of those. Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K:
+// llama.cpp's block formats (GGUF files' tensors, used in place; rotary/ggml_quants.h describes their bytes): each
+// row is whole blocks (32 weights for Q8_0 / Q4_0 / Q4_1 / Q5_0 / Q5_1, 256 for the k-quants) of quants with their
+// scales inside the block. Q4_1, Q5_0 and Q5_1 come last, after Q6_K, though they belong with Q4_0: the values of
+// the earlier formats stay as they were (the engine folds a block format's value into Model::weights_hash, which
+// runs recorded before keep).
+enum class WeightFormat : uint8_t { F32, F16, BF16, Q8, Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, Q4_1, Q5_0, Q5_1 };
+inline constexpr WeightFormat kLastWeightFormat = WeightFormat::Q5_1;  // the largest value (validation)
 
 inline constexpr int kQ8Block = 32;  // q8: weights per scale (one block along a row; the last may be shorter)
 
-const char* weight_format_name(WeightFormat f);  // "f32", "f16", "bf16", "q8", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k"
+// "f32", "f16", "bf16", "q8", "q8_0", "q4_0", "q4_k", "q5_k", "q6_k", "q4_1", "q5_0", "q5_1"
+const char* weight_format_name(WeightFormat f);
 // Parses those names; throws rotary::Error naming `field` otherwise.
 WeightFormat parse_weight_format(std::string_view name, std::string_view field = "weight format");
-// Whether f is one of llama.cpp's block formats (Q8_0 ... Q6_K).
+// Whether f is one of llama.cpp's block formats (Q8_0 and every format after it).
 inline constexpr bool is_block_format(WeightFormat f) { return f >= WeightFormat::Q8_0; }
 // Weights per block of a block format (32 or 256); 1 for the others.
 inline constexpr int64_t weight_block_size(WeightFormat f) {
-  return f == WeightFormat::Q8_0 || f == WeightFormat::Q4_0 ? 32 : is_block_format(f) ? 256 : 1;
+  switch (f) {
+    case WeightFormat::Q4_K:
+    case WeightFormat::Q5_K:
+    case WeightFormat::Q6_K: return 256;
+    default: return is_block_format(f) ? 32 : 1;
+  }
 }
-// Bytes per block of a block format (Q8_0 34, Q4_0 18, Q4_K 144, Q5_K 176, Q6_K 210).
+// Bytes per block of a block format (Q8_0 34, Q4_0 18, Q4_1 20, Q5_0 22, Q5_1 24, Q4_K 144, Q5_K 176, Q6_K 210).
 inline constexpr int64_t weight_block_bytes(WeightFormat f) {
   switch (f) {
     case WeightFormat::Q8_0: return 34;
     case WeightFormat::Q4_0: return 18;
+    case WeightFormat::Q4_1: return 20;
+    case WeightFormat::Q5_0: return 22;
+    case WeightFormat::Q5_1: return 24;
     case WeightFormat::Q4_K: return 144;
     case WeightFormat::Q5_K: return 176;
     case WeightFormat::Q6_K: return 210;
@@ -97,7 +110,7 @@ struct WeightMatrix {
 // The precision of the activations x in the products. F32: as given. BF16: each element rounded to bfloat16
 // (nearest even; NaN stays NaN) before its products; bf16 weights only. Q8: each token's x quantized in blocks of
 // kQ8Block along its row (q8_quantize_block: scale = max |x| / 127, quant = round(x / scale)); q8 weights and the
-// block formats (as llama.cpp's products with Q8_0 / Q4_0 / k-quant weights quantize x to 8 bits).
+// block formats (as llama.cpp's products with Q8_0 / Q4_0 / Q5_0 / ... / k-quant weights quantize x to 8 bits).
 enum class ActivationFormat : uint8_t { F32, BF16, Q8 };
 const char* activation_format_name(ActivationFormat f);  // "f32", "bf16", "q8"
 // Parses "f32", "bf16", "q8"; throws rotary::Error naming `field` otherwise.

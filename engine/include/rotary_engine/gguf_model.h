@@ -21,9 +21,11 @@
 // same numbers as the directory's half-split layout; the attention kernels sum q.k in another feature order, so
 // logits agree to float32 rounding, not bit for bit); qwen2's is HalfSplit as its config.json's.
 //
-// Tensor types: F32, F16, BF16 read in place as safetensors' are; Q8_0, Q4_0, Q4_K, Q5_K, Q6_K (llama.cpp's block
-// formats) used in place by the linear layers (StoredTensor::blocks; --activations q8 runs them on integer products).
-// Any other type is refused naming the tensor, its type and this list.
+// Tensor types: F32, F16, BF16 read in place as safetensors' are; Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K
+// (llama.cpp's block formats; llama-quantize's Q4_K_M / Q5_K_M write Q5_0 / Q5_1 / Q8_0 for the tensors whose rows
+// are not whole 256-value super-blocks) used in place by the linear layers (StoredTensor::blocks; --activations q8
+// runs them on integer products), any mix of them in one file. Any other type is refused naming the tensor, its type
+// and this list.
 #pragma once
 
 #include <string>

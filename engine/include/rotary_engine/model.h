@@ -79,7 +79,10 @@ struct LoadOptions {
   // to bf16 as llama.cpp's bf16 products do, for the CPU's bf16 dot products (~1.5-2x prefill where it has them);
   // or q8 - quantized per block of 32 as llama.cpp's Q8_0 products do, for the CPU's int8 dot products (AVX512-VNNI).
   // bf16 needs every matrix in bf16, q8 weights converted to q8 (rotary::Error naming "activations" otherwise).
-  ActivationFormat activations = ActivationFormat::F32;
+  // Unset: the weights decide, as llama.cpp's products do - q8 where every matrix as run is q8 (--weights q8) or a
+  // block format (a GGUF file's Q8_0, Q4_0, Q4_K, ... as stored), whose integer products are the fast path (their
+  // float path dequantizes every weight of every product); f32 otherwise. Model::activations() says which.
+  std::optional<ActivationFormat> activations;
   int threads = 0;                      // 0: OpenMP's default
 };
 
@@ -94,7 +97,7 @@ class Model {
 
   const Architecture& arch() const;
   WeightFormat matrix_format() const;  // the format of the linear layers' weights as run
-  ActivationFormat activations() const;  // LoadOptions::activations
+  ActivationFormat activations() const;  // LoadOptions::activations, or what the weights chose when it was unset
   int64_t weight_bytes_per_token() const;  // bytes of weights a decode step reads (every matrix and the head)
   int64_t owned_bytes() const;  // bytes the model allocated itself (converted weights, norms, biases)
   // The weights by content: every tensor read, in slot order - its name, stored dtype, shape and bytes as stored
