@@ -55,13 +55,19 @@ double stored_value(const StoredTensor& t, int64_t i) {
 }
 std::string stored_type_name(const StoredTensor& t) { return t.blocks ? weight_format_name(*t.blocks) : dtype_name(t.dtype); }
 
-// The block formats the linear layers take ("q8_0, q4_0, ..."), for messages: every WeightFormat from Q8_0 on that
-// has a name, so the list follows rotary/linear.h.
+// The block formats the linear layers take ("q8_0, q4_0, ..."), for messages: every WeightFormat from Q8_0 on, so
+// the list follows rotary/linear.h.
 std::string block_format_list() {
   std::string list;
-  for (int f = int(WeightFormat::Q8_0); f < 256 && std::string_view(weight_format_name(WeightFormat(f))) != "?"; ++f)
+  for (int f = int(WeightFormat::Q8_0); f <= int(kLastWeightFormat); ++f)
     list += (list.empty() ? "" : ", ") + std::string(weight_format_name(WeightFormat(f)));
   return list;
+}
+// Row r of a [rows, cols] stored tensor as float32: its exact values (stored_values), rounded once.
+void row_floats(const StoredTensor& t, int64_t r, int64_t cols, float* out) {
+  std::vector<double> row(static_cast<size_t>(cols));
+  stored_values(t, r * cols, cols, row.data());
+  for (int64_t c = 0; c < cols; ++c) out[c] = float(row[size_t(c)]);
 }
 // The byte offsets of a block format's f16 scales within a block: a non-finite scale is the only way its weights
 // can be non-finite (the quants are integers).
@@ -167,11 +173,7 @@ class Loader {
       } else if (t.blocks) {  // decoded row by row (exact floats), then quantized as any float matrix
         std::vector<float> values(size_t(rows * cols));
 #pragma omp parallel for schedule(static) num_threads(threads_)
-        for (int64_t r = 0; r < rows; ++r) {
-          std::vector<double> row(static_cast<size_t>(cols));
-          stored_values(t, r * cols, cols, row.data());
-          for (int64_t c = 0; c < cols; ++c) values[size_t(r * cols + c)] = float(row[size_t(c)]);
-        }
+        for (int64_t r = 0; r < rows; ++r) row_floats(t, r, cols, values.data() + r * cols);
         quantize_q8(values.data(), DType::F32, rows, cols, cols, reinterpret_cast<int8_t*>(bytes.data()),
                     scales.data(), threads_);
       } else {
@@ -223,10 +225,8 @@ class Loader {
     m_.owned_bytes += int64_t(bytes.size());
 #pragma omp parallel for schedule(dynamic, 16) num_threads(threads_)
     for (int64_t r = 0; r < rows; ++r) {
-      std::vector<double> row(static_cast<size_t>(cols));
       std::vector<float> values(static_cast<size_t>(cols));
-      stored_values(t, r * cols, cols, row.data());
-      for (int64_t c = 0; c < cols; ++c) values[size_t(c)] = float(row[size_t(c)]);
+      row_floats(t, r, cols, values.data());
       ggml_quantize(type, values.data(), cols, bytes.data() + r * row_bytes);
     }
     WeightMatrix w;
