@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds everything, runs every test (C++ core, nn, training, lab,
-# CLI, Python ops, install + find_package consumer), builds and tests the configuration without libtorch, reruns the suites that run SIMD kernels with Highway capped at
+# CLI, install + find_package consumer), installs the Python package into a fresh venv and runs the Python tests
+# there, builds and tests the configuration without libtorch, reruns the suites that run SIMD kernels with Highway capped at
 # the lower targets a smaller CPU would use (ROTARY_SIMD_TARGET, see core/src/simd_targets.h), then rebuilds the
 # core with ASan+UBSan and runs the core tests again, then fuzzes every reader of untrusted input (scripts/fuzz.sh).
 # Prints each phase's time and one closing line.
@@ -23,10 +24,18 @@ mkdir -p "$logs"
 rm -f "$logs"/*.log
 status=0
 echo "== tests (Release, best SIMD target)"
-# (the torch-free suites and command-line scripts run once, in the build without libtorch below: the same sources)
-ctest --test-dir "$root/build" -j "$jobs" -LE '^(engine|tokenizers|chat|server|torch_free)$' --output-on-failure \
-  --timeout 900 2>&1 | tee "$logs/release.log" || status=1
+# (the torch-free suites and command-line scripts run once, in the build without libtorch below: the same sources;
+# the Python tests once, in the venv of the next phase)
+ctest --test-dir "$root/build" -j "$jobs" -LE '^(engine|tokenizers|chat|server|torch_free|python)$' \
+  --output-on-failure --timeout 900 2>&1 | tee "$logs/release.log" || status=1
 phase_done "tests (Release)"
+
+# The Python package as a user installs it: `pip install .` (no index, no download) into a fresh venv over Debian's
+# python3, its files checked, and every tests/python file run there from outside the repository
+# (docs/python-package.md).
+echo "== python package (pip install . into a fresh venv, tests/python there)"
+bash "$root/scripts/python_package.sh" 2>&1 | tee "$logs/python-package.log" || status=1
+phase_done "python package (venv + tests)"
 
 # The same verdict on a CPU with another instruction set: the kernels' own suites (the core label: the op-case harness
 # and every core test) with dispatch capped at each lower target this CPU has (the portable scalar code always).

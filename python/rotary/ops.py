@@ -1,5 +1,9 @@
 """Documented wrappers over torch.ops.rotary.*."""
+from typing import Optional, Tuple, Union
+
 import torch
+
+from ._checks import check_tensor
 
 
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0,
@@ -19,22 +23,49 @@ def rope_inverse(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tenso
     return torch.ops.rotary.rope(x, positions, inv_freq, float(attention_factor), layout, "inverse")
 
 
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor = None,
-              cu_seqlens: torch.Tensor = None, causal: bool = True, softmax_scale: float = 0.0, mode: str = "rope",
-              inv_freq: torch.Tensor = None, attention_factor: float = 1.0, layout: str = "half_split",
-              roper: bool = False, window: int = 0, leaky_k: float = 1.0, logn_train_len: int = 0):
-    """Fused attention with a rotary position mode; returns (out, lse). Differentiable in q, k, v.
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str = "rope", *, rotary_emb=None,
+              inv_freq: Optional[torch.Tensor] = None, attention_factor: Optional[float] = None, window: int = 0,
+              leaky_k: float = 1.0, logn: int = 0, causal: bool = True, positions: Optional[torch.Tensor] = None,
+              cu_seqlens: Optional[torch.Tensor] = None, softmax_scale: Optional[float] = None,
+              layout: str = "half_split",
+              return_lse: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+    """Fused softmax attention with a rotary position mode; differentiable in q, k, v.
 
-    q [B, S, Hq, D] or packed [T, Hq, D] (then cu_seqlens [batch+1] int64 marks the sequences); k, v [..., Hkv, D]
-    with Hq % Hkv == 0. positions: int64 [B, S] / [T] (default: index inside the sequence).
-    mode: "none" (inputs already rotated), "rope", "rerope" (window w: distances >= w are clipped to w),
-    "leaky_rerope" (beyond w the distance grows with slope 1/leaky_k). roper: RoPER value/output rotation.
-    logn_train_len > 1: log-n query scaling q *= max(1, ln(pos + 1) / ln(logn_train_len)).
-    softmax_scale 0 means 1/sqrt(D). lse [tokens, Hq] is the log-sum-exp of the scaled scores.
+    q ``[batch, seqlen, heads, head_dim]`` or packed ``[total, heads, head_dim]`` (then cu_seqlens ``[batch + 1]``
+    marks the sequences); k, v ``[..., kv_heads, head_dim]`` with heads % kv_heads == 0 (GQA / MQA).
+    mode: "rope"; "roper" (RoPER: values and outputs turned too); "rerope" (ReRoPE: distances >= window count as
+    window); "leaky_rerope" (past window the distance grows with slope 1 / leaky_k); "none" (inputs already turned).
+    The frequencies: rotary_emb (a rotary.RotaryEmbedding, its layout and attention factor with it) or inv_freq
+    (float64 ``[rotary_dim / 2]``) with attention_factor and layout ("half_split" or "interleaved").
+    logn > 1: log-n query scaling, q *= max(1, ln(pos + 1) / ln(logn)) (logn = the training length).
+    positions: int64 ``[batch, seqlen]`` / ``[total]`` (default: the index inside each sequence).
+    softmax_scale: default 1 / sqrt(head_dim). Returns the output ``[..., heads, head_dim]``, and with return_lse
+    also the log-sum-exp of the scaled scores ``[tokens, heads]``.
     """
-    return torch.ops.rotary.attention(q, k, v, positions, cu_seqlens, causal, float(softmax_scale), mode, inv_freq,
-                                      float(attention_factor), layout, roper, int(window), float(leaky_k),
-                                      int(logn_train_len))
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t)
+    if mode not in ("none", "rope", "roper", "rerope", "leaky_rerope"):
+        raise ValueError(f"mode = {mode!r}: allowed none, rope, roper, rerope, leaky_rerope")
+    for name, value in (("window", window), ("logn", logn)):
+        if not isinstance(value, int) or isinstance(value, bool):
+            raise TypeError(f"{name}: must be an int, got {type(value).__name__}")
+    if mode in ("rerope", "leaky_rerope") and window < 1:
+        raise ValueError(f"window = {window}: mode {mode!r} needs window >= 1")
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse: must be a bool, got {type(return_lse).__name__}")
+    if rotary_emb is not None:
+        if inv_freq is not None:
+            raise ValueError("inv_freq: give either inv_freq or rotary_emb, not both")
+        inv_freq = rotary_emb.inv_freq
+        attention_factor = rotary_emb.attention_factor if attention_factor is None else attention_factor
+        layout = "interleaved" if rotary_emb.interleaved else "half_split"
+    if mode != "none" and inv_freq is None:
+        raise ValueError(f"inv_freq: mode {mode!r} needs the frequencies: pass rotary_emb= or inv_freq=")
+    out, lse = torch.ops.rotary.attention(
+        q, k, v, positions, cu_seqlens, causal, 0.0 if softmax_scale is None else float(softmax_scale),
+        "rope" if mode == "roper" else mode, inv_freq, 1.0 if attention_factor is None else float(attention_factor),
+        layout, mode == "roper", int(window), float(leaky_k), int(logn))
+    return (out, lse) if return_lse else out
 
 
 def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor = None,

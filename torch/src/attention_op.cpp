@@ -255,4 +255,9 @@ TORCH_LIBRARY_IMPL(rotary, CPU, m) {
   m.impl("attention", rotary::torch_ops::attention_cpu);
   m.impl("attention_backward", rotary::torch_ops::attention_backward_cpu);
 }
-TORCH_LIBRARY_IMPL(rotary, Autograd, m) { m.impl("attention", rotary::torch_ops::attention_autograd); }
+// The backward op is not differentiated itself: past the autograd key to the backend (CPU, or the Python package's
+// Meta kernel for meta and fake tensors).
+TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
+  m.impl("attention", rotary::torch_ops::attention_autograd);
+  m.impl("attention_backward", torch::CppFunction::makeFallthrough());
+}

@@ -30,17 +30,16 @@ KvCacheHolder::KvCacheHolder(int64_t capacity, int64_t kv_heads, int64_t head_di
     : dtype_(parse_dtype(dtype)) {
   // Range-checked here, before the narrowing to the core's int (a head dim of 2^32 + 64 must not become 64).
   check(head_dim >= 1 && head_dim <= 4096, "head_dim", head_dim, "1..4096");
-  KvCacheConfig c;
+  KvCacheConfig& c = config_;
   c.capacity = capacity;
   c.kv_heads = kv_heads;
   c.head_dim = int(head_dim);
   c.dtype = core_dtype(at::empty({0}, dtype_), "dtype");
   c.pos.mode = position_mode_from_name(pos.mode);
-  RopeFreqs freqs;  // the cache copies it
   if (c.pos.mode != PositionMode::None) {
     check(pos.inv_freq.has_value(), "inv_freq", "none", "a [rotary_dim/2] tensor when mode is not none");
-    freqs = freqs_from(*pos.inv_freq, pos.attention_factor, pos.layout, head_dim);
-    c.pos.freqs = &freqs;
+    freqs_ = freqs_from(*pos.inv_freq, pos.attention_factor, pos.layout, head_dim);
+    c.pos.freqs = &freqs_;
   }
   c.pos.roper = pos.roper;
   c.pos.window = pos.window;
@@ -93,6 +92,12 @@ at::Tensor KvCacheHolder::decode(const at::Tensor& q, std::optional<int64_t> q_p
 int64_t KvCacheHolder::size() const { return cache_->size(); }
 int64_t KvCacheHolder::capacity() const { return cache_->capacity(); }
 void KvCacheHolder::clear() { cache_->clear(); }
+void KvCacheHolder::save(const std::string& path, int64_t fingerprint) const {
+  cache_->save(path, uint64_t(fingerprint));
+}
+void KvCacheHolder::load(const std::string& path, int64_t fingerprint) {
+  *cache_ = KvCache::open(path, config_, uint64_t(fingerprint));
+}
 
 }  // namespace rotary::torch_ops
 
@@ -123,5 +128,7 @@ TORCH_LIBRARY_FRAGMENT(rotary, m) {
           "", {arg("q"), arg("q_position"), arg("softmax_scale")})
       .def("size", &KvCacheHolder::size)
       .def("capacity", &KvCacheHolder::capacity)
-      .def("clear", &KvCacheHolder::clear);
+      .def("clear", &KvCacheHolder::clear)
+      .def("save", &KvCacheHolder::save, "", {arg("path"), arg("fingerprint") = int64_t(0)})
+      .def("load", &KvCacheHolder::load, "", {arg("path"), arg("fingerprint") = int64_t(0)});
 }

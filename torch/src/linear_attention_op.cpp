@@ -165,4 +165,8 @@ TORCH_LIBRARY_IMPL(rotary, CPU, m) {
   m.impl("linear_attention", rotary::torch_ops::linear_attention_cpu);
   m.impl("linear_attention_backward", rotary::torch_ops::linear_attention_backward_cpu);
 }
-TORCH_LIBRARY_IMPL(rotary, Autograd, m) { m.impl("linear_attention", rotary::torch_ops::linear_attention_autograd); }
+// The backward op is not differentiated itself: past the autograd key to the backend (CPU, or Meta).
+TORCH_LIBRARY_IMPL(rotary, Autograd, m) {
+  m.impl("linear_attention", rotary::torch_ops::linear_attention_autograd);
+  m.impl("linear_attention_backward", torch::CppFunction::makeFallthrough());
+}

@@ -88,6 +88,16 @@ class MemoryKvCacheHolder : public torch::CustomClassHolder {
   void save_memory(const std::string& path, int64_t fingerprint) const {
     cache_->memory().save(path, uint64_t(fingerprint));
   }
+  // The whole cache (memory and window) to two files, atomically (MemoryKvCache::save), and back: load replaces
+  // this cache by the saved one, continued, which must have this one's config (MemoryKvCache::open names the field).
+  void save(const std::string& memory_path, const std::string& window_path, int64_t fingerprint) const {
+    cache_->save(memory_path, window_path, uint64_t(fingerprint));
+  }
+  void load(const std::string& memory_path, const std::string& window_path, int64_t fingerprint) {
+    const MemoryKvCacheConfig config = cache_->config();  // its freqs point at freqs_, which stays
+    cache_ = std::make_unique<MemoryKvCache>(MemoryKvCache::open(config, memory_path, window_path,
+                                                                 uint64_t(fingerprint)));
+  }
 
  private:
   RopeFreqs freqs_;
@@ -115,5 +125,9 @@ TORCH_LIBRARY_FRAGMENT(rotary, m) {
       .def("size", &MemoryKvCacheHolder::size)
       .def("window_size", &MemoryKvCacheHolder::window_size)
       .def("memory_size", &MemoryKvCacheHolder::memory_size)
-      .def("save_memory", &MemoryKvCacheHolder::save_memory, "", {arg("path"), arg("fingerprint")});
+      .def("save_memory", &MemoryKvCacheHolder::save_memory, "", {arg("path"), arg("fingerprint")})
+      .def("save", &MemoryKvCacheHolder::save, "",
+           {arg("memory_path"), arg("window_path"), arg("fingerprint") = int64_t(0)})
+      .def("load", &MemoryKvCacheHolder::load, "",
+           {arg("memory_path"), arg("window_path"), arg("fingerprint") = int64_t(0)});
 }

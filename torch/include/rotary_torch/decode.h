@@ -10,11 +10,8 @@
 #include <optional>
 #include <string>
 
+#include "rotary/kv_cache.h"
 #include "rotary_torch/ops.h"
-
-namespace rotary {
-class KvCache;
-}
 
 namespace rotary::torch_ops {
 
@@ -39,8 +36,17 @@ class KvCacheHolder : public torch::CustomClassHolder {
   int64_t size() const;
   int64_t capacity() const;
   void clear();
+  // The cache to a file, atomically (KvCache::save; docs/decode.md "Saved caches"); fingerprint: the caller's tag
+  // of what made the rows, which load must be given back.
+  void save(const std::string& path, int64_t fingerprint) const;
+  // Replaces this cache by the one saved at path, continued: its tokens and room for this cache's capacity more.
+  // The file must come from a cache of this one's kv_heads, head_dim, dtype and position params (KvCache::open
+  // names the field that differs).
+  void load(const std::string& path, int64_t fingerprint);
 
  private:
+  RopeFreqs freqs_;      // what config_.pos.freqs points at
+  KvCacheConfig config_;  // as constructed: load's expectation
   std::unique_ptr<KvCache> cache_;
   at::ScalarType dtype_;
 };
