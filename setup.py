@@ -126,9 +126,9 @@ setup(
     python_requires=">=3.9",
     package_dir={"": "python"},
     packages=find_packages(where="python", include=["rotary", "rotary.*"]),
-    # Debian's python3-torch is 1.13.0a0+gitunknown; `torch>=1.13.0a0` accepts it (a pre-release) without asking an
-    # index. The op library is built against the libtorch on this machine and must be loaded by the same torch.
-    install_requires=["torch>=1.13.0a0"],
+    # No install_requires: the op library is built against the libtorch on this machine and must be loaded by that
+    # same torch (Debian's python3-torch), which pip cannot supply; a requirement would only make `pip wheel .` try to
+    # build a torch wheel with no index. `import rotary` names the missing torch instead (python/rotary/__init__.py).
     ext_modules=[CMakeLibrary()],
     cmdclass={"build": CleanBuild, "build_ext": BuildWithCMake},
     zip_safe=False,

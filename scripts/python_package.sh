@@ -24,7 +24,7 @@ py="$venv/bin/python"
 
 echo "== pip wheel $root (no index)"
 phase=$SECONDS
-"$py" -m pip wheel --no-deps --wheel-dir "$tmp/wheels" "$root"
+"$py" -m pip wheel --wheel-dir "$tmp/wheels" "$root"
 wheel_s=$((SECONDS - phase))
 wheels=("$tmp"/wheels/rotary-*.whl)
 [ ${#wheels[@]} -eq 1 ] && [ -f "${wheels[0]}" ] || fail "pip wheel made no single rotary wheel: ${wheels[*]}"

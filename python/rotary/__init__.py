@@ -6,7 +6,11 @@ librotary_torch.so with torch.ops.load_library (ROTARY_TORCH_LIB names another b
 function and op.
 """
 
-import torch as _torch
+try:
+    import torch as _torch
+except ImportError as _e:  # no install_requires (setup.py): say what is missing and where it comes from
+    raise ImportError("rotary needs PyTorch, the one its op library was built against: Debian's python3-torch "
+                      "(apt install python3-torch; in a venv, create it with --system-site-packages)") from _e
 
 from ._load import library_path as _library_path
 from ._load import library_version as _library_version

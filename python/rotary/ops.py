@@ -6,6 +6,12 @@ import torch
 from ._checks import check_tensor
 
 
+def _check_tensors(**tensors):
+    """A TypeError naming the argument that is not a tensor (the op would raise a RuntimeError)."""
+    for name, t in tensors.items():
+        check_tensor(name, t)
+
+
 def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0,
          layout: str = "half_split") -> torch.Tensor:
     """Rotate x [..., heads, head_dim] by per-token positions [...] (int64).
@@ -14,12 +20,14 @@ def rope(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, atten
     rotary_dim pass through. layout: "half_split" (GPT-NeoX / HF Llama) or "interleaved" (RoFormer / GPT-J).
     attention_factor multiplies cos and sin (YaRN, LongRoPE). Differentiable in x.
     """
+    _check_tensors(x=x, positions=positions, inv_freq=inv_freq)
     return torch.ops.rotary.rope(x, positions, inv_freq, float(attention_factor), layout, "forward")
 
 
 def rope_inverse(x: torch.Tensor, positions: torch.Tensor, inv_freq: torch.Tensor, attention_factor: float = 1.0,
                  layout: str = "half_split") -> torch.Tensor:
     """The inverse of `rope` (R(-p) / attention_factor). Differentiable in x."""
+    _check_tensors(x=x, positions=positions, inv_freq=inv_freq)
     return torch.ops.rotary.rope(x, positions, inv_freq, float(attention_factor), layout, "inverse")
 
 
@@ -42,8 +50,7 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mode: str = "ro
     softmax_scale: default 1 / sqrt(head_dim). Returns the output ``[..., heads, head_dim]``, and with return_lse
     also the log-sum-exp of the scaled scores ``[tokens, heads]``.
     """
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        check_tensor(name, t)
+    _check_tensors(q=q, k=k, v=v)
     if mode not in ("none", "rope", "roper", "rerope", "leaky_rerope"):
         raise ValueError(f"mode = {mode!r}: allowed none, rope, roper, rerope, leaky_rerope")
     for name, value in (("window", window), ("logn", logn)):
@@ -83,5 +90,6 @@ def linear_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, position
     features past rotary_dim are not rotated), or None for plain linear attention (attention_factor and layout
     unused). layout: "half_split" or "interleaved". Arithmetic in float32 (float64 for float64 inputs).
     """
+    _check_tensors(q=q, k=k, v=v)
     return torch.ops.rotary.linear_attention(q, k, v, positions, cu_seqlens, causal, inv_freq,
                                              float(attention_factor), layout)

@@ -75,6 +75,9 @@ class AttentionTest(unittest.TestCase):
             (TypeError, "logn", lambda: rotary.attention(q, q, q, inv_freq=inv, logn=2.5)),
             (TypeError, "k", lambda: rotary.attention(q, [1], q, inv_freq=inv)),
             (ValueError, "k.dtype", lambda: rotary.attention(q, q.double(), q, inv_freq=inv)),
+            (TypeError, "x", lambda: rotary.rope([1.0], torch.arange(1), inv)),
+            (TypeError, "positions", lambda: rotary.rope_inverse(q, [0, 1, 2], inv)),
+            (TypeError, "k", lambda: rotary.linear_attention(q, None, q)),
         ]
         assert_each_refused(self, cases)
 
