@@ -19,6 +19,7 @@
 
 #include "angles-inl.h"
 #include "rotate_pairs-inl.h"
+#include "rotation_threads.h"
 #include "storage-inl.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
@@ -207,17 +208,11 @@ void RotateTokenRange(const RopeFreqs& f, const RopeParams& p, int64_t t0, int64
   }
 }
 
-// Threads only pay off when each has enough to do: below this many elements per thread, fork/join (about a
-// microsecond here) costs more than it saves. Measured on the 2-core CI machine (32 heads x 128, f32): 2 threads
-// break even at 4 tokens (16K elements) and win from 8 tokens. The decode shape (1 token) never forks.
-constexpr double kMinElementsPerThread = 12288;
-
 template <class TS>
 void RopeApplyTyped(const RopeFreqs& f, const RopeParams& p) {
   const int64_t heads = p.q_in.heads + (p.k_in.data != nullptr ? p.k_in.heads : 0);
   const double elements = double(p.tokens) * double(heads) * double(f.head_dim);
-  int64_t threads = std::min<int64_t>(p.threads > 0 ? p.threads : omp_get_max_threads(), p.tokens);
-  threads = std::min<int64_t>(threads, int64_t(elements / kMinElementsPerThread));
+  const int64_t threads = detail::rotation_threads(p.threads, p.tokens, elements);
   if (threads <= 1) {
     RotateTokenRange<TS>(f, p, 0, p.tokens);
     return;

@@ -17,6 +17,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "rotation_threads.h"
 #include "storage-inl.h"
 #include "hwy/aligned_allocator.h"
 #include "hwy/highway.h"
@@ -145,14 +146,10 @@ void TurnTokenRange(const RopeTableParams& p, int64_t t0, int64_t t1) {
   }
 }
 
-// As rope_kernels_hwy.cpp: below this many elements per thread a fork costs more than it saves.
-constexpr double kMinElementsPerThread = 12288;
-
 template <class TS>
 void RopeTableTyped(const RopeTableParams& p) {
   const double elements = double(p.tokens) * double(p.x_in.heads) * double(p.head_dim);
-  int64_t threads = std::min<int64_t>(p.threads > 0 ? p.threads : omp_get_max_threads(), p.tokens);
-  threads = std::min<int64_t>(threads, int64_t(elements / kMinElementsPerThread));
+  const int64_t threads = detail::rotation_threads(p.threads, p.tokens, elements);
   if (threads <= 1) {
     TurnTokenRange<TS>(p, 0, p.tokens);
     return;

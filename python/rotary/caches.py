@@ -69,6 +69,16 @@ def _next_positions(positions, n, size, last):
     return positions.to(torch.int64)
 
 
+def _append(cache, k, v, positions, dtype):
+    """The one append of both classes: dtypes checked, positions defaulting to the next ones, the last remembered."""
+    check_float_tensor("k", k, (dtype,))
+    check_float_tensor("v", v, (dtype,))
+    pos = _next_positions(positions, k.shape[0] if k.dim() else 0, len(cache), cache._last)
+    _core(cache._cache.append, k, v, pos)
+    if pos.numel():
+        cache._last = int(pos[-1])
+
+
 class KvCache:
     """One sequence's keys and values, decoded one query token at a time by the fused kernels.
 
@@ -108,12 +118,7 @@ class KvCache:
     def append(self, k: torch.Tensor, v: torch.Tensor, positions: Optional[torch.Tensor] = None) -> None:
         """k, v ``[n, kv_heads, head_dim]`` un-turned (as the projections give them); positions ``[n]`` int,
         increasing past the cached ones (default: the next n after the last)."""
-        check_float_tensor("k", k, (self.dtype,))
-        check_float_tensor("v", v, (self.dtype,))
-        pos = _next_positions(positions, k.shape[0] if k.dim() else 0, len(self), self._last)
-        _core(self._cache.append, k, v, pos)
-        if pos.numel():
-            self._last = int(pos[-1])
+        _append(self, k, v, positions, self.dtype)
 
     def decode(self, q: torch.Tensor, position: Optional[int] = None,
                softmax_scale: Optional[float] = None) -> torch.Tensor:
@@ -182,12 +187,7 @@ class MemoryKvCache:
 
     def append(self, k: torch.Tensor, v: torch.Tensor, positions: Optional[torch.Tensor] = None) -> None:
         """k, v ``[n, kv_heads, head_dim]`` float32 un-turned; positions ``[n]`` increasing (default: the next n)."""
-        check_float_tensor("k", k, (torch.float32,))
-        check_float_tensor("v", v, (torch.float32,))
-        pos = _next_positions(positions, k.shape[0] if k.dim() else 0, len(self), self._last)
-        _core(self._cache.append, k, v, pos)
-        if pos.numel():
-            self._last = int(pos[-1])
+        _append(self, k, v, positions, torch.float32)
 
     def decode(self, q: torch.Tensor, position: int, top_k: int = 32, softmax_scale: Optional[float] = None,
                return_retrieval: bool = False) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
