@@ -165,6 +165,27 @@ class ApplyRotaryEmbTest(unittest.TestCase):
         assert_each_refused(self, cases)
 
 
+class RopeTableOpTest(unittest.TestCase):
+    def test_the_op_refuses_bad_arguments_by_name(self):
+        x, cos = torch.randn(1, 4, 2, 8), torch.randn(4, 4)
+        rows = torch.arange(4).unsqueeze(0)
+        op = torch.ops.rotary.rope_table
+        assert_each_refused(self, [
+            (ValueError, "width", lambda: op(x, cos, cos, rows, 8, "half_split", "per_pair", False)),
+            (ValueError, "layout", lambda: op(x, cos, cos, rows, 8, "diagonal", "pairs", False)),
+            (ValueError, "rows.shape", lambda: op(x, cos, cos, rows[:, :3], 8, "half_split", "pairs", False)),
+            (ValueError, "rows.dtype", lambda: op(x, cos, cos, rows.int(), 8, "half_split", "pairs", False)),
+            (ValueError, "cos.shape[-1]", lambda: op(x, cos, cos, rows, 8, "half_split", "features", False)),
+            (ValueError, "rows[3]", lambda: op(x, cos[:3], cos[:3], rows, 8, "half_split", "pairs", False)),
+            (ValueError, "x.dim()", lambda: op(x[0], cos, cos, rows, 8, "half_split", "pairs", False)),
+        ])
+
+    def test_rope_freqs_refuses_a_negative_length(self):
+        with self.assertRaises(ValueError) as caught:
+            torch.ops.rotary.rope_freqs('{"head_dim": 8}', -1)
+        self.assertIn("seq_len", str(caught.exception))
+
+
 class ApplyRotaryPosEmbTest(unittest.TestCase):
     def test_matches_transformers_formula_in_every_dtype_and_form(self):
         torch.manual_seed(4)
