@@ -6,6 +6,8 @@
 
 #include <cstdint>
 
+#include "linear_kernel.h"
+
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
 #include <immintrin.h>
 #define ROTARY_BYTE_PRODUCTS_AVX2 1
@@ -14,12 +16,9 @@
 namespace rotary::linear_detail::avx2 {
 
 // Tiles: kTokens tokens x kRows rows of accumulators (8 + 4 weight vectors + x's two vectors of 16 registers) for
-// prefill chunks; a small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens) row by row,
-// each thread's weights one sequential stream, which the prefetcher follows (2026-11-28, Zen 3, one thread, 4864x1024
-// past the caches, q8 / q4_k: one token 1070-1400 -> 820-890 / 1100-1430 -> 500-600 us, four tokens 1920-1960 ->
-// 1160-1560 / 2360-2480 -> 1680-1700 us, kRows rows at a time -> row by row).
+// prefill chunks; a small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens,
+// linear_kernel.h) row by row.
 constexpr int kRows = 4, kTokens = 2;
-constexpr int64_t kSmallBatch = 8;
 
 // The 8 lanes' sum, in a fixed order of adds.
 ROTARY_AVX2_TARGET inline float SumOfLanes(__m256 v) {

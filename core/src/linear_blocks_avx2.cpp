@@ -26,6 +26,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <memory>
+#include <vector>
 
 #include "block_weights.h"
 #include "linear_kernel.h"
@@ -209,12 +211,193 @@ ROTARY_AVX2_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
   store_tile(j, t0, r0, NT, NR, sums);
 }
 
+// Prefill: a panel of kPanelRows rows, its units unpacked once per token chunk and transposed so that one register
+// holds bytes 4g..4g+3 of unit u for each of the 8 rows (32-bit lane r: row r). A token's bytes 4g..4g+3, broadcast,
+// then meet all 8 rows in one vpmaddubsw, and lane r of the 8 int32 sums is exactly lane g of Tile's sums for row r;
+// so accumulator g of the panel (lane r) takes exactly the operations of Tile's lane g of row r, in the same order,
+// and the fixed-order lane sum becomes the same adds across the 8 accumulators: every bit equals Tile's and so the
+// decode path's (BlockFormatsSameBitsForAnyThreadCountAndTokenBatching). The unpacking, 7-8 operations a unit and
+// row in Tile for 2 tokens, is paid once per chunk (16-96 tokens), and the scales and the float work are per 8 rows:
+// 2026-11-29, Zen 3, Q4_0 prefill 512 of the 0.5B shape, see docs/gguf.md.
+constexpr int kSliceUnits = 32;  // units of a panel slice: 16 KB of unpacked bytes (signed formats), L1-resident
+
+// One slice of a panel: for unit u, group g: the 8 rows' quant bytes q[u][g] (and |q| for the signed formats), the
+// rows' unit scales and mins, and Q6_K's pair weights for the unit's two sub-blocks (lane r: row r's int16 scale,
+// twice).
+struct alignas(32) PanelSlice {
+  __m256i q[kSliceUnits][8], qa[kSliceUnits][8];
+  __m256i pair_weights[kSliceUnits][2];
+  float scale[kSliceUnits][kPanelRows], min[kSliceUnits][kPanelRows];
+};
+
+// Lanes r of the result g: dword g of rows[r] (an 8 x 8 transpose of 32-bit lanes).
+ROTARY_AVX2_TARGET inline void Transpose8x8(const __m256i* rows, __m256i* out) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);      // dwords 0, 1 | 4, 5 of rows 2i, 2i+1
+    t[2 * i + 1] = _mm256_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);  // dwords 2, 3 | 6, 7
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 4h..4h+3
+    u[4 * h + 0] = _mm256_unpacklo_epi64(t[4 * h + 0], t[4 * h + 2]);  // dword 0 | 4
+    u[4 * h + 1] = _mm256_unpackhi_epi64(t[4 * h + 0], t[4 * h + 2]);  // dword 1 | 5
+    u[4 * h + 2] = _mm256_unpacklo_epi64(t[4 * h + 1], t[4 * h + 3]);  // dword 2 | 6
+    u[4 * h + 3] = _mm256_unpackhi_epi64(t[4 * h + 1], t[4 * h + 3]);  // dword 3 | 7
+  }
+  for (int g = 0; g < 4; ++g) {
+    out[g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x20);
+    out[g + 4] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x31);
+  }
+}
+
+// Units [u0, u0 + count) of rows [r0, r0 + nr) into the slice; rows past nr are zeros (their sums are not stored).
+// rotary's q8 (WeightFormat::Q8, linear_q8_avx2.cpp's Tile): a row's int8 weights at w + row x row_stride, one f16
+// scale per 32 columns at scales + row x scale_stride; the row's last unit, where the columns end inside it,
+// zero-padded (x's quants are zero there too).
+ROTARY_AVX2_TARGET void PackQ8Slice(const Job& j, int64_t r0, int nr, int64_t u0, int count, PanelSlice& s) {
+  for (int k = 0; k < count; ++k) {
+    const int64_t c = (u0 + k) * kUnit;
+    __m256i q[kPanelRows];
+    for (int r = 0; r < kPanelRows; ++r) {
+      if (r >= nr) {
+        q[r] = _mm256_setzero_si256();
+        s.scale[k][r] = 0.0f;
+        continue;
+      }
+      const int8_t* row = static_cast<const int8_t*>(j.w) + (r0 + r) * j.row_stride;
+      if (c + kUnit <= j.cols) {
+        q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
+      } else {
+        alignas(32) int8_t last[kUnit] = {};
+        std::memcpy(last, row + c, size_t(j.cols - c));
+        q[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(last));
+      }
+      s.scale[k][r] = _cvtsh_ss(j.scales[(r0 + r) * j.scale_stride + u0 + k]);
+    }
+    Transpose8x8(q, s.q[k]);
+    for (int g = 0; g < 8; ++g) s.qa[k][g] = _mm256_abs_epi8(s.q[k][g]);
+  }
+}
+
+template <WeightFormat F>
+ROTARY_AVX2_TARGET void PackSlice(const Job& j, int64_t r0, int nr, int64_t u0, int count, PanelSlice& s) {
+  if constexpr (F == WeightFormat::Q8) return PackQ8Slice(j, r0, nr, u0, count, s);
+  constexpr int kUnits = BlockScales<F>::kUnits;
+  constexpr int64_t kBytes = weight_block_bytes(F);
+  const uint8_t* rows[kPanelRows];
+  for (int r = 0; r < nr; ++r) rows[r] = block_row(F, j.w, j.row_stride, r0 + r);
+  int16_t sub[kPanelRows][2] = {};
+  for (int k = 0; k < count; ++k) {
+    const int64_t u = u0 + k, b = u / kUnits;
+    const int i = int(u % kUnits);
+    __m256i q[kPanelRows];
+    for (int r = 0; r < kPanelRows; ++r) {
+      if (r >= nr) {
+        q[r] = _mm256_setzero_si256();
+        s.scale[k][r] = s.min[k][r] = 0.0f;
+        sub[r][0] = sub[r][1] = 0;
+        continue;
+      }
+      BlockScales<F> scales;
+      DecodeScales<F>(rows[r] + b * kBytes, scales);
+      q[r] = UnpackQuants<F>(rows[r] + b * kBytes, i);
+      s.scale[k][r] = scales.scale[i];
+      s.min[k][r] = scales.min[i];
+      if constexpr (F == WeightFormat::Q6_K) sub[r][0] = scales.sub_scales[2 * i], sub[r][1] = scales.sub_scales[2 * i + 1];
+    }
+    Transpose8x8(q, s.q[k]);
+    if constexpr (Signed(F))
+      for (int g = 0; g < 8; ++g) s.qa[k][g] = _mm256_abs_epi8(s.q[k][g]);
+    if constexpr (F == WeightFormat::Q6_K)
+      for (int h = 0; h < 2; ++h) {
+        alignas(32) int16_t lanes[16];
+        for (int r = 0; r < kPanelRows; ++r) lanes[2 * r] = lanes[2 * r + 1] = sub[r][h];
+        s.pair_weights[k][h] = _mm256_load_si256(reinterpret_cast<const __m256i*>(lanes));
+      }
+  }
+}
+
+// A token's accumulators over a panel: acc[g] lane r is Tile's lane g of row r; min_sum lane r its min_sum.
+struct alignas(32) PanelSums {
+  __m256 acc[8], min_sum;
+};
+
+// Adds units [u0, u0 + count) of token t to its sums (Tile's operations, 8 rows a register).
+template <WeightFormat F>
+ROTARY_AVX2_TARGET inline void PanelToken(const Job& j, int64_t t, int64_t u0, int count, const PanelSlice& s,
+                                          PanelSums& sums) {
+  __m256 acc[8];
+  for (int g = 0; g < 8; ++g) acc[g] = sums.acc[g];
+  __m256 min_sum = sums.min_sum;
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  const int8_t* xt = j.xq.quants + t * j.xq.stride;
+  for (int k = 0; k < count; ++k) {
+    const int64_t u = u0 + k;
+    const float sx = j.xq.scales[t * j.xq.blocks + u];
+    const __m256 scale = _mm256_mul_ps(_mm256_load_ps(s.scale[k]), _mm256_set1_ps(sx));
+    const int8_t* xu = xt + u * kUnit;
+    for (int g = 0; g < 8; ++g) {
+      int32_t word;
+      std::memcpy(&word, xu + 4 * g, 4);
+      const __m256i xv = _mm256_set1_epi32(word);
+      __m256i pairs;
+      if constexpr (Signed(F)) pairs = _mm256_maddubs_epi16(s.qa[k][g], _mm256_sign_epi8(xv, s.q[k][g]));
+      else pairs = _mm256_maddubs_epi16(s.q[k][g], xv);
+      const __m256i pw = F == WeightFormat::Q6_K ? s.pair_weights[k][g / 4] : ones16;
+      acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pw)), scale, acc[g]);
+    }
+    if constexpr (HasMin(F))
+      min_sum = _mm256_fmadd_ps(_mm256_load_ps(s.min[k]), _mm256_set1_ps(j.xq.scaled_sums[t * j.xq.blocks + u]),
+                                min_sum);
+  }
+  for (int g = 0; g < 8; ++g) sums.acc[g] = acc[g];
+  sums.min_sum = min_sum;
+}
+
+// Tokens [t0, t1) x rows [r0, r1) in panels of kPanelRows rows, each panel's units in slices of kSliceUnits.
+template <WeightFormat F>
+ROTARY_AVX2_TARGET void Panels(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  static thread_local std::vector<PanelSums> token_sums;
+  static thread_local std::unique_ptr<PanelSlice> slice;
+  if (!slice) slice = std::make_unique<PanelSlice>();
+  if (token_sums.size() < size_t(t1 - t0)) token_sums.resize(size_t(t1 - t0));
+  const int64_t units = F == WeightFormat::Q8 ? q8_blocks(j.cols) : j.cols / kUnit;
+  for (int64_t p = r0; p < r1; p += kPanelRows) {
+    const int nr = int(std::min<int64_t>(kPanelRows, r1 - p));
+    for (int64_t t = t0; t < t1; ++t) {
+      PanelSums& sums = token_sums[size_t(t - t0)];
+      for (int g = 0; g < 8; ++g) sums.acc[g] = _mm256_setzero_ps();
+      sums.min_sum = _mm256_setzero_ps();
+    }
+    for (int64_t u0 = 0; u0 < units; u0 += kSliceUnits) {
+      const int count = int(std::min<int64_t>(kSliceUnits, units - u0));
+      PackSlice<F>(j, p, nr, u0, count, *slice);
+      for (int64_t t = t0; t < t1; ++t) PanelToken<F>(j, t, u0, count, *slice, token_sums[size_t(t - t0)]);
+    }
+    for (int64_t t = t0; t < t1; ++t) {
+      const PanelSums& sums = token_sums[size_t(t - t0)];
+      // SumOfLanes' order over the accumulators: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), then the min term.
+      const __m256* a = sums.acc;
+      __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+      if constexpr (HasMin(F)) total = _mm256_sub_ps(total, sums.min_sum);
+      alignas(32) float out[kPanelRows];
+      _mm256_store_ps(out, total);
+      store_tile(j, t, p, 1, nr, out);
+    }
+  }
+}
+
 template <WeightFormat F>
 ROTARY_AVX2_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  if (t1 - t0 > kSmallBatch) return Panels<F>(j, t0, t1, r0, r1);
   Tiles(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<F, NT, NR>(j, t, r); });
 }
 
 }  // namespace
+
+ROTARY_AVX2_TARGET void q8_avx2_panels(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  Panels<WeightFormat::Q8>(j, t0, t1, r0, r1);
+}
 
 ROTARY_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   switch (j.format) {
@@ -232,6 +415,7 @@ ROTARY_AVX2_TARGET void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, 
 
 #else
 
+void q8_avx2_panels(const Job&, int64_t, int64_t, int64_t, int64_t) {}  // never called: q8_avx2_supported() is false
 void blocks_avx2_block(const Job&, int64_t, int64_t, int64_t, int64_t) {}  // never called: q8_avx2_supported() is false
 
 #endif

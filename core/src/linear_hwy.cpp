@@ -419,19 +419,28 @@ void RunJobs(const Job* jobs, int count, int threads) {
   // Row groups of every job, numbered one after another, are the unit of work: a thread streams its rows'
   // weights once per token chunk. Tokens go in chunks whose activations (chunk x cols floats) stay in L2 while the
   // rows pass (the smallest chunk of any job; chunking changes no result bit).
+  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
+  // A group is kRows rows, or a panel of kPanelRows for the byte products of the block formats and of q8 weights
+  // without VNNI (their prefill packs a panel's units once per chunk: linear_blocks_avx2.cpp).
+  const auto group_rows = [&](const Job& j) -> int64_t {
+    const bool panels = (is_block_format(j.format) || (j.format == WeightFormat::Q8 && !q8_dot)) && q8_bytes &&
+                        j.activations == ActivationFormat::Q8 && j.tokens > kSmallBatch;
+    return panels ? kPanelRows : kRows;
+  };
   std::vector<int64_t> first(size_t(count) + 1, 0);  // job i's groups are [first[i], first[i + 1])
   int64_t chunk = std::numeric_limits<int64_t>::max(), tokens = 0;
   for (int i = 0; i < count; ++i) {
     const Job& j = jobs[i];
-    first[size_t(i) + 1] = first[size_t(i)] + (j.rows + kRows - 1) / kRows;
+    first[size_t(i) + 1] = first[size_t(i)] + (j.rows + group_rows(j) - 1) / group_rows(j);
     // One token's activations: float32, bf16, or q8's quants, corrections and scale pairs (3 bytes an element).
+    // The panels read only the quants, scales and scaled sums (1.25 bytes an element).
     const int64_t element = j.activations == ActivationFormat::BF16 ? 2 : j.activations == ActivationFormat::Q8 ? 3 : 4;
-    const int64_t x_bytes = element * std::max<int64_t>(j.cols, 1);
+    const int64_t cols = std::max<int64_t>(j.cols, 1);
+    const int64_t x_bytes = group_rows(j) == kPanelRows ? cols + cols / 4 : element * cols;
     chunk = std::min(chunk, std::max<int64_t>(kTokens, (kChunkBytes / x_bytes) / kTokens * kTokens));
     tokens = std::max(tokens, j.tokens);
   }
   const int64_t groups = first.back();
-  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
   threads = int(std::min<int64_t>(threads, groups));
 #pragma omp parallel num_threads(threads)
   {
@@ -443,8 +452,8 @@ void RunJobs(const Job* jobs, int count, int threads) {
         while (g >= first[size_t(i) + 1]) ++i;
         const Job& j = jobs[i];
         if (t0 >= j.tokens) continue;
-        const int64_t r0 = (g - first[size_t(i)]) * kRows, t1 = std::min(j.tokens, t0 + chunk);
-        const int64_t r1 = std::min(j.rows, r0 + kRows);
+        const int64_t r0 = (g - first[size_t(i)]) * group_rows(j), t1 = std::min(j.tokens, t0 + chunk);
+        const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
         if (is_block_format(j.format)) {  // (AVX-512 CPUs too run AVX2's byte products on the block formats)
           if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
           else BlockOf(j, t0, t1, r0, r1);

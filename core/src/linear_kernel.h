@@ -15,6 +15,15 @@ inline constexpr int64_t kChunkBytes = 256 * 1024;
 // longer rows go 4 at a time (4 chains; the streams are long enough for the hardware prefetcher), shorter ones one
 // at a time (docs/engine.md: 896-wide rows 20 -> 33 GB/s row by row; 16384-wide 30 -> 23).
 inline constexpr int64_t kLongRowBytes = 16 * 1024;
+// The byte-product kernels (AVX2) run a small batch - decode's one token, a few sequences' steps: up to this many
+// tokens - row by row, each thread's weights one sequential stream, which the prefetcher follows (2026-11-28, Zen 3,
+// one thread, 4864x1024 past the caches, q8 / q4_k: one token 1070-1400 -> 820-890 / 1100-1430 -> 500-600 us, four
+// tokens 1920-1960 -> 1160-1560 / 2360-2480 -> 1680-1700 us, 4 rows at a time -> row by row); more tokens as a
+// prefill, in panels of kPanelRows rows.
+inline constexpr int64_t kSmallBatch = 8;
+// Rows of a panel: the block formats' prefill on AVX2's byte products (linear_blocks_avx2.cpp) holds 8 rows in one
+// register's 32-bit lanes, and linear_hwy.cpp hands those jobs' rows out in panels.
+inline constexpr int kPanelRows = 8;
 
 // std::round (nearest, ties away from zero) of r, |r| < 2^23, as an int without a call into libm: the truncation,
 // then a step away from zero where the remainder (exact) is at least one half.
@@ -97,6 +106,9 @@ void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1)
 // The block formats' (Q8_0 and every format after it) products with q8 activations on AVX2's byte products
 // (linear_blocks_avx2.cpp): tokens [t0, t1) x rows [r0, r1) with xq filled. Called where q8_avx2_supported().
 void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+// q8 weights' prefill (more than kSmallBatch tokens) on the block formats' panels (linear_blocks_avx2.cpp): the
+// same bits as q8_avx2_block's tiles, rows [r0, r1) in panels of kPanelRows.
+void q8_avx2_panels(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
 // Throws rotary::Error naming the field for params linear_forward does not take (linear.cpp).
 void validate(const LinearParams& p);

@@ -196,33 +196,36 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
 }
 
 // The block formats likewise, with q8 activations (AVX2's byte products from AVX2 up) and f32 ones (the float path):
-// T = 71 leaves 1 token past the byte-product kernel's tiles of 2, N = 37 one row past its groups of 4.
+// T = 71 leaves 1 token past the byte-product kernel's tiles of 2, N = 37 one row past its groups of 4 and 5 past its
+// prefill panels of 8; K = 1280 is 40 units, two panel slices (32 + 8).
 TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
-  const int64_t T = 71, N = 37, K = 512;
-  const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
-  for (WeightFormat f : kBlockFormats)
-    for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
-      Weights w(f, N, K, 23);
-      std::vector<float> one(size_t(T * N)), batch(one.size());
-      LinearParams p;
-      p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = a;
-      for (int64_t t = 0; t < T; ++t) {
-        p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
-        linear_forward(p);
+  const int64_t T = 71, N = 37;
+  for (const int64_t K : {512, 1280}) {
+    for (WeightFormat f : kBlockFormats)
+      for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
+        const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
+        Weights w(f, N, K, 23);
+        std::vector<float> one(size_t(T * N)), batch(one.size());
+        LinearParams p;
+        p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = a;
+        for (int64_t t = 0; t < T; ++t) {
+          p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
+          linear_forward(p);
+        }
+        for (int threads : {1, 2, 3}) {
+          std::fill(batch.begin(), batch.end(), -1.0f);
+          p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
+          linear_forward(p);
+          for (size_t i = 0; i < one.size(); ++i)
+            if (std::memcmp(&one[i], &batch[i], 4) != 0) {
+              ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations "
+                            << activation_format_name(a) << " threads " << threads << ": token " << i / N << " row "
+                            << i % N << ": one at a time " << one[i] << ", batched " << batch[i];
+              break;
+            }
+        }
       }
-      for (int threads : {1, 2, 3}) {
-        std::fill(batch.begin(), batch.end(), -1.0f);
-        p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
-        linear_forward(p);
-        for (size_t i = 0; i < one.size(); ++i)
-          if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-            ADD_FAILURE() << weight_format_name(f) << " activations " << activation_format_name(a) << " threads "
-                          << threads << ": token " << i / N << " row " << i % N << ": one at a time " << one[i]
-                          << ", batched " << batch[i];
-            break;
-          }
-      }
-    }
+  }
 }
 
 // weight_row (an embedding row) reads every format as the reference does: each row times a one-hot x.
