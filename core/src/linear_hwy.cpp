@@ -3,7 +3,9 @@
 // A register tile holds kRows weight rows x kTokens tokens of accumulators, so each weight vector loaded (and
 // widened from its storage format) is used kTokens times and each activation vector kRows times: prefill runs
 // kTokens x kRows tiles over chunks of tokens small enough to stay in the core's L2 cache while the weight rows
-// stream past. Decode (and the tokens a chunk leaves past its last whole tile) runs one row at a time, all its
+// stream past; rows of floats (and f16 / bf16 rows, widened once per slice for all of a chunk's tiles) in column
+// slices that keep a tile's rows in L1, the tiles' sums waiting in memory between slices (Tile's carries). Decode
+// (and the tokens a chunk leaves past its last whole tile) runs one row at a time, all its
 // tokens while the row is in L1: each thread's weights are then one sequential stream, which the hardware
 // prefetcher follows at the bus's speed (a 4-row tile is four short streams a row apart: on Zen 4, 896-wide bf16
 // rows read at 22 GB/s that way against 44 GB/s row by row, no software prefetch helping - docs/engine.md). Every
@@ -38,8 +40,8 @@ namespace rotary::linear_detail::HWY_NAMESPACE {
 namespace hn = hwy::HWY_NAMESPACE;
 using DF = hn::ScalableTag<float>;
 
-constexpr int kRows = 4;    // weight rows per tile
-constexpr int kTokens = 4;  // tokens per prefill tile (16 accumulators + 8 loaded vectors: fits AVX2's 16 registers)
+constexpr int kRows = 4;    // weight rows per tile (and per group of work)
+constexpr int kTokens = 3;  // tokens per prefill tile: 12 sums, 3 activation vectors and a weight vector in AVX2's 16
 
 // Lanes(df) weights from p as float lanes (int8: widened exactly; the q8 scale is applied by the caller).
 template <class T>
@@ -83,15 +85,21 @@ HWY_INLINE float ScaleAt(const uint16_t* HWY_RESTRICT s, int64_t i) {
 // x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block
 // scales (f16 bits); a block's widened quants are multiplied by its scale before the multiply-add (one rounding more
 // per product than a float weight, within the tolerance).
+// Float weights (float, f16, bf16) may be summed in column slices (SlicedTiles): `carry_in` (when given) holds the
+// accumulators the earlier columns left (NT x NR vectors of lanes), and only the whole vectors of columns
+// [0, k_end) are added before the columns past the whole vectors; k_end (a multiple of the lanes) defaults to every
+// whole vector.
 template <int NT, int NR, class T, class X>
 HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
-                     const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR]) {
+                     const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR],
+                     const float* carry_in = nullptr, int64_t k_end = -1) {
   constexpr bool kQ8 = std::is_same_v<T, int8_t>;
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   hn::Vec<DF> acc[NT][NR];
   for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) acc[t][r] = hn::Zero(df);
+    for (int r = 0; r < NR; ++r) acc[t][r] = carry_in ? hn::LoadU(df, carry_in + (t * NR + r) * L) : hn::Zero(df);
+  if (k_end < 0) k_end = K / L * L;
   int64_t k = 0;
   if constexpr (kQ8) {
     // Whole blocks, kQ8Block / L vectors each (x86 vectors hold at most 16 floats, so L divides the block).
@@ -111,12 +119,13 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RE
       }
     }
   } else {
-    for (; k + L <= K; k += L) {
-      hn::Vec<DF> wv[NR];
-      for (int r = 0; r < NR; ++r) wv[r] = LoadWeights(df, w + r * ws + k);
-      for (int t = 0; t < NT; ++t) {
-        const hn::Vec<DF> xv = LoadActivations(df, x + t * xs + k);
-        for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
+    // x's NT vectors held, each row's vector loaded once: NT x NR sums + NT + 1 registers (16 at 3 x 4 on AVX2)
+    for (; k < k_end; k += L) {
+      hn::Vec<DF> xv[NT];
+      for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + k);
+      for (int r = 0; r < NR; ++r) {
+        const hn::Vec<DF> wv = LoadWeights(df, w + r * ws + k);
+        for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
       }
     }
   }
@@ -212,7 +221,7 @@ HWY_INLINE void TileAt(const Job& j, int64_t t0, int64_t r0) {
   store_tile(j, t0, r0, NT, NR, sums);
 }
 
-// Whether the tokens a block leaves past its whole tiles (decode's one, or a batch of 2-3 sequences) run kRows rows
+// Whether the tokens a block leaves past its whole tiles (decode's one, or a small batch of sequences) run kRows rows
 // at a time or row by row. Row by row each thread's weights are one sequential stream, which the hardware
 // prefetcher follows at the bus's speed; kRows rows at a time are kRows short streams a row apart, which it follows
 // badly - on Zen 4 (docs/engine.md: 896-wide bf16 rows 20 -> 33 GB/s row by row) and on Zen 3 alike (2026-11-28,
@@ -224,33 +233,112 @@ HWY_INLINE bool RowsTogether(const Job& j) {
   return j.cols * int64_t(sizeof(T)) > kLongRowBytes;
 }
 
-// Tokens [t0, t1) left past the whole tiles (fewer than kTokens) against rows [r, r + NR).
+// Tokens [t0, t1) left past the whole tiles (a small batch's, or fewer than kTokens) against rows [r, r + NR): up to
+// 4 at a time against one row (4 sums, 4 activation vectors), up to kTokens against kRows rows, then the rest.
 template <int NR, class T>
 HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
-  switch (t1 - t0) {
-    case 1: return TileAt<1, NR, T>(j, t0, r);
-    case 2: return TileAt<2, NR, T>(j, t0, r);
-    case 3:  // as 2 + 1: a 3 x 4 tile's 12 sums and 4 weight vectors spill AVX2's 16 registers
-      TileAt<2, NR, T>(j, t0, r);
-      return TileAt<1, NR, T>(j, t0 + 2, r);
-    default: return;
+  constexpr int kMost = NR == 1 ? 4 : kTokens;
+  int64_t t = t0;
+  for (; t + kMost <= t1; t += kMost) TileAt<kMost, NR, T>(j, t, r);
+  if (NR == 1 && t + 3 <= t1) TileAt<3, NR, T>(j, t, r), t += 3;
+  if (t + 2 <= t1) TileAt<2, NR, T>(j, t, r), t += 2;
+  if (t < t1) TileAt<1, NR, T>(j, t, r);
+}
+
+// Columns per slice of a float-weight prefill tile: a tile's rows (4 x 4 KB of floats) and its tokens' activations
+// stay in L1 while the chunk's tiles pass over them, and the accumulators wait in memory between slices.
+constexpr int64_t kSliceColumns = 1024;
+constexpr int64_t kSlicedTokens = 24;  // fewer tokens a chunk pay too much for the widening and the carries
+
+// The whole kTokens-token tiles of tokens [t0, tiled) against rows [r, r + NR) of a float, f16 or bf16 matrix, in
+// column slices. Each slice's rows are packed once for all the tiles, as floats (f16 / bf16 widened, exactly) with
+// the rows' vectors side by side, so the tiles run on floats from one pointer, bound by their multiply-adds instead
+// of the widening (2026-11-29, Zen 3, 2 threads, 512 tokens: see docs/checkpoints.md). Each (token, row) sum takes
+// Tile's operations in Tile's order (PanelColumns is Tile's main loop; Tile adds the last columns).
+// Tile's main loop over a packed slice: `vectors` column vectors of NR rows, vector v of row r at panel + (v NR + r)
+// lanes (one pointer for all the rows), against NT tokens of x from `x`; the accumulators come from carry_in (zero
+// without) and go to carry_out.
+template <int NT, int NR, class X>
+HWY_INLINE void PanelColumns(const float* HWY_RESTRICT panel, int64_t vectors, const X* HWY_RESTRICT x, int64_t xs,
+                             const float* carry_in, float* carry_out) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df));
+  hn::Vec<DF> acc[NT][NR];
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) acc[t][r] = carry_in ? hn::LoadU(df, carry_in + (t * NR + r) * L) : hn::Zero(df);
+  for (int64_t v = 0; v < vectors; ++v) {
+    hn::Vec<DF> xv[NT];
+    for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + v * L);
+    for (int r = 0; r < NR; ++r) {
+      const hn::Vec<DF> wv = hn::LoadU(df, panel + (v * NR + r) * L);
+      for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
+    }
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) hn::StoreU(acc[t][r], df, carry_out + (t * NR + r) * L);
+}
+
+template <int NR, class T>
+HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) {
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), K = j.cols, whole = K / L * L, per_tile = int64_t(kTokens) * NR * L;
+  static thread_local std::vector<float> carry, panel;
+  carry.resize(size_t((tiled - t0) / kTokens * per_tile));
+  panel.resize(size_t(NR * kSliceColumns));
+  const T* rows = static_cast<const T*>(j.w) + r * j.row_stride;
+  const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
+  for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
+    const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
+    for (int64_t v = 0; v < vectors; ++v)
+      for (int i = 0; i < NR; ++i)
+        hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, panel.data() + (v * NR + i) * L);
+    for (int64_t t = t0; t < tiled; t += kTokens) {
+      float* c = carry.data() + (t - t0) / kTokens * per_tile;
+      const float* in = k0 > 0 ? c : nullptr;
+      if (xb != nullptr) PanelColumns<kTokens, NR>(panel.data(), vectors, xb + t * j.cols + k0, j.cols, in, c);
+      else PanelColumns<kTokens, NR>(panel.data(), vectors, j.x + t * j.x_stride + k0, j.x_stride, in, c);
+    }
+  }
+  // The columns past the whole vectors and the lane sums: Tile on the rows as stored, from the carried sums.
+  for (int64_t t = t0; t < tiled; t += kTokens) {
+    const float* c = whole > 0 ? carry.data() + (t - t0) / kTokens * per_tile : nullptr;
+    float sums[kTokens * NR];
+    if (xb != nullptr)
+      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, xb + t * j.cols + whole, j.cols, K - whole, sums, c, 0);
+    else
+      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, j.x + t * j.x_stride + whole, j.x_stride, K - whole,
+                        sums, c, 0);
+    store_tile(j, t, r, kTokens, NR, sums);
   }
 }
 
-// Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (decode's one, a
-// small batch's 2-3: all of them at once against each row, while it is in L1) row by row, or kRows rows at a time
-// for long rows (RowsTogether).
+// The whole tiles of tokens [t0, tiled) against rows [r0, r1): float rows (f16 / bf16 widened) in column slices
+// when the chunk has tokens enough, q8's rows (which need their scales) and short chunks tile by tile.
 template <class T>
-HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
-  static_assert(kTokens == 4, "LeftTokens takes up to 3 tokens");
-  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
+HWY_INLINE void WholeTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r0, int64_t r1) {
   int64_t r = r0;
+  if constexpr (!std::is_same_v<T, int8_t>) {
+    if (tiled - t0 >= kSlicedTokens) {
+      for (; r + kRows <= r1; r += kRows) SlicedTiles<kRows, T>(j, t0, tiled, r);
+      for (; r < r1; ++r) SlicedTiles<1, T>(j, t0, tiled, r);
+      return;
+    }
+  }
   for (; r + kRows <= r1; r += kRows)
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, kRows, T>(j, t, r);
   for (; r < r1; ++r)
     for (int64_t t = t0; t < tiled; t += kTokens) TileAt<kTokens, 1, T>(j, t, r);
+}
+
+// Tokens [t0, t1) against rows [r0, r1): the whole kTokens x kRows tiles, then the tokens left (decode's one, or a
+// small batch of up to kSmallBatch: all of them against each row while it is in L1) row by row, or kRows rows at
+// a time for long rows (RowsTogether).
+template <class T>
+HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+  const int64_t tiled = t1 - t0 <= kSmallBatch ? t0 : t0 + (t1 - t0) / kTokens * kTokens;
+  WholeTiles<T>(j, t0, tiled, r0, r1);
   if (tiled == t1) return;
-  r = r0;
+  int64_t r = r0;
   if (RowsTogether<T>(j))
     for (; r + kRows <= r1; r += kRows) LeftTokens<kRows, T>(j, tiled, t1, r);
   for (; r < r1; ++r) LeftTokens<1, T>(j, tiled, t1, r);

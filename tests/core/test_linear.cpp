@@ -165,7 +165,8 @@ constexpr WeightFormat kBlockFormats[] = {WeightFormat::Q8_0, WeightFormat::Q4_0
 // 71 leave 2 and 3 tokens past the last whole tile (a small batch's tiles); N = 37 rows leave one past the last group.
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t N = 37;
-  for (const auto [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}}) {
+  // K = 1500: chunks of 42 tokens run the float tiles in column slices (1024 + 476, the last with a 4-column tail).
+  for (const auto [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}, {70, 1500}}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
     // Each format; then bf16 weights with bf16 activations, q8 weights with q8 activations.
     for (int config = 0; config < 6; ++config) {
