@@ -158,40 +158,50 @@ constexpr WeightFormat kBlockFormats[] = {WeightFormat::Q8_0, WeightFormat::Q4_0
                                           WeightFormat::Q5_0, WeightFormat::Q5_1, WeightFormat::Q4_K,
                                           WeightFormat::Q5_K, WeightFormat::Q6_K};
 
+// Runs p (weights, bias, strides, activations set) on T tokens of x one at a time on one thread, then all at once at
+// each thread count, and fails at the first output whose bits differ, naming `what`, the threads, token and row.
+void expect_batching_changes_no_bit(LinearParams p, const std::vector<float>& x, int64_t T, int64_t K, int64_t N,
+                                    std::initializer_list<int> thread_counts, const std::string& what) {
+  std::vector<float> one(size_t(T * N)), batch(one.size());
+  for (int64_t t = 0; t < T; ++t) {
+    p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
+    linear_forward(p);
+  }
+  for (int threads : thread_counts) {
+    std::fill(batch.begin(), batch.end(), -1.0f);
+    p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
+    linear_forward(p);
+    for (size_t i = 0; i < one.size(); ++i)
+      if (std::memcmp(&one[i], &batch[i], 4) != 0) {
+        ADD_FAILURE() << what << " threads " << threads << ": token " << i / N << " row " << i % N
+                      << ": one at a time " << one[i] << ", batched " << batch[i];
+        break;
+      }
+  }
+}
+
+std::string describe(int64_t K, WeightFormat f, ActivationFormat a) {
+  return "K " + std::to_string(K) + ": " + weight_format_name(f) + " activations " + activation_format_name(a);
+}
+
 // Every output is one thread's dot product in a fixed order, so neither the thread count nor the batching of tokens
-// (decode one at a time, prefill tiles of four, chunks) changes a bit: the engine's prefill and decode agree exactly.
-// K = 4100: token chunks of 12 (kChunkBytes), a tail mid-vector and mid-block; f32 rows past kLongRowBytes (decode
-// 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows past it. T = 70 and
-// 71 leave 2 and 3 tokens past the last whole tile (a small batch's tiles); N = 37 rows leave one past the last group.
+// (decode one at a time, prefill tiles of three, chunks, column slices) changes a bit: the engine's prefill and
+// decode agree exactly. K = 4100: token chunks of 15 (kChunkBytes), a tail mid-vector and mid-block; f32 rows past
+// kLongRowBytes (decode 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows
+// past it. T = 70 and 71 leave 1 and 2 tokens past the last whole tile; N = 37 rows leave one past the last group.
+// K = 1500: chunks of 42 tokens run the float tiles in column slices (1024 + 476, the last with a 4-column tail).
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t N = 37;
-  // K = 1500: chunks of 42 tokens run the float tiles in column slices (1024 + 476, the last with a 4-column tail).
   for (const auto [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}, {70, 1500}}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
     // Each format; then bf16 weights with bf16 activations, q8 weights with q8 activations.
     for (int config = 0; config < 6; ++config) {
       const WeightFormat f = config < 4 ? kFormats[config] : config == 4 ? WeightFormat::BF16 : WeightFormat::Q8;
       Weights w(f, N, K, 13);
-      std::vector<float> one(size_t(T * N)), batch(one.size());
       LinearParams p;
       p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N;
       p.activations = config < 4 ? ActivationFormat::F32 : config == 4 ? ActivationFormat::BF16 : ActivationFormat::Q8;
-      for (int64_t t = 0; t < T; ++t) {
-        p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
-        linear_forward(p);
-      }
-      for (int threads : {1, 2, 3, 8}) {
-        std::fill(batch.begin(), batch.end(), -1.0f);
-        p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
-        linear_forward(p);
-        for (size_t i = 0; i < one.size(); ++i)
-          if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-            ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations "
-                          << activation_format_name(p.activations) << " threads " << threads << ": token " << i / N << " row " << i % N
-                          << ": one at a time " << one[i] << ", batched " << batch[i];
-            break;
-          }
-      }
+      expect_batching_changes_no_bit(p, x, T, K, N, {1, 2, 3, 8}, describe(K, f, p.activations));
     }
   }
 }
@@ -202,29 +212,13 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
 TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t T = 71, N = 37;
   for (const int64_t K : {512, 1280}) {
+    const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
     for (WeightFormat f : kBlockFormats)
       for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
-        const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
         Weights w(f, N, K, 23);
-        std::vector<float> one(size_t(T * N)), batch(one.size());
         LinearParams p;
         p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = a;
-        for (int64_t t = 0; t < T; ++t) {
-          p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N, p.threads = 1;
-          linear_forward(p);
-        }
-        for (int threads : {1, 2, 3}) {
-          std::fill(batch.begin(), batch.end(), -1.0f);
-          p.tokens = T, p.x = x.data(), p.y = batch.data(), p.threads = threads;
-          linear_forward(p);
-          for (size_t i = 0; i < one.size(); ++i)
-            if (std::memcmp(&one[i], &batch[i], 4) != 0) {
-              ADD_FAILURE() << "K " << K << ": " << weight_format_name(f) << " activations "
-                            << activation_format_name(a) << " threads " << threads << ": token " << i / N << " row "
-                            << i % N << ": one at a time " << one[i] << ", batched " << batch[i];
-              break;
-            }
-        }
+        expect_batching_changes_no_bit(p, x, T, K, N, {1, 2, 3}, describe(K, f, a));
       }
   }
 }
