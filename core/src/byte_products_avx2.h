@@ -1,6 +1,6 @@
 // core/src/byte_products_avx2.h (internal): what the two AVX2 byte-product kernels share - linear_q8_avx2.cpp (q8
 // weights) and linear_blocks_avx2.cpp (llama.cpp's block formats), both with q8 activations: the target they are
-// compiled for, their tile shapes, a block's exact integer sums and the fixed-order lane sum. x86-64 with GCC or
+// compiled for, their small-batch order, a block's exact integer sums and the fixed-order lane sum. x86-64 with GCC or
 // Clang only (ROTARY_BYTE_PRODUCTS_AVX2); elsewhere the kernels compile to nothing and are never called.
 #pragma once
 
@@ -15,10 +15,9 @@
 
 namespace rotary::linear_detail::avx2 {
 
-// Tiles: kTokens tokens x kRows rows of accumulators (8 + 4 weight vectors + x's two vectors of 16 registers) for
-// prefill chunks; a small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens,
-// linear_kernel.h) row by row.
-constexpr int kRows = 4, kTokens = 2;
+// A small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens, linear_kernel.h) runs row by
+// row, kTokens tokens against a row at a time; more tokens go in panels of kPanelRows rows (linear_blocks_avx2.cpp).
+constexpr int kTokens = 2;
 
 // The 8 lanes' sum, in a fixed order of adds.
 ROTARY_AVX2_TARGET inline float SumOfLanes(__m256 v) {
@@ -39,21 +38,14 @@ ROTARY_AVX2_TARGET inline __m256 SignedSums(__m256i wa, __m256i w, __m256i xv, _
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, pair_weights));
 }
 
-// Tokens [t0, t1) x rows [r0, r1) through tile(t, r, NT, NR) calls: kTokens x kRows tiles for a prefill chunk, the
-// tokens left one at a time; a small batch row by row (kTokens x 1 and 1 x 1).
+// Tokens [t0, t1) (a small batch) x rows [r0, r1) row by row, each thread's weights one sequential stream, through
+// tile(t, r, NT, NR) calls: kTokens x 1, then the token left 1 x 1.
 template <class TileAt>
-ROTARY_AVX2_TARGET inline void Tiles(int64_t t0, int64_t t1, int64_t r0, int64_t r1, TileAt tile) {
-  const bool rows_apart = t1 - t0 <= kSmallBatch;
-  const int64_t tiled = t0 + (t1 - t0) / kTokens * kTokens;
-  int64_t r = r0;
-  if (!rows_apart)
-    for (; r + kRows <= r1; r += kRows) {
-      for (int64_t t = t0; t < tiled; t += kTokens) tile.template operator()<kTokens, kRows>(t, r);
-      for (int64_t t = tiled; t < t1; ++t) tile.template operator()<1, kRows>(t, r);
-    }
-  for (; r < r1; ++r) {
-    for (int64_t t = t0; t < tiled; t += kTokens) tile.template operator()<kTokens, 1>(t, r);
-    for (int64_t t = tiled; t < t1; ++t) tile.template operator()<1, 1>(t, r);
+ROTARY_AVX2_TARGET inline void RowByRow(int64_t t0, int64_t t1, int64_t r0, int64_t r1, TileAt tile) {
+  const int64_t paired = t0 + (t1 - t0) / kTokens * kTokens;
+  for (int64_t r = r0; r < r1; ++r) {
+    for (int64_t t = t0; t < paired; t += kTokens) tile.template operator()<kTokens, 1>(t, r);
+    for (int64_t t = paired; t < t1; ++t) tile.template operator()<1, 1>(t, r);
   }
 }
 

@@ -249,60 +249,42 @@ ROTARY_AVX2_TARGET inline void Transpose8x8(const __m256i* rows, __m256i* out) {
   }
 }
 
-// Units [u0, u0 + count) of rows [r0, r0 + nr) into the slice; rows past nr are zeros (their sums are not stored).
-// rotary's q8 (WeightFormat::Q8, linear_q8_avx2.cpp's Tile): a row's int8 weights at w + row x row_stride, one f16
-// scale per 32 columns at scales + row x scale_stride; the row's last unit, where the columns end inside it,
-// zero-padded (x's quants are zero there too).
-ROTARY_AVX2_TARGET void PackQ8Slice(const Job& j, int64_t r0, int nr, int64_t u0, int count, PanelSlice& s) {
-  for (int k = 0; k < count; ++k) {
-    const int64_t c = (u0 + k) * kUnit;
-    __m256i q[kPanelRows];
-    for (int r = 0; r < kPanelRows; ++r) {
-      if (r >= nr) {
-        q[r] = _mm256_setzero_si256();
-        s.scale[k][r] = 0.0f;
-        continue;
-      }
-      const int8_t* row = static_cast<const int8_t*>(j.w) + (r0 + r) * j.row_stride;
-      if (c + kUnit <= j.cols) {
-        q[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + c));
-      } else {
-        alignas(32) int8_t last[kUnit] = {};
-        std::memcpy(last, row + c, size_t(j.cols - c));
-        q[r] = _mm256_load_si256(reinterpret_cast<const __m256i*>(last));
-      }
-      s.scale[k][r] = _cvtsh_ss(j.scales[(r0 + r) * j.scale_stride + u0 + k]);
-    }
-    Transpose8x8(q, s.q[k]);
-    for (int g = 0; g < 8; ++g) s.qa[k][g] = _mm256_abs_epi8(s.q[k][g]);
+// Unit u of row `row` as 32 bytes, with its scale, min and (Q6_K) two sub-block scales. rotary's q8
+// (WeightFormat::Q8, linear_q8_avx2.cpp's Tile): the row's int8 weights at w + row x row_stride, one f16 scale per 32
+// columns at scales + row x scale_stride, the row's last unit zero-padded where the columns end inside it (x's quants
+// are zero there too); the block formats as Tile unpacks them.
+template <WeightFormat F>
+ROTARY_AVX2_TARGET inline __m256i RowUnit(const Job& j, int64_t row, int64_t u, float& scale, float& min,
+                                          int16_t sub[2]) {
+  if constexpr (F == WeightFormat::Q8) {
+    const int8_t* w = static_cast<const int8_t*>(j.w) + row * j.row_stride;
+    const int64_t c = u * kUnit;
+    scale = _cvtsh_ss(j.scales[row * j.scale_stride + u]);
+    if (c + kUnit <= j.cols) return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w + c));
+    alignas(32) int8_t last[kUnit] = {};
+    std::memcpy(last, w + c, size_t(j.cols - c));
+    return _mm256_load_si256(reinterpret_cast<const __m256i*>(last));
+  } else {
+    constexpr int kUnits = BlockScales<F>::kUnits;
+    const uint8_t* block = block_row(F, j.w, j.row_stride, row) + u / kUnits * weight_block_bytes(F);
+    const int i = int(u % kUnits);
+    BlockScales<F> scales;
+    DecodeScales<F>(block, scales);
+    scale = scales.scale[i], min = scales.min[i];
+    if constexpr (F == WeightFormat::Q6_K) sub[0] = scales.sub_scales[2 * i], sub[1] = scales.sub_scales[2 * i + 1];
+    return UnpackQuants<F>(block, i);
   }
 }
 
+// Units [u0, u0 + count) of rows [r0, r0 + nr) into the slice; rows past nr are zeros (their sums are not stored).
 template <WeightFormat F>
 ROTARY_AVX2_TARGET void PackSlice(const Job& j, int64_t r0, int nr, int64_t u0, int count, PanelSlice& s) {
-  if constexpr (F == WeightFormat::Q8) return PackQ8Slice(j, r0, nr, u0, count, s);
-  constexpr int kUnits = BlockScales<F>::kUnits;
-  constexpr int64_t kBytes = weight_block_bytes(F);
-  const uint8_t* rows[kPanelRows];
-  for (int r = 0; r < nr; ++r) rows[r] = block_row(F, j.w, j.row_stride, r0 + r);
-  int16_t sub[kPanelRows][2] = {};
   for (int k = 0; k < count; ++k) {
-    const int64_t u = u0 + k, b = u / kUnits;
-    const int i = int(u % kUnits);
     __m256i q[kPanelRows];
+    int16_t sub[kPanelRows][2] = {};
     for (int r = 0; r < kPanelRows; ++r) {
-      if (r >= nr) {
-        q[r] = _mm256_setzero_si256();
-        s.scale[k][r] = s.min[k][r] = 0.0f;
-        sub[r][0] = sub[r][1] = 0;
-        continue;
-      }
-      BlockScales<F> scales;
-      DecodeScales<F>(rows[r] + b * kBytes, scales);
-      q[r] = UnpackQuants<F>(rows[r] + b * kBytes, i);
-      s.scale[k][r] = scales.scale[i];
-      s.min[k][r] = scales.min[i];
-      if constexpr (F == WeightFormat::Q6_K) sub[r][0] = scales.sub_scales[2 * i], sub[r][1] = scales.sub_scales[2 * i + 1];
+      s.scale[k][r] = s.min[k][r] = 0.0f;
+      q[r] = r < nr ? RowUnit<F>(j, r0 + r, u0 + k, s.scale[k][r], s.min[k][r], sub[r]) : _mm256_setzero_si256();
     }
     Transpose8x8(q, s.q[k]);
     if constexpr (Signed(F))
@@ -390,7 +372,7 @@ ROTARY_AVX2_TARGET void Panels(const Job& j, int64_t t0, int64_t t1, int64_t r0,
 template <WeightFormat F>
 ROTARY_AVX2_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   if (t1 - t0 > kSmallBatch) return Panels<F>(j, t0, t1, r0, r1);
-  Tiles(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<F, NT, NR>(j, t, r); });
+  RowByRow(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<F, NT, NR>(j, t, r); });
 }
 
 }  // namespace

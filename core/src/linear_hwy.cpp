@@ -85,21 +85,18 @@ HWY_INLINE float ScaleAt(const uint16_t* HWY_RESTRICT s, int64_t i) {
 // x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block
 // scales (f16 bits); a block's widened quants are multiplied by its scale before the multiply-add (one rounding more
 // per product than a float weight, within the tolerance).
-// Float weights (float, f16, bf16) may be summed in column slices (SlicedTiles): `carry_in` (when given) holds the
-// accumulators the earlier columns left (NT x NR vectors of lanes), and only the whole vectors of columns
-// [0, k_end) are added before the columns past the whole vectors; k_end (a multiple of the lanes) defaults to every
-// whole vector.
+// `carry_in` (float weights' column slices, SlicedTiles): the accumulators the earlier columns left (NT x NR vectors
+// of lanes) to start from instead of zeros.
 template <int NT, int NR, class T, class X>
 HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
                      const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR],
-                     const float* carry_in = nullptr, int64_t k_end = -1) {
+                     const float* carry_in = nullptr) {
   constexpr bool kQ8 = std::is_same_v<T, int8_t>;
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   hn::Vec<DF> acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = carry_in ? hn::LoadU(df, carry_in + (t * NR + r) * L) : hn::Zero(df);
-  if (k_end < 0) k_end = K / L * L;
   int64_t k = 0;
   if constexpr (kQ8) {
     // Whole blocks, kQ8Block / L vectors each (x86 vectors hold at most 16 floats, so L divides the block).
@@ -120,7 +117,7 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RE
     }
   } else {
     // x's NT vectors held, each row's vector loaded once: NT x NR sums + NT + 1 registers (16 at 3 x 4 on AVX2)
-    for (; k < k_end; k += L) {
+    for (; k + L <= K; k += L) {
       hn::Vec<DF> xv[NT];
       for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + k);
       for (int r = 0; r < NR; ++r) {
@@ -250,11 +247,6 @@ HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
 constexpr int64_t kSliceColumns = 1024;
 constexpr int64_t kSlicedTokens = 24;  // fewer tokens a chunk pay too much for the widening and the carries
 
-// The whole kTokens-token tiles of tokens [t0, tiled) against rows [r, r + NR) of a float, f16 or bf16 matrix, in
-// column slices. Each slice's rows are packed once for all the tiles, as floats (f16 / bf16 widened, exactly) with
-// the rows' vectors side by side, so the tiles run on floats from one pointer, bound by their multiply-adds instead
-// of the widening (2026-11-29, Zen 3, 2 threads, 512 tokens: see docs/checkpoints.md). Each (token, row) sum takes
-// Tile's operations in Tile's order (PanelColumns is Tile's main loop; Tile adds the last columns).
 // Tile's main loop over a packed slice: `vectors` column vectors of NR rows, vector v of row r at panel + (v NR + r)
 // lanes (one pointer for all the rows), against NT tokens of x from `x`; the accumulators come from carry_in (zero
 // without) and go to carry_out.
@@ -278,6 +270,11 @@ HWY_INLINE void PanelColumns(const float* HWY_RESTRICT panel, int64_t vectors, c
     for (int r = 0; r < NR; ++r) hn::StoreU(acc[t][r], df, carry_out + (t * NR + r) * L);
 }
 
+// The whole kTokens-token tiles of tokens [t0, tiled) against rows [r, r + NR) of a float, f16 or bf16 matrix, in
+// column slices. Each slice's rows are packed once for all the tiles, as floats (f16 / bf16 widened, exactly) with
+// the rows' vectors side by side, so the tiles run on floats from one pointer, bound by their multiply-adds instead
+// of the widening (2026-11-29, Zen 3, 2 threads, 512 tokens: see docs/checkpoints.md). Each (token, row) sum takes
+// Tile's operations in Tile's order (PanelColumns is Tile's main loop; Tile adds the last columns).
 template <int NR, class T>
 HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) {
   const DF df;
@@ -299,15 +296,16 @@ HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) 
       else PanelColumns<kTokens, NR>(panel.data(), vectors, j.x + t * j.x_stride + k0, j.x_stride, in, c);
     }
   }
-  // The columns past the whole vectors and the lane sums: Tile on the rows as stored, from the carried sums.
+  // The columns past the whole vectors (fewer than the lanes, so Tile's main loop is empty) and the lane sums: Tile
+  // on the rows as stored, from the carried sums.
   for (int64_t t = t0; t < tiled; t += kTokens) {
     const float* c = whole > 0 ? carry.data() + (t - t0) / kTokens * per_tile : nullptr;
     float sums[kTokens * NR];
     if (xb != nullptr)
-      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, xb + t * j.cols + whole, j.cols, K - whole, sums, c, 0);
+      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, xb + t * j.cols + whole, j.cols, K - whole, sums, c);
     else
       Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, j.x + t * j.x_stride + whole, j.x_stride, K - whole,
-                        sums, c, 0);
+                        sums, c);
     store_tile(j, t, r, kTokens, NR, sums);
   }
 }

@@ -115,7 +115,7 @@ bool q8_avx2_supported() {
 
 ROTARY_AVX2_TARGET void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   if (t1 - t0 > kSmallBatch) return q8_avx2_panels(j, t0, t1, r0, r1);  // prefill: the same bits, 8 rows a register
-  Tiles(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<NT, NR>(j, t, r); });
+  RowByRow(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<NT, NR>(j, t, r); });
 }
 
 #else

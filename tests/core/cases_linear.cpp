@@ -1,6 +1,6 @@
 // The "linear_forward" op cases: y = x W^T (+ bias) (+ y) with weights in every storage format (f32, f16, bf16,
-// q8) against the float64 reference - decode (one token) and prefill (tiles of 4 tokens x 4 rows with leftovers,
-// several token chunks), columns that end mid-vector and mid-q8-block, padded weight rows, activation and output
+// q8) against the float64 reference - decode (one token) and prefill (tiles of 3 tokens x 4 rows with leftovers,
+// column slices, several token chunks), columns that end mid-vector and mid-q8-block, padded weight rows, activation and output
 // strides, bias and accumulation (a residual), one and several threads; bf16 weights also with bf16 activations
 // (rounded first; the bf16 dot-product instruction at AVX-512 targets where the CPU has it), whose columns end
 // mid-vector of that kernel's 32 as well; q8 weights also with q8 activations (quantized per block first; the int8
@@ -262,8 +262,9 @@ OpCases linear_cases() {
       add({.tokens = 5, .rows = 9, .cols = long_cols, .activations = q, .threads = 2});
     }
   }
-  // llama.cpp's block formats: q8 activations (the byte-product kernel's tiles of 2 tokens x 4 rows, leftovers) and
-  // f32 activations (the float path); rows padded by whole blocks.
+  // llama.cpp's block formats: q8 activations (the byte-product kernel's small batches row by row, prefill in panels
+  // of 8 rows: 70 and 19 rows end mid-panel, 1024 / b + 1 blocks span two panel slices) and f32 activations (the
+  // float path); rows padded by whole blocks.
   for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q5_0,
                          WeightFormat::Q5_1, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
     const int64_t b = weight_block_size(f);
