@@ -5,7 +5,7 @@
 // float, which is exact here but for one rounding (d x sc x q is at most 11 + 8 + 6 significant bits; Q4_1's and
 // Q5_1's d q + m and Q4_K's and Q5_K's d sc q - dmin m round once, in the addition or subtraction; so a compiler
 // contracting them into a fused multiply-add changes no bit): the same float as the float64 reference rounded once
-// (ggml_dequantize_reference), and as llama.cpp's dequantize_row_*. The AVX2 kernel (linear_blocks_avx2.cpp) reads
+// (ggml_dequantize_reference), and as llama.cpp's dequantize_row_*. The byte-product kernels (linear_blocks-inl.h) read
 // the same bytes as integers.
 #pragma once
 

@@ -1,7 +1,8 @@
-// core/src/byte_products_avx2.h (internal): what the two AVX2 byte-product kernels share - linear_q8_avx2.cpp (q8
-// weights) and linear_blocks_avx2.cpp (llama.cpp's block formats), both with q8 activations: the target they are
-// compiled for, their small-batch order, a block's exact integer sums and the fixed-order lane sum. x86-64 with GCC or
-// Clang only (ROTARY_BYTE_PRODUCTS_AVX2); elsewhere the kernels compile to nothing and are never called.
+// core/src/byte_products_avx2.h (internal): what the x86 byte-product kernels share - linear_q8_avx2.cpp (q8
+// weights) and linear_blocks-inl.h (llama.cpp's block formats, compiled for AVX2 and for AVX512-VNNI), all with q8
+// activations: the AVX2 target, their small-batch order, a block's exact integer sums and the fixed-order lane sum.
+// x86-64 with GCC or Clang only (ROTARY_BYTE_PRODUCTS_AVX2); elsewhere the kernels compile to nothing and are never
+// called.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +17,7 @@
 namespace rotary::linear_detail::avx2 {
 
 // A small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens, linear_kernel.h) runs row by
-// row, kTokens tokens against a row at a time; more tokens go in panels of kPanelRows rows (linear_blocks_avx2.cpp).
+// row, kTokens tokens against a row at a time; more tokens go in panels of kPanelRows rows (linear_blocks-inl.h).
 constexpr int kTokens = 2;
 
 // The 8 lanes' sum, in a fixed order of adds.

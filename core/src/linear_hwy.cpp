@@ -345,7 +345,7 @@ HWY_INLINE void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t 
 // A block format's rows (WeightFormat::Q8_0 ... Q5_1) in float32 lanes: each row decoded to its float values once
 // per token chunk (block_weights.h: the exact values, but a min's one rounding), q8 activations decoded to
 // quant x scale (exact in float), then the float tiles row by row. The portable path: AVX2 and up run the integer
-// kernel of linear_blocks_avx2.cpp for q8 activations.
+// kernels of linear_blocks-inl.h for q8 activations (vpdpbusd at AVX-512 targets of a CPU with AVX512-VNNI).
 HWY_INLINE void BlockFormatBlock(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   static thread_local std::vector<float> row, xs;
   const int64_t K = j.cols, T = t1 - t0;
@@ -468,7 +468,7 @@ void QuantizeToken(const float* x, int64_t cols, const Q8Activations& xq, int64_
   }
   for (int64_t i = xq.blocks * kQ8Block; i < xs; ++i) q[i] = 0;  // the pair's padding
   // The int8 kernel's operands per pair of blocks (Q8Activations).
-  for (int64_t b = 0; b < xq.blocks; ++b) {  // the block formats' min term (linear_blocks_avx2.cpp)
+  for (int64_t b = 0; b < xq.blocks; ++b) {  // the block formats' min term (linear_blocks-inl.h)
     int32_t sum = 0;
     for (int64_t i = 0; i < kQ8Block; ++i) sum += q[b * kQ8Block + i];
     xq.scaled_sums[t * xq.blocks + b] = xq.scales[t * xq.blocks + b] * float(sum);
@@ -507,7 +507,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
   // rows pass (the smallest chunk of any job; chunking changes no result bit).
   const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
   // A group is kRows rows, or a panel of kPanelRows for the byte products of the block formats and of q8 weights
-  // without VNNI (their prefill packs a panel's units once per chunk: linear_blocks_avx2.cpp).
+  // without VNNI (their prefill packs a panel's units once per chunk: linear_blocks-inl.h).
   const auto group_rows = [&](const Job& j) -> int64_t {
     const bool panels = (is_block_format(j.format) || (j.format == WeightFormat::Q8 && !q8_dot)) && q8_bytes &&
                         j.activations == ActivationFormat::Q8 && j.tokens > kSmallBatch;
@@ -540,8 +540,9 @@ void RunJobs(const Job* jobs, int count, int threads) {
         if (t0 >= j.tokens) continue;
         const int64_t r0 = (g - first[size_t(i)]) * group_rows(j), t1 = std::min(j.tokens, t0 + chunk);
         const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
-        if (is_block_format(j.format)) {  // (AVX-512 CPUs too run AVX2's byte products on the block formats)
-          if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
+        if (is_block_format(j.format)) {
+          if (q8_dot && j.activations == ActivationFormat::Q8) blocks_vnni_block(j, t0, t1, r0, r1);
+          else if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
           else BlockOf(j, t0, t1, r0, r1);
         } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
         else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);

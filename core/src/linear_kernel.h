@@ -21,7 +21,7 @@ inline constexpr int64_t kLongRowBytes = 16 * 1024;
 // tokens 1920-1960 -> 1160-1560 / 2360-2480 -> 1680-1700 us, 4 rows at a time -> row by row); more tokens as a
 // prefill, in panels of kPanelRows rows.
 inline constexpr int64_t kSmallBatch = 8;
-// Rows of a panel: the block formats' prefill on AVX2's byte products (linear_blocks_avx2.cpp) holds 8 rows in one
+// Rows of a panel: the block formats' prefill on x86's byte products (linear_blocks-inl.h) holds 8 rows in one
 // register's 32-bit lanes, and linear_hwy.cpp hands those jobs' rows out in panels.
 inline constexpr int kPanelRows = 8;
 
@@ -104,9 +104,13 @@ bool q8_avx2_supported();
 void q8_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 
 // The block formats' (Q8_0 and every format after it) products with q8 activations on AVX2's byte products
-// (linear_blocks_avx2.cpp): tokens [t0, t1) x rows [r0, r1) with xq filled. Called where q8_avx2_supported().
+// (linear_blocks-inl.h compiled in linear_blocks_avx2.cpp): tokens [t0, t1) x rows [r0, r1) with xq filled. Called
+// where q8_avx2_supported() and not the VNNI kernels below.
 void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
-// q8 weights' prefill (more than kSmallBatch tokens) on the block formats' panels (linear_blocks_avx2.cpp): the
+// The same on AVX512-VNNI's vpdpbusd (linear_blocks_vnni.cpp), the same bits. Called where q8_dot_supported(), from
+// AVX-512 dispatch targets.
+void blocks_vnni_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+// q8 weights' prefill (more than kSmallBatch tokens) on the block formats' panels (linear_blocks-inl.h): the
 // same bits as q8_avx2_block's tiles, rows [r0, r1) in panels of kPanelRows.
 void q8_avx2_panels(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 

@@ -20,6 +20,7 @@
 #include "harness.h"
 #include "rotary/ggml_quants.h"
 #include "rotary/linear.h"
+#include "simd_targets.h"
 
 namespace rotary {
 namespace {
@@ -220,6 +221,58 @@ TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
         p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = a;
         expect_batching_changes_no_bit(p, x, T, K, N, {1, 2, 3}, describe(K, f, a));
       }
+  }
+}
+
+// The byte products give the same bits at every SIMD target that runs them: AVX2's vpmaddubsw / vpmaddwd and, at
+// AVX-512 targets of a CPU with AVX512-VNNI, vpdpbusd (Q4_0's and Q5_0's quants unsigned, the offset started from x's
+// corrections: linear_blocks-inl.h Offset) sum each lane to the same integer, so a model gives the same
+// tokens on either kind of CPU. Decode (one token at a time, row by row) and prefill (71 tokens: the panels), K = 1280
+// (two panel slices), N = 37 (a part panel), and 9 tokens of a 200 x 4096 matrix; Q8_0 with a quant of -128 in
+// every 7th block (a GGUF file may hold it). Needs two targets with byte products, one with
+// VNNI and one without (an AVX-512 VNNI CPU).
+TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
+  std::vector<int64_t> targets;  // those that run byte products, best first
+  bool vnni = false, bytes = false;
+  for (int64_t target : detail::simd_targets()) {
+    detail::force_simd_target(target);
+    const std::string products = linear_q8_products();
+    if (products == "float32 lanes") continue;
+    targets.push_back(target);
+    (linear_uses_q8_dot() ? vnni : bytes) = true;
+  }
+  detail::force_simd_target(0);
+  if (!vnni || !bytes) GTEST_SKIP() << "needs a CPU with AVX512-VNNI (both byte-product kernels at two targets)";
+  for (const auto& [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{71, 1280, 37}, {9, 4096, 200}}) {
+    const std::vector<float> x = uniform(T * K, 31, -3, 3), bias = uniform(N, 32);
+    for (WeightFormat f : kBlockFormats) {
+      Weights w(f, N, K, 33);
+      if (f == WeightFormat::Q8_0)
+        for (size_t b = 0; b < w.data.size() / 34; b += 7) w.data[b * 34 + 2 + b % 32] = 0x80;
+      LinearParams p;
+      p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = ActivationFormat::Q8;
+      p.threads = 2;
+      std::vector<std::vector<float>> decode, prefill;
+      for (int64_t target : targets) {
+        detail::force_simd_target(target);
+        auto& one = decode.emplace_back(size_t(T * N), -1.0f);
+        for (int64_t t = 0; t < T; ++t) {
+          p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N;
+          linear_forward(p);
+        }
+        auto& all = prefill.emplace_back(size_t(T * N), -1.0f);
+        p.tokens = T, p.x = x.data(), p.y = all.data();
+        linear_forward(p);
+      }
+      detail::force_simd_target(0);
+      for (size_t i = 1; i < targets.size(); ++i) {
+        const std::string what = describe(K, f, ActivationFormat::Q8) + " at " + detail::simd_target_name(targets[i]) +
+                                 " against " + detail::simd_target_name(targets[0]);
+        EXPECT_EQ(std::memcmp(decode[i].data(), decode[0].data(), decode[0].size() * 4), 0) << what << ", decode";
+        EXPECT_EQ(std::memcmp(prefill[i].data(), prefill[0].data(), prefill[0].size() * 4), 0) << what << ", prefill";
+      }
+      EXPECT_EQ(std::memcmp(decode[0].data(), prefill[0].data(), decode[0].size() * 4), 0) << weight_format_name(f);
+    }
   }
 }
 
