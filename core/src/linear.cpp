@@ -236,7 +236,7 @@ void linear_forward_group(const LinearParams* products, int count) {
     return at;
   };
   constexpr size_t kNone = ~size_t(0);
-  std::vector<std::array<size_t, 5>> at(jobs.size(), {kNone, kNone, kNone, kNone, kNone});  // byte offsets of the pieces
+  std::vector<std::array<size_t, 6>> at(jobs.size(), {kNone, kNone, kNone, kNone, kNone, kNone});  // byte offsets of the pieces
   for (size_t i = 0; i < jobs.size(); ++i) {
     linear_detail::Job& j = jobs[i];
     if (j.activations == ActivationFormat::F32) continue;
@@ -251,7 +251,7 @@ void linear_forward_group(const LinearParams* products, int count) {
       const int64_t blocks = q8_blocks(j.cols);
       const int64_t stride = linear_detail::q8_activation_stride(j.cols);
       at[i] = {piece(j.tokens * stride), piece(j.tokens * stride), piece(j.tokens * stride),
-               piece(j.tokens * blocks * 4), piece(j.tokens * blocks * 4)};
+               piece(j.tokens * blocks * 4), piece(j.tokens * blocks * 4), piece(j.tokens * blocks * 4)};
     }
   }
   if (need > 0 && converted.size() * 8 < need + 64) converted.resize((need + 64) / 8);
@@ -266,6 +266,7 @@ void linear_forward_group(const LinearParams* products, int count) {
       j.xq.scale_pairs = reinterpret_cast<float*>(base + at[i][2]);
       j.xq.scales = reinterpret_cast<float*>(base + at[i][3]);
       j.xq.scaled_sums = reinterpret_cast<float*>(base + at[i][4]);
+      j.xq.sums = reinterpret_cast<int32_t*>(base + at[i][5]);
       j.xq.blocks = q8_blocks(j.cols), j.xq.stride = linear_detail::q8_activation_stride(j.cols);
     }
   }

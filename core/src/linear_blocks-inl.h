@@ -16,17 +16,17 @@
 //   Q4_1, Q5_1        w = d q + m, q >= 0:               sum w x = (d sx) sum q qx + m (sx sum qx)
 //   Q4_K, Q5_K        w = (d sc) q - (dmin m), q >= 0:   sum w x = (d sc sx) sum q qx - (dmin m) (sx sum qx)
 //   Q6_K              w = d sc_s (q - 32), two sub-blocks s: sum w x = (d sx) sum_s sc_s sum q qx
-// Signed quants (Q8_0, Q4_0, Q5_0, Q6_K) enter vpmaddubsw as |q| against qx with q's sign (exact for a Q8_0 quant
-// of -128 too: byte_products_avx2.h SignedSums); unsigned ones (Q4_1's
-// and Q5_1's, the k-quants' 4- and 5-bit q, all <= 31) as they are, against qx. Every pair sum is below int16's
-// saturation (2 x 127 x 128; unsigned: 2 x 31 x 127), every lane sum below 2^24 (Q6_K's sub-block scales enter
-// through vpmaddwd's second operand: |sum| <= 2 x 8128 x 128), so the integer sums are exact and convert to float
-// exactly. Each unit's lanes are then multiplied by the unit's scale product (one rounding) and added into the
-// (token, row)'s accumulator (one more); the min term of the formats with one (Q4_1, Q5_1, Q4_K, Q5_K) is summed
-// apart, one fused multiply-add per unit, and subtracted at the end - the unit's min is dmin m for the k-quants and
-// -m for Q4_1 / Q5_1, whose min is added. The same sequence of operations for every tile shape, so what else is
-// batched changes no bit; the terms are those of the float64 reference, so results differ from it only in rounding
-// (tests/core/cases_linear.cpp).
+// Signed quants (Q8_0, Q6_K) enter vpmaddubsw as |q| against qx with q's sign (exact for a Q8_0 quant of -128 too);
+// unsigned ones (Q4_1's and Q5_1's, the k-quants' 4- and 5-bit q, all <= 31) as they are, against qx, and Q4_0's and
+// Q5_0's before their offset (Offset). Every pair sum is below int16's saturation (2 x 127 x 128; unsigned: 2 x 31 x
+// 127), and a unit's whole sum below 2^24 (Q6_K's sub-block scales enter through vpmaddwd's second operand: |sum| <=
+// 32 x 32 x 127 x 128), so each unit's sum of 32 products is an exact integer, converted to float exactly. It is then
+// multiplied by the unit's scale product d sx (one rounding) and added into the (token, row)'s accumulator lane u % 8
+// (one more); the min term of the formats with one (Q4_1, Q5_1, Q4_K, Q5_K) likewise into a second accumulator - the
+// unit's min is dmin m for the k-quants and -m for Q4_1 / Q5_1, whose min is added - and subtracted at the end, each
+// accumulator's 8 lanes summed in one fixed order. Decode (Tile: 8 units of a row in a register's lanes) and prefill
+// (Panels: 8 rows in the lanes) take the same operations, so what else is batched changes no bit; the terms are those
+// of the float64 reference, so results differ from it only in rounding (tests/core/cases_linear.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -118,21 +118,13 @@ constexpr bool Signed(WeightFormat f) {
 }
 constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 
-// With VNNI (ROTARY_BLOCKS_VNNI), the quants that are an unsigned byte minus a fixed offset - Q4_0's nibbles minus 8,
-// Q5_0's five bits minus 16 - enter vpdpbusd unsigned, against x's quants as they are, and the lane's sum starts
-// from minus the offset times x's four quants of the lane:
-// Q8Activations::corrections holds -128 times those four quants' sum, so shifted right by OffsetShift it is -offset
-// times it (exact: a multiple of 128). The lane is then sum_4 u qx - offset sum_4 qx = sum_4 (u - offset) qx, the
-// integer the signed products give, so the same bits - for one vpdpbusd a unit and token in place of the signed
-// products' vpsignb, vpmaddubsw and vpmaddwd (and their vpabsb and vpsubb a unit and row). Q6_K (its sub-block scales
-// are vpmaddwd's operand) and Q8_0 keep the signed products: Q8_0 as q + 128 (q xor 0x80) from a start of -128 sum_4
-// qx, or on vpdpbusd with the sign, decoded 5-10% slower than on vpmaddubsw (2026-11-29, Zen 4, 0.5B shape, 2
-// threads, alternated runs; its prefill 3% faster). Without VNNI the byte form saves nothing: the correction's add
-// costs what the sign did.
-constexpr int OffsetShift(WeightFormat f) {
-  return f == WeightFormat::Q4_0 ? 4 : f == WeightFormat::Q5_0 ? 3 : -1;
-}
-constexpr bool Offset(WeightFormat f) { return ROTARY_BLOCKS_VNNI && OffsetShift(f) >= 0; }
+// The quants that are an unsigned byte minus a fixed offset - Q4_0's nibbles minus 8, Q5_0's five bits minus 16 -
+// enter the byte products unsigned, against x's quants as they are, and the offset times the sum of x's quants over
+// the unit (Q8Activations::sums) is subtracted from the unit's integer sum: sum u qx - offset sum qx = sum (u - offset)
+// qx, exact, one shift and subtract per unit and token in place of a vpsubb and vpabsb per unit and row and a vpsignb
+// per unit, row and token. Q8_0 and Q6_K keep the signed products (|q| against qx with q's sign).
+constexpr int OffsetLog2(WeightFormat f) { return f == WeightFormat::Q4_0 ? 3 : f == WeightFormat::Q5_0 ? 4 : -1; }
+constexpr bool Offset(WeightFormat f) { return OffsetLog2(f) >= 0; }
 
 // start + the 8 int32 lanes of sum_4 u qx, u unsigned: one vpdpbusd with VNNI; without, vpmaddubsw's pairs (below
 // int16's saturation for u <= 31: 2 x 31 x 127) summed by vpmaddwd (the add of a zero start folds away).
@@ -144,27 +136,29 @@ ROTARY_BLOCKS_TARGET inline __m256i UnsignedSums(__m256i start, __m256i u, __m25
 #endif
 }
 
-// -offset x (x's four quants' sum) for lanes 8u..8u+7 of token t (Offset formats).
+// start + a unit's 8 int32 lanes against x's quants xv: the signed products for Q8_0 and Q6_K (q and |q| = qa, pair
+// weights pw: ones, or Q6_K's two sub-block scales), UnsignedSums for the rest.
 template <WeightFormat F>
-ROTARY_BLOCKS_TARGET inline __m256i OffsetStart(const Job& j, int64_t t, int64_t u) {
-  const int32_t* c = j.xq.corrections + t * (j.xq.stride / 4) + u * 8;
-  return _mm256_srai_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(c)), OffsetShift(F));
+ROTARY_BLOCKS_TARGET inline __m256i UnitLanes(__m256i start, __m256i q, __m256i qa, __m256i pw, __m256i xv) {
+  if constexpr (Signed(F) && !Offset(F))
+    return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q)), pw));
+  else
+    return UnsignedSums(start, q, xv);
 }
 
-// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q4_0 / Q5_0 / Q6_K, unsigned for Q4_1 / Q5_1 / Q4_K /
-// Q5_K; with VNNI, Q4_0's and Q5_0's as unsigned bytes before their offset: Offset).
+// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q6_K; unsigned for Q4_1 / Q5_1 / Q4_K / Q5_K, and for
+// Q4_0 / Q5_0 before their offset: Offset).
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (F == WeightFormat::Q8_0) {
     return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
   } else if constexpr (F == WeightFormat::Q4_0) {
-    return Offset(F) ? Nibbles32(b + 2) : _mm256_sub_epi8(Nibbles32(b + 2), _mm256_set1_epi8(8));
+    return Nibbles32(b + 2);  // minus 8: Offset
   } else if constexpr (F == WeightFormat::Q4_1) {
     return Nibbles32(b + 4);
   } else if constexpr (F == WeightFormat::Q5_0) {  // f16 d, qh[4], qs[16]
-    const __m256i q = _mm256_or_si256(Nibbles32(b + 6), FifthBits(b + 2));
-    return Offset(F) ? q : _mm256_sub_epi8(q, _mm256_set1_epi8(16));
+    return _mm256_or_si256(Nibbles32(b + 6), FifthBits(b + 2));  // minus 16: Offset
   } else if constexpr (F == WeightFormat::Q5_1) {  // f16 d, f16 m, qh[4], qs[16]
     return _mm256_or_si256(Nibbles32(b + 8), FifthBits(b + 4));
   } else if constexpr (F == WeightFormat::Q4_K || F == WeightFormat::Q5_K) {
@@ -189,63 +183,110 @@ ROTARY_BLOCKS_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   }
 }
 
-// sums[t][r] = dot(row r, token t) for NT tokens of xq from t0 and NR rows from row r0.
+// Lane k of the result: the sum of unit k's 8 lanes v[k], from pairs[m] = vphaddd(v[2m], v[2m + 1]) (exact integers,
+// so the order of the adds is free; the pairs are formed as the units come, so 8 vectors a token are never live).
+ROTARY_BLOCKS_TARGET inline __m256i LaneTotals(const __m256i pairs[4]) {
+  const __m256i a = _mm256_hadd_epi32(pairs[0], pairs[1]), b = _mm256_hadd_epi32(pairs[2], pairs[3]);
+  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+}
+
+// Lanes k < n of 8 floats or int32s from p, zeros past n (a row's last units: never read past x's blocks). One
+// vector load, not 8 scalar stores and a reload (a stall on store forwarding).
+ROTARY_BLOCKS_TARGET inline __m256i LaneMask(int n) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+ROTARY_BLOCKS_TARGET inline __m256 Load8(const float* p, int n, __m256i mask) {
+  return n == 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, mask);
+}
+ROTARY_BLOCKS_TARGET inline __m256i Load8(const int32_t* p, int n, __m256i mask) {
+  return n == 8 ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))
+                : _mm256_maskload_epi32(reinterpret_cast<const int*>(p), mask);
+}
+
+// The f16 in the low 16 bits of each 32-bit lane (the high 16 bits zero), converted exactly.
+ROTARY_BLOCKS_TARGET inline __m256 LowHalvesToFloat(__m256i h) {
+  const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(h, h), 0x08);
+  return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
+}
+
+// The scales (and mins) of units u0.. of a row in a format of one unit a block: each block's first 4 bytes, f16 d
+// and (Q4_1, Q5_1) f16 m, gathered in 32-bit lanes (k < n), converted exactly; the mins negated (BlockScales).
+template <WeightFormat F>
+ROTARY_BLOCKS_TARGET inline void GatherScales(const uint8_t* row, int64_t u0, __m256i mask, __m256& scale,
+                                              __m256& min) {
+  constexpr int kBytes = int(weight_block_bytes(F));
+  const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBytes));
+  const __m256i words = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(row + u0 * kBytes),
+                                                    offsets, mask, 1);
+  scale = LowHalvesToFloat(_mm256_and_si256(words, _mm256_set1_epi32(0xFFFF)));
+  min = HasMin(F) ? _mm256_xor_ps(LowHalvesToFloat(_mm256_srli_epi32(words, 16)), _mm256_set1_ps(-0.0f))
+                  : _mm256_setzero_ps();
+}
+
+// sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: small batches run row by row). Each unit's 32 products
+// are summed exactly as an integer (LaneTotals over 8 units at a time), then scaled: lane k of the accumulator takes
+// units k, k + 8, k + 16, ... of the row (one multiply-add each, in order), and the 8 lanes are summed in SumOfLanes'
+// order - the panels' accumulators take the same operations (Panels), so batching changes no bit.
 template <WeightFormat F, int NT, int NR>
 ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
+  static_assert(NR == 1, "the block formats' small batches run row by row");
   constexpr int kUnits = BlockScales<F>::kUnits;
   constexpr int64_t kBytes = weight_block_bytes(F);
-  __m256 acc[NT][NR];
-  float min_sum[NT][NR] = {};
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) acc[t][r] = _mm256_setzero_ps();
-  const uint8_t* rows[NR];
-  for (int r = 0; r < NR; ++r) rows[r] = block_row(F, j.w, j.row_stride, r0 + r);
-  const int64_t blocks = j.cols / weight_block_size(F);
+  const uint8_t* row = block_row(F, j.w, j.row_stride, r0);
+  const int64_t units = j.cols / kUnit;
   const __m256i ones16 = _mm256_set1_epi16(1);
-  for (int64_t b = 0; b < blocks; ++b) {
-    BlockScales<F> scales[NR];
-    for (int r = 0; r < NR; ++r) DecodeScales<F>(rows[r] + b * kBytes, scales[r]);
-    for (int i = 0; i < kUnits; ++i) {
-      const int64_t u = b * kUnits + i;  // the unit's index along the row: x's block
-      __m256i q[NR], qa[NR], pair_weights[NR];
-      for (int r = 0; r < NR; ++r) {
-        q[r] = UnpackQuants<F>(rows[r] + b * kBytes, i);
-        if constexpr (Signed(F) && !Offset(F)) qa[r] = _mm256_abs_epi8(q[r]);
+  __m256 acc[NT], min_acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = min_acc[t] = _mm256_setzero_ps();
+  BlockScales<F> scales;
+  for (int64_t u0 = 0; u0 < units; u0 += 8) {
+    const int n = int(std::min<int64_t>(8, units - u0));
+    const __m256i mask = LaneMask(n);
+    __m256 scale, min;
+    if constexpr (kUnits == 1) {
+      GatherScales<F>(row, u0, mask, scale, min);
+    } else {  // the group is one block (rows are whole blocks of 8 units)
+      DecodeScales<F>(row + u0 / kUnits * kBytes, scales);
+      scale = _mm256_loadu_ps(scales.scale), min = _mm256_loadu_ps(scales.min);
+    }
+    __m256i pairs[NT][4];
+#pragma GCC unroll 4
+    for (int m = 0; m < 4; ++m) {
+      __m256i two[NT][2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        const int k = 2 * m + h;
+        if (k >= n) {
+          for (int t = 0; t < NT; ++t) two[t][h] = _mm256_setzero_si256();
+          continue;
+        }
+        const int64_t u = u0 + k;
+        const uint8_t* block = row + u / kUnits * kBytes;
+        const int i = int(u % kUnits);
+        const __m256i q = UnpackQuants<F>(block, i);
+        __m256i qa = q, pw = ones16;
+        if constexpr (Signed(F) && !Offset(F)) qa = _mm256_abs_epi8(q);
         if constexpr (F == WeightFormat::Q6_K)
-          pair_weights[r] = _mm256_set_m128i(_mm_set1_epi16(scales[r].sub_scales[2 * i + 1]),
-                                             _mm_set1_epi16(scales[r].sub_scales[2 * i]));
-        else
-          pair_weights[r] = ones16;
-      }
-      for (int t = 0; t < NT; ++t) {
-        const int64_t at = (t0 + t) * j.xq.stride + u * kUnit;
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(j.xq.quants + at));
-        const float sx = j.xq.scales[(t0 + t) * j.xq.blocks + u];
-        if constexpr (Offset(F)) {
-          const __m256i start = OffsetStart<F>(j, t0 + t, u);
-          for (int r = 0; r < NR; ++r) {
-            acc[t][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(UnsignedSums(start, q[r], xv)),
-                                        _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
-          }
-        } else if constexpr (Signed(F)) {
-          for (int r = 0; r < NR; ++r) {
-            acc[t][r] = _mm256_fmadd_ps(SignedSums(qa[r], q[r], xv, pair_weights[r]),
-                                        _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
-          }
-        } else {
-          const float xs = j.xq.scaled_sums[(t0 + t) * j.xq.blocks + u];  // the min term's activation side
-          for (int r = 0; r < NR; ++r) {
-            const __m256 lanes = _mm256_cvtepi32_ps(UnsignedSums(_mm256_setzero_si256(), q[r], xv));
-            acc[t][r] = _mm256_fmadd_ps(lanes, _mm256_set1_ps(scales[r].scale[i] * sx), acc[t][r]);
-            min_sum[t][r] = std::fma(scales[r].min[i], xs, min_sum[t][r]);
-          }
+          pw = _mm256_set_m128i(_mm_set1_epi16(scales.sub_scales[2 * i + 1]), _mm_set1_epi16(scales.sub_scales[2 * i]));
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* x = j.xq.quants + (t0 + t) * j.xq.stride + u * kUnit;
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+          two[t][h] = UnitLanes<F>(_mm256_setzero_si256(), q, qa, pw, xv);
         }
       }
+      for (int t = 0; t < NT; ++t) pairs[t][m] = _mm256_hadd_epi32(two[t][0], two[t][1]);
+    }
+    for (int t = 0; t < NT; ++t) {
+      const int64_t at = (t0 + t) * j.xq.blocks + u0;
+      __m256i totals = LaneTotals(pairs[t]);
+      if constexpr (Offset(F))
+        totals = _mm256_sub_epi32(totals, _mm256_slli_epi32(Load8(j.xq.sums + at, n, mask), OffsetLog2(F)));
+      const __m256 unit_scale = _mm256_mul_ps(scale, Load8(j.xq.scales + at, n, mask));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), unit_scale, acc[t]);
+      if constexpr (HasMin(F)) min_acc[t] = _mm256_fmadd_ps(min, Load8(j.xq.scaled_sums + at, n, mask), min_acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r)
-      sums[t * NR + r] = HasMin(F) ? SumOfLanes(acc[t][r]) - min_sum[t][r] : SumOfLanes(acc[t][r]);
+    sums[t] = HasMin(F) ? SumOfLanes(acc[t]) - SumOfLanes(min_acc[t]) : SumOfLanes(acc[t]);
 }
 
 template <WeightFormat F, int NT, int NR>
@@ -257,15 +298,16 @@ ROTARY_BLOCKS_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
 
 // Prefill: a panel of kPanelRows rows, its units unpacked once per token chunk and transposed so that one register
 // holds bytes 4g..4g+3 of unit u for each of the 8 rows (32-bit lane r: row r). A token's bytes 4g..4g+3, broadcast,
-// then meet all 8 rows in one vpmaddubsw, and lane r of the 8 int32 sums is exactly lane g of Tile's sums for row r;
-// so accumulator g of the panel (lane r) takes exactly the operations of Tile's lane g of row r, in the same order,
-// and the fixed-order lane sum becomes the same adds across the 8 accumulators: every bit equals Tile's and so the
-// decode path's (BlockFormatsSameBitsForAnyThreadCountAndTokenBatching). The unpacking, 7-8 operations a unit and
-// row in Tile for 2 tokens, is paid once per chunk (16-96 tokens), and the scales and the float work are per 8 rows:
-// 2026-11-29, Zen 3, Q4_0 prefill 512 of the 0.5B shape, see docs/gguf.md.
+// then meet all 8 rows in one vpmaddubsw (or vpdpbusd), and the 8 groups' int32 sums add up to the unit's exact sum
+// for each row; its one multiply-add goes into accumulator u % 8 (lane r), which is what Tile's lane u % 8 of row r
+// takes, in the same order, and the accumulators are summed in SumOfLanes' order: every bit equals Tile's
+// (BlockFormatsSameBitsForAnyThreadCountAndTokenBatching). The unpacking, 7-8 operations a unit and row in Tile, is
+// paid once per chunk (16-96 tokens), the scales and the float work are per 8 rows and unit, and each weight vector is
+// loaded once for kPanelTokens tokens (2026-11-29, Zen 3 and Zen 4, Q4_0 prefill 512 of the 0.5B shape: docs/gguf.md).
+constexpr int kPanelTokens = 4;  // tokens sharing each load of a slice's weight vector (PanelTokens; 8 was slower with AVX-512's 32 registers)
 constexpr int kSliceUnits = 32;  // units of a panel slice: 16 KB of unpacked bytes (signed formats), L1-resident
 
-// One slice of a panel: for unit u, group g: the 8 rows' quant bytes q[u][g] (and |q| for the signed formats), the
+// One slice of a panel: for unit u, group g: the 8 rows' quant bytes q[u][g] (and |q| for Q8_0, Q6_K and q8), the
 // rows' unit scales and mins, and Q6_K's pair weights for the unit's two sub-blocks (lane r: row r's int16 scale,
 // twice).
 struct alignas(32) PanelSlice {
@@ -342,48 +384,75 @@ ROTARY_BLOCKS_TARGET void PackSlice(const Job& j, int64_t r0, int nr, int64_t u0
   }
 }
 
-// A token's accumulators over a panel: acc[g] lane r is Tile's lane g of row r; min_sum lane r its min_sum.
+// A token's accumulators over a panel, lane r row r: acc[k] (and min_acc[k]) take units k, k + 8, ... - Tile's lane
+// k of the row. rotary's q8 weights (linear_q8_avx2.cpp's tiles) sum per lane g instead: acc[g] is lane g.
 struct alignas(32) PanelSums {
-  __m256 acc[8], min_sum;
+  __m256 acc[8], min_acc[8];
 };
 
-// Adds units [u0, u0 + count) of token t to its sums (Tile's operations, 8 rows a register).
-template <WeightFormat F>
-ROTARY_BLOCKS_TARGET inline void PanelToken(const Job& j, int64_t t, int64_t u0, int count, const PanelSlice& s,
-                                          PanelSums& sums) {
-  __m256 acc[8];
-  for (int g = 0; g < 8; ++g) acc[g] = sums.acc[g];
-  __m256 min_sum = sums.min_sum;
+// Adds units [u0, u0 + count) of token t to its sums (rotary's q8 weights: linear_q8_avx2.cpp's tiles' operations,
+// 8 rows a register).
+ROTARY_BLOCKS_TARGET inline void PanelTokenQ8(const Job& j, int64_t t, int64_t u0, int count, const PanelSlice& s,
+                                              PanelSums& sums) {
   const __m256i ones16 = _mm256_set1_epi16(1);
   const int8_t* xt = j.xq.quants + t * j.xq.stride;
+  __m256 acc[8];
+  for (int g = 0; g < 8; ++g) acc[g] = sums.acc[g];
   for (int k = 0; k < count; ++k) {
     const int64_t u = u0 + k;
-    const float sx = j.xq.scales[t * j.xq.blocks + u];
-    const __m256 scale = _mm256_mul_ps(_mm256_load_ps(s.scale[k]), _mm256_set1_ps(sx));
-    const int8_t* xu = xt + u * kUnit;
-    alignas(32) int32_t start[8];  // Offset formats: lane g's start, broadcast from memory (a load, no shift)
-    if constexpr (Offset(F)) _mm256_store_si256(reinterpret_cast<__m256i*>(start), OffsetStart<F>(j, t, u));
+    const __m256 scale = _mm256_mul_ps(_mm256_load_ps(s.scale[k]), _mm256_set1_ps(j.xq.scales[t * j.xq.blocks + u]));
     for (int g = 0; g < 8; ++g) {
       int32_t word;
-      std::memcpy(&word, xu + 4 * g, 4);
+      std::memcpy(&word, xt + u * kUnit + 4 * g, 4);
       const __m256i xv = _mm256_set1_epi32(word);
-      __m256i lanes;
-      if constexpr (Offset(F)) {
-        lanes = UnsignedSums(_mm256_set1_epi32(start[g]), s.q[k][g], xv);
-      } else if constexpr (Signed(F)) {
-        const __m256i pw = F == WeightFormat::Q6_K ? s.pair_weights[k][g / 4] : ones16;
-        lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(s.qa[k][g], _mm256_sign_epi8(xv, s.q[k][g])), pw);
-      } else {
-        lanes = UnsignedSums(_mm256_setzero_si256(), s.q[k][g], xv);
-      }
+      const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(s.qa[k][g], _mm256_sign_epi8(xv, s.q[k][g])), ones16);
       acc[g] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), scale, acc[g]);
     }
-    if constexpr (HasMin(F))
-      min_sum = _mm256_fmadd_ps(_mm256_load_ps(s.min[k]), _mm256_set1_ps(j.xq.scaled_sums[t * j.xq.blocks + u]),
-                                min_sum);
   }
   for (int g = 0; g < 8; ++g) sums.acc[g] = acc[g];
-  sums.min_sum = min_sum;
+}
+
+// Adds units [u0, u0 + count) of NT tokens from t to their sums (Tile's operations, 8 rows a register): each unit's
+// integer sum (two chains of 4 groups a token, exact in any order), then one multiply-add into lane u % 8. Each of the
+// slice's weight vectors is loaded once for the NT tokens.
+template <WeightFormat F, int NT>
+ROTARY_BLOCKS_TARGET inline void PanelTokens(const Job& j, int64_t t, int64_t u0, int count, const PanelSlice& s,
+                                             PanelSums* sums) {
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  for (int k = 0; k < count; ++k) {
+    const int64_t u = u0 + k;
+    __m256i total[NT][2];
+    for (int n = 0; n < NT; ++n) {
+      total[n][0] = total[n][1] = _mm256_setzero_si256();
+      if constexpr (Offset(F)) total[n][0] = _mm256_set1_epi32(-(j.xq.sums[(t + n) * j.xq.blocks + u] << OffsetLog2(F)));
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; ++g) {
+      const __m256i q = s.q[k][g], qa = s.qa[k][g];
+      const __m256i pw = F == WeightFormat::Q6_K ? s.pair_weights[k][g / 4] : ones16;
+      for (int n = 0; n < NT; ++n) {
+        int32_t word;
+        std::memcpy(&word, j.xq.quants + (t + n) * j.xq.stride + u * kUnit + 4 * g, 4);
+        total[n][g % 2] = UnitLanes<F>(total[n][g % 2], q, qa, pw, _mm256_set1_epi32(word));
+      }
+    }
+    const int lane = int(u % 8);
+    for (int n = 0; n < NT; ++n) {
+      const int64_t at = (t + n) * j.xq.blocks + u;
+      const __m256 scale = _mm256_mul_ps(_mm256_load_ps(s.scale[k]), _mm256_set1_ps(j.xq.scales[at]));
+      const __m256 unit = _mm256_cvtepi32_ps(_mm256_add_epi32(total[n][0], total[n][1]));
+      sums[n].acc[lane] = _mm256_fmadd_ps(unit, scale, sums[n].acc[lane]);
+      if constexpr (HasMin(F))
+        sums[n].min_acc[lane] =
+            _mm256_fmadd_ps(_mm256_load_ps(s.min[k]), _mm256_set1_ps(j.xq.scaled_sums[at]), sums[n].min_acc[lane]);
+    }
+  }
+}
+
+// SumOfLanes' order over 8 accumulators: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)).
+ROTARY_BLOCKS_TARGET inline __m256 SumOfAccumulators(const __m256 a[8]) {
+  return _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                       _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
 }
 
 // Tokens [t0, t1) x rows [r0, r1) in panels of kPanelRows rows, each panel's units in slices of kSliceUnits.
@@ -398,21 +467,24 @@ ROTARY_BLOCKS_TARGET void Panels(const Job& j, int64_t t0, int64_t t1, int64_t r
     const int nr = int(std::min<int64_t>(kPanelRows, r1 - p));
     for (int64_t t = t0; t < t1; ++t) {
       PanelSums& sums = token_sums[size_t(t - t0)];
-      for (int g = 0; g < 8; ++g) sums.acc[g] = _mm256_setzero_ps();
-      sums.min_sum = _mm256_setzero_ps();
+      for (int k = 0; k < 8; ++k) sums.acc[k] = sums.min_acc[k] = _mm256_setzero_ps();
     }
     for (int64_t u0 = 0; u0 < units; u0 += kSliceUnits) {
       const int count = int(std::min<int64_t>(kSliceUnits, units - u0));
       PackSlice<F>(j, p, nr, u0, count, *slice);
-      for (int64_t t = t0; t < t1; ++t) PanelToken<F>(j, t, u0, count, *slice, token_sums[size_t(t - t0)]);
+      if constexpr (F == WeightFormat::Q8) {
+        for (int64_t t = t0; t < t1; ++t) PanelTokenQ8(j, t, u0, count, *slice, token_sums[size_t(t - t0)]);
+      } else {
+        int64_t t = t0;
+        for (; t + kPanelTokens <= t1; t += kPanelTokens)
+          PanelTokens<F, kPanelTokens>(j, t, u0, count, *slice, &token_sums[size_t(t - t0)]);
+        for (; t < t1; ++t) PanelTokens<F, 1>(j, t, u0, count, *slice, &token_sums[size_t(t - t0)]);
+      }
     }
     for (int64_t t = t0; t < t1; ++t) {
       const PanelSums& sums = token_sums[size_t(t - t0)];
-      // SumOfLanes' order over the accumulators: ((0 + 4) + (2 + 6)) + ((1 + 5) + (3 + 7)), then the min term.
-      const __m256* a = sums.acc;
-      __m256 total = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
-                                   _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
-      if constexpr (HasMin(F)) total = _mm256_sub_ps(total, sums.min_sum);
+      __m256 total = SumOfAccumulators(sums.acc);
+      if constexpr (HasMin(F)) total = _mm256_sub_ps(total, SumOfAccumulators(sums.min_acc));
       alignas(32) float out[kPanelRows];
       _mm256_store_ps(out, total);
       store_tile(j, t, p, 1, nr, out);

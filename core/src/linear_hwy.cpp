@@ -471,6 +471,7 @@ void QuantizeToken(const float* x, int64_t cols, const Q8Activations& xq, int64_
   for (int64_t b = 0; b < xq.blocks; ++b) {  // the block formats' min term (linear_blocks-inl.h)
     int32_t sum = 0;
     for (int64_t i = 0; i < kQ8Block; ++i) sum += q[b * kQ8Block + i];
+    xq.sums[t * xq.blocks + b] = sum;
     xq.scaled_sums[t * xq.blocks + b] = xq.scales[t * xq.blocks + b] * float(sum);
   }
   int32_t* corrections = xq.corrections + t * xs / 4;

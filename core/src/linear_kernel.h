@@ -44,6 +44,7 @@ struct Q8Activations {
   int32_t* corrections = nullptr;   // [tokens, stride / 4]: lane i of a pair, -128 (q[4i] + ... + q[4i + 3])
   float* scale_pairs = nullptr;     // [tokens, stride / 4]: lanes 0-7 the pair's first block's scale, 8-15 its second's
   float* scales = nullptr;          // [tokens, blocks]
+  int32_t* sums = nullptr;          // [tokens, blocks]: the sum of the block's quants (Q4_0's and Q5_0's offset)
   float* scaled_sums = nullptr;     // [tokens, blocks]: scale x the sum of the block's quants (one rounding), the
                                     // min term's activation side (Q4_1, Q5_1, Q4_K, Q5_K)
   int64_t blocks = 0;
