@@ -195,6 +195,14 @@ struct Session::Impl {
   std::vector<int64_t> chunk_pos;
   int64_t last_position = 0;
   std::vector<int64_t> token_ids;  // Session::tokens
+  // A SessionBatch piece in progress (BatchStep::layer_rows): the (token, layer) rows run so far (0: none) - whole
+  // layers, then the first tokens of the next -, its tokens, positions and whether it is a prompt (decided at its
+  // start), and its residual rows, each after the layers it has been through. The caches of the layers begun hold its
+  // rows there already (size() does not count them).
+  int64_t piece_done = 0;
+  std::vector<int64_t> piece_tokens, piece_positions;
+  bool piece_prompt = false;
+  std::vector<float> piece_residual;
   int64_t passed = 0;  // keep_caches false: the tokens of the one forward() call so far (0 or its n)
   // Length-dependent scalings rebuild the caches from the un-rotated keys and values when the frequencies change.
   std::vector<std::vector<float>> hist_k, hist_v;
@@ -305,7 +313,10 @@ struct Session::Impl {
   int64_t size() const {
     if (options.memory) return memory_caches.empty() ? 0 : memory_caches.front().size();
     if (!options.keep_caches) return passed;
-    return caches.empty() ? 0 : caches.front().size();
+    if (caches.empty()) return 0;
+    // (the last layer's, less a piece in progress's tokens it holds already)
+    const int64_t n = int64_t(piece_tokens.size());
+    return caches.back().size() - std::max<int64_t>(0, piece_done - (arch.n_layers - 1) * n);
   }
   bool started() const { return options.memory ? !memory_caches.empty() : options.keep_caches ? !caches.empty() : passed > 0; }
 
@@ -337,6 +348,7 @@ struct Session::Impl {
 
   void check_tokens(const int64_t* tokens, const int64_t* positions, int64_t n) const {
     check(n >= 1, "n", n, ">= 1 token");
+    check_no_piece("forward");
     check(options.keep_caches || passed == 0, "keep_caches", "false",
           "one forward() call per clear() (this session kept no keys for the " + std::to_string(passed) +
               " tokens it ran)");
@@ -353,6 +365,13 @@ struct Session::Impl {
         fail("positions[" + std::to_string(t) + "]", std::to_string(positions[t]),
              first ? "in [0, 2^53]" : "> " + std::to_string(prev) + " (positions increase) and <= 2^53");
     }
+  }
+
+  void check_no_piece(const char* who) const {
+    check(piece_done == 0, who,
+          "a session in the middle of a piece (" + std::to_string(piece_done) + " of its " +
+              std::to_string(int64_t(piece_tokens.size()) * arch.n_layers) + " token-layers run by SessionBatch)",
+          "a session between pieces (the piece's later layers through SessionBatch first, or clear())");
   }
 
   void rebuild_caches() {
@@ -606,6 +625,7 @@ uint64_t Session::Impl::context_fingerprint() const {
 
 // What save_context / open_context refuse before touching files.
 void Session::Impl::check_context_session(const char* who) const {
+  check_no_piece(who);
   check(options.memory || options.keep_caches, who, "a session without caches (keep_caches = false)",
         "a session that keeps its KV caches or has a memory");
   check(options.memory || !length_dependent(options.positions.rope), who,
@@ -799,7 +819,7 @@ void Session::release_scratch() {
 }
 
 bool Session::can_copy_prefix() const {
-  return impl_->options.keep_caches && !impl_->options.memory && !length_dependent(impl_->options.positions.rope);
+  return impl_->piece_done == 0 && impl_->options.keep_caches && !impl_->options.memory && !length_dependent(impl_->options.positions.rope);
 }
 
 void Session::copy_prefix_from(const Session& source, int64_t n) {
@@ -857,14 +877,19 @@ void Session::clear() {
   impl_->last_position = 0;
   impl_->token_ids.clear();
   impl_->passed = 0;
+  impl_->piece_done = 0;
+  impl_->piece_tokens.clear(), impl_->piece_positions.clear(), impl_->piece_residual.clear();
 }
+
+int64_t Session::piece_rows_done() const { return impl_->piece_done; }
 
 struct SessionBatch::Impl {
   std::shared_ptr<const Model> model;
   const Model::Impl& weights;
   const Architecture& arch;
   int threads;
-  std::vector<float> residual, q, k, v, attn_out;  // [rows of every step, width]
+  std::vector<float> residual, q, k, v, attn_out;  // [rows of a layer's steps, width]
+  std::vector<float> parked;  // [rows of every step, d_model]: each step's residual rows between its layers
   LayerRows rows;
 
   Impl(std::shared_ptr<const Model> mod, int t)
@@ -891,6 +916,7 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
   Impl& b = *impl_;
   const Architecture& arch = b.arch;
   const int64_t d = arch.d_model, hq = arch.n_heads * arch.head_dim, hkv = arch.n_kv_heads * arch.head_dim;
+  const int64_t L = arch.n_layers;
   // The checks of every step before any work.
   std::vector<const BatchStep*> batched, alone;
   for (size_t i = 0; i < steps.size(); ++i) {
@@ -903,59 +929,108 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
       check(steps[j].session != st.session, name + ".session", "the session of steps[" + std::to_string(j) + "]",
             "each session once per batch");
     check(st.n >= 1 && st.tokens != nullptr && st.positions != nullptr, name + ".n", st.n, ">= 1 token with its tokens and positions");
+    check(st.layer_rows >= 0, name + ".layer_rows", st.layer_rows, ">= 0 (0: all that remain)");
     Session::Impl& s = *st.session->impl_;
-    try {
-      s.check_tokens(st.tokens, st.positions, st.n);
-    } catch (const Error& e) {
-      fail(name, e.what(), "tokens the session takes");
+    if (s.piece_done > 0) {  // a piece in progress goes on with its own tokens
+      const bool same = st.n == int64_t(s.piece_tokens.size()) &&
+                        std::equal(st.tokens, st.tokens + st.n, s.piece_tokens.begin()) &&
+                        std::equal(st.positions, st.positions + st.n, s.piece_positions.begin());
+      check(same, name + ".tokens",
+            "other tokens or positions than its piece in progress (" + std::to_string(s.piece_done) + " of " +
+                std::to_string(int64_t(s.piece_tokens.size()) * L) + " token-layers run)",
+            "the piece's " + std::to_string(s.piece_tokens.size()) + " tokens at their positions until its last layer");
+    } else {
+      try {
+        s.check_tokens(st.tokens, st.positions, st.n);
+      } catch (const Error& e) {
+        fail(name, e.what(), "tokens the session takes");
+      }
     }
     const bool own = s.options.memory || length_dependent(s.options.positions.rope) || !s.options.keep_caches;
     (own ? alone : batched).push_back(&st);
   }
-  if (batched.size() == 1) alone.insert(alone.begin(), batched.front()), batched.clear();
+  auto whole = [&](const BatchStep* st) { return st->layer_rows == 0 && st->session->impl_->piece_done == 0; };
+  if (batched.size() == 1 && whole(batched.front())) alone.insert(alone.begin(), batched.front()), batched.clear();
 
   if (!batched.empty()) {
+    // Each step's (token, layer) rows [first, last) in layer-major order (a whole step: all n x L) and its residual
+    // rows in b.parked (offset). Layer li runs each step's tokens [a, b) that fall in it, packed in order into
+    // b.residual; a piece's tokens in a layer run in order, so its attention goes on chunk by chunk as its own
+    // forward's would (each chunk's queries against every key before them: the same bits for any chunking).
+    const size_t B = batched.size();
+    std::vector<int64_t> first(B), last(B), offset(B);
     int64_t total = 0;
-    std::vector<int64_t> offset;
-    std::vector<char> prompt;  // as Session::forward decides it: the first call of several tokens
-    for (const BatchStep* st : batched) {
-      Session::Impl& s = *st->session->impl_;
-      offset.push_back(total), total += st->n;
-      prompt.push_back(s.size() == 0 && st->n > 1);
+    for (size_t i = 0; i < B; ++i) {
+      const BatchStep& st = *batched[i];
+      Session::Impl& s = *st.session->impl_;
+      first[i] = s.piece_done;
+      last[i] = st.layer_rows == 0 ? st.n * L : std::min(st.n * L, first[i] + st.layer_rows);
+      if (first[i] == 0) s.piece_prompt = s.size() == 0 && st.n > 1;  // as Session::forward decides it
+      offset[i] = total, total += st.n;
       if (!s.started()) s.new_caches();
-      s.grow(st->n);
+      s.grow(st.n);
     }
     b.grow(total);
-    for (size_t i = 0; i < batched.size(); ++i)
-      for (int64_t t = 0; t < batched[i]->n; ++t)
-        weight_row(b.weights.embed, batched[i]->tokens[t], b.residual.data() + (offset[i] + t) * d);
-    for (int64_t li = 0; li < arch.n_layers; ++li) {
+    if (int64_t(b.parked.size()) < total * d) b.parked.resize(size_t(total * d));
+    for (size_t i = 0; i < B; ++i) {
+      const BatchStep& st = *batched[i];
+      Session::Impl& s = *st.session->impl_;
+      float* rows = b.parked.data() + offset[i] * d;
+      if (first[i] > 0)
+        std::copy_n(s.piece_residual.data(), st.n * d, rows);
+      else
+        for (int64_t t = 0; t < st.n; ++t) weight_row(b.weights.embed, st.tokens[t], rows + t * d);
+    }
+    std::vector<int64_t> lo(B), hi(B), at(B);  // a step's tokens [lo, hi) in this layer, at row `at` of b.residual
+    for (int64_t li = 0; li < L; ++li) {
+      int64_t rows = 0;
+      for (size_t i = 0; i < B; ++i) {
+        const int64_t n = batched[i]->n;
+        lo[i] = std::clamp(first[i] - li * n, int64_t(0), n), hi[i] = std::clamp(last[i] - li * n, int64_t(0), n);
+        at[i] = rows, rows += hi[i] - lo[i];
+        std::copy_n(b.parked.data() + (offset[i] + lo[i]) * d, (hi[i] - lo[i]) * d, b.residual.data() + at[i] * d);
+      }
+      if (rows == 0) continue;
       const Layer& l = b.weights.layers[size_t(li)];
-      b.rows.before_attention(l, b.residual.data(), total, b.q.data(), b.k.data(), b.v.data());
+      b.rows.before_attention(l, b.residual.data(), rows, b.q.data(), b.k.data(), b.v.data());
       // Each session attends in its own scratch, in the chunks its own forward() would take.
-      for (size_t i = 0; i < batched.size(); ++i) {
+      for (size_t i = 0; i < B; ++i) {
+        if (lo[i] == hi[i]) continue;
         const BatchStep& st = *batched[i];
         Session::Impl& s = *st.session->impl_;
-        const int64_t o = offset[i], n = st.n, chunk = layer_chunk(s.options);
-        std::memcpy(s.k.data(), b.k.data() + o * hkv, size_t(n * hkv) * 4);
-        std::memcpy(s.v.data(), b.v.data() + o * hkv, size_t(n * hkv) * 4);
-        for (int64_t t0 = 0; t0 < n; t0 += chunk) {
-          const int64_t c = std::min(chunk, n - t0);
+        const int64_t o = at[i] - lo[i], chunk = layer_chunk(s.options);  // (token t at row o + t)
+        std::memcpy(s.k.data() + lo[i] * hkv, b.k.data() + at[i] * hkv, size_t((hi[i] - lo[i]) * hkv) * 4);
+        std::memcpy(s.v.data() + lo[i] * hkv, b.v.data() + at[i] * hkv, size_t((hi[i] - lo[i]) * hkv) * 4);
+        for (int64_t t0 = lo[i]; t0 < hi[i]; t0 += chunk) {
+          const int64_t c = std::min(chunk, hi[i] - t0);
           std::memcpy(s.q.data(), b.q.data() + (o + t0) * hq, size_t(c * hq) * 4);
-          s.attend_with_cache(li, t0, c, st.positions, prompt[i] != 0);
+          s.attend_with_cache(li, t0, c, st.positions, s.piece_prompt);
           std::memcpy(b.attn_out.data() + (o + t0) * hq, s.attn_out.data(), size_t(c * hq) * 4);
         }
       }
-      b.rows.after_attention(l, b.attn_out.data(), b.residual.data(), total);
+      b.rows.after_attention(l, b.attn_out.data(), b.residual.data(), rows);
+      for (size_t i = 0; i < B; ++i)
+        std::copy_n(b.residual.data() + at[i] * d, (hi[i] - lo[i]) * d, b.parked.data() + (offset[i] + lo[i]) * d);
     }
-    for (size_t i = 0; i < batched.size(); ++i) {
+    for (size_t i = 0; i < B; ++i) {
       const BatchStep& st = *batched[i];
       Session::Impl& s = *st.session->impl_;
+      const float* rows = b.parked.data() + offset[i] * d;
+      if (last[i] < st.n * L) {  // the piece stops here: its rows kept for the step that goes on
+        if (s.piece_done == 0) {
+          s.piece_tokens.assign(st.tokens, st.tokens + st.n), s.piece_positions.assign(st.positions, st.positions + st.n);
+          s.piece_residual.resize(size_t(st.n * d));
+        }
+        std::copy_n(rows, st.n * d, s.piece_residual.data());
+        s.piece_done = last[i];
+        continue;
+      }
+      s.piece_done = 0;
+      s.piece_tokens.clear(), s.piece_positions.clear();
+      std::vector<float>().swap(s.piece_residual);
       s.last_position = st.positions[st.n - 1];
       s.token_ids.insert(s.token_ids.end(), st.tokens, st.tokens + st.n);
-      if (st.hidden)
-        apply_norm(arch.norm, b.weights.final_norm, arch.norm_eps, b.residual.data() + offset[i] * d, st.n, d, st.hidden,
-                   b.threads);
+      if (st.hidden) apply_norm(arch.norm, b.weights.final_norm, arch.norm_eps, rows, st.n, d, st.hidden, b.threads);
     }
   }
   for (const BatchStep* st : alone) st->session->forward(st->tokens, st->positions, st->n, st->hidden);

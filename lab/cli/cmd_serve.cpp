@@ -177,9 +177,14 @@ const CommandRegistrar kRegister([](CLI::App& root) {
                   "tokens per slot, prompt and answer (default: the model's context, at most 4096)")
       ->transform(integer_in(2, kMaxSequenceLength));
   sub->add_option("--prefill-step", cmd->slots.prefill_step,
-                  "prompt tokens one step reads (default 512; smaller keeps other streams smoother while a long "
-                  "prompt is read)")
+                  "prompt tokens a piece holds: a slot's prompt is read a piece at a time (default 512)")
       ->transform(integer_in(1, kMaxSequenceLength));
+  sub->add_option("--prompt-share", cmd->slots.prompt_share,
+                  "while other slots decode, the time a piece of a prompt longer than --prefill-step may add to their "
+                  "step, as a share of the step without it: each step then runs as much of the piece (its tokens "
+                  "through the layers) as fits, so a long prompt slows the others' streams by about 1 + this at "
+                  "most; shorter prompts are read whole (default 0.5; 0: whole pieces)")
+      ->transform(finite_in(0, 1000));
   sub->add_option("--context", cmd->slots.saved_contexts,
                   "a context saved by `generate --save-context` (a book read once, with its memory where it has one): "
                   "a prompt that starts with all of its tokens opens it instead of reading them (repeatable; the "

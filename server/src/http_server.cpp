@@ -313,6 +313,9 @@ std::string metrics_text(Front& f) {
   metric("rotary_resident_memory_bytes", "gauge", "Resident memory of the server process.",
          line("rotary_resident_memory_bytes", resident_bytes()));
   metric("rotary_steps_total", "counter", "Batched forward steps run.", line("rotary_steps_total", s.steps));
+  metric("rotary_prompt_layer_steps_total", "counter",
+         "Steps that ran a part of a prompt piece beside decoding slots, not its end (--prompt-share).",
+         line("rotary_prompt_layer_steps_total", s.prompt_layer_steps));
   return o.str();
 }
 

@@ -2,6 +2,9 @@
 #include "rotary_server/scheduler.h"
 
 #include <algorithm>
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 #include <functional>
 #include <random>
 #include <string>
@@ -53,6 +56,8 @@ void SchedulerOptions::validate() const {
   check(slots >= 1 && slots <= 256, "--parallel", slots, "in [1, 256]");
   check(context >= 2, "--ctx", context, ">= 2 tokens");
   check(prefill_step >= 1, "--prefill-step", prefill_step, ">= 1 token");
+  check(prompt_share >= 0 && prompt_share <= 1000, "--prompt-share", prompt_share,
+        "in [0, 1000] (a share of a decode step's time; 0: whole prompt pieces)");
   check(queue_limit >= 0, "--queue", queue_limit, ">= 0 requests");
   check(prefix_cache_bytes >= 0, "--prefix-cache-mib", prefix_cache_bytes / (1 << 20), ">= 0 MiB (0: none)");
   check(threads >= 0, "--threads", threads, ">= 0 (0: all cores)");
@@ -184,6 +189,7 @@ void Scheduler::loop() {
   const int64_t slot_bytes = engine::Session::bytes_needed(
       *model_.model, slots_.front()->session->options(), std::min(options_.prefill_step, options_.context));
   std::vector<Slot*> active;
+  bool busy = false;  // the last step had work
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
@@ -200,7 +206,17 @@ void Scheduler::loop() {
         stats_.slots_busy = int64_t(active.size());
         stats_.kv_bytes = stats_.slots_busy * slot_bytes;
         if (stopping_) break;
-        if (!active.empty()) break;
+        if (!active.empty()) {
+          busy = true;
+          break;
+        }
+        if (busy) {  // just idle: the heap's free pages back to the system (glibc keeps them in each thread's arena,
+                     // so a server's resident memory would stay at its busiest, not at what it holds)
+          busy = false;
+#ifdef __GLIBC__
+          malloc_trim(0);
+#endif
+        }
         wake_.notify_all();  // drain() waits for an idle scheduler
         wake_.wait_for(lock, std::chrono::milliseconds(200));
       }
@@ -222,7 +238,7 @@ void Scheduler::step(std::vector<Slot*>& active) {
   const int64_t d = arch.d_model, V = arch.vocab_size;
   const auto now = std::chrono::steady_clock::now();
   int64_t finished = 0, failed = 0, cancelled = 0, prompt_tokens = 0, completion_tokens = 0;
-  int64_t prefix_hits = 0, cached_tokens = 0;
+  int64_t prefix_hits = 0, cached_tokens = 0, prompt_layer_steps = 0;
   // Ends told to their jobs once the counters hold them (a client reading /metrics after its answer sees it).
   std::vector<std::function<void()>> ends;
   // A slot's session goes to the prefix cache when its rows are whole (every token it ran finished its layers: not
@@ -244,6 +260,8 @@ void Scheduler::step(std::vector<Slot*>& active) {
   std::vector<engine::BatchStep> steps;
   std::vector<Slot*> fed;
   bool prompt_piece_taken = false;
+  int64_t prompt_step = -1;  // the step of this step's prompt piece in `steps` (-1: none)
+  bool split_piece = false;  // whether it may run a part (its prompt has several pieces)
   for (Slot* s : active) {
     Job& job = *s->job;
     if (job.cancelled()) {
@@ -319,6 +337,10 @@ void Scheduler::step(std::vector<Slot*>& active) {
       }
       first = s->fed, count = std::min<int64_t>(piece, int64_t(job.prompt.size()) - s->fed);
       tokens = job.prompt.data() + first;
+      prompt_step = int64_t(steps.size());
+      // (a prompt of one piece is read whole: a short prompt's first token comes soon; one of several - a document -
+      // is read a part per step beside decode tokens, so it does not stall the others' streams for all its pieces)
+      split_piece = int64_t(job.prompt.size()) - s->cached > piece;
     } else {
       first = int64_t(job.prompt.size()) + int64_t(s->answer.size()) - 1, count = 1;
       tokens = &s->pending_token;
@@ -330,13 +352,63 @@ void Scheduler::step(std::vector<Slot*>& active) {
     fed.push_back(s);
   }
 
+  // Beside decode tokens, a piece of a prompt of several runs the part of its (token, layer) rows that fits
+  // --prompt-share of their step's time.
+  const int64_t n_layers = model_.model->arch().n_layers;
+  const int64_t decoding = int64_t(steps.size()) - (prompt_step >= 0 ? 1 : 0);
+  int64_t piece_done = 0;  // (token, layer) rows of the piece run before this step
+  if (prompt_step >= 0) {
+    engine::BatchStep& st = steps[size_t(prompt_step)];
+    piece_done = st.session->piece_rows_done();
+    const int64_t left = st.n * n_layers - piece_done;
+    if (split_piece && decoding > 0 && options_.prompt_share > 0) {
+      // The step of these decode tokens alone: measured with this many, else the nearest count measured.
+      double decode_s = 0;
+      for (int64_t k = 0; k < int64_t(decode_step_s_.size()) && decode_s == 0; ++k)
+        for (int64_t at : {decoding - k, decoding + k})
+          if (decode_s == 0 && at >= 1 && at < int64_t(decode_step_s_.size())) decode_s = decode_step_s_[size_t(at)];
+      double fit = double(st.n);  // unmeasured yet: a layer's rows (a step that measures them)
+      if (decode_s > 0 && token_layer_s_ > 0) fit = options_.prompt_share * decode_s / token_layer_s_;
+      st.layer_rows = int64_t(std::clamp(fit, 1.0, double(left)));
+      if (st.layer_rows == left) st.layer_rows = 0;  // (the rest)
+    }
+  }
   std::vector<Slot*> choosing;  // slots whose next token is chosen after this step
   if (!steps.empty()) {
     try {
+      const auto started = std::chrono::steady_clock::now();
       batch_.forward(steps);
+      const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+      // A step of k decode tokens alone: a running average (weight 1/4 to the newest). A prompt token through one
+      // layer: the median of the last steps' samples - a piece alone's time per row, or beside decode tokens the
+      // step's time less theirs per row of the piece (noisy when the part is small: the median drops the spikes).
+      if (prompt_step < 0) {
+        if (int64_t(decode_step_s_.size()) <= decoding) decode_step_s_.resize(size_t(decoding + 1), 0.0);
+        double& avg = decode_step_s_[size_t(decoding)];
+        avg = avg > 0 ? 0.75 * avg + 0.25 * took : took;
+      } else {
+        // (a session the batch runs by its own forward ran the whole piece)
+        const engine::BatchStep& st = steps[size_t(prompt_step)];
+        const int64_t after = st.session->piece_rows_done();
+        const double rows = double(after > 0 ? after - piece_done : st.n * n_layers - piece_done);
+        const double decode_s = decoding < int64_t(decode_step_s_.size()) ? decode_step_s_[size_t(decoding)] : 0;
+        if (decoding == 0 || decode_s > 0) {
+          const double sample = (took - decode_s) / rows;
+          if (token_layer_samples_.size() < kTokenLayerSamples) token_layer_samples_.push_back(sample);
+          else token_layer_samples_[next_sample_] = sample;
+          next_sample_ = (next_sample_ + 1) % kTokenLayerSamples;
+          std::vector<double> sorted = token_layer_samples_;
+          std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+          if (sorted[sorted.size() / 2] > 0) token_layer_s_ = sorted[sorted.size() / 2];
+        }
+      }
       for (size_t i = 0; i < fed.size(); ++i) {
         Slot& s = *fed[i];
         if (s.reading_prompt()) {
+          if (s.session->piece_rows_done() > 0) {  // the piece goes on next step
+            ++prompt_layer_steps;
+            continue;
+          }
           s.fed += steps[i].n;
           if (!s.reading_prompt()) choosing.push_back(&s);
         } else {
@@ -424,6 +496,7 @@ void Scheduler::step(std::vector<Slot*>& active) {
     stats_.prefix_cache_hits += prefix_hits, stats_.cached_prompt_tokens += cached_tokens;
     stats_.prefix_cache_bytes = prefix_cache_.bytes(), stats_.prefix_cache_entries = prefix_cache_.entries();
     ++stats_.steps;
+    stats_.prompt_layer_steps += prompt_layer_steps;
   }
   for (const auto& end : ends) end();
   if (finished + failed + cancelled > 0) wake_.notify_all();

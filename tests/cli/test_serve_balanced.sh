@@ -12,8 +12,9 @@
 #   - no token lost or duplicated: every answer equals the same request's answer from the surviving server alone;
 #   - HAProxy's health check marks the killed server DOWN;
 #   - the survivor's resident memory (/proc/PID/status VmRSS) at idle before the soak (after answering the 200 alone:
-#     the reference answers and its warm-up) and after it: after <= 1.05 x before + 16 MB (the goal is within 5%;
-#     both printed, and after the 200 once more).
+#     the reference answers and its warm-up) and after it: after <= 1.05 x before + 4 MB (the goal, within 5%, and
+#     a few pages; the scheduler hands the heap's free pages back when it goes idle; both printed, and after the 200
+#     once more).
 # Without haproxy, node or the pinned package this test FAILS (scripts/setup.sh installs them).
 #
 # usage: bash test_serve_balanced.sh <rotary binary> <source dir>
@@ -227,7 +228,7 @@ ok([(r["ok"], r["text"]) for r in again["results"]] == [(r["ok"], r["text"]) for
 ok(s1.startswith("DOWN") and s2 == "UP", "haproxy's health check: s1 %s, s2 %s" % (s1, s2))
 print("  s2 VmRSS at idle: %d kB started, %d kB after the 200 requests alone (before the soak), %d kB after the soak "
       "(%+.1f%%), %d kB after the 200 again" % (cold, before, after, 100.0 * (after - before) / before, after_again))
-ok(after <= 1.05 * before + 16 * 1024, "s2's resident memory after the soak <= 1.05 x before + 16 MB (%d -> %d kB)" % (before, after))
+ok(after <= 1.05 * before + 4 * 1024, "s2's resident memory after the soak <= 1.05 x before + 4 MB (%d -> %d kB)" % (before, after))
 print("  within 5%%: %s" % ("yes" if after <= 1.05 * before else "no"))
 PY
 kill -0 "$S2_PID" 2> /dev/null && pass "s2 still serves after the soak" || fail "s2 is gone: $(tail -c 600 "$W/S2.err")"

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "expect_error.h"
@@ -136,6 +137,91 @@ TEST_P(HfEngineFixture, AMemorySessionInABatchRunsItsOwnForward) {
     EXPECT_EQ(std::memcmp(alone[i].data(), together[i].data(), alone[i].size() * 4), 0) << "sequence " << i;
 }
 
+// A piece run a part per step (BatchStep::layer_rows: whole layers and parts of a layer, as `rotary serve` reads a
+// prompt beside decoding streams) gives bitwise the rows of the piece run whole, beside another session's decode
+// steps and a third's whole piece: its size() and tokens grow, and its hidden rows are written, only at its end;
+// while it is in progress its session refuses forward(), copies and saves, and a step with other tokens; clear()
+// drops it.
+TEST_P(HfEngineFixture, APieceRunAPartPerStepGivesThePieceWholesBits) {
+  const fs::path dir = kFixtures / GetParam();
+  const Expected e = read_expected(dir);
+  const int64_t S = int64_t(e.tokens.size());
+  engine::LoadOptions q8;
+  q8.weights = WeightFormat::Q8, q8.activations = ActivationFormat::Q8;
+  for (const engine::LoadOptions& load : {engine::LoadOptions{}, q8}) {
+    const engine::HfModel c = engine::open_hf_model(dir.string(), load);
+    const int64_t d = c.model->arch().d_model, L = c.model->arch().n_layers;
+    const engine::PositionMethod native = c.description.positions();
+    const auto [rerope, leaky] = rerope_variants(native);
+    for (const auto& [name, positions, kv, storage, chunk] :
+         {std::tuple{"native", &native, DType::F32, KvStorage::Dtype, int64_t(512)},
+          std::tuple{"rerope", &rerope, DType::BF16, KvStorage::Dtype, int64_t(2)},
+          std::tuple{"leaky", &leaky, DType::F32, KvStorage::Q8, int64_t(3)}}) {
+      engine::SessionOptions o;
+      o.capacity = S, o.positions = *positions, o.kv_dtype = kv, o.kv_storage = storage, o.prefill_chunk = chunk;
+      const std::vector<int64_t> pos = positions_from_zero(S);
+      // The piece's session: a prompt of S/2 in two pieces, then one token at a time; alone, each piece whole.
+      const std::vector<int64_t> pieces = decode_pieces(S / 2, {S / 4, S / 2 - S / 4}, S);
+      std::vector<float> alone(size_t(S * d)), layered(size_t(S * d), -1.0f);
+      {
+        engine::Session s(c.model, o);
+        int64_t t = 0;
+        for (int64_t n : pieces) s.forward(e.tokens.data() + t, pos.data() + t, n, alone.data() + t * d), t += n;
+      }
+      engine::Session s(c.model, o), decoding(c.model, o), whole(c.model, o);
+      std::vector<float> other(size_t(S * d));
+      decoding.forward(e.tokens.data(), pos.data(), 2, other.data());
+      engine::SessionBatch batch(c.model);
+      int64_t t = 0, other_t = 2, step = 0;
+      for (int64_t n : pieces) {
+        for (int64_t done = 0; done < n * L; ++step) {
+          // parts of 1, 2, ... 5 token-layers: ends inside a layer, across layers, at a layer's end
+          const int64_t part = 1 + step % 5;
+          std::vector<engine::BatchStep> steps;
+          if (other_t < S) steps.push_back({&decoding, e.tokens.data() + other_t, pos.data() + other_t, 1, other.data() + other_t * d});
+          steps.push_back({&s, e.tokens.data() + t, pos.data() + t, n, layered.data() + t * d, part});
+          if (step == 1) steps.push_back({&whole, e.tokens.data(), pos.data(), 3, nullptr});
+          batch.forward(steps);
+          if (other_t < S) ++other_t;
+          done = std::min(n * L, done + part);
+          if (done < n * L) {
+            EXPECT_EQ(s.piece_rows_done(), done);
+            EXPECT_EQ(s.size(), t) << "a piece in progress counts no token";
+            EXPECT_EQ(layered[size_t(t * d)], -1.0f) << "no hidden row before the piece's end";
+            EXPECT_FALSE(s.can_copy_prefix());
+            expect_error([&] { s.forward(e.tokens.data() + t, pos.data() + t, n, nullptr); },
+                         {"forward", "middle of a piece", "token-layers run by SessionBatch"});
+            expect_error([&] { s.save_context((fs::temp_directory_path() / "rotary_piece_ctx").string()); },
+                         {"save_context", "middle of a piece"});
+            if (n > 1)
+              expect_error([&] { batch.forward({{&s, e.tokens.data() + t + 1, pos.data() + t + 1, n - 1, nullptr}}); },
+                           {"steps[0].tokens", "piece in progress"});
+          }
+        }
+        EXPECT_EQ(s.piece_rows_done(), 0);
+        t += n;
+        EXPECT_EQ(s.size(), t);
+      }
+      EXPECT_EQ(whole.size(), 3);
+      EXPECT_EQ(std::memcmp(alone.data(), layered.data(), alone.size() * 4), 0)
+          << GetParam() << ", weights " << (load.weights ? "q8" : "as stored") << ", " << name
+          << ": a piece run a part per step differs from the piece whole";
+      EXPECT_EQ(s.tokens(), e.tokens);
+      // clear() drops a piece in progress.
+      s.clear();
+      if (L > 1) {
+        batch.forward({{&s, e.tokens.data(), pos.data(), 2, nullptr, 3}});
+        EXPECT_EQ(s.piece_rows_done(), 3);
+        s.clear();
+      }
+      EXPECT_EQ(s.piece_rows_done(), 0);
+      EXPECT_EQ(s.size(), 0);
+      s.forward(e.tokens.data(), pos.data(), 2, nullptr);
+      EXPECT_EQ(s.size(), 2);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, HfEngineFixture, ::testing::ValuesIn(kFamilies));
 
 TEST(SessionBatch, RefusesStepsByNameBeforeAnyWork) {
@@ -153,6 +239,7 @@ TEST(SessionBatch, RefusesStepsByNameBeforeAnyWork) {
   expect_error([&] { batch.forward({{&a, tokens, pos, 2, nullptr}, {&b, bad, pos, 2, nullptr}}); },
                {"steps[1]", "tokens[1]", "vocab_size"});
   expect_error([&] { batch.forward({{&a, tokens, pos, 0, nullptr}}); }, {"steps[0].n", ">= 1"});
+  expect_error([&] { batch.forward({{&a, tokens, pos, 2, nullptr, -1}}); }, {"steps[0].layer_rows", ">= 0"});
   // Nothing ran: both sessions are still empty.
   EXPECT_EQ(a.size(), 0);
   EXPECT_EQ(b.size(), 0);

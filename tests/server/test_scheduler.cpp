@@ -109,19 +109,29 @@ TEST(Scheduler, ARequestsTokensAreTheSameAloneAndBatchedAndEqualGenerates) {
       alone.push_back(text);
     }
   }
-  // Together: four slots, all submitted at once (their prompts read in pieces between the others' decode steps).
+  // Together: four slots, all submitted at once (their prompts read in pieces between the others' decode steps):
+  // a piece beside decode tokens goes through the layers that fit --prompt-share (the default), one layer per step
+  // (a share too small for more), or whole (0) - the same tokens each way.
   o.slots = 4;
-  Scheduler s(f.served(), o);
-  const auto jobs = jobs_for();
-  for (const auto& job : jobs) s.submit(job, "prompt");
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    std::string text;
-    wait(*jobs[i], &text);
-    EXPECT_EQ(text, alone[i]) << "request " << i << " batched with others";
-    EXPECT_FALSE(text.empty());
+  for (double share : {SchedulerOptions{}.prompt_share, 1e-9, 0.0}) {
+    o.prompt_share = share;
+    Scheduler s(f.served(), o);
+    const auto jobs = jobs_for();
+    for (const auto& job : jobs) s.submit(job, "prompt");
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      std::string text;
+      wait(*jobs[i], &text);
+      EXPECT_EQ(text, alone[i]) << "request " << i << " batched with others, --prompt-share " << share;
+      EXPECT_FALSE(text.empty());
+    }
+    EXPECT_GT(s.stats().steps, 0);
+    EXPECT_EQ(s.stats().requests_finished, int64_t(jobs.size()));
+    if (share == 1e-9) {
+      EXPECT_GT(s.stats().prompt_layer_steps, 0) << "pieces beside decode tokens ran layer by layer";
+    } else if (share == 0) {
+      EXPECT_EQ(s.stats().prompt_layer_steps, 0) << "whole pieces";
+    }
   }
-  EXPECT_GT(s.stats().steps, 0);
-  EXPECT_EQ(s.stats().requests_finished, int64_t(jobs.size()));
 }
 
 // rotary's extension: a request's own positions (ReRoPE at window 4, past which the tiny model's trained context of

@@ -219,7 +219,10 @@ class Session {
   const SessionOptions& options() const;
   MemoryStats memory_stats() const;  // zeros without a memory
   const Model& model() const;
-  void clear();              // back to an empty sequence
+  void clear();              // back to an empty sequence (a piece in progress dropped)
+  // The (token, layer) rows SessionBatch steps ran of a piece still in progress (BatchStep::layer_rows); 0: none.
+  // While one is, forward(), saving and copying are refused.
+  int64_t piece_rows_done() const;
   // Frees the scratch of its steps (activations of a prompt piece), keeping the cached rows: a session kept for later
   // (a prefix cache's entry) holds its rows only. The next forward() allocates the scratch again.
   void release_scratch();
@@ -286,13 +289,21 @@ struct BatchStep {
   const int64_t* positions = nullptr;
   int64_t n = 0;
   float* hidden = nullptr;  // [n, d_model]: the final norm's output (null: not wanted)
+  // (token, layer) rows of the piece to run this call (0: all that remain), layer by layer and in a layer token by
+  // token. Fewer: the piece stops there, its residual rows kept in the session, and a later step with the same
+  // tokens and positions goes on from there (`rotary serve` reads a long prompt's piece a part per step beside other
+  // streams' decode tokens, so no step takes the whole piece's time). `hidden` is written, and size() grows by n, by
+  // the step that ends the last layer; the bits are those of the piece run whole. A session the batch runs by its
+  // own forward() runs the whole piece.
+  int64_t layer_rows = 0;
 };
 
 // Continuous batching (`rotary serve`): several sessions' tokens - one sequence's decode token, another's chunk of
 // its prompt - through the model with the linear layers of all of them in one pass over the weights per layer, so N
 // sequences' decode steps cost about one read of the weights, not N. Each session's tokens go through its caches and
 // attention exactly as its own Session::forward would run them: the same bits, whatever else is in the batch (the
-// linear kernels' rows and the norms do not depend on their neighbours). A session with a memory, a length-dependent
+// linear kernels' rows and the norms do not depend on their neighbours), in one call or a part per call
+// (BatchStep::layer_rows). A session with a memory, a length-dependent
 // scaling (dynamic NTK, LongRoPE) or no caches runs its own forward() after the others. The scratch is kept between
 // calls: decode steps allocate nothing.
 class SessionBatch {

@@ -77,7 +77,13 @@ class Job {
 struct SchedulerOptions {
   int slots = 1;               // --parallel: sequences decoded together
   int64_t context = 4096;      // --ctx: tokens per slot (prompt + answer)
-  int64_t prefill_step = 512;  // --prefill-step: prompt tokens one step reads for one slot
+  int64_t prefill_step = 512;  // --prefill-step: prompt tokens a piece holds (one slot's piece per step)
+  // --prompt-share: while other slots decode, the time a piece of a prompt longer than one piece may add to a step,
+  // as a share of a step of their decode tokens alone (measured as steps run): the piece then runs as many of its
+  // (token, layer) rows per step as fit (engine::BatchStep::layer_rows), so a long prompt slows the others' streams
+  // by about 1 + this at most. A prompt of one piece is read whole (its first token soon). A piece's bits do not
+  // depend on how it is split. 0: whole pieces in one step.
+  double prompt_share = 0.5;
   int64_t queue_limit = 64;    // --queue: requests waiting with every slot busy; more are refused (503)
   int64_t prefix_cache_bytes = 0;  // --prefix-cache-mib: finished requests' sessions kept for prompts that start with
                                    // their tokens (PrefixCache); 0: none
@@ -107,6 +113,7 @@ struct SchedulerStats {
   int64_t prefix_cache_bytes = 0, prefix_cache_entries = 0;  // the prefix cache's entries now
   int64_t prefix_cache_hits = 0, cached_prompt_tokens = 0;   // requests that went on from an entry, and its tokens
   int64_t steps = 0;
+  int64_t prompt_layer_steps = 0;  // steps that ran a part of a prompt piece, not its end (--prompt-share)
 };
 
 class Scheduler {
@@ -135,6 +142,14 @@ class Scheduler {
   PrefixCache prefix_cache_;  // the scheduler thread's
   std::vector<std::unique_ptr<Slot>> slots_;
   std::vector<float> head_rows_, head_logits_;  // a step's LM head input [slots choosing, d] and output [.., vocab]
+  // The scheduler thread's running averages of a step's cost (s; 0 until measured): k decode tokens alone
+  // (decode_step_s_[k]), and a prompt token through one layer. They size the part of a prompt piece a step runs
+  // beside decoding slots (--prompt-share).
+  std::vector<double> decode_step_s_;
+  double token_layer_s_ = 0;
+  static constexpr size_t kTokenLayerSamples = 31;  // the last steps' samples of it (a ring from next_sample_)
+  std::vector<double> token_layer_samples_;
+  size_t next_sample_ = 0;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::shared_ptr<Job>> queue_;
