@@ -138,14 +138,7 @@ struct ServeCommand {
                        "or --kv-dtype bf16 (halves the cache)",
                        double(available) / 1e9, fit_slots));
     }
-    // Sessions whose rows cannot be cut at a token (a memory, dynamic NTK, LongRoPE) are not kept: no budget.
-    if (!one.can_copy_prefix()) {
-      check(prefix_cache_mib <= 0, "--prefix-cache-mib", prefix_cache_mib,
-            "0 with --memory or a length-dependent scaling (dynamic, longrope): their sessions are not kept (a saved "
-            "context, --context, still saves the reading)");
-      slots.prefix_cache_bytes = 0;
-      return;
-    }
+    // (sessions whose rows cannot be cut at a token - a memory, dynamic NTK, LongRoPE - are kept whole)
     if (prefix_cache_mib < 0) {
       slots.prefix_cache_bytes = available < 0 ? slot_caches : std::clamp<int64_t>(available - need, 0, slot_caches);
       return;

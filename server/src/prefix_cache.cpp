@@ -12,15 +12,17 @@ PrefixCache::PrefixCache(int64_t budget_bytes) : budget_(budget_bytes) {
   check(budget_bytes >= 0, "prefix cache budget", budget_bytes, ">= 0 bytes");
 }
 
-PrefixCache::Match PrefixCache::find(const std::vector<int64_t>& prompt, uint64_t settings, int64_t limit) {
+PrefixCache::Match PrefixCache::find(const std::vector<int64_t>& prompt, uint64_t settings, int64_t limit,
+                                     bool whole_entries) {
   auto best = entries_.end();
   int64_t best_tokens = 0;
   for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-    if (it->settings != settings) continue;
+    if (it->settings != settings || (!it->cuttable && !whole_entries)) continue;
     const std::vector<int64_t>& held = it->session.tokens();
     const int64_t most = std::min({int64_t(held.size()), int64_t(prompt.size()), limit});
     int64_t same = 0;
     while (same < most && held[size_t(same)] == prompt[size_t(same)]) ++same;
+    if (!it->cuttable && same < int64_t(held.size())) continue;  // all of it or nothing
     if (same > best_tokens) best = it, best_tokens = same;
   }
   const Saved* best_saved = nullptr;
@@ -64,9 +66,10 @@ void PrefixCache::keep(engine::Session session) {
   const int64_t bytes = session.held_bytes();
   if (bytes > budget_) return;
   const uint64_t settings = session.settings_fingerprint();
+  const bool cuttable = session.can_copy_prefix();
   for (auto it = entries_.begin(); it != entries_.end();) {
     const std::vector<int64_t>& other = it->session.tokens();
-    const bool covered = it->settings == settings && other.size() <= held.size() &&
+    const bool covered = cuttable && it->settings == settings && other.size() <= held.size() &&
                          std::equal(other.begin(), other.end(), held.begin());
     if (covered) {
       bytes_ -= it->bytes;
@@ -79,7 +82,7 @@ void PrefixCache::keep(engine::Session session) {
     bytes_ -= entries_.back().bytes;
     entries_.pop_back();
   }
-  entries_.push_front(Entry{std::move(session), settings, bytes});
+  entries_.push_front(Entry{std::move(session), settings, bytes, cuttable});
   bytes_ += bytes;
 }
 

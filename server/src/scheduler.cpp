@@ -243,9 +243,14 @@ void Scheduler::step(std::vector<Slot*>& active) {
   std::vector<std::function<void()>> ends;
   // A slot's session goes to the prefix cache when its rows are whole (every token it ran finished its layers: not
   // after an engine error), and the slot starts the next request with a new one.
+  // A session that cannot be cut (a memory's, a length-dependent scaling's) is kept whole, to be continued by a prompt
+  // that goes on from all of it - with the server's settings only: its memory's top-k and search are not in the
+  // settings a match compares.
   auto release = [&](Slot& s, bool keep_rows = true) {
     s.job.reset(), s.sampler.reset();
-    if (keep_rows && prefix_cache_.budget() > 0 && s.session->size() > 0 && s.session->can_copy_prefix()) {
+    const bool keepable = s.session->can_copy_prefix() ||
+                          (!s.own_settings && s.session->options().keep_caches && s.session->piece_rows_done() == 0);
+    if (keep_rows && prefix_cache_.budget() > 0 && s.session->size() > 0 && keepable) {
       prefix_cache_.keep(std::move(*s.session));
       s.session = std::make_unique<engine::Session>(model_.new_session(options_.context, nullptr));
       s.own_settings = false;
@@ -289,7 +294,8 @@ void Scheduler::step(std::vector<Slot*>& active) {
         // The longest prefix of the prompt a kept session of these settings holds (the last prompt token is always
         // read: its row gives the first answer token): the entry itself when the prompt goes on from all of it and
         // it has the slot's room, else a copy of the prefix.
-        const PrefixCache::Match match = prefix_cache_.find(job.prompt, s->session->settings_fingerprint(), n - 1);
+        const PrefixCache::Match match =
+            prefix_cache_.find(job.prompt, s->session->settings_fingerprint(), n - 1, !job.own_session());
         if (match.saved_dir) {
           const std::string dir = *match.saved_dir;
           try {

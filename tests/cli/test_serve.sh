@@ -215,8 +215,27 @@ assert r["usage"]["prompt_tokens_details"]["cached_tokens"] == (os.path.getsize(
 assert r["choices"][0]["text"] == want, (r["choices"][0]["text"], want)
 PY
 kill -TERM "$PID"; wait "$PID"
-expect_error "a prefix cache beside a memory" 2 "--prefix-cache-mib" -- "$ROTARY" serve "$M" --port 0 --ctx 128 "${MEM[@]}" \
-  --prefix-cache-mib 8
+# With --memory the prefix cache keeps a finished session whole: a prompt that goes on from all of its tokens
+# continues it (cached_tokens), answering as a server without a cache does.
+FIRST_IDS="$(seq -s, 10 45)"
+SECOND="{\"prompt\": [$FIRST_IDS, 7, 8, 9], \"max_tokens\": 6, \"temperature\": 2, \"seed\": 3}"
+start_server memory_cached "$M" --ctx 128 "${MEM[@]}" || exit 1
+PORT=$memory_cached_PORT PID=$memory_cached_PID
+post /v1/completions "{\"prompt\": [$FIRST_IDS], \"max_tokens\": 1}"
+post /v1/completions "$SECOND"
+cp "$W/body" "$W/memory_cached"
+kill -TERM "$PID"; wait "$PID"
+start_server memory_plain "$M" --ctx 128 "${MEM[@]}" --prefix-cache-mib 0 || exit 1
+PORT=$memory_plain_PORT PID=$memory_plain_PID
+post /v1/completions "$SECOND"
+kill -TERM "$PID"; wait "$PID"
+python3 - "$W/memory_cached" "$W/body" <<'PY' && pass "--memory with the prefix cache: the next turn continues the kept memory session" || fail "--memory prefix cache: $(cat "$W/memory_cached") / $(cat "$W/body")"
+import json, sys
+cached, plain = json.load(open(sys.argv[1])), json.load(open(sys.argv[2]))
+assert cached["usage"]["prompt_tokens_details"]["cached_tokens"] == 36, cached["usage"]
+assert plain["usage"]["prompt_tokens_details"]["cached_tokens"] == 0, plain["usage"]
+assert cached["choices"][0]["text"] == plain["choices"][0]["text"], (cached["choices"], plain["choices"])
+PY
 expect_error "a saved context of other settings" 2 "kv cache f32" -- "$ROTARY" serve "$M" --port 0 --ctx 128 \
   --context "$W/book" --kv-dtype bf16
 

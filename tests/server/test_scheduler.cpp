@@ -29,9 +29,11 @@ struct Fixture {
   engine::HfModel hf = engine::open_hf_model((kSource / "tests/data/hf_checkpoints/llama3").string());
   std::shared_ptr<const tokenizers::Tokenizer> tokenizer =
       tokenizers::load_tokenizer(kSource / "tests/data/hf_tokenizers/llama3_style");
-  ServedModel served() const {
+  // memory_for_all: every session with the test's memory (a server run with --memory), not only a request's own.
+  ServedModel served(bool memory_for_all = false) const {
     engine::SessionOptions o;
     o.positions = hf.description.positions();
+    if (memory_for_all) o.memory = engine::MemoryOptions{.window = 4, .top_k = 3};
     return {hf.model,
             [o, m = hf.model](int64_t capacity, const Job* job) {
               engine::SessionOptions c = o;
@@ -255,6 +257,58 @@ TEST(Scheduler, APromptThatGoesOnFromAKeptSessionReadsOnlyTheRest) {
   run(small, job_of(first, 3), nullptr);
   EXPECT_EQ(run(small, job_of(first, 3), nullptr).usage.cached_tokens, 0);
   EXPECT_EQ(small.stats().prefix_cache_entries, 0);
+}
+
+// A server whose sessions have a retrieval memory (--memory) keeps a finished request's session whole: the next turn,
+// whose prompt goes on from all of its tokens, continues it (cached_tokens, and the answer of one engine session that
+// read the first turn, decoded its answer and read the rest: engine::generate twice); a prompt sharing only a part
+// reads everything (a memory's rows cannot be cut); a request with its own memory settings never takes the server's.
+TEST(Scheduler, AMemorySessionIsKeptWholeForTheNextTurn) {
+  const Fixture f;
+  SchedulerOptions o;
+  // (--prefill-step 4: whole memory chunks, so the pieces start where generate's chunks do)
+  o.context = 256, o.slots = 2, o.prefill_step = 4, o.prefix_cache_bytes = 64 << 20;
+  Scheduler s(f.served(true), o);
+  auto job_of = [&](const std::vector<int64_t>& prompt, int64_t max_new) {
+    auto job = make_job(f, "x", max_new, 2.0, 5);
+    job->prompt = prompt;
+    return job;
+  };
+  auto run = [&](const std::shared_ptr<Job>& job, std::string* text) {
+    s.submit(job, "prompt");
+    const Job::Update u = wait(*job, text);
+    EXPECT_FALSE(u.error) << u.error->what();
+    return u;
+  };
+  const std::vector<int64_t> first = f.tokenizer->encode("a first turn long enough to pass the memory's window of four");
+  auto a = job_of(first, 6);
+  EXPECT_EQ(run(a, nullptr).usage.cached_tokens, 0);
+  EXPECT_EQ(s.stats().prefix_cache_entries, 1);
+  // The reference: one session, the first turn and its answer, then the rest of the second turn's prompt.
+  engine::Session reference = f.served(true).new_session(o.context, nullptr);
+  const std::vector<int64_t> answer = engine::generate(reference, first, a->sampling);
+  ASSERT_EQ(answer.size(), 6u);
+  const std::vector<int64_t> more = f.tokenizer->encode(" and a second question about it");
+  std::vector<int64_t> second = first, rest = {answer.back()};
+  second.insert(second.end(), answer.begin(), answer.end());
+  second.insert(second.end(), more.begin(), more.end());
+  rest.insert(rest.end(), more.begin(), more.end());
+  auto b = job_of(second, 8);
+  const std::vector<int64_t> expected = engine::generate(reference, rest, b->sampling);
+  std::vector<int64_t> tail(second.end() - 8, second.end());
+  std::string b_text;
+  const Job::Update ub = run(b, &b_text);
+  EXPECT_EQ(ub.usage.cached_tokens, int64_t(first.size()) + 5);
+  EXPECT_EQ(b_text, f.tokenizer->decode_continuation(tail, expected)) << "the continued memory session differs";
+  EXPECT_EQ(s.stats().prefix_cache_entries, 1) << "the second turn's session came back in place of the first's";
+  // A prompt sharing only the first half: nothing to continue.
+  std::vector<int64_t> other(first.begin(), first.begin() + int64_t(first.size()) / 2);
+  other.push_back(first.front());
+  EXPECT_EQ(run(job_of(other, 3), nullptr).usage.cached_tokens, 0);
+  // A request with its own memory settings: not the server's session, even for the same prompt.
+  auto own = job_of(second, 3);
+  own->memory.policy = "exact", own->memory.window = 4, own->memory.top_k = 2;
+  EXPECT_EQ(run(own, nullptr).usage.cached_tokens, 0);
 }
 
 // rotary's extension: a request's own retrieval memory (exact, window 4, top-3 on the tiny model: the fixture's
