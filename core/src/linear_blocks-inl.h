@@ -125,6 +125,8 @@ constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 // per unit, row and token. Q8_0 and Q6_K keep the signed products (|q| against qx with q's sign).
 constexpr int OffsetLog2(WeightFormat f) { return f == WeightFormat::Q4_0 ? 3 : f == WeightFormat::Q5_0 ? 4 : -1; }
 constexpr bool Offset(WeightFormat f) { return OffsetLog2(f) >= 0; }
+// Quants multiplied as signed bytes (vpsignb on x, |q| unsigned): Q8_0 and Q6_K; the others enter unsigned.
+constexpr bool SignedProducts(WeightFormat f) { return Signed(f) && !Offset(f); }
 
 // start + the 8 int32 lanes of sum_4 u qx, u unsigned: one vpdpbusd with VNNI; without, vpmaddubsw's pairs (below
 // int16's saturation for u <= 31: 2 x 31 x 127) summed by vpmaddwd (the add of a zero start folds away).
@@ -140,7 +142,7 @@ ROTARY_BLOCKS_TARGET inline __m256i UnsignedSums(__m256i start, __m256i u, __m25
 // weights pw: ones, or Q6_K's two sub-block scales), UnsignedSums for the rest.
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET inline __m256i UnitLanes(__m256i start, __m256i q, __m256i qa, __m256i pw, __m256i xv) {
-  if constexpr (Signed(F) && !Offset(F))
+  if constexpr (SignedProducts(F))
     return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(qa, _mm256_sign_epi8(xv, q)), pw));
   else
     return UnsignedSums(start, q, xv);
@@ -264,7 +266,7 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
         const int i = int(u % kUnits);
         const __m256i q = UnpackQuants<F>(block, i);
         __m256i qa = q, pw = ones16;
-        if constexpr (Signed(F) && !Offset(F)) qa = _mm256_abs_epi8(q);
+        if constexpr (SignedProducts(F)) qa = _mm256_abs_epi8(q);
         if constexpr (F == WeightFormat::Q6_K)
           pw = _mm256_set_m128i(_mm_set1_epi16(scales.sub_scales[2 * i + 1]), _mm_set1_epi16(scales.sub_scales[2 * i]));
         for (int t = 0; t < NT; ++t) {
@@ -373,7 +375,7 @@ ROTARY_BLOCKS_TARGET void PackSlice(const Job& j, int64_t r0, int nr, int64_t u0
       q[r] = r < nr ? RowUnit<F>(j, r0 + r, u0 + k, s.scale[k][r], s.min[k][r], sub[r]) : _mm256_setzero_si256();
     }
     Transpose8x8(q, s.q[k]);
-    if constexpr (Signed(F) && !Offset(F))
+    if constexpr (SignedProducts(F))
       for (int g = 0; g < 8; ++g) s.qa[k][g] = _mm256_abs_epi8(s.q[k][g]);
     if constexpr (F == WeightFormat::Q6_K)
       for (int h = 0; h < 2; ++h) {

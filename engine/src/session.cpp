@@ -888,7 +888,7 @@ struct SessionBatch::Impl {
   const Model::Impl& weights;
   const Architecture& arch;
   int threads;
-  std::vector<float> residual, q, k, v, attn_out;  // [rows of a layer's steps, width]
+  std::vector<float> residual, q, k, v, attn_out;  // [rows of a layer's steps, width] (residual: when packed)
   std::vector<float> parked;  // [rows of every step, d_model]: each step's residual rows between its layers
   LayerRows rows;
 
@@ -954,8 +954,8 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
 
   if (!batched.empty()) {
     // Each step's (token, layer) rows [first, last) in layer-major order (a whole step: all n x L) and its residual
-    // rows in b.parked (offset). Layer li runs each step's tokens [a, b) that fall in it, packed in order into
-    // b.residual; a piece's tokens in a layer run in order, so its attention goes on chunk by chunk as its own
+    // rows in b.parked (offset). Layer li runs each step's tokens [a, b) that fall in it (packed in order into
+    // b.residual when some step's are not all there); a piece's tokens in a layer run in order, so its attention goes on chunk by chunk as its own
     // forward's would (each chunk's queries against every key before them: the same bits for any chunking).
     const size_t B = batched.size();
     std::vector<int64_t> first(B), last(B), offset(B);
@@ -981,18 +981,23 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
       else
         for (int64_t t = 0; t < st.n; ++t) weight_row(b.weights.embed, st.tokens[t], rows + t * d);
     }
-    std::vector<int64_t> lo(B), hi(B), at(B);  // a step's tokens [lo, hi) in this layer, at row `at` of b.residual
+    std::vector<int64_t> lo(B), hi(B), at(B);  // a step's tokens [lo, hi) in this layer, at row `at` of its rows
     for (int64_t li = 0; li < L; ++li) {
       int64_t rows = 0;
       for (size_t i = 0; i < B; ++i) {
         const int64_t n = batched[i]->n;
         lo[i] = std::clamp(first[i] - li * n, int64_t(0), n), hi[i] = std::clamp(last[i] - li * n, int64_t(0), n);
         at[i] = rows, rows += hi[i] - lo[i];
-        std::copy_n(b.parked.data() + (offset[i] + lo[i]) * d, (hi[i] - lo[i]) * d, b.residual.data() + at[i] * d);
       }
       if (rows == 0) continue;
+      // Every step's rows in the layer (decode steps, whole pieces): they are b.parked as it is; else packed.
+      const bool packed = rows < total;
+      float* x = packed ? b.residual.data() : b.parked.data();
+      if (packed)
+        for (size_t i = 0; i < B; ++i)
+          std::copy_n(b.parked.data() + (offset[i] + lo[i]) * d, (hi[i] - lo[i]) * d, x + at[i] * d);
       const Layer& l = b.weights.layers[size_t(li)];
-      b.rows.before_attention(l, b.residual.data(), rows, b.q.data(), b.k.data(), b.v.data());
+      b.rows.before_attention(l, x, rows, b.q.data(), b.k.data(), b.v.data());
       // Each session attends in its own scratch, in the chunks its own forward() would take.
       for (size_t i = 0; i < B; ++i) {
         if (lo[i] == hi[i]) continue;
@@ -1008,9 +1013,10 @@ void SessionBatch::forward(const std::vector<BatchStep>& steps) {
           std::memcpy(b.attn_out.data() + (o + t0) * hq, s.attn_out.data(), size_t(c * hq) * 4);
         }
       }
-      b.rows.after_attention(l, b.attn_out.data(), b.residual.data(), rows);
-      for (size_t i = 0; i < B; ++i)
-        std::copy_n(b.residual.data() + at[i] * d, (hi[i] - lo[i]) * d, b.parked.data() + (offset[i] + lo[i]) * d);
+      b.rows.after_attention(l, b.attn_out.data(), x, rows);
+      if (packed)
+        for (size_t i = 0; i < B; ++i)
+          std::copy_n(x + at[i] * d, (hi[i] - lo[i]) * d, b.parked.data() + (offset[i] + lo[i]) * d);
     }
     for (size_t i = 0; i < B; ++i) {
       const BatchStep& st = *batched[i];

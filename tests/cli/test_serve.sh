@@ -246,6 +246,9 @@ PORT=$first_PORT PID=$first_PID
 post /v1/completions '{"prompt": "hi", "max_tokens": 2}'
 [ "$STATUS" = 200 ] && pass "--queue 0 serves a request a free slot takes" || fail "--queue 0: $STATUS $(cat "$W/body")"
 expect_error "a port in use" 2 "--host / --port" -- "$ROTARY" serve "$M" --port "$PORT" --ctx 64
+expect_error "a negative prompt share" 2 "--prompt-share" -- "$ROTARY" serve "$M" --port 0 --ctx 64 --prompt-share -0.5
+expect_error "a prompt share that is not a number" 2 "--prompt-share" -- "$ROTARY" serve "$M" --port 0 --ctx 64 \
+  --prompt-share nan
 expect_error "slots past the memory" 2 "--parallel 256" -- "$ROTARY" serve "$M" --port 0 --parallel 256 --ctx 1048576
 expect_error "a prefix cache past the memory" 2 "--prefix-cache-mib" -- "$ROTARY" serve "$M" --port 0 --ctx 64 \
   --prefix-cache-mib 1073741824

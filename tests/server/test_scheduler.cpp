@@ -7,12 +7,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <memory>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "rotary/error.h"
 #include "rotary_engine/generate.h"
 #include "rotary_engine/hf_model.h"
 #include "rotary_server/scheduler.h"
@@ -134,6 +136,23 @@ TEST(Scheduler, ARequestsTokensAreTheSameAloneAndBatchedAndEqualGenerates) {
       EXPECT_EQ(s.stats().prompt_layer_steps, 0) << "whole pieces";
     }
   }
+}
+
+// --prompt-share out of [0, 1000] (negative, NaN, huge) is refused naming the flag, before any slot is made.
+TEST(Scheduler, RefusesAPromptShareOutOfRangeByName) {
+  for (double share : {-0.5, std::nan(""), 1e9}) {
+    SchedulerOptions o;
+    o.prompt_share = share;
+    try {
+      o.validate();
+      ADD_FAILURE() << "--prompt-share " << share << " was taken";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--prompt-share"), std::string::npos) << e.what();
+    }
+  }
+  SchedulerOptions ok;
+  ok.prompt_share = 0;
+  EXPECT_NO_THROW(ok.validate());
 }
 
 // rotary's extension: a request's own positions (ReRoPE at window 4, past which the tiny model's trained context of
