@@ -185,11 +185,12 @@ ROTARY_BLOCKS_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   }
 }
 
-// Lane k of the result: the sum of unit k's 8 lanes v[k], from pairs[m] = vphaddd(v[2m], v[2m + 1]) (exact integers,
-// so the order of the adds is free; the pairs are formed as the units come, so 8 vectors a token are never live).
-ROTARY_BLOCKS_TARGET inline __m256i LaneTotals(const __m256i pairs[4]) {
-  const __m256i a = _mm256_hadd_epi32(pairs[0], pairs[1]), b = _mm256_hadd_epi32(pairs[2], pairs[3]);
-  return _mm256_add_epi32(_mm256_permute2x128_si256(a, b, 0x20), _mm256_permute2x128_si256(a, b, 0x31));
+// Lane k of the result: the sum of unit k's 8 lanes v[k], from quads[h] = vphaddd(pairs[2h], pairs[2h + 1]) and
+// pairs[m] = vphaddd(v[2m], v[2m + 1]) (exact integers, so the order of the adds is free; pairs and quads are formed
+// as the units come, so at most two vectors a token are live between units: 4 tokens a tile fit AVX2's 16
+// registers).
+ROTARY_BLOCKS_TARGET inline __m256i LaneTotals(__m256i quad0, __m256i quad1) {
+  return _mm256_add_epi32(_mm256_permute2x128_si256(quad0, quad1, 0x20), _mm256_permute2x128_si256(quad0, quad1, 0x31));
 }
 
 // Lanes k < n of 8 floats or int32s from p, zeros past n (a row's last units: never read past x's blocks). One
@@ -250,7 +251,7 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
       DecodeScales<F>(row + u0 / kUnits * kBytes, scales);
       scale = _mm256_loadu_ps(scales.scale), min = _mm256_loadu_ps(scales.min);
     }
-    __m256i pairs[NT][4];
+    __m256i pair[NT], quads[NT][2];
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
       __m256i two[NT][2];
@@ -275,11 +276,15 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
           two[t][h] = UnitLanes<F>(_mm256_setzero_si256(), q, qa, pw, xv);
         }
       }
-      for (int t = 0; t < NT; ++t) pairs[t][m] = _mm256_hadd_epi32(two[t][0], two[t][1]);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i p = _mm256_hadd_epi32(two[t][0], two[t][1]);
+        if (m % 2 == 0) pair[t] = p;
+        else quads[t][m / 2] = _mm256_hadd_epi32(pair[t], p);
+      }
     }
     for (int t = 0; t < NT; ++t) {
       const int64_t at = (t0 + t) * j.xq.blocks + u0;
-      __m256i totals = LaneTotals(pairs[t]);
+      __m256i totals = LaneTotals(quads[t][0], quads[t][1]);
       if constexpr (Offset(F))
         totals = _mm256_sub_epi32(totals, _mm256_slli_epi32(Load8(j.xq.sums + at, n, mask), OffsetLog2(F)));
       const __m256 unit_scale = _mm256_mul_ps(scale, Load8(j.xq.scales + at, n, mask));
