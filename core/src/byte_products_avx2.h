@@ -18,9 +18,11 @@ namespace rotary::linear_detail::avx2 {
 
 // A small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens, linear_kernel.h) runs row by
 // row, up to kTokens tokens against a row at a time (each row's units unpacked once for them); more tokens go in
-// panels of kPanelRows rows (linear_blocks-inl.h). 2026-11-29, Zen 4, 2 threads, 4864x1024 (/tmp A/B of the two
-// builds' libraries, 4 alternated rounds, best of each): 4 tokens a tile against 2 took 8 tokens 578-871 -> 457-578
-// us over Q4_0, Q5_0, Q4_K and Q6_K.
+// panels of kPanelRows rows (linear_blocks-inl.h). Panels from 5 tokens on were tried (2026-11-29, Zen 4): rows of
+// 152 units 15-35% faster in the 32-value formats, but rows of 32 units (Qwen2.5-0.5B's) up to 20% slower at 5-6
+// tokens in Q8_0 and 2x slower in the k-quants. 2026-11-29, Zen 4, 2 threads, 4864x1024 (/tmp A/B of the two
+// builds' libraries, 3 alternated rounds, best of each): 4 tokens a tile against 2 took 4 tokens 279-453 -> 235-331
+// us over Q4_0, Q5_0, Q4_K and Q6_K, 8 tokens 549-834 -> 481-714 (AVX2 target: 4 tokens 283-411 -> 261-346).
 constexpr int kTokens = 4;
 
 // The 8 lanes' sum, in a fixed order of adds.

@@ -209,11 +209,11 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
 }
 
 // The block formats likewise, with q8 activations (AVX2's byte products from AVX2 up) and f32 ones (the float path):
-// T = 71 runs the prefill panels, N = 37 leaving 5 rows past them; T = 7 and 8 the small batches' row-by-row tiles
-// (4 + 2 + 1 and 4 + 4 tokens, byte_products_avx2.h RowByRow); K = 1280 is 40 units, two panel slices (32 + 8).
+// T = 71 runs the panels, N = 37 leaving 5 rows past them; T = 7, 4 and 3 the small batches' row-by-row tiles
+// (4 + 2 + 1, 4, and 2 + 1 tokens: byte_products_avx2.h RowByRow); K = 1280 is 40 units, two panel slices (32 + 8).
 TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t N = 37;
-  for (const auto [T, K] : {std::pair<int64_t, int64_t>{71, 512}, {71, 1280}, {7, 1280}, {8, 512}}) {
+  for (const auto [T, K] : {std::pair<int64_t, int64_t>{71, 512}, {71, 1280}, {7, 1280}, {4, 512}, {3, 1280}}) {
     const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
     for (WeightFormat f : kBlockFormats)
       for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
@@ -229,8 +229,8 @@ TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
 // AVX-512 targets of a CPU with AVX512-VNNI, vpdpbusd (Q4_0's and Q5_0's quants unsigned, the offset started from x's
 // corrections: linear_blocks-inl.h Offset) sum each lane to the same integer, so a model gives the same
 // tokens on either kind of CPU. Decode (one token at a time, row by row) and prefill (71 tokens: the panels), K = 1280
-// (two panel slices), N = 37 (a part panel), 9 tokens of a 200 x 4096 matrix, and a small batch of 7 (row-by-row
-// tiles of 4 + 2 + 1 tokens); Q8_0 with a quant of -128 in
+// (two panel slices), N = 37 (a part panel), 9 tokens of a 200 x 4096 matrix, and small batches of 7 and 3 (row-by-row
+// tiles of 4 + 2 + 1, and 2 + 1 tokens); Q8_0 with a quant of -128 in
 // every 7th block (a GGUF file may hold it). Needs two targets with byte products, one with
 // VNNI and one without (an AVX-512 VNNI CPU).
 TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
@@ -245,7 +245,7 @@ TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
   }
   detail::force_simd_target(0);
   if (!vnni || !bytes) GTEST_SKIP() << "needs a CPU with AVX512-VNNI (both byte-product kernels at two targets)";
-  for (const auto& [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{71, 1280, 37}, {9, 4096, 200}, {7, 1280, 37}}) {
+  for (const auto& [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{71, 1280, 37}, {9, 4096, 200}, {7, 1280, 37}, {3, 1280, 37}}) {
     const std::vector<float> x = uniform(T * K, 31, -3, 3), bias = uniform(N, 32);
     for (WeightFormat f : kBlockFormats) {
       Weights w(f, N, K, 33);
