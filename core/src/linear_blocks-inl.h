@@ -122,10 +122,17 @@ constexpr bool HasMin(WeightFormat f) { return !Signed(f); }
 // enter the byte products unsigned, against x's quants as they are, and the offset times the sum of x's quants over
 // the unit (Q8Activations::sums) is subtracted from the unit's integer sum: sum u qx - offset sum qx = sum (u - offset)
 // qx, exact, one shift and subtract per unit and token in place of a vpsubb and vpabsb per unit and row and a vpsignb
-// per unit, row and token. Q8_0 and Q6_K keep the signed products (|q| against qx with q's sign).
-constexpr int OffsetLog2(WeightFormat f) { return f == WeightFormat::Q4_0 ? 3 : f == WeightFormat::Q5_0 ? 4 : -1; }
+// per unit, row and token. With VNNI, Q8_0 too: q + 128 (q xor 0x80, one operation per unit and row) against qx in
+// one vpdpbusd, which sums each lane's four products into int32 - without VNNI, vpmaddubsw's int16 pairs would
+// saturate (2 x 255 x 127 > 32767), so there Q8_0 keeps the signed products, as Q6_K does everywhere (|q| against qx
+// with q's sign). The unit's integer sum is the same either way, so the bits are too. (2026-11-29, Zen 4, 2 threads,
+// A/B of the two libraries, Q8_0 4864x1024 and 1024x4864: 1 token 128-138 -> 120-125 us, 8 tokens 476-612 -> 432-544,
+// 64 tokens 2424-2638 -> 1980-2020.)
+constexpr int OffsetLog2(WeightFormat f) {
+  return f == WeightFormat::Q4_0 ? 3 : f == WeightFormat::Q5_0 ? 4 : f == WeightFormat::Q8_0 && ROTARY_BLOCKS_VNNI ? 7 : -1;
+}
 constexpr bool Offset(WeightFormat f) { return OffsetLog2(f) >= 0; }
-// Quants multiplied as signed bytes (vpsignb on x, |q| unsigned): Q8_0 and Q6_K; the others enter unsigned.
+// Quants multiplied as signed bytes (vpsignb on x, |q| unsigned): Q6_K, and Q8_0 without VNNI; the others enter unsigned.
 constexpr bool SignedProducts(WeightFormat f) { return Signed(f) && !Offset(f); }
 
 // start + the 8 int32 lanes of sum_4 u qx, u unsigned: one vpdpbusd with VNNI; without, vpmaddubsw's pairs (below
@@ -148,13 +155,14 @@ ROTARY_BLOCKS_TARGET inline __m256i UnitLanes(__m256i start, __m256i q, __m256i 
     return UnsignedSums(start, q, xv);
 }
 
-// Unit i of block b: its 32 quants as bytes (signed for Q8_0 / Q6_K; unsigned for Q4_1 / Q5_1 / Q4_K / Q5_K, and for
-// Q4_0 / Q5_0 before their offset: Offset).
+// Unit i of block b: its 32 quants as bytes (signed for Q6_K and, without VNNI, Q8_0; unsigned for Q4_1 / Q5_1 /
+// Q4_K / Q5_K, and for Q4_0 / Q5_0 / Q8_0 with VNNI before their offset: Offset).
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET inline __m256i UnpackQuants(const uint8_t* b, int i) {
   const __m256i low4 = _mm256_set1_epi8(0x0F);
   if constexpr (F == WeightFormat::Q8_0) {
-    return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + 2));
+    return Offset(F) ? _mm256_xor_si256(q, _mm256_set1_epi8(char(0x80))) : q;  // q + 128 as an unsigned byte
   } else if constexpr (F == WeightFormat::Q4_0) {
     return Nibbles32(b + 2);  // minus 8: Offset
   } else if constexpr (F == WeightFormat::Q4_1) {
