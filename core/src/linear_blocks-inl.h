@@ -353,13 +353,13 @@ ROTARY_BLOCKS_TARGET inline void Transpose8x8(const __m256i* rows, __m256i* out)
 // Unit u of row `row` as 32 bytes, with its scale, min and (Q6_K) two sub-block scales. rotary's q8
 // (WeightFormat::Q8, linear_q8_avx2.cpp's Tile): the row's int8 weights at w + row x row_stride, one f16 scale per 32
 // columns at scales + row x scale_stride, the row's last unit zero-padded where the columns end inside it (x's quants
-// are zero there too); the block formats as Tile unpacks them, their block's scales decoded into `scales` at its
-// first unit of a slice (the k-quants' 8 units a block then read them 8 times, decoded once: 2026-11-29, Zen 4, 2
-// threads, 512 tokens of 4864x1024 / 1024x4864 in Q4_K 20.7 / 24.9 -> 15.8 / 18.2 ms, Q6_K 22.3 / 26.6 -> 18.5 /
-// 22.1 ms).
+// are zero there too); the block formats as Tile unpacks them, their block's scales decoded into `scales` at the
+// block's first unit, which is also where every slice starts (the k-quants' 8 units a block then read them 8 times,
+// decoded once: 2026-11-29, Zen 4, 2 threads, 512 tokens of 4864x1024 / 1024x4864 in Q4_K 20.7 / 24.9 -> 15.8 /
+// 18.2 ms, Q6_K 22.3 / 26.6 -> 18.5 / 22.1 ms).
 template <WeightFormat F>
-ROTARY_BLOCKS_TARGET inline __m256i RowUnit(const Job& j, int64_t row, int64_t u, bool first_of_slice,
-                                          BlockScales<F>& scales, float& scale, float& min, int16_t sub[2]) {
+ROTARY_BLOCKS_TARGET inline __m256i RowUnit(const Job& j, int64_t row, int64_t u, BlockScales<F>& scales, float& scale,
+                                          float& min, int16_t sub[2]) {
   if constexpr (F == WeightFormat::Q8) {
     const int8_t* w = static_cast<const int8_t*>(j.w) + row * j.row_stride;
     const int64_t c = u * kUnit;
@@ -370,9 +370,10 @@ ROTARY_BLOCKS_TARGET inline __m256i RowUnit(const Job& j, int64_t row, int64_t u
     return _mm256_load_si256(reinterpret_cast<const __m256i*>(last));
   } else {
     constexpr int kUnits = BlockScales<F>::kUnits;
+    static_assert(kSliceUnits % kUnits == 0, "a slice starts at a block's first unit, so its scales are decoded there");
     const uint8_t* block = block_row(F, j.w, j.row_stride, row) + u / kUnits * weight_block_bytes(F);
     const int i = int(u % kUnits);
-    if (i == 0 || first_of_slice) DecodeScales<F>(block, scales);
+    if (i == 0) DecodeScales<F>(block, scales);
     scale = scales.scale[i], min = scales.min[i];
     if constexpr (F == WeightFormat::Q6_K) sub[0] = scales.sub_scales[2 * i], sub[1] = scales.sub_scales[2 * i + 1];
     return UnpackQuants<F>(block, i);
@@ -388,7 +389,7 @@ ROTARY_BLOCKS_TARGET void PackSlice(const Job& j, int64_t r0, int nr, int64_t u0
     int16_t sub[kPanelRows][2] = {};
     for (int r = 0; r < kPanelRows; ++r) {
       s.scale[k][r] = s.min[k][r] = 0.0f;
-      q[r] = r < nr ? RowUnit<F>(j, r0 + r, u0 + k, k == 0, block_scales[r], s.scale[k][r], s.min[k][r], sub[r])
+      q[r] = r < nr ? RowUnit<F>(j, r0 + r, u0 + k, block_scales[r], s.scale[k][r], s.min[k][r], sub[r])
                     : _mm256_setzero_si256();
     }
     Transpose8x8(q, s.q[k]);
