@@ -1,10 +1,12 @@
 // core/src/linear_blocks-inl.h (internal): linear_forward's products of llama.cpp's block formats (WeightFormat::Q8_0,
-// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, read in place) with q8 activations on x86's byte products, compiled twice:
-// for AVX2 (linear_blocks_avx2.cpp: AVX2 targets, and AVX-512 ones of a CPU without VNNI) and for AVX512-VNNI
-// (linear_blocks_vnni.cpp: AVX-512 targets of a CPU with it, where vpdpbusd sums four byte products into a lane in
-// one instruction - the same 256-bit lanes, so the same bits). The including file defines ROTARY_BLOCKS_TARGET (the
-// functions' target attribute) and ROTARY_BLOCKS_VNNI (0 or 1) and includes it once. As llama.cpp's own CPU products
-// do: the weights stay in their blocks, each unit
+// Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, read in place) with q8 activations on x86's byte products, compiled three
+// times: for AVX2 (linear_blocks_avx2.cpp: AVX2 targets of a CPU without VNNI, and AVX-512 ones of a CPU without
+// AVX512-VNNI), for AVX512-VNNI (linear_blocks_vnni.cpp: AVX-512 targets of a CPU with it, where vpdpbusd sums four
+// byte products into a lane in one instruction) and for AVX-VNNI (linear_blocks_avx_vnni.cpp: the same vpdpbusd in its
+// VEX encoding, at AVX2 targets of a CPU with it - Intel's client CPUs from Alder Lake on have it without AVX-512) -
+// the same 256-bit lanes, so the same bits. The including file defines ROTARY_BLOCKS_TARGET (the functions' target
+// attribute) and ROTARY_BLOCKS_VNNI (0: none; 1: AVX512-VNNI; 2: AVX-VNNI) and includes it once. As llama.cpp's own
+// CPU products do: the weights stay in their blocks, each unit
 // of 32 weights is unpacked into 32 bytes in registers (nibbles masked and shifted, Q5_0's, Q5_1's, Q5_K's and
 // Q6_K's high bits merged), and its products with x's quants are summed exactly as integers (vpmaddubsw into int16
 // pairs, vpmaddwd into 8 int32 lanes; or vpdpbusd), then scaled in float. Highway 1.0.3 has no op for the byte
@@ -138,7 +140,9 @@ constexpr bool SignedProducts(WeightFormat f) { return Signed(f) && !Offset(f); 
 // start + the 8 int32 lanes of sum_4 u qx, u unsigned: one vpdpbusd with VNNI; without, vpmaddubsw's pairs (below
 // int16's saturation for u <= 31: 2 x 31 x 127) summed by vpmaddwd (the add of a zero start folds away).
 ROTARY_BLOCKS_TARGET inline __m256i UnsignedSums(__m256i start, __m256i u, __m256i xv) {
-#if ROTARY_BLOCKS_VNNI
+#if ROTARY_BLOCKS_VNNI == 2
+  return _mm256_dpbusd_avx_epi32(start, u, xv);
+#elif ROTARY_BLOCKS_VNNI
   return _mm256_dpbusd_epi32(start, u, xv);
 #else
   return _mm256_add_epi32(start, _mm256_madd_epi16(_mm256_maddubs_epi16(u, xv), _mm256_set1_epi16(1)));

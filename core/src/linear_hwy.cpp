@@ -419,6 +419,16 @@ bool UsesQ8Bytes() {
 #endif
 }
 
+// AVX-VNNI's vpdpbusd for the block formats' q8-activation products (linear_blocks_avx_vnni.cpp): where AVX2's byte
+// products run (UsesQ8Bytes) on a CPU with AVX-VNNI, unless a test turned it off (detail::allow_avx_vnni).
+bool UsesQ8AvxVnni() {
+#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
+  return !UsesQ8Dot() && UsesQ8Bytes() && avx_vnni_supported() && detail::avx_vnni_allowed();
+#else
+  return false;
+#endif
+}
+
 // A whole block of kQ8Block finite floats quantized in lanes by q8_quantize_block's rule (the same float division,
 // and round_away's truncation and step, so the same quants): returns the scale.
 HWY_INLINE float QuantizeWholeBlock(const float* HWY_RESTRICT v, int8_t* HWY_RESTRICT q, float amax) {
@@ -509,7 +519,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
   // Row groups of every job, numbered one after another, are the unit of work: a thread streams its rows'
   // weights once per token chunk. Tokens go in chunks whose activations (chunk x cols floats) stay in L2 while the
   // rows pass (the smallest chunk of any job; chunking changes no result bit).
-  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
+  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes(), q8_avx_vnni = UsesQ8AvxVnni();
   // A group is kRows rows, or a panel of kPanelRows for the byte products of the block formats and of q8 weights
   // without VNNI (their prefill packs a panel's units once per chunk: linear_blocks-inl.h).
   const auto group_rows = [&](const Job& j) -> int64_t {
@@ -546,6 +556,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
         const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
         if (is_block_format(j.format)) {
           if (q8_dot && j.activations == ActivationFormat::Q8) blocks_vnni_block(j, t0, t1, r0, r1);
+          else if (q8_avx_vnni && j.activations == ActivationFormat::Q8) blocks_avx_vnni_block(j, t0, t1, r0, r1);
           else if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
           else BlockOf(j, t0, t1, r0, r1);
         } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
@@ -569,6 +580,7 @@ HWY_EXPORT(LinearTargetName);
 HWY_EXPORT(UsesBf16Dot);
 HWY_EXPORT(UsesQ8Dot);
 HWY_EXPORT(UsesQ8Bytes);
+HWY_EXPORT(UsesQ8AvxVnni);
 
 void run(const Job* jobs, int count, int threads) { HWY_DYNAMIC_DISPATCH(RunJobs)(jobs, count, threads); }
 
@@ -579,6 +591,8 @@ bool rotary::linear_uses_bf16_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail:
 bool rotary::linear_uses_q8_dot() { return HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8Dot)(); }
 const char* rotary::linear_q8_products() {
   if (linear_uses_q8_dot()) return "int8 dot products (AVX512-VNNI)";
+  if (HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8AvxVnni)())
+    return "int8 dot products (AVX-VNNI) for the block formats, byte products (AVX2) for q8 weights";
   if (HWY_DYNAMIC_DISPATCH(linear_detail::UsesQ8Bytes)()) return "byte products (AVX2)";
   return "float32 lanes";
 }

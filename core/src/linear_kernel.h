@@ -111,6 +111,12 @@ void blocks_avx2_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t
 // The same on AVX512-VNNI's vpdpbusd (linear_blocks_vnni.cpp), the same bits. Called where q8_dot_supported(), from
 // AVX-512 dispatch targets.
 void blocks_vnni_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
+// The same on AVX-VNNI's vpdpbusd (linear_blocks_avx_vnni.cpp), the same bits: whether this CPU has AVX2, FMA, F16C
+// and AVX-VNNI (x86-64 builds; false elsewhere), and the block. Called where avx_vnni_supported() and
+// detail::avx_vnni_allowed() (simd_targets.h), from x86 dispatch targets from AVX2 up where the AVX512-VNNI kernels
+// are not used.
+bool avx_vnni_supported();
+void blocks_avx_vnni_block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);
 // q8 weights' prefill (more than kSmallBatch tokens) on the block formats' panels (linear_blocks-inl.h): the
 // same bits as q8_avx2_block's tiles, rows [r0, r1) in panels of kPanelRows.
 void q8_avx2_panels(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1);

@@ -4,6 +4,7 @@
 #include "simd_targets.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdio>
 #include <cstdlib>
@@ -90,5 +91,12 @@ void force_simd_target(int64_t target) {
 }
 
 const char* simd_target_name(int64_t target) { return hwy::TargetName(target); }
+
+namespace {
+std::atomic<bool> g_avx_vnni_allowed{true};
+}  // namespace
+
+void allow_avx_vnni(bool allowed) { g_avx_vnni_allowed.store(allowed, std::memory_order_relaxed); }
+bool avx_vnni_allowed() { return g_avx_vnni_allowed.load(std::memory_order_relaxed); }
 
 }  // namespace rotary::detail

@@ -23,6 +23,11 @@ std::vector<int64_t> simd_targets();
 // only: it changes process-wide state shared by every Highway kernel.
 void force_simd_target(int64_t target);
 const char* simd_target_name(int64_t target);
+// Tests only: whether the block formats' byte products may run on AVX-VNNI at AVX2 targets of a CPU that has it
+// (default true); false runs them on AVX2's vpmaddubsw there instead, so such a CPU tests both kernels. Process-wide,
+// as force_simd_target.
+void allow_avx_vnni(bool allowed);
+bool avx_vnni_allowed();
 
 // The Highway target each kernel file dispatches to now (a name, as simd_target_name), so a test can check that every
 // kernel runs every target simd_targets() lists instead of quietly falling back to a target it was compiled for.

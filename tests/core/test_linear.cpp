@@ -225,26 +225,39 @@ TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
   }
 }
 
-// The byte products give the same bits at every SIMD target that runs them: AVX2's vpmaddubsw / vpmaddwd and, at
-// AVX-512 targets of a CPU with AVX512-VNNI, vpdpbusd (Q4_0's and Q5_0's quants unsigned, the offset started from x's
-// corrections: linear_blocks-inl.h Offset) sum each lane to the same integer, so a model gives the same
-// tokens on either kind of CPU. Decode (one token at a time, row by row) and prefill (71 tokens: the panels), K = 1280
-// (two panel slices), N = 37 (a part panel), 9 tokens of a 200 x 4096 matrix, and small batches of 7 and 3 (row-by-row
-// tiles of 4 + 2 + 1, and 2 + 1 tokens); Q8_0 with a quant of -128 in
-// every 7th block (a GGUF file may hold it). Needs two targets with byte products, one with
-// VNNI and one without (an AVX-512 VNNI CPU).
+// The byte products give the same bits on every kernel that runs them: AVX2's vpmaddubsw / vpmaddwd, and vpdpbusd -
+// AVX512-VNNI's at AVX-512 targets, AVX-VNNI's at AVX2 targets of a CPU with it (Q4_0's, Q5_0's and Q8_0's quants
+// unsigned, the offset started from x's corrections: linear_blocks-inl.h Offset) - sum each lane to the same integer,
+// so a model gives the same tokens on either kind of CPU. Decode (one token at a time, row by row) and prefill (71
+// tokens: the panels), K = 1280 (two panel slices), N = 37 (a part panel), 9 tokens of a 200 x 4096 matrix, and small
+// batches of 7 and 3 (row-by-row tiles of 4 + 2 + 1, and 2 + 1 tokens); Q8_0 with a quant of -128 in every 7th block
+// (a GGUF file may hold it). Every (target, AVX-VNNI allowed) pair that runs byte products is compared with the first;
+// needs a kernel with vpdpbusd and one without (a CPU with AVX512-VNNI or AVX-VNNI).
 TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
-  std::vector<int64_t> targets;  // those that run byte products, best first
-  bool vnni = false, bytes = false;
-  for (int64_t target : detail::simd_targets()) {
-    detail::force_simd_target(target);
-    const std::string products = linear_q8_products();
-    if (products == "float32 lanes") continue;
-    targets.push_back(target);
-    (linear_uses_q8_dot() ? vnni : bytes) = true;
-  }
+  struct Variant {
+    int64_t target;
+    bool avx_vnni;  // detail::allow_avx_vnni
+    std::string products;
+  };
+  std::vector<Variant> variants;  // those that run byte products, best first
+  bool dpbusd = false, bytes = false;
+  for (int64_t target : detail::simd_targets())
+    for (bool avx_vnni : {true, false}) {
+      detail::force_simd_target(target);
+      detail::allow_avx_vnni(avx_vnni);
+      const std::string products = linear_q8_products();
+      detail::allow_avx_vnni(true);
+      if (products == "float32 lanes") continue;
+      if (!variants.empty() && variants.back().target == target && variants.back().products == products) continue;
+      variants.push_back({target, avx_vnni, products});
+      (products.rfind("int8 dot products", 0) == 0 ? dpbusd : bytes) = true;
+    }
   detail::force_simd_target(0);
-  if (!vnni || !bytes) GTEST_SKIP() << "needs a CPU with AVX512-VNNI (both byte-product kernels at two targets)";
+  if (!dpbusd || !bytes) GTEST_SKIP() << "needs a CPU with AVX512-VNNI or AVX-VNNI (byte products with vpdpbusd and without)";
+  const auto use = [](const Variant& v) {
+    detail::force_simd_target(v.target);
+    detail::allow_avx_vnni(v.avx_vnni);
+  };
   for (const auto& [T, K, N] : {std::tuple<int64_t, int64_t, int64_t>{71, 1280, 37}, {9, 4096, 200}, {7, 1280, 37}, {3, 1280, 37}}) {
     const std::vector<float> x = uniform(T * K, 31, -3, 3), bias = uniform(N, 32);
     for (WeightFormat f : kBlockFormats) {
@@ -255,8 +268,8 @@ TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
       p.w = w.m, p.bias = bias.data(), p.x_stride = K, p.y_stride = N, p.activations = ActivationFormat::Q8;
       p.threads = 2;
       std::vector<std::vector<float>> decode, prefill;
-      for (int64_t target : targets) {
-        detail::force_simd_target(target);
+      for (const Variant& v : variants) {
+        use(v);
         auto& one = decode.emplace_back(size_t(T * N), -1.0f);
         for (int64_t t = 0; t < T; ++t) {
           p.tokens = 1, p.x = x.data() + t * K, p.y = one.data() + t * N;
@@ -267,9 +280,12 @@ TEST(linear_forward, BlockFormatsSameBitsWithAndWithoutVnni) {
         linear_forward(p);
       }
       detail::force_simd_target(0);
-      for (size_t i = 1; i < targets.size(); ++i) {
-        const std::string what = describe(K, f, ActivationFormat::Q8) + " at " + detail::simd_target_name(targets[i]) +
-                                 " against " + detail::simd_target_name(targets[0]);
+      detail::allow_avx_vnni(true);
+      for (size_t i = 1; i < variants.size(); ++i) {
+        const std::string what = describe(K, f, ActivationFormat::Q8) + " at " +
+                                 detail::simd_target_name(variants[i].target) + " (" + variants[i].products +
+                                 ") against " + detail::simd_target_name(variants[0].target) + " (" +
+                                 variants[0].products + ")";
         EXPECT_EQ(std::memcmp(decode[i].data(), decode[0].data(), decode[0].size() * 4), 0) << what << ", decode";
         EXPECT_EQ(std::memcmp(prefill[i].data(), prefill[0].data(), prefill[0].size() * 4), 0) << what << ", prefill";
       }
@@ -619,19 +635,28 @@ TEST(linear_forward, Q8DotProductsAtAvx512TargetsOfCpusThatHaveThem) {
   std::printf("this CPU %s AVX512-VNNI\n", cpu ? "has" : "lacks");
 }
 
-// Each target's path for q8 activations: AVX512-VNNI's int8 dot products where they run, AVX2's byte products at
-// the other x86 targets from AVX2 up, float32 lanes below (SSE4, scalar).
+// Each target's path for q8 activations: AVX512-VNNI's int8 dot products where they run, AVX-VNNI's (the block
+// formats) or else AVX2's byte products at the other x86 targets from AVX2 up, float32 lanes below (SSE4, scalar).
 TEST(linear_forward, Q8ProductsAreTheBestEachTargetHas) {
   const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  const bool avx_vnni = __builtin_cpu_supports("avxvnni");
   test::for_each_target([&] {
     const std::string target = detail::linear_simd_target();
     const bool avx512 = target.rfind("AVX3", 0) == 0, from_avx2 = avx512 || target == "AVX2";
-    const std::string want = vnni && avx512          ? "int8 dot products (AVX512-VNNI)"
-                             : avx2 && from_avx2 ? "byte products (AVX2)"
-                                                 : "float32 lanes";
+    const std::string want =
+        vnni && avx512                  ? "int8 dot products (AVX512-VNNI)"
+        : avx2 && avx_vnni && from_avx2 ? "int8 dot products (AVX-VNNI) for the block formats, byte products (AVX2) for q8 weights"
+        : avx2 && from_avx2             ? "byte products (AVX2)"
+                                        : "float32 lanes";
     EXPECT_EQ(linear_q8_products(), want) << target;
+    detail::allow_avx_vnni(false);  // a test's switch: AVX2's byte products there instead
+    EXPECT_EQ(linear_q8_products(), std::string(vnni && avx512          ? "int8 dot products (AVX512-VNNI)"
+                                                : avx2 && from_avx2 ? "byte products (AVX2)"
+                                                                    : "float32 lanes"))
+        << target << " without AVX-VNNI";
+    detail::allow_avx_vnni(true);
   });
 }
 

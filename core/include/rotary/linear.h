@@ -158,8 +158,10 @@ bool linear_uses_bf16_dot();
 // Whether linear_forward runs q8-activation products on the CPU's int8 dot-product instruction now (the CPU has
 // AVX512-VNNI and dispatch is at an AVX-512 target); false: in float32 lanes. Results differ only in rounding.
 bool linear_uses_q8_dot();
-// How q8-activation products run now: "int8 dot products (AVX512-VNNI)" (linear_uses_q8_dot), "byte products
-// (AVX2)" (vpmaddubsw: x86 targets from AVX2 up without the former), or "float32 lanes" (below AVX2). For reports.
+// How q8-activation products run now: "int8 dot products (AVX512-VNNI)" (linear_uses_q8_dot), "int8 dot products
+// (AVX-VNNI) for the block formats, byte products (AVX2) for q8 weights" (x86 targets from AVX2 up of a CPU with
+// AVX-VNNI, without the former), "byte products (AVX2)" (vpmaddubsw: x86 targets from AVX2 up without either), or
+// "float32 lanes" (below AVX2). For reports.
 const char* linear_q8_products();
 
 // Quantizes a [rows, cols] matrix stored as `src_dtype` (any DType; row r at src + r * src_row_stride elements)
