@@ -5,6 +5,10 @@
 #include "byte_products_avx2.h"
 
 #if ROTARY_BYTE_PRODUCTS_AVX2
+#include <cpuid.h>
+#endif
+
+#if ROTARY_BYTE_PRODUCTS_AVX2
 
 #define ROTARY_BLOCKS_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define ROTARY_BLOCKS_VNNI 2
@@ -12,9 +16,13 @@
 
 namespace rotary::linear_detail {
 
+// AVX2's kernels' features (q8_avx2_supported, which also means the OS saves the 256-bit registers) and AVX-VNNI:
+// CPUID leaf 7, sub-leaf 1, EAX bit 4 (read directly: clang 14's __builtin_cpu_supports does not know "avxvnni").
 bool avx_vnni_supported() {
-  static const bool has = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-                          __builtin_cpu_supports("f16c") && __builtin_cpu_supports("avxvnni");
+  static const bool has = [] {
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    return q8_avx2_supported() && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1) != 0;
+  }();
   return has;
 }
 

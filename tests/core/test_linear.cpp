@@ -3,6 +3,8 @@
 // per x in a group, on the bf16 dot products where the CPU has them), and bad input refused by name.
 #include <gtest/gtest.h>
 
+#include <cpuid.h>
+
 #include <cctype>
 
 #include <cmath>
@@ -641,7 +643,8 @@ TEST(linear_forward, Q8ProductsAreTheBestEachTargetHas) {
   const bool vnni = __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512bw") &&
                     __builtin_cpu_supports("avx512vl");
   const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
-  const bool avx_vnni = __builtin_cpu_supports("avxvnni");
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;  // AVX-VNNI: CPUID leaf 7, sub-leaf 1, EAX bit 4
+  const bool avx_vnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax >> 4 & 1) != 0;
   test::for_each_target([&] {
     const std::string target = detail::linear_simd_target();
     const bool avx512 = target.rfind("AVX3", 0) == 0, from_avx2 = avx512 || target == "AVX2";
