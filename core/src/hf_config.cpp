@@ -312,6 +312,15 @@ RopeSpec rope_spec_from_hf_config(std::string_view json_text) {
       break;
   }
   spec.validate();
+  // Each parameter can be in its range and the frequencies still overflow (rope_theta = 1e-310 at head_dim 4096,
+  // a longrope factor of 1e-320, a yarn mscale of 1e307): computed once here, so the config is refused when read,
+  // not at the first forward. Longrope's long_factor list is taken only past the original context.
+  try {
+    spec.freqs(0);
+    if (spec.scaling == RopeScaling::LongRope) spec.freqs(spec.original_max_position_embeddings + 1);
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()) + " (the rope parameters config.json gives: " + spec.describe() + ")");
+  }
   return spec;
 }
 

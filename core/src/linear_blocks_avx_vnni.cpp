@@ -5,10 +5,8 @@
 #include "byte_products_avx2.h"
 
 #if ROTARY_BYTE_PRODUCTS_AVX2
-#include <cpuid.h>
-#endif
 
-#if ROTARY_BYTE_PRODUCTS_AVX2
+#include <cpuid.h>
 
 #define ROTARY_BLOCKS_TARGET __attribute__((target("avx2,fma,f16c,avxvnni")))
 #define ROTARY_BLOCKS_VNNI 2

@@ -420,14 +420,12 @@ bool UsesQ8Bytes() {
 }
 
 // AVX-VNNI's vpdpbusd for the block formats' q8-activation products (linear_blocks_avx_vnni.cpp): where AVX2's byte
-// products run (UsesQ8Bytes) on a CPU with AVX-VNNI, unless a test turned it off (detail::allow_avx_vnni).
-bool UsesQ8AvxVnni() {
-#if HWY_ARCH_X86 && HWY_TARGET <= HWY_AVX2
-  return !UsesQ8Dot() && UsesQ8Bytes() && avx_vnni_supported() && detail::avx_vnni_allowed();
-#else
-  return false;
-#endif
+// products run (q8_bytes) and the int8 dot products do not (q8_dot), on a CPU with AVX-VNNI, unless a test turned it
+// off (detail::allow_avx_vnni). Takes the other two answers so RunJobs asks each question once.
+bool AvxVnniBesideByteProducts(bool q8_dot, bool q8_bytes) {
+  return !q8_dot && q8_bytes && avx_vnni_supported() && detail::avx_vnni_allowed();
 }
+bool UsesQ8AvxVnni() { return AvxVnniBesideByteProducts(UsesQ8Dot(), UsesQ8Bytes()); }
 
 // A whole block of kQ8Block finite floats quantized in lanes by q8_quantize_block's rule (the same float division,
 // and round_away's truncation and step, so the same quants): returns the scale.
@@ -519,7 +517,8 @@ void RunJobs(const Job* jobs, int count, int threads) {
   // Row groups of every job, numbered one after another, are the unit of work: a thread streams its rows'
   // weights once per token chunk. Tokens go in chunks whose activations (chunk x cols floats) stay in L2 while the
   // rows pass (the smallest chunk of any job; chunking changes no result bit).
-  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes(), q8_avx_vnni = UsesQ8AvxVnni();
+  const bool dot = UsesBf16Dot(), q8_dot = UsesQ8Dot(), q8_bytes = UsesQ8Bytes();
+  const bool q8_avx_vnni = AvxVnniBesideByteProducts(q8_dot, q8_bytes);
   // A group is kRows rows, or a panel of kPanelRows for the byte products of the block formats and of q8 weights
   // without VNNI (their prefill packs a panel's units once per chunk: linear_blocks-inl.h).
   const auto group_rows = [&](const Job& j) -> int64_t {

@@ -51,11 +51,28 @@ int64_t original_context(const RopeSpec& s) {
   return s.original_max_position_embeddings > 0 ? s.original_max_position_embeddings : s.max_position_embeddings;
 }
 
-// inv_i = base^(-2i/r), i < r/2, the exponent as HF writes it: arange(0, r, 2) / r.
-std::vector<double> default_inv_freq(double base, int r) {
+// inv_i = base^(-2i/r), i < r/2, the exponent as HF writes it: arange(0, r, 2) / r. `field` names the value
+// the base came from: a base far below 1 (a config's rope_theta = 1e-310, or ntk_fixed's base scaled by a tiny
+// factor) overflows base^(-2i/r) to inf, refused here rather than turned into NaN angles.
+std::vector<double> default_inv_freq(double base, int r, const std::string& field, double value) {
   std::vector<double> inv(size_t(r / 2));
-  for (int i = 0; i < r / 2; ++i) inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(r));
+  for (int i = 0; i < r / 2; ++i) {
+    inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(r));
+    if (!std::isfinite(inv[size_t(i)]))
+      fail(field, num(value),
+           "a value whose inverse frequencies base^(-2i/r) are finite at rotary_dim r = " + std::to_string(r) +
+               " (base " + num(base) + " overflows at pair " + std::to_string(i) + ")");
+  }
   return inv;
+}
+
+// inv_freq[j] = `value` after dividing by a per-pair factor (longrope's lists, explicit freq_factors): a factor
+// so small that the frequency overflows is refused with the list entry named.
+double finite_after_list_entry(double value, const std::vector<double>& list, size_t j, const char* field) {
+  if (!std::isfinite(value))
+    fail(std::string(field) + "[" + std::to_string(j) + "]", num(list[j]),
+         "a factor large enough that inv_freq[" + std::to_string(j) + "] stays finite");
+  return value;
 }
 
 // YaRN's attention scale for a context stretched by `scale`: 0.1 m ln(scale) + 1, and 1 when not stretched.
@@ -81,15 +98,23 @@ double yarn_freqs(const RopeSpec& s, int r, std::vector<double>& inv) {
   high = std::min(high, double(r - 1));  // HF clamps to dim - 1, not to the last pair index
   if (low == high) high += 0.001;        // HF: prevents a division by zero in the ramp
 
-  const std::vector<double> extrapolation = default_inv_freq(base, r);
+  const std::vector<double> extrapolation = default_inv_freq(base, r, "base", base);
   for (size_t j = 0; j < inv.size(); ++j) {
     const double ramp = std::clamp((double(j) - low) / (high - low), 0.0, 1.0);
     const double keep = 1.0 - ramp;  // HF's inv_freq_extrapolation_factor
     const double interpolation = 1.0 / (factor * std::pow(base, double(2 * j) / double(r)));
     inv[j] = interpolation * (1.0 - keep) + extrapolation[j] * keep;
   }
-  if (s.yarn.mscale && s.yarn.mscale_all_dim)
-    return yarn_get_mscale(factor, *s.yarn.mscale) / yarn_get_mscale(factor, *s.yarn.mscale_all_dim);
+  if (s.yarn.mscale && s.yarn.mscale_all_dim) {
+    // 0.1 m ln(factor) + 1 overflows for m near the largest double: refused, not an inf / NaN attention factor.
+    const double num_scale = yarn_get_mscale(factor, *s.yarn.mscale);
+    const double den_scale = yarn_get_mscale(factor, *s.yarn.mscale_all_dim);
+    check(std::isfinite(num_scale), "yarn.mscale", *s.yarn.mscale,
+          "a value with 0.1 * mscale * ln(factor) + 1 finite (factor " + num(factor) + ")");
+    check(std::isfinite(den_scale), "yarn.mscale_all_dim", *s.yarn.mscale_all_dim,
+          "a value with 0.1 * mscale_all_dim * ln(factor) + 1 finite (factor " + num(factor) + ")");
+    return num_scale / den_scale;
+  }
   return yarn_get_mscale(factor, 1.0);
 }
 
@@ -240,7 +265,7 @@ RopeFreqs RopeSpec::freqs(int64_t seq_len) const {
   out.head_dim = head_dim;
   out.rotary_dim = r;
   out.layout = layout;
-  out.inv_freq = default_inv_freq(base, r);
+  out.inv_freq = default_inv_freq(base, r, "base", base);
   std::vector<double>& inv = out.inv_freq;
   double attention = 1.0;
 
@@ -251,19 +276,26 @@ RopeFreqs RopeSpec::freqs(int64_t seq_len) const {
       for (double& f : inv) f /= factor;
       break;
     case RopeScaling::NtkFixed:
-      inv = default_inv_freq(base * std::pow(factor, double(r) / double(r - 2)), r);
+      inv = default_inv_freq(base * std::pow(factor, double(r) / double(r - 2)), r, "factor", factor);
       break;
     case RopeScaling::NtkMixed: {
       // lambda_j = exp(a j^b) with a = ln(factor) / (r/2)^b: 1 at j = 0, growing towards factor.
       const double b = ntk_mixed_exponent;
       const double a = std::log(factor) / std::pow(double(r / 2), b);
-      for (size_t j = 0; j < inv.size(); ++j) inv[j] /= std::exp(a * std::pow(double(j), b));
+      for (size_t j = 0; j < inv.size(); ++j) {
+        inv[j] /= std::exp(a * std::pow(double(j), b));
+        if (!std::isfinite(inv[j]))
+          fail("factor", num(factor),
+               "a value whose ntk_mixed frequencies are finite (pair " + std::to_string(j) + " overflows)");
+      }
       break;
     }
     case RopeScaling::Dynamic: {
       const double m = double(max_position_embeddings);
       const double l = seq_len > max_position_embeddings ? double(seq_len) : m;
-      inv = default_inv_freq(base * std::pow(factor * l / m - (factor - 1.0), double(r) / double(r - 2)), r);
+      // The scaled base only grows (factor >= 1, l >= m): at worst inf, and inv_freq then 0, never inf.
+      inv = default_inv_freq(base * std::pow(factor * l / m - (factor - 1.0), double(r) / double(r - 2)), r,
+                             "base", base);
       break;
     }
     case RopeScaling::Yarn:
@@ -275,12 +307,15 @@ RopeFreqs RopeSpec::freqs(int64_t seq_len) const {
     case RopeScaling::LongRope: {
       const int64_t l_orig = original_context(*this);
       const std::vector<double>& ext = seq_len > l_orig ? long_factor : short_factor;
-      for (size_t j = 0; j < inv.size(); ++j) inv[j] = 1.0 / (ext[j] * std::pow(base, double(2 * j) / double(r)));
+      const char* list_name = seq_len > l_orig ? "long_factor" : "short_factor";
+      for (size_t j = 0; j < inv.size(); ++j)
+        inv[j] = finite_after_list_entry(1.0 / (ext[j] * std::pow(base, double(2 * j) / double(r))), ext, j, list_name);
       attention = factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(double(l_orig)));
       break;
     }
     case RopeScaling::Explicit:
-      for (size_t j = 0; j < inv.size(); ++j) inv[j] /= freq_factors[j];
+      for (size_t j = 0; j < inv.size(); ++j)
+        inv[j] = finite_after_list_entry(inv[j] / freq_factors[j], freq_factors, j, "freq_factors");
       break;
   }
   out.attention_factor = attention_factor ? *attention_factor : attention;

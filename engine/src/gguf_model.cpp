@@ -107,6 +107,7 @@ RopeSpec read_rope(const GgufFile& f, const Metadata& m, const std::string& arch
   }
   try {
     r.validate();
+    r.freqs(0);  // fields each in range can still overflow the frequencies (a float64 freq_base of 1e-310)
   } catch (const Error& e) {
     throw Error(std::string(e.what()) + " (the rotation " + f.source() + "'s metadata describes)");
   }

@@ -249,6 +249,21 @@ TEST(hf_config, MalformedConfigsNameTheField) {
       "sliding_attention": {"rope_type": "default"}}})", "rope_parameters.");
 }
 
+// Every field in its range, the frequencies overflowing (fuzz_hf_config's finds): refused when the config is read.
+TEST(hf_config, ConfigsWhoseFrequenciesOverflowAreRefusedWhenRead) {
+  test::expect_error([] { rope_spec_from_hf_config(R"({"head_dim": 4096, "rope_theta": 1e-310})"); },
+                     {"base = 1e-310", "finite", "config.json gives"});
+  test::expect_error([] { rope_spec_from_hf_config(R"({"head_dim": 8, "max_position_embeddings": 100,
+      "rope_scaling": {"type": "longrope", "factor": 2, "short_factor": [1e-320, 1, 1, 1], "long_factor": [1, 1, 1, 1]}})"); },
+                     {"short_factor[0]", "finite"});
+  test::expect_error([] { rope_spec_from_hf_config(R"({"head_dim": 8, "max_position_embeddings": 100,
+      "rope_scaling": {"type": "longrope", "factor": 2, "short_factor": [1, 1, 1, 1], "long_factor": [1, 1, 1e-320, 1]}})"); },
+                     {"long_factor[2]", "finite"});
+  test::expect_error([] { rope_spec_from_hf_config(R"({"head_dim": 8, "max_position_embeddings": 100,
+      "rope_scaling": {"type": "yarn", "factor": 1e300, "mscale": 1e307, "mscale_all_dim": 1}})"); },
+                     {"yarn.mscale", "finite"});
+}
+
 TEST(hf_config, ContradictoryConfigsNameTheField) {
   expect_bad(R"({"head_dim": 64, "rope_theta": 10000, "rope_parameters": {"rope_type": "default", "rope_theta": 500000}})",
              "rope_theta");

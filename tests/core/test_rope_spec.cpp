@@ -350,6 +350,41 @@ TEST(rope_spec, BadInputNamesTheField) {
   test::expect_error([&] { ok.freqs(-1); }, "seq_len");
 }
 
+// Parameters each in range whose frequencies overflow (found by fuzz_hf_config): freqs() refuses them naming the
+// parameter, never hands back an inf frequency or attention factor (NaN angles downstream).
+TEST(rope_spec, FrequenciesThatOverflowNameTheParameter) {
+  auto overflows = [](auto edit, int64_t seq_len, const std::string& field) {
+    RopeSpec s = make(64, 10000.0, RopeScaling::None);
+    edit(s);
+    EXPECT_NO_THROW(s.validate());  // every field is in its own range
+    test::expect_error([&] { s.freqs(seq_len); }, {field, "finite"});
+  };
+  // base^(-2i/r) for i = r/2 - 1 at r = 4096: base^(-0.9995); 1e-310 overflows it, 1e-300 does not.
+  overflows([](RopeSpec& s) { s.head_dim = 4096, s.base = 1e-310; }, 0, "base");
+  RopeSpec small_base = make(4096, 1e-300, RopeScaling::None);
+  EXPECT_NO_THROW(small_base.freqs().validate());
+  overflows([](RopeSpec& s) { s.scaling = RopeScaling::NtkFixed, s.factor = 1e-300, s.base = 1e-10; }, 0, "factor");
+  // inv_31 / exp(ln(1e-320) * 31 / 32) = 1 / 1e-310 at base 1.
+  overflows([](RopeSpec& s) { s.scaling = RopeScaling::NtkMixed, s.base = 1.0, s.factor = 1e-320, s.ntk_mixed_exponent = 1.0; },
+            0, "factor");
+  auto yarn = [](RopeSpec& s) { s.scaling = RopeScaling::Yarn, s.factor = 1e300, s.original_max_position_embeddings = 4096; };
+  overflows([&](RopeSpec& s) { yarn(s), s.yarn.mscale = 1e307, s.yarn.mscale_all_dim = 1.0; }, 0, "yarn.mscale");
+  overflows([&](RopeSpec& s) { yarn(s), s.yarn.mscale = 1.0, s.yarn.mscale_all_dim = 1e307; }, 0,
+            "yarn.mscale_all_dim");
+  auto longrope = [](RopeSpec& s) {
+    s.scaling = RopeScaling::LongRope, s.factor = 32, s.original_max_position_embeddings = 4096;
+    s.short_factor.assign(32, 1.0), s.long_factor.assign(32, 2.0);
+  };
+  overflows([&](RopeSpec& s) { longrope(s), s.short_factor[0] = 1e-320; }, 0, "short_factor[0]");
+  overflows([&](RopeSpec& s) { longrope(s), s.long_factor[0] = 1e-320; }, 4097, "long_factor[0]");
+  RopeSpec unused_list_tiny = make(64, 10000.0, RopeScaling::None);
+  longrope(unused_list_tiny);
+  unused_list_tiny.long_factor[0] = 1e-320;  // taken only past the original context
+  EXPECT_NO_THROW(unused_list_tiny.freqs(4096).validate());
+  overflows([](RopeSpec& s) { s.scaling = RopeScaling::Explicit, s.freq_factors.assign(32, 1.0), s.freq_factors[3] = 1e-320; },
+            0, "freq_factors[3]");
+}
+
 TEST(rope_spec, ErrorMessagesSayValueAndWhatIsAllowed) {
   RopeSpec s = make(64, 10000.0, RopeScaling::None);
   s.rotary_dim = 7;
