@@ -9,6 +9,7 @@
 #include <charconv>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <string>
 
 #include "rotary/error.h"
@@ -52,14 +53,16 @@ int64_t original_context(const RopeSpec& s) {
 }
 
 // inv_i = base^(-2i/r), i < r/2, the exponent as HF writes it: arange(0, r, 2) / r. `field` names the value
-// the base came from: a base far below 1 (a config's rope_theta = 1e-310, or ntk_fixed's base scaled by a tiny
-// factor) overflows base^(-2i/r) to inf, refused here rather than turned into NaN angles.
-std::vector<double> default_inv_freq(double base, int r, const std::string& field, double value) {
+// the base came from (the base itself unless `value` is given): a base far below 1 (a config's rope_theta = 1e-310,
+// or ntk_fixed's base scaled by a tiny factor) overflows base^(-2i/r) to inf, refused here rather than turned into
+// NaN angles.
+std::vector<double> default_inv_freq(double base, int r, const char* field = "base",
+                                     std::optional<double> value = std::nullopt) {
   std::vector<double> inv(size_t(r / 2));
   for (int i = 0; i < r / 2; ++i) {
     inv[size_t(i)] = 1.0 / std::pow(base, double(2 * i) / double(r));
     if (!std::isfinite(inv[size_t(i)]))
-      fail(field, num(value),
+      fail(field, num(value.value_or(base)),
            "a value whose inverse frequencies base^(-2i/r) are finite at rotary_dim r = " + std::to_string(r) +
                " (base " + num(base) + " overflows at pair " + std::to_string(i) + ")");
   }
@@ -80,7 +83,7 @@ double yarn_get_mscale(double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1
 
 // YaRN (NTK-by-parts): pairs that turn more than beta_fast times over the original context keep their
 // frequency, pairs that turn fewer than beta_slow times are interpolated (divided by factor), a linear ramp
-// in between. Returns the attention factor.
+// in between. `inv` comes in as the default frequencies (the extrapolation). Returns the attention factor.
 double yarn_freqs(const RopeSpec& s, int r, std::vector<double>& inv) {
   const double base = s.base, factor = s.factor;
   const double l_orig = double(original_context(s));
@@ -98,7 +101,7 @@ double yarn_freqs(const RopeSpec& s, int r, std::vector<double>& inv) {
   high = std::min(high, double(r - 1));  // HF clamps to dim - 1, not to the last pair index
   if (low == high) high += 0.001;        // HF: prevents a division by zero in the ramp
 
-  const std::vector<double> extrapolation = default_inv_freq(base, r, "base", base);
+  const std::vector<double> extrapolation = inv;
   for (size_t j = 0; j < inv.size(); ++j) {
     const double ramp = std::clamp((double(j) - low) / (high - low), 0.0, 1.0);
     const double keep = 1.0 - ramp;  // HF's inv_freq_extrapolation_factor
@@ -265,7 +268,7 @@ RopeFreqs RopeSpec::freqs(int64_t seq_len) const {
   out.head_dim = head_dim;
   out.rotary_dim = r;
   out.layout = layout;
-  out.inv_freq = default_inv_freq(base, r, "base", base);
+  out.inv_freq = default_inv_freq(base, r);
   std::vector<double>& inv = out.inv_freq;
   double attention = 1.0;
 
@@ -294,8 +297,7 @@ RopeFreqs RopeSpec::freqs(int64_t seq_len) const {
       const double m = double(max_position_embeddings);
       const double l = seq_len > max_position_embeddings ? double(seq_len) : m;
       // The scaled base only grows (factor >= 1, l >= m): at worst inf, and inv_freq then 0, never inf.
-      inv = default_inv_freq(base * std::pow(factor * l / m - (factor - 1.0), double(r) / double(r - 2)), r,
-                             "base", base);
+      inv = default_inv_freq(base * std::pow(factor * l / m - (factor - 1.0), double(r) / double(r - 2)), r);
       break;
     }
     case RopeScaling::Yarn:
