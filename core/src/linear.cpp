@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -225,6 +226,9 @@ void linear_forward_group(const LinearParams* products, int count) {
     work += p.tokens * p.w.rows * p.w.cols;
   }
   if (jobs.empty()) return;
+  static std::atomic<uint64_t> calls{0};
+  const uint64_t call = ++calls;
+  for (linear_detail::Job& j : jobs) j.call = call;
   // bf16 / q8 activations: each distinct x (decode's q, k and v read one) is converted once, by the first job that
   // reads it, into a buffer kept by the calling thread and grown only when a larger call needs it (a decode loop
   // allocates nothing after its first step). Each piece starts on a 64-byte boundary.

@@ -9,7 +9,8 @@
 // tokens while the row is in L1: each thread's weights are then one sequential stream, which the hardware
 // prefetcher follows at the bus's speed (a 4-row tile is four short streams a row apart: on Zen 4, 896-wide bf16
 // rows read at 22 GB/s that way against 44 GB/s row by row, no software prefetch helping - docs/engine.md). Every
-// (token, row) sum has its own accumulator in every tile shape, so the shape changes no result bit. bf16 activations
+// (token, row) sum has its own accumulators in every tile shape, taken in one order (at targets of up to 8 float
+// lanes two multiply-add chains: FloatTile), so the shape changes no result bit. bf16 activations
 // (ActivationFormat::BF16) are rounded here once per call, then run on linear_bf16_dot.cpp's kernel at AVX-512
 // targets of a CPU with AVX512-BF16, or through these tiles with the rounded activations widened like weights; q8
 // activations (ActivationFormat::Q8) are quantized here once per call, then run on linear_q8_dot.cpp's int8 kernel at
@@ -19,6 +20,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <vector>
 
@@ -81,24 +83,160 @@ HWY_INLINE float ScaleAt(const uint16_t* HWY_RESTRICT s, int64_t i) {
 #endif
 }
 
+// The columns [k, k + n) past a row's last whole vector (q8: block), n < Lanes, as zero-padded vectors of each of
+// NR rows (q8: times its block's scale) and of a token's activations, so that they join the same lanes whatever NT
+// is: a token's result has the same bits in a decode step and in any prefill tile. (Floats in memory, not vectors
+// through a pointer, so the callers' accumulators stay in registers.)
+template <int NR, class T>
+HWY_INLINE void PaddedWeights(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
+                              int64_t k, int64_t n, float (&pad)[NR][simd::HWY_NAMESPACE::kMaxLanes]) {
+  for (int r = 0; r < NR; ++r)
+    for (int64_t i = 0; i < n; ++i) {
+      pad[r][i] = WeightAt(w + r * ws, k + i);
+      if constexpr (std::is_same_v<T, int8_t>) pad[r][i] *= ScaleAt(scales + r * ss, (k + i) / kQ8Block);
+    }
+}
+template <class X>
+HWY_INLINE hn::Vec<DF> PaddedActivations(DF df, const X* HWY_RESTRICT x, int64_t k, int64_t n) {
+  HWY_ALIGN float pad[simd::HWY_NAMESPACE::kMaxLanes] = {};
+  for (int64_t i = 0; i < n; ++i) pad[i] = WeightAt(x, k + i);
+  return hn::Load(df, pad);
+}
+
+// Float weights' (f32, f16, bf16) sums in kChains multiply-add chains. One chain bounds a decode row by the
+// multiply-add's latency: 4 cycles a vector, at 8 lanes (AVX2) 14 GB/s of bf16 a core at 3.7 GHz, below the bus. So
+// at targets of up to 8 float lanes a row's whole column vectors go in runs of kRun, alternating between two chains
+// (vector v to chain (v / kRun) % 2), the zero-padded last vector joins the chain of its index, and the sum is the
+// lane sum of chain 0 + chain 1 (2026-11-29, Zen 4, AVX2 target, 2 threads, bf16, one token: 4864x896 240 -> 135-159
+// us, 896x4864 311-323 -> 174-191 us). At 16 lanes one chain reads 29 GB/s a core, near the bus, and a second
+// would cost prefill the registers its tiles need (AVX-512 prefill 18% slower, decode 10-20% faster: 2026-11-29).
+// Runs rather than single vectors so that a pass over one chain reads whole cache lines of the rows it reads in place
+// (single alternate vectors, activations read in place too: 72-token tiles 10-80% slower); runs of 8 rather than 16
+// or 32, so that 896-wide rows (112 vectors at AVX2) have most of their vectors in pairs of runs, which decode
+// runs side by side (runs of 32: decode no faster than one chain).
+// Every tile shape takes these operations in this order, so the shape changes no bit.
+constexpr int kChains = hn::MaxLanes(DF()) <= 8 ? 2 : 1;
+constexpr int64_t kRun = 8;
+HWY_INLINE int ChainOf(int64_t vector) { return int(vector / kRun % kChains); }
+
+// Tile for float weights in the chains (w, x, K, carry_in and first_vector as Tile's; first_vector is a multiple of
+// kChains x kRun, or this part has no whole vector). With two chains, tiles of up to 6 sums (decode's one token and
+// one row, small batches' few tokens a row) hold both chains in registers and read each row once in order; larger
+// ones (which have no registers for two sets of sums) run chain 0's vectors, park their sums, then chain 1's, their
+// rows in L1 or L2 by then. Not inlined: inside the large kernels GCC keeps the chains on the stack, each
+// multiply-add then waiting on a store and a load (decode 2x slower than one chain in registers).
+template <int NT, int NR, class T, class X>
+HWY_NOINLINE void FloatTile(const T* HWY_RESTRICT w, int64_t ws, const X* HWY_RESTRICT x, int64_t xs, int64_t K,
+                            float sums[NT * NR], const float* carry_in, int64_t first_vector) {
+  static_assert(kChains == 1 || kChains == 2, "the code below runs chain 0 and chain 1");
+  const DF df;
+  const int64_t L = int64_t(hn::Lanes(df)), vectors = K / L, tail = K - vectors * L;
+  const int tail_chain = ChainOf(first_vector + vectors);
+  const auto carried = [&](int chain, int t, int r) {
+    return carry_in ? hn::LoadU(df, carry_in + ((chain * NT + t) * NR + r) * L) : hn::Zero(df);
+  };
+  HWY_ALIGN float pad[NR][simd::HWY_NAMESPACE::kMaxLanes];
+  if (tail > 0) {
+    for (int r = 0; r < NR; ++r) std::fill(pad[r], pad[r] + L, 0.0f);
+    PaddedWeights<NR>(w, ws, nullptr, 0, vectors * L, tail, pad);
+  }
+  hn::Vec<DF> acc[NT][NR];
+  if constexpr (kChains == 2 && NT * NR <= 6) {
+    hn::Vec<DF> odd[NT][NR];  // chain 1
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) acc[t][r] = carried(0, t, r), odd[t][r] = carried(1, t, r);
+    int64_t v = 0;
+    for (; v + kChains * kRun <= vectors; v += kChains * kRun)
+      for (int64_t i = v; i < v + kRun; ++i)
+        for (int r = 0; r < NR; ++r) {
+          const hn::Vec<DF> w0 = LoadWeights(df, w + r * ws + i * L), w1 = LoadWeights(df, w + r * ws + (i + kRun) * L);
+          for (int t = 0; t < NT; ++t) {
+            acc[t][r] = hn::MulAdd(w0, LoadActivations(df, x + t * xs + i * L), acc[t][r]);
+            odd[t][r] = hn::MulAdd(w1, LoadActivations(df, x + t * xs + (i + kRun) * L), odd[t][r]);
+          }
+        }
+    // The last vectors short of two runs: up to a run in chain 0, the rest in chain 1.
+    const int64_t chain0_end = std::min(vectors, v + kRun);
+    for (; v < chain0_end; ++v)
+      for (int r = 0; r < NR; ++r) {
+        const hn::Vec<DF> wv = LoadWeights(df, w + r * ws + v * L);
+        for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, LoadActivations(df, x + t * xs + v * L), acc[t][r]);
+      }
+    for (; v < vectors; ++v)
+      for (int r = 0; r < NR; ++r) {
+        const hn::Vec<DF> wv = LoadWeights(df, w + r * ws + v * L);
+        for (int t = 0; t < NT; ++t) odd[t][r] = hn::MulAdd(wv, LoadActivations(df, x + t * xs + v * L), odd[t][r]);
+      }
+    if (tail > 0) {  // into its chain by a mask (a branch between the arrays moves them to the stack)
+      const auto into_0 = hn::FirstN(df, size_t(tail_chain == 0 ? L : 0));
+      for (int t = 0; t < NT; ++t) {
+        const hn::Vec<DF> xv = PaddedActivations(df, x + t * xs, vectors * L, tail);
+        for (int r = 0; r < NR; ++r) {
+          const hn::Vec<DF> wv = hn::Load(df, pad[r]);
+          acc[t][r] = hn::IfThenElse(into_0, hn::MulAdd(wv, xv, acc[t][r]), acc[t][r]);
+          odd[t][r] = hn::IfThenElse(into_0, odd[t][r], hn::MulAdd(wv, xv, odd[t][r]));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) acc[t][r] = hn::Add(acc[t][r], odd[t][r]);
+  } else {
+    HWY_ALIGN float chain0[NT * NR * simd::HWY_NAMESPACE::kMaxLanes];
+    for (int chain = 0; chain < kChains; ++chain) {
+      for (int t = 0; t < NT; ++t)
+        for (int r = 0; r < NR; ++r) acc[t][r] = carried(chain, t, r);
+      // One flat loop over the chain's vectors, v stepped (nested loops over the runs: GCC parks the sums on the
+      // stack after each run; v computed from the count: GCC recomputes every token's address each vector).
+      const int64_t pairs = vectors / (kChains * kRun), rest = vectors - pairs * kChains * kRun;
+      const int64_t count = pairs * kRun + std::clamp<int64_t>(rest - chain * kRun, 0, kRun);
+      int64_t v = chain * kRun, in_run = 0;
+      for (int64_t i = 0; i < count; ++i, ++v) {
+        if constexpr (kChains > 1) {
+          if (in_run == kRun) in_run = 0, v += (kChains - 1) * kRun;
+          ++in_run;
+        }
+        hn::Vec<DF> xv[NT];  // x's NT vectors held, each row's vector loaded once
+        for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + v * L);
+        for (int r = 0; r < NR; ++r) {
+          const hn::Vec<DF> wv = LoadWeights(df, w + r * ws + v * L);
+          for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
+        }
+      }
+      if (tail > 0 && tail_chain == chain)
+        for (int t = 0; t < NT; ++t) {
+          const hn::Vec<DF> xv = PaddedActivations(df, x + t * xs, vectors * L, tail);
+          for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(hn::Load(df, pad[r]), xv, acc[t][r]);
+        }
+      if (kChains > 1 && chain == 0)
+        for (int t = 0; t < NT; ++t)
+          for (int r = 0; r < NR; ++r) hn::Store(acc[t][r], df, chain0 + (t * NR + r) * L);
+    }
+    if constexpr (kChains > 1)
+      for (int t = 0; t < NT; ++t)
+        for (int r = 0; r < NR; ++r) acc[t][r] = hn::Add(hn::Load(df, chain0 + (t * NR + r) * L), acc[t][r]);
+  }
+  for (int t = 0; t < NT; ++t)
+    for (int r = 0; r < NR; ++r) sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
+}
+
 // sums[t][r] = dot(weight row r, x row t) for NT tokens and NR rows. Rows at w + r * ws (elements of T), tokens at
 // x + t * xs (elements of X: float, or bf16 activations). Q8 (T = int8_t): `scales` + r * ss holds row r's block
 // scales (f16 bits); a block's widened quants are multiplied by its scale before the multiply-add (one rounding more
-// per product than a float weight, within the tolerance).
-// `carry_in` (float weights' column slices, SlicedTiles): the accumulators the earlier columns left (NT x NR vectors
-// of lanes) to start from instead of zeros.
+// per product than a float weight, within the tolerance), in one chain. Float weights: in kChains chains.
+// `carry_in` (float weights' column slices, SlicedTiles): the chains' accumulators the earlier columns left (chain
+// c's at carry_in + c NT NR L, token t's row r at + (t NR + r) L) to start from instead of zeros; the row's first
+// `first_vector` vectors were those columns (w and x point past them).
 template <int NT, int NR, class T, class X>
 HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RESTRICT scales, int64_t ss,
                      const X* HWY_RESTRICT x, int64_t xs, int64_t K, float sums[NT * NR],
-                     const float* carry_in = nullptr) {
-  constexpr bool kQ8 = std::is_same_v<T, int8_t>;
+                     const float* carry_in = nullptr, int64_t first_vector = 0) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   hn::Vec<DF> acc[NT][NR];
-  for (int t = 0; t < NT; ++t)
-    for (int r = 0; r < NR; ++r) acc[t][r] = carry_in ? hn::LoadU(df, carry_in + (t * NR + r) * L) : hn::Zero(df);
-  int64_t k = 0;
-  if constexpr (kQ8) {
+  if constexpr (std::is_same_v<T, int8_t>) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) acc[t][r] = hn::Zero(df);
+    int64_t k = 0;
     // Whole blocks, kQ8Block / L vectors each (x86 vectors hold at most 16 floats, so L divides the block).
     static_assert(kQ8Block % 16 == 0);
     if (kQ8Block % L == 0) {
@@ -115,35 +253,18 @@ HWY_INLINE void Tile(const T* HWY_RESTRICT w, int64_t ws, const uint16_t* HWY_RE
         }
       }
     }
+    for (; k < K; k += L) {
+      const int64_t n = std::min(L, K - k);
+      HWY_ALIGN float pad[NR][simd::HWY_NAMESPACE::kMaxLanes] = {};
+      PaddedWeights<NR>(w, ws, scales, ss, k, n, pad);
+      for (int t = 0; t < NT; ++t) {
+        const hn::Vec<DF> xv = PaddedActivations(df, x + t * xs, k, n);
+        for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(hn::Load(df, pad[r]), xv, acc[t][r]);
+      }
+    }
   } else {
-    // x's NT vectors held, each row's vector loaded once: NT x NR sums + NT + 1 registers (16 at 3 x 4 on AVX2)
-    for (; k + L <= K; k += L) {
-      hn::Vec<DF> xv[NT];
-      for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + k);
-      for (int r = 0; r < NR; ++r) {
-        const hn::Vec<DF> wv = LoadWeights(df, w + r * ws + k);
-        for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
-      }
-    }
-  }
-  // The columns past the last whole vector (q8: block) as zero-padded vectors, so that they join the same lanes
-  // whatever NT is: a token's result has the same bits in a decode step and in any prefill tile.
-  for (; k < K; k += L) {
-    const int64_t n = std::min(L, K - k);
-    HWY_ALIGN float wpad[NR][simd::HWY_NAMESPACE::kMaxLanes] = {};
-    HWY_ALIGN float xpad[simd::HWY_NAMESPACE::kMaxLanes] = {};
-    for (int r = 0; r < NR; ++r)
-      for (int64_t i = 0; i < n; ++i) {
-        wpad[r][i] = WeightAt(w + r * ws, k + i);
-        if constexpr (kQ8) wpad[r][i] *= ScaleAt(scales + r * ss, (k + i) / kQ8Block);
-      }
-    hn::Vec<DF> wv[NR];
-    for (int r = 0; r < NR; ++r) wv[r] = hn::Load(df, wpad[r]);
-    for (int t = 0; t < NT; ++t) {
-      for (int64_t i = 0; i < n; ++i) xpad[i] = WeightAt(x + t * xs, k + i);
-      const hn::Vec<DF> xv = hn::Load(df, xpad);
-      for (int r = 0; r < NR; ++r) acc[t][r] = hn::MulAdd(wv[r], xv, acc[t][r]);
-    }
+    FloatTile<NT, NR>(w, ws, x, xs, K, sums, carry_in, first_vector);
+    return;
   }
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, acc[t][r]));
@@ -231,12 +352,13 @@ HWY_INLINE bool RowsTogether(const Job& j) {
 }
 
 // Tokens [t0, t1) left past the whole tiles (a small batch's, or fewer than kTokens) against rows [r, r + NR): up to
-// 8 at a time against one row (8 sums, 8 activation vectors), then 4, 3 (up to kTokens against kRows rows), then the
-// rest. 8 a row rather than 4 (2026-11-29, Zen 4, 2 threads, A/B of the two libraries, bf16 / f16 4864x896 and
-// 896x4864, 8 tokens): AVX2 target 700-865 -> 536-721 us; AVX-512 within the noise (503-830 against 516-812).
+// 8 at a time against one row (one chain: 8 sums and 8 activation vectors; 2026-11-29, Zen 4, 2 threads, 8 tokens,
+// AVX2 target, 8 a row rather than 4: 700-865 -> 536-721 us), but 6 of two chains' float sums (12 sums and the two
+// chains' weight vectors in AVX2's 16 registers: 8 tokens as 8 in two passes were 25-70% slower than one chain,
+// as 4 + 4 in one pass 25%, as 6 + 2 1-18%), then 4, 3 (up to kTokens against kRows rows), then the rest.
 template <int NR, class T>
 HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
-  constexpr int kMost = NR == 1 ? 8 : kTokens;
+  constexpr int kMost = NR > 1 ? kTokens : kChains == 2 && !std::is_same_v<T, int8_t> ? 6 : 8;
   int64_t t = t0;
   for (; t + kMost <= t1; t += kMost) TileAt<kMost, NR, T>(j, t, r);
   if (NR == 1 && t + 4 <= t1) TileAt<4, NR, T>(j, t, r), t += 4;
@@ -250,65 +372,143 @@ HWY_INLINE void LeftTokens(const Job& j, int64_t t0, int64_t t1, int64_t r) {
 constexpr int64_t kSliceColumns = 1024;
 constexpr int64_t kSlicedTokens = 24;  // fewer tokens a chunk pay too much for the widening and the carries
 
-// Tile's main loop over a packed slice: `vectors` column vectors of NR rows, vector v of row r at panel + (v NR + r)
-// lanes (one pointer for all the rows), against NT tokens of x from `x`; the accumulators come from carry_in (zero
-// without) and go to carry_out.
+// Tile's loop over one chain's vectors of a packed slice: `vectors` column vectors of NR rows, vector i of row r at
+// panel + (i NR + r) lanes (one pointer for all the rows), against NT tokens of x in the same order (vector i of
+// token t at x + t xs + i lanes: ChainOrderActivations). The accumulators come from carry_in (zero
+// without) and go to carry_out, or, given `sums` (the row's last columns, chain kChains - 1), are added to the other
+// chain's (`other_chain`, as carry_out) and summed across lanes into sums (FloatTile's last steps).
 template <int NT, int NR, class X>
 HWY_INLINE void PanelColumns(const float* HWY_RESTRICT panel, int64_t vectors, const X* HWY_RESTRICT x, int64_t xs,
-                             const float* carry_in, float* carry_out) {
+                             const float* carry_in, float* carry_out, const float* other_chain = nullptr,
+                             float* sums = nullptr) {
   const DF df;
   const int64_t L = int64_t(hn::Lanes(df));
   hn::Vec<DF> acc[NT][NR];
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) acc[t][r] = carry_in ? hn::LoadU(df, carry_in + (t * NR + r) * L) : hn::Zero(df);
-  for (int64_t v = 0; v < vectors; ++v) {
+  for (int64_t i = 0; i < vectors; ++i) {
     hn::Vec<DF> xv[NT];
-    for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + v * L);
+    for (int t = 0; t < NT; ++t) xv[t] = LoadActivations(df, x + t * xs + i * L);
     for (int r = 0; r < NR; ++r) {
-      const hn::Vec<DF> wv = hn::LoadU(df, panel + (v * NR + r) * L);
+      const hn::Vec<DF> wv = hn::LoadU(df, panel + (i * NR + r) * L);
       for (int t = 0; t < NT; ++t) acc[t][r] = hn::MulAdd(wv, xv[t], acc[t][r]);
     }
+  }
+  if (sums != nullptr) {
+    for (int t = 0; t < NT; ++t)
+      for (int r = 0; r < NR; ++r) {
+        hn::Vec<DF> sum = acc[t][r];
+        if constexpr (kChains > 1) sum = hn::Add(hn::LoadU(df, other_chain + (t * NR + r) * L), sum);
+        sums[t * NR + r] = hn::GetLane(hn::SumOfLanes(df, sum));
+      }
+    return;
   }
   for (int t = 0; t < NT; ++t)
     for (int r = 0; r < NR; ++r) hn::StoreU(acc[t][r], df, carry_out + (t * NR + r) * L);
 }
 
+// Chain 0's vectors among a slice's first `vectors`, and where vector v goes in chain order (the slice's chain-0
+// vectors, then chain 1's).
+HWY_INLINE int64_t ChainZeroVectors(int64_t vectors) {
+  return vectors / (kChains * kRun) * kRun + std::min(vectors % (kChains * kRun), kRun);
+}
+HWY_INLINE int64_t ChainOrderAt(int64_t v, int64_t vectors) {
+  const int64_t in_chain = v / (kChains * kRun) * kRun + v % kRun;
+  return ChainOf(v) == 0 ? in_chain : ChainZeroVectors(vectors) + in_chain;
+}
+
+// `tokens` tokens of x (row stride xs) over the whole vectors of every kSliceColumns slice, each slice in chain
+// order, token t's at the result + t whole. With two chains each pass of SlicedTiles then reads its vectors
+// one after the other; read in place, every run of kRun vectors skips the other chain's (4864x896 bf16, 512 tokens,
+// AVX2 target, 2 threads: 15-20% slower than one chain on a loaded machine, 2-3% read in order). Made once per
+// thread for a call's token chunk and kept for the next row groups of the same chunk (Job::call tells a new call).
+template <class X>
+HWY_INLINE const X* ChainOrderActivations(const Job& j, const X* x, int64_t xs, int64_t tokens, int64_t whole) {
+  struct Held {
+    uint64_t call = 0;
+    const X* x = nullptr;
+    int64_t tokens = 0, whole = 0;
+    std::vector<X> data;
+  };
+  static thread_local Held held;
+  if (held.call == j.call && held.x == x && held.tokens == tokens && held.whole == whole) return held.data.data();
+  constexpr int64_t L = int64_t(hn::MaxLanes(DF()));
+  held.data.resize(size_t(tokens * whole));
+  for (int64_t t = 0; t < tokens; ++t)
+    for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
+      const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
+      X* to = held.data.data() + t * whole + k0;
+      for (int64_t v = 0; v < vectors; ++v)
+        std::memcpy(to + ChainOrderAt(v, vectors) * L, x + t * xs + k0 + v * L, size_t(L) * sizeof(X));
+    }
+  held.call = j.call, held.x = x, held.tokens = tokens, held.whole = whole;
+  return held.data.data();
+}
+
 // The whole kTokens-token tiles of tokens [t0, tiled) against rows [r, r + NR) of a float, f16 or bf16 matrix, in
-// column slices. Each slice's rows are packed once for all the tiles, as floats (f16 / bf16 widened, exactly) with
-// the rows' vectors side by side, so the tiles run on floats from one pointer, bound by their multiply-adds instead
-// of the widening (2026-11-29, Zen 3, 2 threads, 512 tokens: see docs/checkpoints.md). Each (token, row) sum takes
-// Tile's operations in Tile's order (PanelColumns is Tile's main loop; Tile adds the last columns).
+// column slices. Each slice's rows are packed once for all the tiles, as floats (f16 / bf16 widened, exactly),
+// chain 0's vectors first and then chain 1's, the rows' vectors side by side, so the tiles run on floats from one
+// pointer, bound by their multiply-adds instead of the widening (2026-11-29, Zen 3, 2 threads, 512 tokens: see
+// docs/checkpoints.md). Each (token, row) sum takes FloatTile's operations in its order (PanelColumns is its loop
+// over a chain; FloatTile adds the last columns and the chains).
 template <int NR, class T>
 HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) {
   const DF df;
-  const int64_t L = int64_t(hn::Lanes(df)), K = j.cols, whole = K / L * L, per_tile = int64_t(kTokens) * NR * L;
+  const int64_t L = int64_t(hn::Lanes(df)), K = j.cols, whole = K / L * L;
+  const int64_t chain_sums = int64_t(kTokens) * NR * L, per_tile = kChains * chain_sums;
+  // A slice starts chain 0's run, so its vectors' chains are the row's.
+  static_assert(kSliceColumns % (kChains * kRun * hn::MaxLanes(DF())) == 0);
   static thread_local std::vector<float> carry, panel;
   carry.resize(size_t((tiled - t0) / kTokens * per_tile));
   panel.resize(size_t(NR * kSliceColumns));
   const T* rows = static_cast<const T*>(j.w) + r * j.row_stride;
   const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
+  // x in chain order (one chain: x in place); x_first: the token whose row starts xo / xbo
+  const hwy::bfloat16_t* xbo = xb;
+  const float* xo = j.x;
+  int64_t xbs = j.cols, xos = j.x_stride, x_first = 0;
+  if constexpr (kChains > 1) {
+    if (xb != nullptr) xbo = ChainOrderActivations(j, xb + t0 * j.cols, j.cols, tiled - t0, whole), xbs = whole;
+    else xo = ChainOrderActivations(j, j.x + t0 * j.x_stride, j.x_stride, tiled - t0, whole), xos = whole;
+    x_first = t0;
+  }
   for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
     const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
-    for (int64_t v = 0; v < vectors; ++v)
+    const int64_t chain0 = ChainZeroVectors(vectors);
+    for (int64_t v = 0; v < vectors; ++v) {
+      const int64_t at = ChainOrderAt(v, vectors);
       for (int i = 0; i < NR; ++i)
-        hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, panel.data() + (v * NR + i) * L);
+        hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, panel.data() + (at * NR + i) * L);
+    }
+    // Rows with no columns past the whole vectors end in the last slice's last chain: sums and outputs from there.
+    const bool ends = whole == K && k0 + kSliceColumns >= whole;
     for (int64_t t = t0; t < tiled; t += kTokens) {
       float* c = carry.data() + (t - t0) / kTokens * per_tile;
-      const float* in = k0 > 0 ? c : nullptr;
-      if (xb != nullptr) PanelColumns<kTokens, NR>(panel.data(), vectors, xb + t * j.cols + k0, j.cols, in, c);
-      else PanelColumns<kTokens, NR>(panel.data(), vectors, j.x + t * j.x_stride + k0, j.x_stride, in, c);
+      float sums[kTokens * NR];
+      for (int chain = 0; chain < kChains; ++chain) {
+        const float* p = panel.data() + (chain == 0 ? 0 : chain0 * NR * L);
+        const int64_t n = chain == 0 ? chain0 : vectors - chain0, x0 = k0 + (chain == 0 ? 0 : chain0 * L);
+        float* cc = c + chain * chain_sums;
+        const float* in = k0 > 0 ? cc : nullptr;
+        float* last = ends && chain == kChains - 1 ? sums : nullptr;
+        if (xb != nullptr) PanelColumns<kTokens, NR>(p, n, xbo + (t - x_first) * xbs + x0, xbs, in, cc, c, last);
+        else PanelColumns<kTokens, NR>(p, n, xo + (t - x_first) * xos + x0, xos, in, cc, c, last);
+      }
+      if (ends) store_tile(j, t, r, kTokens, NR, sums);
     }
   }
-  // The columns past the whole vectors (fewer than the lanes, so Tile's main loop is empty) and the lane sums: Tile
-  // on the rows as stored, from the carried sums.
+  if (whole == K) return;
+  // The columns past the whole vectors (fewer than the lanes, so FloatTile has no whole vector) and the chains' sum:
+  // on the rows as stored, from the carried chains.
   for (int64_t t = t0; t < tiled; t += kTokens) {
     const float* c = whole > 0 ? carry.data() + (t - t0) / kTokens * per_tile : nullptr;
     float sums[kTokens * NR];
     if (xb != nullptr)
-      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, xb + t * j.cols + whole, j.cols, K - whole, sums, c);
+      Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, xb + t * j.cols + whole, j.cols, K - whole, sums, c,
+                        whole / L);
     else
       Tile<kTokens, NR>(rows + whole, j.row_stride, nullptr, 0, j.x + t * j.x_stride + whole, j.x_stride, K - whole,
-                        sums, c);
+                        sums, c, whole / L);
     store_tile(j, t, r, kTokens, NR, sums);
   }
 }

@@ -73,6 +73,9 @@ struct Job {
   // ActivationFormat::Q8: x quantized into xq by the first job that reads this x (quantize_x); the kernels read xq.
   Q8Activations xq;
   bool quantize_x = false;
+  // This call's number (every job of one linear_forward_group call has the same, no two calls the same): copies a
+  // kernel makes of x hold for the call (linear_hwy.cpp's chain-order activations), never past it.
+  uint64_t call = 0;
 };
 
 // Writes (or adds) an nt x nr tile of sums (sums[t * nr + r]) plus the bias into y at tokens t0.., rows r0...

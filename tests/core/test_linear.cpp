@@ -193,10 +193,14 @@ std::string describe(int64_t K, WeightFormat f, ActivationFormat a) {
 // kLongRowBytes (decode 4 rows at a time), the others' rows under it (one at a time). K = 16421: every format's rows
 // past it. T = 70 and 71 leave 1 and 2 tokens past the last whole tile; N = 37 rows leave one past the last group.
 // K = 1500: chunks of 42 tokens run the float tiles in column slices (1024 + 476, the last with a 4-column tail).
-// T = 7: a small batch (q8 weights on AVX2's byte products: tiles of 4 + 2 + 1 tokens a row).
+// T = 7 and 8: small batches (q8 weights on AVX2's byte products: tiles of 4 + 2 + 1 tokens a row; float weights
+// with two chains: 6 + 1 and 6 + 2). The float rows' two chains at targets of up to 8 lanes (runs of 8 vectors,
+// linear_hwy.cpp): K = 107 ends with vectors short of two runs reaching into chain 1 and the tail in chain 1 (AVX2: 13
+// vectors, SSE4: 26); K = 1500's second chunk (28 tokens) runs on activations copied in chain order again.
 TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t N = 37;
-  for (const auto [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}, {70, 1500}, {7, 4100}}) {
+  for (const auto& [T, K] : {std::pair<int64_t, int64_t>{70, 4100}, {71, 4100}, {70, 16421}, {70, 1500}, {7, 4100},
+                            {70, 107}, {7, 107}, {8, 1500}}) {
     const std::vector<float> x = uniform(T * K, 11), bias = uniform(N, 12);
     // Each format; then bf16 weights with bf16 activations, q8 weights with q8 activations.
     for (int config = 0; config < 6; ++config) {
@@ -210,12 +214,38 @@ TEST(linear_forward, SameBitsForAnyThreadCountAndTokenBatching) {
   }
 }
 
+// The float tiles' copies of the activations in chain order (linear_hwy.cpp) are kept for the rest of a call's token
+// chunk, never past the call: the same x buffer (and bf16 activations' conversion buffer, the same each call) with
+// new values gives the new values' outputs, bit for bit those of a buffer never seen before.
+TEST(linear_forward, ActivationCopiesDoNotOutliveTheirCall) {
+  const int64_t T = 30, K = 1500, N = 37;  // one token chunk (42 at K = 1500), so the next call's chunk is the same
+  const std::vector<float> x1 = uniform(T * K, 31), x2 = uniform(T * K, 32);
+  for (ActivationFormat a : {ActivationFormat::F32, ActivationFormat::BF16})
+    for (int threads : {1, 2}) {
+      Weights w(WeightFormat::BF16, N, K, 33);
+      LinearParams p;
+      p.w = w.m, p.tokens = T, p.x_stride = K, p.y_stride = N, p.activations = a, p.threads = threads;
+      std::vector<float> x = x1, first(size_t(T * N)), second(first.size()), fresh(first.size());
+      p.x = x.data(), p.y = first.data();
+      linear_forward(p);
+      x = x2;  // same buffer, new values
+      p.y = second.data();
+      linear_forward(p);
+      const std::vector<float> other = x2;  // a buffer no call has read
+      p.x = other.data(), p.y = fresh.data();
+      linear_forward(p);
+      const std::string what = std::string(activation_format_name(a)) + " threads " + std::to_string(threads);
+      EXPECT_EQ(std::memcmp(second.data(), fresh.data(), second.size() * 4), 0) << what;
+      EXPECT_NE(std::memcmp(second.data(), first.data(), second.size() * 4), 0) << what;
+    }
+}
+
 // The block formats likewise, with q8 activations (AVX2's byte products from AVX2 up) and f32 ones (the float path):
 // T = 71 runs the panels, N = 37 leaving 5 rows past them; T = 7, 4 and 3 the small batches' row-by-row tiles
 // (4 + 2 + 1, 4, and 2 + 1 tokens: byte_products_avx2.h RowByRow); K = 1280 is 40 units, two panel slices (32 + 8).
 TEST(linear_forward, BlockFormatsSameBitsForAnyThreadCountAndTokenBatching) {
   const int64_t N = 37;
-  for (const auto [T, K] : {std::pair<int64_t, int64_t>{71, 512}, {71, 1280}, {7, 1280}, {4, 512}, {3, 1280}}) {
+  for (const auto& [T, K] : {std::pair<int64_t, int64_t>{71, 512}, {71, 1280}, {7, 1280}, {4, 512}, {3, 1280}}) {
     const std::vector<float> x = uniform(T * K, 21), bias = uniform(N, 22);
     for (WeightFormat f : kBlockFormats)
       for (ActivationFormat a : {ActivationFormat::Q8, ActivationFormat::F32}) {
