@@ -418,9 +418,13 @@ HWY_INLINE int64_t ChainOrderAt(int64_t v, int64_t vectors) {
 }
 
 // `tokens` tokens of x (row stride xs) over the whole vectors of every kSliceColumns slice, each slice in chain
-// order, token t's at the result + t whole. With two chains each pass of SlicedTiles then reads its vectors
-// one after the other; read in place, every run of kRun vectors skips the other chain's (4864x896 bf16, 512 tokens,
-// AVX2 target, 2 threads: 15-20% slower than one chain on a loaded machine, 2-3% read in order). Made once per
+// order, token t's at the result + t whole, on a 64-byte boundary (whole is whole vectors, so every vector is on
+// one). With two chains each pass of SlicedTiles then reads its vectors one after the other; read in place, every
+// run of kRun vectors skips the other chain's (4864x896 bf16, 512 tokens, AVX2 target, 2 threads: 15-20% slower
+// than one chain on a loaded machine, 2-3% read in order). With one chain (AVX-512) the order is x's own and the
+// copy is for the boundaries: x as a caller's std::vector holds it, 16-byte aligned, splits 3 of 4 512-bit loads
+// across two cache lines, and such a load costs two (with the panel aligned too, 2026-11-29, Zen 4, 2 threads, bf16,
+// 512 tokens: 4864x896 35.3 -> 18.5 ms, 896x896 6.1 -> 3.3 ms; the panel alone: 22.4 and 4.0). Made once per
 // thread for a call's token chunk and kept for the next row groups of the same chunk (Job::call tells a new call).
 template <class X>
 HWY_INLINE const X* ChainOrderActivations(const Job& j, const X* x, int64_t xs, int64_t tokens, int64_t whole) {
@@ -431,18 +435,21 @@ HWY_INLINE const X* ChainOrderActivations(const Job& j, const X* x, int64_t xs, 
     std::vector<X> data;
   };
   static thread_local Held held;
-  if (held.call == j.call && held.x == x && held.tokens == tokens && held.whole == whole) return held.data.data();
+  const auto aligned = [] {  // on a 64-byte boundary
+    return reinterpret_cast<X*>((reinterpret_cast<uintptr_t>(held.data.data()) + 63) / 64 * 64);
+  };
+  if (held.call == j.call && held.x == x && held.tokens == tokens && held.whole == whole) return aligned();
   constexpr int64_t L = int64_t(hn::MaxLanes(DF()));
-  held.data.resize(size_t(tokens * whole));
+  held.data.resize(size_t(tokens * whole) + 64 / sizeof(X));
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
       const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
-      X* to = held.data.data() + t * whole + k0;
+      X* to = aligned() + t * whole + k0;
       for (int64_t v = 0; v < vectors; ++v)
         std::memcpy(to + ChainOrderAt(v, vectors) * L, x + t * xs + k0 + v * L, size_t(L) * sizeof(X));
     }
   held.call = j.call, held.x = x, held.tokens = tokens, held.whole = whole;
-  return held.data.data();
+  return aligned();
 }
 
 // The whole kTokens-token tiles of tokens [t0, tiled) against rows [r, r + NR) of a float, f16 or bf16 matrix, in
@@ -460,25 +467,22 @@ HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) 
   static_assert(kSliceColumns % (kChains * kRun * hn::MaxLanes(DF())) == 0);
   static thread_local std::vector<float> carry, panel;
   carry.resize(size_t((tiled - t0) / kTokens * per_tile));
-  panel.resize(size_t(NR * kSliceColumns));
+  panel.resize(size_t(NR * kSliceColumns + 16));
+  // vectors on 64-byte boundaries, as ChainOrderActivations' (a 512-bit load across two cache lines costs two)
+  float* const packed = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(panel.data()) + 63) / 64 * 64);
   const T* rows = static_cast<const T*>(j.w) + r * j.row_stride;
   const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
-  // x in chain order (one chain: x in place); x_first: the token whose row starts xo / xbo
-  const hwy::bfloat16_t* xbo = xb;
-  const float* xo = j.x;
-  int64_t xbs = j.cols, xos = j.x_stride, x_first = 0;
-  if constexpr (kChains > 1) {
-    if (xb != nullptr) xbo = ChainOrderActivations(j, xb + t0 * j.cols, j.cols, tiled - t0, whole), xbs = whole;
-    else xo = ChainOrderActivations(j, j.x + t0 * j.x_stride, j.x_stride, tiled - t0, whole), xos = whole;
-    x_first = t0;
-  }
+  // The chunk's x in chain order (xo's row 0 is token t0; bf16 activations: xbo's), row stride `whole`.
+  const hwy::bfloat16_t* xbo = xb != nullptr ? ChainOrderActivations(j, xb + t0 * j.cols, j.cols, tiled - t0, whole)
+                                             : nullptr;
+  const float* xo = xb != nullptr ? nullptr : ChainOrderActivations(j, j.x + t0 * j.x_stride, j.x_stride, tiled - t0, whole);
   for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
     const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
     const int64_t chain0 = ChainZeroVectors(vectors);
     for (int64_t v = 0; v < vectors; ++v) {
       const int64_t at = ChainOrderAt(v, vectors);
       for (int i = 0; i < NR; ++i)
-        hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, panel.data() + (at * NR + i) * L);
+        hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, packed + (at * NR + i) * L);
     }
     // Rows with no columns past the whole vectors end in the last slice's last chain: sums and outputs from there.
     const bool ends = whole == K && k0 + kSliceColumns >= whole;
@@ -486,13 +490,13 @@ HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) 
       float* c = carry.data() + (t - t0) / kTokens * per_tile;
       float sums[kTokens * NR];
       for (int chain = 0; chain < kChains; ++chain) {
-        const float* p = panel.data() + (chain == 0 ? 0 : chain0 * NR * L);
+        const float* p = packed + (chain == 0 ? 0 : chain0 * NR * L);
         const int64_t n = chain == 0 ? chain0 : vectors - chain0, x0 = k0 + (chain == 0 ? 0 : chain0 * L);
         float* cc = c + chain * chain_sums;
         const float* in = k0 > 0 ? cc : nullptr;
         float* last = ends && chain == kChains - 1 ? sums : nullptr;
-        if (xb != nullptr) PanelColumns<kTokens, NR>(p, n, xbo + (t - x_first) * xbs + x0, xbs, in, cc, c, last);
-        else PanelColumns<kTokens, NR>(p, n, xo + (t - x_first) * xos + x0, xos, in, cc, c, last);
+        if (xb != nullptr) PanelColumns<kTokens, NR>(p, n, xbo + (t - t0) * whole + x0, whole, in, cc, c, last);
+        else PanelColumns<kTokens, NR>(p, n, xo + (t - t0) * whole + x0, whole, in, cc, c, last);
       }
       if (ends) store_tile(j, t, r, kTokens, NR, sums);
     }
