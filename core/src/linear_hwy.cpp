@@ -118,6 +118,11 @@ HWY_INLINE hn::Vec<DF> PaddedActivations(DF df, const X* HWY_RESTRICT x, int64_t
 constexpr int kChains = hn::MaxLanes(DF()) <= 8 ? 2 : 1;
 constexpr int64_t kRun = 8;
 HWY_INLINE int ChainOf(int64_t vector) { return int(vector / kRun % kChains); }
+// How many of a row's (or a slice's) first `vectors` vectors are in `chain`.
+HWY_INLINE int64_t ChainVectors(int64_t vectors, int chain) {
+  const int64_t pairs = vectors / (kChains * kRun), rest = vectors - pairs * kChains * kRun;
+  return pairs * kRun + std::clamp<int64_t>(rest - chain * kRun, 0, kRun);
+}
 
 // Tile for float weights in the chains (w, x, K, carry_in and first_vector as Tile's; first_vector is a multiple of
 // kChains x kRun, or this part has no whole vector). With two chains, tiles of up to 6 sums (decode's one token and
@@ -187,8 +192,7 @@ HWY_NOINLINE void FloatTile(const T* HWY_RESTRICT w, int64_t ws, const X* HWY_RE
         for (int r = 0; r < NR; ++r) acc[t][r] = carried(chain, t, r);
       // One flat loop over the chain's vectors, v stepped (nested loops over the runs: GCC parks the sums on the
       // stack after each run; v computed from the count: GCC recomputes every token's address each vector).
-      const int64_t pairs = vectors / (kChains * kRun), rest = vectors - pairs * kChains * kRun;
-      const int64_t count = pairs * kRun + std::clamp<int64_t>(rest - chain * kRun, 0, kRun);
+      const int64_t count = ChainVectors(vectors, chain);
       int64_t v = chain * kRun, in_run = 0;
       for (int64_t i = 0; i < count; ++i, ++v) {
         if constexpr (kChains > 1) {
@@ -407,14 +411,11 @@ HWY_INLINE void PanelColumns(const float* HWY_RESTRICT panel, int64_t vectors, c
     for (int r = 0; r < NR; ++r) hn::StoreU(acc[t][r], df, carry_out + (t * NR + r) * L);
 }
 
-// Chain 0's vectors among a slice's first `vectors`, and where vector v goes in chain order (the slice's chain-0
-// vectors, then chain 1's).
-HWY_INLINE int64_t ChainZeroVectors(int64_t vectors) {
-  return vectors / (kChains * kRun) * kRun + std::min(vectors % (kChains * kRun), kRun);
-}
-HWY_INLINE int64_t ChainOrderAt(int64_t v, int64_t vectors) {
+// Where vector v of a slice goes in chain order: the slice's `chain0` chain-0 vectors (ChainVectors(vectors, 0)), then
+// chain 1's.
+HWY_INLINE int64_t ChainOrderAt(int64_t v, int64_t chain0) {
   const int64_t in_chain = v / (kChains * kRun) * kRun + v % kRun;
-  return ChainOf(v) == 0 ? in_chain : ChainZeroVectors(vectors) + in_chain;
+  return ChainOf(v) == 0 ? in_chain : chain0 + in_chain;
 }
 
 // `tokens` tokens of x (row stride xs) over the whole vectors of every kSliceColumns slice, each slice in chain
@@ -443,10 +444,10 @@ HWY_INLINE const X* ChainOrderActivations(const Job& j, const X* x, int64_t xs, 
   held.data.resize(size_t(tokens * whole) + 64 / sizeof(X));
   for (int64_t t = 0; t < tokens; ++t)
     for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
-      const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
+      const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L, chain0 = ChainVectors(vectors, 0);
       X* to = aligned() + t * whole + k0;
       for (int64_t v = 0; v < vectors; ++v)
-        std::memcpy(to + ChainOrderAt(v, vectors) * L, x + t * xs + k0 + v * L, size_t(L) * sizeof(X));
+        std::memcpy(to + ChainOrderAt(v, chain0) * L, x + t * xs + k0 + v * L, size_t(L) * sizeof(X));
     }
   held.call = j.call, held.x = x, held.tokens = tokens, held.whole = whole;
   return aligned();
@@ -475,12 +476,13 @@ HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) 
   // The chunk's x in chain order (xo's row 0 is token t0; bf16 activations: xbo's), row stride `whole`.
   const hwy::bfloat16_t* xbo = xb != nullptr ? ChainOrderActivations(j, xb + t0 * j.cols, j.cols, tiled - t0, whole)
                                              : nullptr;
-  const float* xo = xb != nullptr ? nullptr : ChainOrderActivations(j, j.x + t0 * j.x_stride, j.x_stride, tiled - t0, whole);
+  const float* xo =
+      xb != nullptr ? nullptr : ChainOrderActivations(j, j.x + t0 * j.x_stride, j.x_stride, tiled - t0, whole);
   for (int64_t k0 = 0; k0 < whole; k0 += kSliceColumns) {
     const int64_t vectors = (std::min(k0 + kSliceColumns, whole) - k0) / L;
-    const int64_t chain0 = ChainZeroVectors(vectors);
+    const int64_t chain0 = ChainVectors(vectors, 0);
     for (int64_t v = 0; v < vectors; ++v) {
-      const int64_t at = ChainOrderAt(v, vectors);
+      const int64_t at = ChainOrderAt(v, chain0);
       for (int i = 0; i < NR; ++i)
         hn::StoreU(LoadWeights(df, rows + i * j.row_stride + k0 + v * L), df, packed + (at * NR + i) * L);
     }
