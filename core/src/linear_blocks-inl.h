@@ -96,11 +96,11 @@ ROTARY_BLOCKS_TARGET inline void DecodeScales(const uint8_t* b, BlockScales<F>& 
 }
 
 // The 32 nibbles of a 32-value block's qs[16] as bytes: value j < 16 the low nibble of qs[j], value j + 16 its high
-// one (Q4_0, Q4_1, Q5_0, Q5_1).
+// one (Q4_0, Q4_1, Q5_0, Q5_1). The 16 bytes loaded into both halves, the upper half's 64-bit lanes shifted by 4 (a
+// byte's high nibble moves down; what its neighbour shifts in is masked off): a load and two operations.
 ROTARY_BLOCKS_TARGET inline __m256i Nibbles32(const uint8_t* qs) {
-  const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
-  const __m128i low4 = _mm_set1_epi8(0x0F);
-  return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(v, 4), low4), _mm_and_si128(v, low4));
+  const __m256i v = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs)));
+  return _mm256_and_si256(_mm256_srlv_epi64(v, _mm256_setr_epi64x(0, 0, 4, 4)), _mm256_set1_epi8(0x0F));
 }
 
 // Q5_0's and Q5_1's fifth bits as 16 or 0 in byte j, from qh's 4 bytes (bit j of the little-endian uint32 is value
@@ -224,18 +224,60 @@ ROTARY_BLOCKS_TARGET inline __m256 LowHalvesToFloat(__m256i h) {
   return _mm256_cvtph_ps(_mm256_castsi256_si128(packed));
 }
 
-// The scales (and mins) of units u0.. of a row in a format of one unit a block: each block's first 4 bytes, f16 d
-// and (Q4_1, Q5_1) f16 m, gathered in 32-bit lanes (k < n), converted exactly; the mins negated (BlockScales).
+// The f16 scale d and (Q4_1, Q5_1) f16 min m of 8 blocks from their first 4 bytes (lane k: block k's), converted
+// exactly; the mins negated (BlockScales).
 template <WeightFormat F>
-ROTARY_BLOCKS_TARGET inline void GatherScales(const uint8_t* row, int64_t u0, __m256i mask, __m256& scale,
-                                              __m256& min) {
-  constexpr int kBytes = int(weight_block_bytes(F));
-  const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBytes));
-  const __m256i words = _mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(row + u0 * kBytes),
-                                                    offsets, mask, 1);
+ROTARY_BLOCKS_TARGET inline void ScalesOfWords(__m256i words, __m256& scale, __m256& min) {
   scale = LowHalvesToFloat(_mm256_and_si256(words, _mm256_set1_epi32(0xFFFF)));
   min = HasMin(F) ? _mm256_xor_ps(LowHalvesToFloat(_mm256_srli_epi32(words, 16)), _mm256_set1_ps(-0.0f))
                   : _mm256_setzero_ps();
+}
+
+// Blocks of at most 28 bytes (Q4_0, Q4_1, Q5_0, Q5_1): blocks 2i and 2i + 1 start within one 32-byte load, block 2i
+// in its lower half and block 2i + 1 in its upper one, so 8 whole blocks' first words take four loads, one byte
+// shuffle each (word i of its half), three ors and one lane permutation - a gather of 8 words costs AMD's cores
+// several times that (2026-11-29, Zen 4: the gather took a fifth of Q4_0's decode tile in `perf annotate`).
+template <WeightFormat F>
+constexpr bool kPairedWords = weight_block_size(F) == kUnit && weight_block_bytes(F) + 4 <= 32;
+
+// The shuffles' controls: lower half bytes 0-3 into word i, upper half bytes kBytes - 16 .. kBytes - 13 into word i.
+struct alignas(32) WordPicks {
+  int8_t pick[4][32];
+};
+constexpr WordPicks PairedWordPicks(int bytes) {
+  WordPicks p{};
+  for (int i = 0; i < 4; ++i)
+    for (int b = 0; b < 16; ++b) {
+      const bool here = b / 4 == i;
+      p.pick[i][b] = here ? int8_t(b % 4) : int8_t(-1);
+      p.pick[i][16 + b] = here ? int8_t(bytes - 16 + b % 4) : int8_t(-1);
+    }
+  return p;
+}
+
+// The scales and mins (ScalesOfWords) of the 8 blocks from `blocks` of a format of one unit a block, lanes k < n
+// (zeros past n: a row's last group reads no block past the row).
+template <WeightFormat F>
+ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m256i mask, __m256& scale, __m256& min) {
+  constexpr int kBytes = int(weight_block_bytes(F));
+  if constexpr (kPairedWords<F>) {
+    if (n == 8) {
+      static constexpr WordPicks kPicks = PairedWordPicks(kBytes);
+      __m256i words = _mm256_setzero_si256();
+      for (int i = 0; i < 4; ++i) {
+        const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks + 2 * i * kBytes));
+        words = _mm256_or_si256(
+            words, _mm256_shuffle_epi8(pair, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPicks.pick[i]))));
+      }
+      // Words 0-3 hold blocks 0, 2, 4, 6 and words 4-7 blocks 1, 3, 5, 7.
+      ScalesOfWords<F>(_mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), scale, min);
+      return;
+    }
+  }
+  const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBytes));
+  ScalesOfWords<F>(_mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(blocks), offsets,
+                                               mask, 1),
+                   scale, min);
 }
 
 // sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: small batches run row by row). Each unit's 32 products
@@ -253,16 +295,21 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
   __m256 acc[NT], min_acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = min_acc[t] = _mm256_setzero_ps();
   BlockScales<F> scales;
-  for (int64_t u0 = 0; u0 < units; u0 += 8) {
-    const int n = int(std::min<int64_t>(8, units - u0));
+  // Units u0 .. u0 + 7 (whole: all 8 in the row, so no unit is checked against the row's end; the row's last group
+  // may have fewer).
+  const auto group = [&](int64_t u0, auto whole) ROTARY_BLOCKS_TARGET {
+    constexpr bool kWhole = decltype(whole)::value;
+    const int n = kWhole ? 8 : int(units - u0);
     const __m256i mask = LaneMask(n);
+    const uint8_t* blocks = row + u0 / kUnits * kBytes;
     __m256 scale, min;
     if constexpr (kUnits == 1) {
-      GatherScales<F>(row, u0, mask, scale, min);
+      GroupScales<F>(blocks, n, mask, scale, min);
     } else {  // the group is one block (rows are whole blocks of 8 units)
-      DecodeScales<F>(row + u0 / kUnits * kBytes, scales);
+      DecodeScales<F>(blocks, scales);
       scale = _mm256_loadu_ps(scales.scale), min = _mm256_loadu_ps(scales.min);
     }
+    const int8_t* x0 = j.xq.quants + t0 * j.xq.stride + u0 * kUnit;
     __m256i pair[NT], quads[NT][2];
 #pragma GCC unroll 4
     for (int m = 0; m < 4; ++m) {
@@ -270,21 +317,18 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
 #pragma GCC unroll 2
       for (int h = 0; h < 2; ++h) {
         const int k = 2 * m + h;
-        if (k >= n) {
+        if (!kWhole && k >= n) {
           for (int t = 0; t < NT; ++t) two[t][h] = _mm256_setzero_si256();
           continue;
         }
-        const int64_t u = u0 + k;
-        const uint8_t* block = row + u / kUnits * kBytes;
-        const int i = int(u % kUnits);
-        const __m256i q = UnpackQuants<F>(block, i);
+        const int i = k % kUnits;
+        const __m256i q = UnpackQuants<F>(blocks + k / kUnits * kBytes, i);
         __m256i qa = q, pw = ones16;
         if constexpr (SignedProducts(F)) qa = _mm256_abs_epi8(q);
         if constexpr (F == WeightFormat::Q6_K)
           pw = _mm256_set_m128i(_mm_set1_epi16(scales.sub_scales[2 * i + 1]), _mm_set1_epi16(scales.sub_scales[2 * i]));
         for (int t = 0; t < NT; ++t) {
-          const int8_t* x = j.xq.quants + (t0 + t) * j.xq.stride + u * kUnit;
-          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x));
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0 + t * j.xq.stride + k * kUnit));
           two[t][h] = UnitLanes<F>(_mm256_setzero_si256(), q, qa, pw, xv);
         }
       }
@@ -303,7 +347,10 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
       acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), unit_scale, acc[t]);
       if constexpr (HasMin(F)) min_acc[t] = _mm256_fmadd_ps(min, Load8(j.xq.scaled_sums + at, n, mask), min_acc[t]);
     }
-  }
+  };
+  int64_t u0 = 0;
+  for (; u0 + 8 <= units; u0 += 8) group(u0, std::true_type{});
+  if (u0 < units) group(u0, std::false_type{});
   for (int t = 0; t < NT; ++t)
     sums[t] = HasMin(F) ? SumOfLanes(acc[t]) - SumOfLanes(min_acc[t]) : SumOfLanes(acc[t]);
 }

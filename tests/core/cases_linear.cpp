@@ -279,6 +279,9 @@ OpCases linear_cases() {
       add({.tokens = 7, .rows = 13, .cols = b, .accumulate = true, .threads = 1});
       add({.tokens = 130, .rows = 19, .cols = (1024 / b + 1) * b, .threads = 3});
       add({.tokens = 3, .rows = 6, .cols = 4 * b, .x_pad = 1, .threads = 2});
+      // Rows of whole groups of 8 units and a last group of 3 (decode's and small batches' tiles), as a model's are.
+      add({.tokens = 1, .rows = 5, .cols = 19 * b});
+      add({.tokens = 4, .rows = 3, .cols = 17 * b, .threads = 2});
     }
   }
   OpCases out;
