@@ -233,24 +233,25 @@ ROTARY_BLOCKS_TARGET inline void ScalesOfWords(__m256i words, __m256& scale, __m
                   : _mm256_setzero_ps();
 }
 
-// Blocks of at most 28 bytes (Q4_0, Q4_1, Q5_0, Q5_1): blocks 2i and 2i + 1 start within one 32-byte load, block 2i
-// in its lower half and block 2i + 1 in its upper one, so 8 whole blocks' first words take four loads, one byte
-// shuffle each (word i of its half), three ors and one lane permutation - a gather of 8 words costs AMD's cores
-// several times that (2026-11-29, Zen 4: the gather took a fifth of Q4_0's decode tile in `perf annotate`).
+// The 8 blocks' first words without a gather (a gather of 8 words costs AMD's cores several times this: 2026-11-29,
+// Zen 4, it took a fifth of Q4_0's decode tile in `perf annotate`): blocks 2i and 2i + 1 in one 32-byte register,
+// block 2i in its lower half and block 2i + 1 in its upper one - one load where both start within 32 bytes (blocks of
+// at most 28 bytes: Q4_0, Q4_1, Q5_0, Q5_1), else two 16-byte loads (Q8_0's 34) -, a byte shuffle each (word i of
+// its half), three ors and one lane permutation.
 template <WeightFormat F>
-constexpr bool kPairedWords = weight_block_size(F) == kUnit && weight_block_bytes(F) + 4 <= 32;
+constexpr bool kOneLoadPairs = weight_block_bytes(F) + 4 <= 32;
 
-// The shuffles' controls: lower half bytes 0-3 into word i, upper half bytes kBytes - 16 .. kBytes - 13 into word i.
+// The shuffles' controls: lower half bytes 0-3 into word i, upper half bytes upper .. upper + 3 into word i.
 struct alignas(32) WordPicks {
   int8_t pick[4][32];
 };
-constexpr WordPicks PairedWordPicks(int bytes) {
+constexpr WordPicks PairedWordPicks(int upper) {
   WordPicks p{};
   for (int i = 0; i < 4; ++i)
     for (int b = 0; b < 16; ++b) {
       const bool here = b / 4 == i;
       p.pick[i][b] = here ? int8_t(b % 4) : int8_t(-1);
-      p.pick[i][16 + b] = here ? int8_t(bytes - 16 + b % 4) : int8_t(-1);
+      p.pick[i][16 + b] = here ? int8_t(upper + b % 4) : int8_t(-1);
     }
   return p;
 }
@@ -260,12 +261,16 @@ constexpr WordPicks PairedWordPicks(int bytes) {
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m256i mask, __m256& scale, __m256& min) {
   constexpr int kBytes = int(weight_block_bytes(F));
-  if constexpr (kPairedWords<F>) {
+  if constexpr (weight_block_size(F) == kUnit) {
     if (n == 8) {
-      static constexpr WordPicks kPicks = PairedWordPicks(kBytes);
+      static constexpr WordPicks kPicks = PairedWordPicks(kOneLoadPairs<F> ? kBytes - 16 : 0);
       __m256i words = _mm256_setzero_si256();
       for (int i = 0; i < 4; ++i) {
-        const __m256i pair = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(blocks + 2 * i * kBytes));
+        const uint8_t* pair_at = blocks + 2 * i * kBytes;
+        const __m256i pair =
+            kOneLoadPairs<F> ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair_at))
+                             : _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(pair_at + kBytes),
+                                                   reinterpret_cast<const __m128i*>(pair_at));
         words = _mm256_or_si256(
             words, _mm256_shuffle_epi8(pair, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPicks.pick[i]))));
       }
