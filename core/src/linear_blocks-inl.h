@@ -260,24 +260,22 @@ constexpr WordPicks PairedWordPicks(int upper) {
 // (zeros past n: a row's last group reads no block past the row).
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m256i mask, __m256& scale, __m256& min) {
+  static_assert(weight_block_size(F) == kUnit, "formats of several units a block decode their scales per block");
   constexpr int kBytes = int(weight_block_bytes(F));
-  if constexpr (weight_block_size(F) == kUnit) {
-    if (n == 8) {
-      static constexpr WordPicks kPicks = PairedWordPicks(kOneLoadPairs<F> ? kBytes - 16 : 0);
-      __m256i words = _mm256_setzero_si256();
-      for (int i = 0; i < 4; ++i) {
-        const uint8_t* pair_at = blocks + 2 * i * kBytes;
-        const __m256i pair =
-            kOneLoadPairs<F> ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair_at))
-                             : _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(pair_at + kBytes),
-                                                   reinterpret_cast<const __m128i*>(pair_at));
-        words = _mm256_or_si256(
-            words, _mm256_shuffle_epi8(pair, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPicks.pick[i]))));
-      }
-      // Words 0-3 hold blocks 0, 2, 4, 6 and words 4-7 blocks 1, 3, 5, 7.
-      ScalesOfWords<F>(_mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), scale, min);
-      return;
+  if (n == 8) {
+    static constexpr WordPicks kPicks = PairedWordPicks(kOneLoadPairs<F> ? kBytes - 16 : 0);
+    __m256i words = _mm256_setzero_si256();
+    for (int i = 0; i < 4; ++i) {
+      const uint8_t* pair_at = blocks + 2 * i * kBytes;
+      const __m256i pair = kOneLoadPairs<F> ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pair_at))
+                                            : _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(pair_at + kBytes),
+                                                                  reinterpret_cast<const __m128i*>(pair_at));
+      words = _mm256_or_si256(
+          words, _mm256_shuffle_epi8(pair, _mm256_load_si256(reinterpret_cast<const __m256i*>(kPicks.pick[i]))));
     }
+    // Words 0-3 hold blocks 0, 2, 4, 6 and words 4-7 blocks 1, 3, 5, 7.
+    ScalesOfWords<F>(_mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)), scale, min);
+    return;
   }
   const __m256i offsets = _mm256_mullo_epi32(_mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7), _mm256_set1_epi32(kBytes));
   ScalesOfWords<F>(_mm256_mask_i32gather_epi32(_mm256_setzero_si256(), reinterpret_cast<const int*>(blocks), offsets,
