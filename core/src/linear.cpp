@@ -259,7 +259,7 @@ void linear_forward_group(const LinearParams* products, int count) {
     }
   }
   if (need > 0 && converted.size() * 8 < need + 64) converted.resize((need + 64) / 8);
-  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(converted.data()) + 63) / 64 * 64);
+  char* base = reinterpret_cast<char*>(linear_detail::aligned_to_64(converted.data()));
   for (size_t i = 0; i < jobs.size(); ++i) {
     linear_detail::Job& j = jobs[i];
     if (j.activations == ActivationFormat::BF16) {

@@ -436,9 +436,7 @@ HWY_INLINE const X* ChainOrderActivations(const Job& j, const X* x, int64_t xs, 
     std::vector<X> data;
   };
   static thread_local Held held;
-  const auto aligned = [] {  // on a 64-byte boundary
-    return reinterpret_cast<X*>((reinterpret_cast<uintptr_t>(held.data.data()) + 63) / 64 * 64);
-  };
+  const auto aligned = [] { return aligned_to_64(held.data.data()); };
   if (held.call == j.call && held.x == x && held.tokens == tokens && held.whole == whole) return aligned();
   constexpr int64_t L = int64_t(hn::MaxLanes(DF()));
   held.data.resize(size_t(tokens * whole) + 64 / sizeof(X));
@@ -470,7 +468,7 @@ HWY_INLINE void SlicedTiles(const Job& j, int64_t t0, int64_t tiled, int64_t r) 
   carry.resize(size_t((tiled - t0) / kTokens * per_tile));
   panel.resize(size_t(NR * kSliceColumns + 16));
   // vectors on 64-byte boundaries, as ChainOrderActivations' (a 512-bit load across two cache lines costs two)
-  float* const packed = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(panel.data()) + 63) / 64 * 64);
+  float* const packed = aligned_to_64(panel.data());
   const T* rows = static_cast<const T*>(j.w) + r * j.row_stride;
   const auto* xb = reinterpret_cast<const hwy::bfloat16_t*>(j.xb);
   // The chunk's x in chain order (xo's row 0 is token t0; bf16 activations: xbo's), row stride `whole`.

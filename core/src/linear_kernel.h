@@ -25,6 +25,13 @@ inline constexpr int64_t kSmallBatch = 8;
 // register's 32-bit lanes, and linear_hwy.cpp hands those jobs' rows out in panels.
 inline constexpr int kPanelRows = 8;
 
+// p rounded up to the next 64-byte boundary (a cache line: a 512-bit load across two costs two). Buffers that hand
+// out such pointers hold 64 bytes more than they use.
+template <class T>
+inline T* aligned_to_64(T* p) {
+  return reinterpret_cast<T*>((reinterpret_cast<uintptr_t>(p) + 63) / 64 * 64);
+}
+
 // std::round (nearest, ties away from zero) of r, |r| < 2^23, as an int without a call into libm: the truncation,
 // then a step away from zero where the remainder (exact) is at least one half.
 inline int round_away(float r) {
