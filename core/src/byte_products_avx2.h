@@ -17,8 +17,9 @@
 namespace rotary::linear_detail::avx2 {
 
 // A small batch (decode's one token, a few sequences' steps: up to kSmallBatch tokens, linear_kernel.h) runs row by
-// row, up to kTokens tokens against a row at a time (each row's units unpacked once for them); more tokens go in
-// panels of kPanelRows rows (linear_blocks-inl.h). Panels from 5 tokens on were tried (2026-11-29, Zen 4): rows of
+// row, up to kTokens tokens against a row at a time (each row's units unpacked once for them; the block formats'
+// batches of 3 or more take all their tokens at once in LaneTile, linear_blocks-inl.h); more tokens go in panels of
+// kPanelRows rows (linear_blocks-inl.h). Panels from 5 tokens on were tried (2026-11-29, Zen 4): rows of
 // 152 units 15-35% faster in the 32-value formats, but rows of 32 units (Qwen2.5-0.5B's) up to 20% slower at 5-6
 // tokens in Q8_0 and 2x slower in the k-quants. 2026-11-29, Zen 4, 2 threads, 4864x1024 (/tmp A/B of the two
 // builds' libraries, 3 alternated rounds, best of each): 4 tokens a tile against 2 took 4 tokens 279-453 -> 235-331

@@ -26,9 +26,10 @@
 // multiplied by the unit's scale product d sx (one rounding) and added into the (token, row)'s accumulator lane u % 8
 // (one more); the min term of the formats with one (Q4_1, Q5_1, Q4_K, Q5_K) likewise into a second accumulator - the
 // unit's min is dmin m for the k-quants and -m for Q4_1 / Q5_1, whose min is added - and subtracted at the end, each
-// accumulator's 8 lanes summed in one fixed order. Decode (Tile: 8 units of a row in a register's lanes) and prefill
-// (Panels: 8 rows in the lanes) take the same operations, so what else is batched changes no bit; the terms are those
-// of the float64 reference, so results differ from it only in rounding (tests/core/cases_linear.cpp).
+// accumulator's 8 lanes summed in one fixed order. Decode (Tile: 8 units of a row in a register's lanes), small
+// batches (LaneTile: 4 tokens in the lanes) and prefill (Panels: 8 rows in the lanes) take the same operations, so
+// what else is batched changes no bit; the terms are those of the float64 reference, so results differ from it only
+// in rounding (tests/core/cases_linear.cpp).
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -283,7 +284,7 @@ ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m25
                    scale, min);
 }
 
-// sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: small batches run row by row). Each unit's 32 products
+// sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: decode's one token and batches of two, row by row). Each unit's 32 products
 // are summed exactly as an integer (LaneTotals over 8 units at a time), then scaled: lane k of the accumulator takes
 // units k, k + 8, k + 16, ... of the row (one multiply-add each, in order), and the 8 lanes are summed in SumOfLanes'
 // order - the panels' accumulators take the same operations (Panels), so batching changes no bit.
@@ -363,6 +364,195 @@ ROTARY_BLOCKS_TARGET inline void TileAt(const Job& j, int64_t t0, int64_t r0) {
   float sums[NT * NR];
   Tile<F, NT, NR>(j, t0, r0, sums);
   store_tile(j, t0, r0, NT, NR, sums);
+}
+
+// A small batch of kLaneTokensFrom to kSmallBatch tokens (a server's step of several sequences) with the tokens in
+// the lanes. Tile reduces each token's 8 unit sums across lanes (vphaddd trees and the float work, more than half of
+// its work a token), so a 4-token call cost 2.8x a one-token call and 8 tokens 5x. Here a lane set is 4 tokens x 2
+// groups (a group: 4 of a unit's 32 quants): x is laid out once per call (TokenLanes) so that the 32 bytes of lane
+// set s, unit u, piece p hold each of its 4 tokens' quants 8p..8p+7, and a row's unpacked unit meets them as its
+// 64-bit piece p broadcast to the 4 lane pairs (vpermq): after the unit's 4 pieces, lanes (t, 0) and (t, 1) hold
+// token t's two halves of the unit's exact integer sum, and one vphaddd of two units gives both units' sums for the
+// 4 tokens. The float work is then Tile's per (row, token): the unit's sum converted, times (d sx), into the
+// accumulator of lane u % 8 - here lane (t, u % 2) of accumulator (u % 8) / 2 -, the min term likewise, and the 8
+// accumulators summed in SumOfLanes' order; the integer sums are exact in any order. So every bit is Tile's and the
+// panels' (BlockFormatsSameBitsForAnyThreadCountAndTokenBatching). A batch of 3 pays for 4 tokens and one of 5-7 for
+// 8 (zeros), still less than Tile's 2 + 1 or 4 + 2 + 1 tiles that unpack the row again each. 2026-11-30, Zen 4, 2
+// threads, Q4_0 4864x1024 (weights from memory, a loop over 32 MiB of copies, best / median us, Tile -> LaneTile):
+// AVX512-VNNI 3 tokens 184 / 300 -> 147 / 190, 4 tokens 201 / 320 -> 150 / 200, 8 tokens 419 / 617 -> 273 / 347
+// (one token: 77 / 119); AVX2 without VNNI (AVX-VNNI turned off) 4 tokens 200 / 290 -> 190 / 210, 8 tokens 390 /
+// 590 -> 305 / 380.
+constexpr int kLaneTokens = 4;        // tokens of a lane set
+constexpr int64_t kLaneTokensFrom = 3;  // smaller batches run on Tile
+
+// Tokens [t0, t1) of xq in lane sets of kLaneTokens (tokens past t1 are zeros). Lane (t, h) of a unit pair's
+// 8 floats or int32s is unit 2v + h of the set's token t at index (t / 2) * 4 + h * 2 + t % 2 (vphaddd's order).
+struct TokenLanes {
+  int sets = 0;
+  int64_t units = 0, unit_pairs = 0;
+  // Unit-major, so that a row's group of units finds every set's lanes at fixed offsets from one pointer.
+  std::vector<int8_t> quants;      // [unit][piece p][set][token t][8]: quants 8p..8p+7 of the token's unit
+  std::vector<int32_t> starts;     // [unit][set][8]: a unit's integer sums start from -(sum of x's quants) x the
+                                   // format's offset (Offset) in lane 2t, token t's first group
+  std::vector<float> scales;       // [unit pair][set][8]
+  std::vector<float> scaled_sums;  // [unit pair][set][8]
+};
+constexpr int PairLane(int t, int h) { return (t / 2) * 4 + h * 2 + t % 2; }
+
+// The lanes of tokens [t0, t1) of j's x for a format of offset 2^offset_log2 (none: -1), made once per thread for a
+// call's chunk and kept for its next row groups (Job::call tells a new call).
+ROTARY_BLOCKS_TARGET inline const TokenLanes& HeldTokenLanes(const Job& j, int64_t t0, int64_t t1, int offset_log2) {
+  struct Held {
+    uint64_t call = 0;
+    const int8_t* quants = nullptr;
+    int64_t t0 = 0, t1 = 0;
+    int offset_log2 = 0;
+    TokenLanes lanes;
+  };
+  static thread_local Held held;
+  TokenLanes& x = held.lanes;
+  if (held.call == j.call && held.quants == j.xq.quants && held.t0 == t0 && held.t1 == t1 &&
+      held.offset_log2 == offset_log2)
+    return x;
+  const Q8Activations& xq = j.xq;
+  x.sets = int((t1 - t0 + kLaneTokens - 1) / kLaneTokens);
+  x.units = j.cols / kUnit, x.unit_pairs = (x.units + 1) / 2;
+  const int sets = x.sets;
+  x.quants.assign(size_t(x.units * 4 * sets * 32), 0);
+  x.starts.assign(size_t(x.units * sets * 8), 0);
+  x.scales.assign(size_t(x.unit_pairs * sets * 8), 0.0f);
+  x.scaled_sums.assign(x.scales.size(), 0.0f);
+  for (int s = 0; s < x.sets; ++s)
+    for (int t = 0; t < kLaneTokens; ++t) {
+      const int64_t token = t0 + s * kLaneTokens + t;
+      if (token >= t1) break;
+      for (int64_t u = 0; u < x.units; ++u) {
+        for (int p = 0; p < 4; ++p)
+          std::memcpy(&x.quants[size_t(((u * 4 + p) * sets + s) * 32 + t * 8)],
+                      xq.quants + token * xq.stride + u * kUnit + 8 * p, 8);
+        const size_t at = size_t((u / 2 * sets + s) * 8 + PairLane(t, int(u % 2)));
+        const int64_t b = token * xq.blocks + u;
+        x.scales[at] = xq.scales[b], x.scaled_sums[at] = xq.scaled_sums[b];
+        if (offset_log2 >= 0) x.starts[size_t((u * sets + s) * 8 + 2 * t)] = -(xq.sums[b] << offset_log2);
+      }
+    }
+  held.call = j.call, held.quants = j.xq.quants, held.t0 = t0, held.t1 = t1, held.offset_log2 = offset_log2;
+  return x;
+}
+
+// The index vectors that spread lanes k and k + 1 of 8 (a group's units' scales) as lanes (t, 0) and (t, 1).
+struct alignas(32) PairPicks {
+  int32_t pick[4][8];
+};
+constexpr PairPicks kPairPicks = {{{0, 0, 1, 1, 0, 0, 1, 1},
+                                   {2, 2, 3, 3, 2, 2, 3, 3},
+                                   {4, 4, 5, 5, 4, 4, 5, 5},
+                                   {6, 6, 7, 7, 6, 6, 7, 7}}};
+
+// Token t's sum of a lane set's 8 accumulators at lane PairLane(t, 0), in SumOfLanes' order: ((a0 + a4) + (a2 + a6))
+// + ((a1 + a5) + (a3 + a7)), a_k in lane (t, k % 2) of a[k / 2] - the sums of even and of odd k, then the two.
+ROTARY_BLOCKS_TARGET inline __m256 PairLaneSums(const __m256 a[4]) {
+  const __m256 c = _mm256_add_ps(_mm256_add_ps(a[0], a[2]), _mm256_add_ps(a[1], a[3]));
+  return _mm256_add_ps(c, _mm256_permute_ps(c, _MM_SHUFFLE(1, 0, 3, 2)));
+}
+
+// Row r against S lane sets of x (tokens t0 .. t0 + 4S, those before t1 stored).
+template <WeightFormat F, int S>
+ROTARY_BLOCKS_TARGET inline void LaneTile(const Job& j, const TokenLanes& x, int64_t t0, int64_t t1, int64_t r) {
+  constexpr int kUnits = BlockScales<F>::kUnits;
+  constexpr int64_t kBytes = weight_block_bytes(F);
+  const uint8_t* row = block_row(F, j.w, j.row_stride, r);
+  const int64_t units = x.units;
+  const __m256i ones16 = _mm256_set1_epi16(1);
+  __m256 acc[S][4], min_acc[S][4];
+  for (int s = 0; s < S; ++s)
+    for (int a = 0; a < 4; ++a) acc[s][a] = min_acc[s][a] = _mm256_setzero_ps();
+  BlockScales<F> scales;
+  const auto group = [&](int64_t u0, auto whole) ROTARY_BLOCKS_TARGET {
+    constexpr bool kWhole = decltype(whole)::value;
+    const int n = kWhole ? 8 : int(units - u0);
+    const uint8_t* blocks = row + u0 / kUnits * kBytes;
+    const int8_t* xq = x.quants.data() + u0 * 4 * S * 32;
+    const int32_t* starts = x.starts.data() + u0 * S * 8;
+    const float* xs = x.scales.data() + u0 / 2 * S * 8;
+    const float* xss = x.scaled_sums.data() + u0 / 2 * S * 8;
+    __m256 scale, min;
+    if constexpr (kUnits == 1) {
+      GroupScales<F>(blocks, n, LaneMask(n), scale, min);
+    } else {
+      DecodeScales<F>(blocks, scales);
+      scale = _mm256_loadu_ps(scales.scale), min = _mm256_loadu_ps(scales.min);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 8; k += 2) {
+      if (!kWhole && k >= n) break;
+      __m256i total[S][2];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        if (!kWhole && k + h >= n) {
+          for (int s = 0; s < S; ++s) total[s][h] = _mm256_setzero_si256();
+          continue;
+        }
+        const int v = k + h;  // the unit in the group
+        for (int s = 0; s < S; ++s)
+          total[s][h] = Offset(F) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(starts + (v * S + s) * 8))
+                                  : _mm256_setzero_si256();
+        const int i = (k + h) % kUnits;
+        const __m256i q = UnpackQuants<F>(blocks + (k + h) / kUnits * kBytes, i);
+        const __m256i qa = SignedProducts(F) ? _mm256_abs_epi8(q) : q;
+        const __m256i qp[4] = {_mm256_permute4x64_epi64(q, 0x00), _mm256_permute4x64_epi64(q, 0x55),
+                               _mm256_permute4x64_epi64(q, 0xAA), _mm256_permute4x64_epi64(q, 0xFF)};
+        __m256i qap[4] = {qp[0], qp[1], qp[2], qp[3]};
+        if constexpr (SignedProducts(F))
+          qap[0] = _mm256_permute4x64_epi64(qa, 0x00), qap[1] = _mm256_permute4x64_epi64(qa, 0x55),
+          qap[2] = _mm256_permute4x64_epi64(qa, 0xAA), qap[3] = _mm256_permute4x64_epi64(qa, 0xFF);
+        const auto xv = [&](int p, int s) ROTARY_BLOCKS_TARGET {
+          return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + ((v * 4 + p) * S + s) * 32));
+        };
+        if constexpr (!ROTARY_BLOCKS_VNNI && !SignedProducts(F)) {
+          // vpmaddubsw's pairs of unsigned quants (<= 31) and x's (|qx| <= 127) are at most 7874, so the 4 pieces'
+          // pairs add in int16 (<= 31496) and take one vpmaddwd instead of 4.
+          for (int s = 0; s < S; ++s) {
+            __m256i pairs = _mm256_maddubs_epi16(qp[0], xv(0, s));
+            for (int p = 1; p < 4; ++p) pairs = _mm256_add_epi16(pairs, _mm256_maddubs_epi16(qp[p], xv(p, s)));
+            total[s][h] = _mm256_add_epi32(total[s][h], _mm256_madd_epi16(pairs, ones16));
+          }
+        } else {
+#pragma GCC unroll 4
+          for (int p = 0; p < 4; ++p) {
+            __m256i pw = ones16;
+            if constexpr (F == WeightFormat::Q6_K) pw = _mm256_set1_epi16(scales.sub_scales[2 * i + p / 2]);
+            for (int s = 0; s < S; ++s) total[s][h] = UnitLanes<F>(total[s][h], qp[p], qap[p], pw, xv(p, s));
+          }
+        }
+      }
+      const __m256i pick = _mm256_load_si256(reinterpret_cast<const __m256i*>(kPairPicks.pick[k / 2]));
+      const __m256 pair_scale = _mm256_permutevar8x32_ps(scale, pick);
+      for (int s = 0; s < S; ++s) {
+        const int at = (k / 2 * S + s) * 8;
+        const __m256i totals = _mm256_hadd_epi32(total[s][0], total[s][1]);
+        const __m256 unit_scale = _mm256_mul_ps(pair_scale, _mm256_loadu_ps(xs + at));
+        acc[s][k / 2] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(totals), unit_scale, acc[s][k / 2]);
+        if constexpr (HasMin(F))
+          min_acc[s][k / 2] = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(min, pick),
+                                              _mm256_loadu_ps(xss + at), min_acc[s][k / 2]);
+      }
+    }
+  };
+  int64_t u0 = 0;
+  for (; u0 + 8 <= units; u0 += 8) group(u0, std::true_type{});
+  if (u0 < units) group(u0, std::false_type{});
+  for (int s = 0; s < S; ++s) {
+    const int64_t first = t0 + s * kLaneTokens;
+    const int nt = int(std::min<int64_t>(kLaneTokens, t1 - first));
+    if (nt <= 0) break;
+    __m256 total = PairLaneSums(acc[s]);
+    if constexpr (HasMin(F)) total = _mm256_sub_ps(total, PairLaneSums(min_acc[s]));
+    alignas(32) float lanes[8], sums[kLaneTokens];
+    _mm256_store_ps(lanes, total);
+    for (int t = 0; t < nt; ++t) sums[t] = lanes[PairLane(t, 0)];
+    store_tile(j, first, r, nt, 1, sums);
+  }
 }
 
 // Prefill: a panel of kPanelRows rows, its units unpacked once per token chunk and transposed so that one register
@@ -569,6 +759,13 @@ ROTARY_BLOCKS_TARGET void Panels(const Job& j, int64_t t0, int64_t t1, int64_t r
 template <WeightFormat F>
 ROTARY_BLOCKS_TARGET void Block(const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
   if (t1 - t0 > kSmallBatch) return Panels<F>(j, t0, t1, r0, r1);
+  if (t1 - t0 >= kLaneTokensFrom) {
+    static_assert(kSmallBatch <= 2 * kLaneTokens, "a small batch is at most two lane sets");
+    const TokenLanes& x = HeldTokenLanes(j, t0, t1, OffsetLog2(F));
+    for (int64_t r = r0; r < r1; ++r)
+      x.sets == 1 ? LaneTile<F, 1>(j, x, t0, t1, r) : LaneTile<F, 2>(j, x, t0, t1, r);
+    return;
+  }
   RowByRow(t0, t1, r0, r1, [&]<int NT, int NR>(int64_t t, int64_t r) { TileAt<F, NT, NR>(j, t, r); });
 }
 

@@ -262,9 +262,9 @@ OpCases linear_cases() {
       add({.tokens = 5, .rows = 9, .cols = long_cols, .activations = q, .threads = 2});
     }
   }
-  // llama.cpp's block formats: q8 activations (the byte-product kernel's small batches row by row, prefill in panels
-  // of 8 rows: 70 and 19 rows end mid-panel, 1024 / b + 1 blocks span two panel slices) and f32 activations (the
-  // float path); rows padded by whole blocks.
+  // llama.cpp's block formats: q8 activations (the byte-product kernel's small batches row by row, 1-2 tokens a row in
+  // Tile, 3-8 in LaneTile's lane sets; prefill in panels of 8 rows: 70 and 19 rows end mid-panel, 1024 / b + 1
+  // blocks span two panel slices) and f32 activations (the float path); rows padded by whole blocks.
   for (WeightFormat f : {WeightFormat::Q8_0, WeightFormat::Q4_0, WeightFormat::Q4_1, WeightFormat::Q5_0,
                          WeightFormat::Q5_1, WeightFormat::Q4_K, WeightFormat::Q5_K, WeightFormat::Q6_K}) {
     const int64_t b = weight_block_size(f);
@@ -279,9 +279,12 @@ OpCases linear_cases() {
       add({.tokens = 7, .rows = 13, .cols = b, .accumulate = true, .threads = 1});
       add({.tokens = 130, .rows = 19, .cols = (1024 / b + 1) * b, .threads = 3});
       add({.tokens = 3, .rows = 6, .cols = 4 * b, .x_pad = 1, .threads = 2});
-      // Rows of whole groups of 8 units and a last group of 3 (decode's and small batches' tiles), as a model's are.
+      // Rows of whole groups of 8 units and a last group of 3 (decode's and small batches' tiles), as a model's are:
+      // one token (Tile), one lane set of 4 tokens, two sets with the second partly zeros and two whole (LaneTile).
       add({.tokens = 1, .rows = 5, .cols = 19 * b});
       add({.tokens = 4, .rows = 3, .cols = 17 * b, .threads = 2});
+      add({.tokens = 6, .rows = 5, .cols = 19 * b, .x_pad = 3, .accumulate = true, .threads = 2});
+      add({.tokens = 8, .rows = 3, .cols = 17 * b, .bias = true});
     }
   }
   OpCases out;
