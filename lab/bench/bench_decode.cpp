@@ -140,14 +140,17 @@ void run_bench_decode(const BenchDecodeArgs& a) {
 
   std::vector<float> scratch;
   std::vector<Method> methods;
-  methods.push_back({"rope", [&] { attention_decode(*rope, p); }});
-  methods.push_back({"rerope", [&] { attention_decode(*rerope, p); }});
-  methods.push_back({"leaky", [&] { attention_decode(*leaky, p); }});
-  methods.push_back({"rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); }});
-  methods.push_back({"rope_bf16", [&] { attention_decode(*rope_bf16, p_bf16); }, bf16_bytes});
-  methods.push_back({"rope_q8", [&] { attention_decode(*rope_q8, p); }, q8_bytes});
-  methods.push_back({"rerope_q8", [&] { attention_decode(*rerope_q8, p); }, q8_bytes});
-  methods.push_back({"memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); }});
+  const auto add = [&](std::string name, std::function<void()> step, double bytes = 0) {
+    methods.push_back(Method{std::move(name), std::move(step), bytes, {}});
+  };
+  add("rope", [&] { attention_decode(*rope, p); });
+  add("rerope", [&] { attention_decode(*rerope, p); });
+  add("leaky", [&] { attention_decode(*leaky, p); });
+  add("rerotate", [&] { attention_decode_rerotate_baseline(*rerope, p, scratch); });
+  add("rope_bf16", [&] { attention_decode(*rope_bf16, p_bf16); }, bf16_bytes);
+  add("rope_q8", [&] { attention_decode(*rope_q8, p); }, q8_bytes);
+  add("rerope_q8", [&] { attention_decode(*rerope_q8, p); }, q8_bytes);
+  add("memcpy", [&] { parallel_memcpy(dst.data(), src.data(), cache_bytes, threads); });
   double rel_rms_torch = -1;  // < 0: not measured
 #ifdef ROTARY_HAVE_TORCH
   std::function<void(float*)> torch_step;
@@ -157,7 +160,7 @@ void run_bench_decode(const BenchDecodeArgs& a) {
     tc.context = N, tc.hq = Hq, tc.hkv = Hkv, tc.dim = D, tc.window = a.window;
     tc.k = k.data(), tc.v = v.data(), tc.q = q.data(), tc.inv_freq = freqs.inv_freq.data(), tc.threads = threads;
     torch_step = bench::make_torch_rerope_decode(tc);
-    methods.push_back({"rerotate_torch", [&] { torch_step(o_torch.data()); }});
+    add("rerotate_torch", [&] { torch_step(o_torch.data()); });
   }
 #endif
 
