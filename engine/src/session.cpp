@@ -906,6 +906,12 @@ struct SessionBatch::Impl {
   }
 };
 
+void end_thread_team() {
+  check(!omp_in_parallel(), "end_thread_team", "inside a parallel region", "a call outside every parallel region");
+  // Nonzero where the runtime cannot pause: the team stays, which costs speed, not results.
+  (void)omp_pause_resource_all(omp_pause_soft);
+}
+
 SessionBatch::SessionBatch(std::shared_ptr<const Model> model, int threads)
     : impl_(std::make_unique<Impl>(std::move(model), threads)) {
   check(threads >= 0, "threads", threads, ">= 0 (0: OpenMP's default)");

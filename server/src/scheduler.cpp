@@ -119,6 +119,9 @@ Scheduler::Scheduler(ServedModel model, const SchedulerOptions& options)
     prefix_cache_.keep_saved(dir, opened.tokens(), opened.settings_fingerprint());
   }
   stats_.slots = options_.slots;
+  // The steps run on the scheduler thread's OpenMP team; the constructing thread's (it loaded the model) would stay
+  // docked and count against the CPUs (engine::end_thread_team).
+  engine::end_thread_team();
   thread_ = std::thread([this] { loop(); });
 }
 

@@ -2,18 +2,22 @@
 // each session bitwise the hidden rows its own Session::forward calls give - prompts read whole or in chunks beside
 // other sequences' decode steps, sessions joining and leaving, with the checkpoint's RoPE, ReRoPE, Leaky ReRoPE, a
 // bf16 and a q8 KV cache, on weights as stored and converted to bf16 (bf16 activations) and q8 (q8 activations) - on
-// every fixture family; a memory session runs its own forward inside a batch; and what a batch refuses, by name.
+// every fixture family; a memory session runs its own forward inside a batch; what a batch refuses, by name; and
+// end_thread_team, which `rotary serve` calls so that only the scheduler thread's OpenMP team is left.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
 #include "expect_error.h"
 #include "hf_fixtures.h"
+#include "rotary/linear.h"
 #include "rotary_engine/hf_model.h"
 
 namespace rotary::test {
@@ -246,6 +250,39 @@ TEST(SessionBatch, RefusesStepsByNameBeforeAnyWork) {
   batch.forward({{&a, tokens, pos, 2, nullptr}, {&b, tokens, pos, 2, nullptr}});
   EXPECT_EQ(a.size(), 2);
   EXPECT_EQ(b.size(), 2);
+}
+
+// The threads of this process (Linux: /proc/self/task).
+int64_t ThreadCount() {
+  int64_t n = 0;
+  for ([[maybe_unused]] const auto& entry : fs::directory_iterator("/proc/self/task")) ++n;
+  return n;
+}
+
+TEST(EndThreadTeam, TheCallingThreadsIdleWorkersExitAndTheNextRegionStartsANewTeam) {
+  // A team of 2 threads on this thread: a linear layer of enough rows for two groups of work.
+  const int64_t rows = 512, cols = 512;  // past 2 x 64k multiply-adds: linear_forward gives small calls one thread
+  std::vector<float> w(static_cast<size_t>(rows * cols)), x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  std::vector<float> again(y.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = float(int(i % 7) - 3) / 8;
+  for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i % 5) - 2) / 4;
+  LinearParams p;
+  p.w.format = WeightFormat::F32, p.w.data = w.data(), p.w.rows = rows, p.w.cols = cols, p.w.row_stride = cols;
+  p.tokens = 1, p.x = x.data(), p.x_stride = cols, p.y = y.data(), p.y_stride = rows, p.threads = 2;
+  linear_forward(p);
+  const int64_t with_team = ThreadCount();
+  engine::end_thread_team();
+  // libgomp (the engine's OpenMP) joins the released worker; wait a little in case a runtime lets it exit later.
+  int64_t now = ThreadCount();
+  for (int i = 0; i < 200 && now >= with_team; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    now = ThreadCount();
+  }
+  EXPECT_EQ(now, with_team - 1) << "the calling thread's idle OpenMP worker is still there";
+  p.y = again.data();
+  linear_forward(p);
+  EXPECT_EQ(ThreadCount(), with_team) << "the next parallel region starts a team of 2 again";
+  EXPECT_EQ(std::memcmp(y.data(), again.data(), y.size() * sizeof(float)), 0);
 }
 
 }  // namespace

@@ -298,6 +298,13 @@ struct BatchStep {
   int64_t layer_rows = 0;
 };
 
+// Ends the calling thread's OpenMP team: its idle worker threads exit, and the thread's next parallel region starts
+// a new one. A process whose model steps all run on one other thread (`rotary serve`'s scheduler) calls it on the
+// thread that loaded the model: libgomp spin-waits in its barriers only while its threads do not outnumber the CPUs
+// (past that, about 100 spins and then a futex sleep and wake in every parallel region), and a docked team counts.
+// rotary::Error if called inside a parallel region.
+void end_thread_team();
+
 // Continuous batching (`rotary serve`): several sessions' tokens - one sequence's decode token, another's chunk of
 // its prompt - through the model with the linear layers of all of them in one pass over the weights per layer, so N
 // sequences' decode steps cost about one read of the weights, not N. Each session's tokens go through its caches and
