@@ -71,6 +71,7 @@ struct Method {
 #endif
 
 
+#ifdef ROTARY_HAVE_TORCH  // the nn model's runs compare their read rate with it
 // memcpy's rate (bytes copied per second) on two buffers of `bytes`, the best of a few copies.
 double memcpy_rate(size_t bytes) {
   std::vector<char> a(bytes, 1), b(bytes, 2);
@@ -83,6 +84,7 @@ double memcpy_rate(size_t bytes) {
   if (b[bytes / 2] != 1) std::abort();  // keeps the copy observable
   return best;
 }
+#endif
 
 // The process's peak resident set (bytes) so far.
 int64_t peak_rss_bytes() {

@@ -26,8 +26,9 @@ void CheckpointRunOptions::validate() const {
   check(engine != "torch" || torch_checkpoints_available(), "--engine", engine,
         "engine (this rotary is built without libtorch, which --engine torch runs the nn model on; a build with "
         "libtorch: scripts/build.sh)");
-  const std::optional<WeightFormat> weights_to =
-      weights.empty() ? std::nullopt : std::optional(parse_weight_format(weights, "--weights"));
+  // (a plain value beside a flag: GCC 12 warns that an std::optional<WeightFormat> may be read uninitialized)
+  const bool weights_given = !weights.empty();
+  const WeightFormat weights_to = weights_given ? parse_weight_format(weights, "--weights") : WeightFormat::F32;
   // Exactly the names listed (parse_dtype also reads "float16", "half", ...: a result stored under one spelling
   // would not be found under another).
   check(kv_dtype == "f32" || kv_dtype == "bf16" || kv_dtype == "f16" || kv_dtype == "q8", "--kv-dtype", kv_dtype,
@@ -38,11 +39,11 @@ void CheckpointRunOptions::validate() const {
     check(activations == "auto" || activations == "f32", "--activations", activations, "f32 with --engine torch");
   }
   const std::optional<ActivationFormat> act = activation_choice();
-  if (act == ActivationFormat::BF16 && weights_to)
+  if (act == ActivationFormat::BF16 && weights_given)
     check(weights_to == WeightFormat::BF16, "--activations", activations + " with --weights " + weights,
           "bf16 activations with bf16 weights only (--weights bf16 or bf16 as stored), or --activations f32");
-  if (act == ActivationFormat::Q8 && weights_to)  // (as stored: the engine checks the file's formats)
-    check(weights_to == WeightFormat::Q8 || is_block_format(*weights_to), "--activations",
+  if (act == ActivationFormat::Q8 && weights_given)  // (as stored: the engine checks the file's formats)
+    check(weights_to == WeightFormat::Q8 || is_block_format(weights_to), "--activations",
           activations + " with --weights " + weights,
           "q8 activations with --weights q8 or a block format (q8_0, q4_k, ...), or with a GGUF file's block formats "
           "as stored, or --activations f32");

@@ -35,7 +35,11 @@ struct Fixture {
   ServedModel served(bool memory_for_all = false) const {
     engine::SessionOptions o;
     o.positions = hf.description.positions();
-    if (memory_for_all) o.memory = engine::MemoryOptions{.window = 4, .top_k = 3};
+    if (memory_for_all) {
+      engine::MemoryOptions memory;
+      memory.window = 4, memory.top_k = 3;
+      o.memory = memory;
+    }
     return {hf.model,
             [o, m = hf.model](int64_t capacity, const Job* job) {
               engine::SessionOptions c = o;
