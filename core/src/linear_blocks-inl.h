@@ -30,6 +30,7 @@
 // batches (LaneTile: 4 tokens in the lanes) and prefill (Panels: 8 rows in the lanes) take the same operations, so
 // what else is batched changes no bit; the terms are those of the float64 reference, so results differ from it only
 // in rounding (tests/core/cases_linear.cpp).
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -284,10 +285,11 @@ ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m25
                    scale, min);
 }
 
-// sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: decode's one token and batches of two, row by row). Each unit's 32 products
-// are summed exactly as an integer (LaneTotals over 8 units at a time), then scaled: lane k of the accumulator takes
-// units k, k + 8, k + 16, ... of the row (one multiply-add each, in order), and the 8 lanes are summed in SumOfLanes'
-// order - the panels' accumulators take the same operations (Panels), so batching changes no bit.
+// sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: decode's one token and batches of two, row by row).
+// Each unit's 32 products are summed exactly as an integer (LaneTotals over 8 units at a time), then scaled: lane k
+// of the accumulator takes units k, k + 8, k + 16, ... of the row (one multiply-add each, in order), and the 8 lanes
+// are summed in SumOfLanes' order - the panels' accumulators take the same operations (Panels), so batching changes
+// no bit.
 template <WeightFormat F, int NT, int NR>
 ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, float* sums) {
   static_assert(NR == 1, "the block formats' small batches run row by row");
@@ -389,7 +391,7 @@ constexpr int64_t kLaneTokensFrom = 3;  // smaller batches run on Tile
 // 8 floats or int32s is unit 2v + h of the set's token t at index (t / 2) * 4 + h * 2 + t % 2 (vphaddd's order).
 struct TokenLanes {
   int sets = 0;
-  int64_t units = 0, unit_pairs = 0;
+  int64_t units = 0;
   // Unit-major, so that a row's group of units finds every set's lanes at fixed offsets from one pointer.
   std::vector<int8_t> quants;      // [unit][piece p][set][token t][8]: quants 8p..8p+7 of the token's unit
   std::vector<int32_t> starts;     // [unit][set][8]: a unit's integer sums start from -(sum of x's quants) x the
@@ -416,11 +418,12 @@ ROTARY_BLOCKS_TARGET inline const TokenLanes& HeldTokenLanes(const Job& j, int64
     return x;
   const Q8Activations& xq = j.xq;
   x.sets = int((t1 - t0 + kLaneTokens - 1) / kLaneTokens);
-  x.units = j.cols / kUnit, x.unit_pairs = (x.units + 1) / 2;
+  x.units = j.cols / kUnit;
   const int sets = x.sets;
+  const int64_t unit_pairs = (x.units + 1) / 2;
   x.quants.assign(size_t(x.units * 4 * sets * 32), 0);
   x.starts.assign(size_t(x.units * sets * 8), 0);
-  x.scales.assign(size_t(x.unit_pairs * sets * 8), 0.0f);
+  x.scales.assign(size_t(unit_pairs * sets * 8), 0.0f);
   x.scaled_sums.assign(x.scales.size(), 0.0f);
   for (int s = 0; s < x.sets; ++s)
     for (int t = 0; t < kLaneTokens; ++t) {
@@ -448,6 +451,12 @@ constexpr PairPicks kPairPicks = {{{0, 0, 1, 1, 0, 0, 1, 1},
                                    {2, 2, 3, 3, 2, 2, 3, 3},
                                    {4, 4, 5, 5, 4, 4, 5, 5},
                                    {6, 6, 7, 7, 6, 6, 7, 7}}};
+
+// v's four 64-bit pieces, each broadcast to all four.
+ROTARY_BLOCKS_TARGET inline void BroadcastPieces(__m256i v, __m256i pieces[4]) {
+  pieces[0] = _mm256_permute4x64_epi64(v, 0x00), pieces[1] = _mm256_permute4x64_epi64(v, 0x55);
+  pieces[2] = _mm256_permute4x64_epi64(v, 0xAA), pieces[3] = _mm256_permute4x64_epi64(v, 0xFF);
+}
 
 // Token t's sum of a lane set's 8 accumulators at lane PairLane(t, 0), in SumOfLanes' order: ((a0 + a4) + (a2 + a6))
 // + ((a1 + a5) + (a3 + a7)), a_k in lane (t, k % 2) of a[k / 2] - the sums of even and of odd k, then the two.
@@ -497,15 +506,12 @@ ROTARY_BLOCKS_TARGET inline void LaneTile(const Job& j, const TokenLanes& x, int
         for (int s = 0; s < S; ++s)
           total[s][h] = Offset(F) ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(starts + (v * S + s) * 8))
                                   : _mm256_setzero_si256();
-        const int i = (k + h) % kUnits;
-        const __m256i q = UnpackQuants<F>(blocks + (k + h) / kUnits * kBytes, i);
-        const __m256i qa = SignedProducts(F) ? _mm256_abs_epi8(q) : q;
-        const __m256i qp[4] = {_mm256_permute4x64_epi64(q, 0x00), _mm256_permute4x64_epi64(q, 0x55),
-                               _mm256_permute4x64_epi64(q, 0xAA), _mm256_permute4x64_epi64(q, 0xFF)};
-        __m256i qap[4] = {qp[0], qp[1], qp[2], qp[3]};
-        if constexpr (SignedProducts(F))
-          qap[0] = _mm256_permute4x64_epi64(qa, 0x00), qap[1] = _mm256_permute4x64_epi64(qa, 0x55),
-          qap[2] = _mm256_permute4x64_epi64(qa, 0xAA), qap[3] = _mm256_permute4x64_epi64(qa, 0xFF);
+        const int i = v % kUnits;
+        const __m256i q = UnpackQuants<F>(blocks + v / kUnits * kBytes, i);
+        __m256i qp[4], qap[4];
+        BroadcastPieces(q, qp);
+        if constexpr (SignedProducts(F)) BroadcastPieces(_mm256_abs_epi8(q), qap);
+        else std::copy(qp, qp + 4, qap);
         const auto xv = [&](int p, int s) ROTARY_BLOCKS_TARGET {
           return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + ((v * 4 + p) * S + s) * 32));
         };
