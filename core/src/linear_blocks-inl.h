@@ -285,6 +285,22 @@ ROTARY_BLOCKS_TARGET inline void GroupScales(const uint8_t* blocks, int n, __m25
                    scale, min);
 }
 
+// How far ahead of its reads a small batch's tile asks for the weights. A tile reads its rows as one sequential
+// stream, but on Zen 3 the hardware prefetcher alone left it waiting on each group's first load (a quarter of the
+// one-token tile's samples on that load); with the lines 1 KB ahead requested (2026-11-30, AMD EPYC Zen 3, 2 threads,
+// `bench checkpoint` of the Q4_0 file, decode after 8 tokens, 5 alternations) decode went from 28.9-30.1 to
+// 31.3-35.6 tok/s (768-2048 bytes: alike within the noise).
+inline constexpr uintptr_t kPrefetchBytes = 1024;
+
+// Requests the cache lines of [p, p + span) kPrefetchBytes ahead: the lines a group of units will read a few groups
+// later (past a row's end: the next row's, which the thread reads next; past the weights' end a prefetch is
+// dropped, never faults).
+ROTARY_BLOCKS_TARGET inline void PrefetchAhead(const uint8_t* p, uintptr_t span) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) + kPrefetchBytes;
+  for (uintptr_t line = first & ~uintptr_t(63); line < first + span; line += 64)
+    _mm_prefetch(reinterpret_cast<const char*>(line), _MM_HINT_T0);
+}
+
 // sums[t] = dot(row r0, token t0 + t) for NT tokens (NR = 1: decode's one token and batches of two, row by row).
 // Each unit's 32 products are summed exactly as an integer (LaneTotals over 8 units at a time), then scaled: lane k
 // of the accumulator takes units k, k + 8, k + 16, ... of the row (one multiply-add each, in order), and the 8 lanes
@@ -308,6 +324,7 @@ ROTARY_BLOCKS_TARGET inline void Tile(const Job& j, int64_t t0, int64_t r0, floa
     const int n = kWhole ? 8 : int(units - u0);
     const __m256i mask = LaneMask(n);
     const uint8_t* blocks = row + u0 / kUnits * kBytes;
+    PrefetchAhead(blocks, 8 / kUnits * kBytes);
     __m256 scale, min;
     if constexpr (kUnits == 1) {
       GroupScales<F>(blocks, n, mask, scale, min);
@@ -485,6 +502,7 @@ ROTARY_BLOCKS_TARGET inline void LaneTile(const Job& j, const TokenLanes& x, int
     const int32_t* starts = x.starts.data() + u0 * S * 8;
     const float* xs = x.scales.data() + u0 / 2 * S * 8;
     const float* xss = x.scaled_sums.data() + u0 / 2 * S * 8;
+    PrefetchAhead(blocks, 8 / kUnits * kBytes);
     __m256 scale, min;
     if constexpr (kUnits == 1) {
       GroupScales<F>(blocks, n, LaneMask(n), scale, min);
