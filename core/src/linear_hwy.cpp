@@ -27,6 +27,7 @@
 #include "block_weights.h"
 #include "linear_kernel.h"
 #include "simd_targets.h"
+#include "stealing_ranges.h"
 #include "rotary/linear.h"
 
 #undef HWY_TARGET_INCLUDE
@@ -745,27 +746,35 @@ void RunJobs(const Job* jobs, int count, int threads) {
   }
   const int64_t groups = first.back();
   threads = int(std::min<int64_t>(threads, groups));
+  // Each token chunk's groups in contiguous runs per thread, a thread that is done taking over the back of another's
+  // (stealing_ranges.h); no barrier between chunks (their outputs are apart), one at the region's end.
+  const int64_t chunks = (tokens + chunk - 1) / chunk;
+  detail::StealingRanges ranges(groups, threads, chunks);
 #pragma omp parallel num_threads(threads)
   {
     ConvertActivations(jobs, count);  // ends with the team's barrier: every converted row is there before any tile
-    for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
-      int i = 0;  // the job of group g: groups are visited in increasing order by each thread
-#pragma omp for schedule(static)
-      for (int64_t g = 0; g < groups; ++g) {
-        while (g >= first[size_t(i) + 1]) ++i;
-        const Job& j = jobs[i];
-        if (t0 >= j.tokens) continue;
-        const int64_t r0 = (g - first[size_t(i)]) * group_rows(j), t1 = std::min(j.tokens, t0 + chunk);
-        const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
-        if (is_block_format(j.format)) {
-          if (q8_dot && j.activations == ActivationFormat::Q8) blocks_vnni_block(j, t0, t1, r0, r1);
-          else if (q8_avx_vnni && j.activations == ActivationFormat::Q8) blocks_avx_vnni_block(j, t0, t1, r0, r1);
-          else if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
+    const int me = omp_get_thread_num();
+    for (int64_t c = 0; c < chunks; ++c) {
+      const int64_t t0 = c * chunk;
+      int i = 0;  // the job of group g (a run's groups come in increasing order)
+      for (int64_t g0, g1; ranges.next(c, me, g0, g1);) {
+        if (g0 < first[size_t(i)]) i = 0;
+        for (int64_t g = g0; g < g1; ++g) {
+          while (g >= first[size_t(i) + 1]) ++i;
+          const Job& j = jobs[i];
+          if (t0 >= j.tokens) continue;
+          const int64_t r0 = (g - first[size_t(i)]) * group_rows(j), t1 = std::min(j.tokens, t0 + chunk);
+          const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
+          if (is_block_format(j.format)) {
+            if (q8_dot && j.activations == ActivationFormat::Q8) blocks_vnni_block(j, t0, t1, r0, r1);
+            else if (q8_avx_vnni && j.activations == ActivationFormat::Q8) blocks_avx_vnni_block(j, t0, t1, r0, r1);
+            else if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
+            else BlockOf(j, t0, t1, r0, r1);
+          } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
+          else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
+          else if (q8_bytes && j.activations == ActivationFormat::Q8) q8_avx2_block(j, t0, t1, r0, r1);
           else BlockOf(j, t0, t1, r0, r1);
-        } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
-        else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
-        else if (q8_bytes && j.activations == ActivationFormat::Q8) q8_avx2_block(j, t0, t1, r0, r1);
-        else BlockOf(j, t0, t1, r0, r1);
+        }
       }
     }
   }
