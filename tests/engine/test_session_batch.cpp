@@ -5,6 +5,7 @@
 // every fixture family; a memory session runs its own forward inside a batch; what a batch refuses, by name; and
 // end_thread_team, which `rotary serve` calls so that only the scheduler thread's OpenMP team is left.
 #include <gtest/gtest.h>
+#include <omp.h>
 
 #include <chrono>
 #include <cstring>
@@ -283,6 +284,29 @@ TEST(EndThreadTeam, TheCallingThreadsIdleWorkersExitAndTheNextRegionStartsANewTe
   linear_forward(p);
   EXPECT_EQ(ThreadCount(), with_team) << "the next parallel region starts a team of 2 again";
   EXPECT_EQ(std::memcmp(y.data(), again.data(), y.size() * sizeof(float)), 0);
+}
+
+TEST(EndThreadTeam, RefusesACallInsideAParallelRegion) {
+  // Inside a region the team is in use: pausing the runtime there would pull threads from under the region's work.
+  std::string message;
+  int team = 0;
+#pragma omp parallel num_threads(2)
+  {
+#pragma omp single
+    {
+      team = omp_get_num_threads();
+      try {
+        engine::end_thread_team();
+      } catch (const Error& e) {
+        message = e.what();
+      }
+    }
+  }
+  if (team < 2) GTEST_SKIP() << "OpenMP gave the region one thread (an inactive region: omp_in_parallel is false)";
+  EXPECT_NE(message.find("end_thread_team"), std::string::npos) << message;
+  EXPECT_NE(message.find("inside a parallel region"), std::string::npos) << message;
+  // Outside every region the call goes through.
+  EXPECT_NO_THROW(engine::end_thread_team());
 }
 
 }  // namespace
