@@ -746,6 +746,19 @@ void RunJobs(const Job* jobs, int count, int threads) {
   }
   const int64_t groups = first.back();
   threads = int(std::min<int64_t>(threads, groups));
+  // Tokens [t0, t1) of job j against rows [r0, r1), on the kernel its formats and this CPU take.
+  const auto run_block = [&](const Job& j, int64_t t0, int64_t t1, int64_t r0, int64_t r1) {
+    const bool q8 = j.activations == ActivationFormat::Q8;
+    if (is_block_format(j.format)) {
+      if (q8_dot && q8) blocks_vnni_block(j, t0, t1, r0, r1);
+      else if (q8_avx_vnni && q8) blocks_avx_vnni_block(j, t0, t1, r0, r1);
+      else if (q8_bytes && q8) blocks_avx2_block(j, t0, t1, r0, r1);
+      else BlockOf(j, t0, t1, r0, r1);
+    } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
+    else if (q8_dot && q8) q8_dot_block(j, t0, t1, r0, r1);
+    else if (q8_bytes && q8) q8_avx2_block(j, t0, t1, r0, r1);
+    else BlockOf(j, t0, t1, r0, r1);
+  };
   // Each token chunk's groups in contiguous runs per thread, a thread that is done taking over the back of another's
   // (stealing_ranges.h); no barrier between chunks (their outputs are apart), one at the region's end.
   const int64_t chunks = (tokens + chunk - 1) / chunk;
@@ -764,16 +777,7 @@ void RunJobs(const Job* jobs, int count, int threads) {
           const Job& j = jobs[i];
           if (t0 >= j.tokens) continue;
           const int64_t r0 = (g - first[size_t(i)]) * group_rows(j), t1 = std::min(j.tokens, t0 + chunk);
-          const int64_t r1 = std::min(j.rows, r0 + group_rows(j));
-          if (is_block_format(j.format)) {
-            if (q8_dot && j.activations == ActivationFormat::Q8) blocks_vnni_block(j, t0, t1, r0, r1);
-            else if (q8_avx_vnni && j.activations == ActivationFormat::Q8) blocks_avx_vnni_block(j, t0, t1, r0, r1);
-            else if (q8_bytes && j.activations == ActivationFormat::Q8) blocks_avx2_block(j, t0, t1, r0, r1);
-            else BlockOf(j, t0, t1, r0, r1);
-          } else if (dot && j.activations == ActivationFormat::BF16) bf16_dot_block(j, t0, t1, r0, r1);
-          else if (q8_dot && j.activations == ActivationFormat::Q8) q8_dot_block(j, t0, t1, r0, r1);
-          else if (q8_bytes && j.activations == ActivationFormat::Q8) q8_avx2_block(j, t0, t1, r0, r1);
-          else BlockOf(j, t0, t1, r0, r1);
+          run_block(j, t0, t1, r0, std::min(j.rows, r0 + group_rows(j)));
         }
       }
     }
